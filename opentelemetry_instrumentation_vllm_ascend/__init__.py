@@ -1,0 +1,115 @@
+"""OpenTelemetry instrumentation for vLLM and vLLM-Ascend.
+
+Records where a vLLM server loses its time and what goes wrong inside it — in every vLLM process
+(API server, each EngineCore, each worker, the forked EPLB child) — as OpenTelemetry metrics with
+``dp``, ``role`` and ``phase`` attributes, named ``vllm_profiling_…`` for existing dashboards.
+
+Usage
+-----
+
+Auto-instrumentation (the usual way)::
+
+    opentelemetry-instrument vllm serve /models/my-model
+
+Metrics appear on vLLM's own ``/metrics``; with ``OTEL_METRICS_EXPORTER=otlp`` (and the usual
+``OTEL_EXPORTER_OTLP_*`` settings) every process also pushes its own data to a collector.
+
+Without ``opentelemetry-instrument``, set ``OTEL_VLLM_ASCEND_ENABLED=true``: the package's
+``vllm.general_plugins`` entry point then instruments every vLLM process.
+
+Manual::
+
+    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor
+
+    VllmAscendInstrumentor().instrument()   # before vLLM builds its engine
+    ...
+    VllmAscendInstrumentor().uninstrument() # restores every wrapped method
+
+Processes vLLM spawns are instrumented through the plugin (``instrument()`` sets
+``OTEL_VLLM_ASCEND_ENABLED=true`` for them). ``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=vllm_ascend``
+or ``OTEL_VLLM_ASCEND_ENABLED=false`` turns everything off.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Collection
+
+from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
+from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+
+from . import environment
+from .package import _instruments, _instruments_any
+from .version import __version__
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VllmAscendInstrumentor", "__version__"]
+
+
+class VllmAscendInstrumentor(BaseInstrumentor):
+    """Instruments vLLM / vLLM-Ascend internals in this process (and, via the plugin, its children).
+
+    Keyword arguments of ``instrument()``:
+    ``metric_readers``: extra OTel MetricReaders for this process's pipeline (e.g. an
+    InMemoryMetricReader in tests). The package always uses its own MeterProvider, which carries
+    the Views that give metrics their catalogue names.
+    """
+
+    _installer = None
+    _exposition = None
+    _set_enabled = False
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return _instruments
+
+    def _check_dependency_conflicts(self):
+        return get_dependency_conflicts(_instruments, _instruments_any)
+
+    def _instrument(self, **kwargs: Any):
+        try:
+            self._install(**kwargs)
+        except Exception:  # never break the host (and never stop other instrumentors loading)
+            logger.exception("opentelemetry-instrumentation-vllm-ascend could not instrument; vLLM runs uninstrumented")
+
+    def _install(self, **kwargs: Any) -> None:
+        from . import pipeline
+        from .exposition import Exposition
+        from .installer import Installer
+
+        if environment.flag(environment.ENABLED) is False:
+            logger.info("%s=false: not instrumenting vLLM", environment.ENABLED)
+            return
+        if environment.ENABLED not in os.environ:
+            # Processes vLLM spawns load our plugin; this tells it to instrument them too.
+            os.environ[environment.ENABLED] = "true"
+            VllmAscendInstrumentor._set_enabled = True
+        readers = kwargs.get("metric_readers")
+        if readers:
+            pipeline.reset(extra_readers=readers)
+        exposition = Exposition()
+        exposition.setup()
+        VllmAscendInstrumentor._exposition = exposition
+        installer = Installer()
+        installer.install()
+        VllmAscendInstrumentor._installer = installer
+
+    def _uninstrument(self, **kwargs: Any):
+        from . import pipeline
+
+        installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
+        if installer is not None:
+            installer.uninstall()
+        exposition, VllmAscendInstrumentor._exposition = VllmAscendInstrumentor._exposition, None
+        if exposition is not None:
+            exposition.teardown()
+        if VllmAscendInstrumentor._set_enabled:
+            os.environ.pop(environment.ENABLED, None)
+            VllmAscendInstrumentor._set_enabled = False
+        pipeline.reset()
+
+    @property
+    def installer(self):
+        """Status of each target (resolved / gated off by version / missing / waiting for import)."""
+        return VllmAscendInstrumentor._installer

@@ -1,0 +1,125 @@
+"""Who is recording: process kind, engine dp rank and PD role (per process), and the step being
+scheduled (per scheduling call, in a ContextVar so threads and coroutines never see each other's).
+
+Label rules (docs/labels.md):
+- ``dp``: the engine's data-parallel index, ``parallel_config.data_parallel_index`` (vLLM keeps it
+  even for dense models, where ``data_parallel_rank`` is reset to 0). Where that attribute does not
+  exist, ``data_parallel_rank`` is used only when it cannot have been reset (DP size 1, or a MoE model);
+  otherwise ``unknown`` — never a fake 0.
+- ``role``: ``kv_transfer_config.kv_role``: kv_producer → prefill, kv_consumer → decode,
+  kv_both or no KV transfer → mixed.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+
+from .catalogue import ROLES
+
+UNKNOWN = "unknown"
+
+# Higher wins when several hooks claim the same process (an in-process worker inside an EngineCore).
+_PRIORITY = {UNKNOWN: 0, "api_server": 1, "worker": 2, "engine_core": 3, "eplb": 4}
+
+
+class ProcessContext:
+    __slots__ = ("process", "dp", "role", "pid")
+
+    def __init__(self) -> None:
+        self.process = UNKNOWN
+        self.dp = UNKNOWN
+        self.role = "mixed"
+        self.pid = os.getpid()
+
+
+PROCESS = ProcessContext()
+
+
+def dp_of(vllm_config) -> str:
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if parallel is None:
+        return UNKNOWN
+    index = getattr(parallel, "data_parallel_index", None)
+    if isinstance(index, int):
+        return str(index)
+    size = getattr(parallel, "data_parallel_size", None)
+    rank = getattr(parallel, "data_parallel_rank", None)
+    if size == 1:
+        return "0"
+    is_moe = getattr(getattr(vllm_config, "model_config", None), "is_moe", None)
+    if isinstance(rank, int) and is_moe is True:
+        return str(rank)
+    return UNKNOWN
+
+
+def role_of(vllm_config) -> str:
+    kv = getattr(vllm_config, "kv_transfer_config", None)
+    kv_role = getattr(kv, "kv_role", None) if kv is not None else None
+    return ROLES.get(kv_role, "mixed")
+
+
+def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
+    """Record what this process is. Returns True when the claim changed the process kind."""
+    ctx = PROCESS
+    if _PRIORITY.get(process, 0) < _PRIORITY.get(ctx.process, 0):
+        return False
+    changed = ctx.process != process
+    ctx.process = process
+    if vllm_config is not None:
+        ctx.role = role_of(vllm_config)
+        # An API server serves every engine: it has no dp of its own.
+        ctx.dp = UNKNOWN if api else dp_of(vllm_config)
+    return changed
+
+
+def reset_after_fork() -> None:
+    PROCESS.pid = os.getpid()
+
+
+class Step:
+    """Events seen while one ``schedule()`` call runs; recorded once, with the step's phase, when it returns."""
+
+    __slots__ = ("preemptions", "recomputes", "allocate_failures")
+
+    def __init__(self) -> None:
+        self.preemptions = 0
+        self.recomputes = 0
+        self.allocate_failures = 0
+
+
+CURRENT_STEP: ContextVar[Step | None] = ContextVar("otel_vllm_ascend_step", default=None)
+#: Set while Scheduler.reset_prefix_cache runs: its preemptions are not memory pressure.
+IN_PREFIX_CACHE_RESET: ContextVar[bool] = ContextVar("otel_vllm_ascend_reset", default=False)
+
+#: Phase of the step most recently scheduled in this process (read by executor RPC handlers, which
+#: dispatch that step's work right after ``schedule()`` returned).
+LAST_STEP_PHASE = [UNKNOWN]
+
+
+def step_phase(scheduler, scheduler_output) -> str:
+    """prefill / decode / mixed for the tokens one SchedulerOutput schedules (``idle`` if none).
+
+    A request does prefill work in this step when, before the step, fewer than ``num_tokens - 1``
+    of its tokens were computed: new requests, resumed (recomputing) requests and chunked-prefill
+    continuations. Otherwise it decodes (the last sampled token, plus any speculative drafts).
+    ``schedule()`` has already advanced ``num_computed_tokens`` by the scheduled count.
+    """
+    scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
+    if not scheduled:
+        return "idle"
+    requests = scheduler.requests
+    prefill = decode = False
+    for req_id, n in scheduled.items():
+        req = requests.get(req_id)
+        if req is None:
+            continue
+        if req.num_computed_tokens - n < req.num_tokens - 1:
+            prefill = True
+        else:
+            decode = True
+        if prefill and decode:
+            return "mixed"
+    if prefill:
+        return "prefill"
+    return "decode" if decode else UNKNOWN

@@ -1,0 +1,58 @@
+"""python -m opentelemetry_instrumentation_vllm_ascend.demo — see the package docstring."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+from . import tiny_model
+from .server import Server, samples, total
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
+    parser.add_argument("--requests", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=150)
+    parser.add_argument("--keep-running", action="store_true", help="leave the server up until Ctrl-C")
+    args = parser.parse_args(argv)
+
+    print(f"building the tiny model in {args.model_dir} …", flush=True)
+    tiny_model.build(args.model_dir)
+    log = os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-demo-server.log")
+    server = Server(args.model_dir, log_path=log, env={"OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000"})
+    print("starting: " + " ".join(server.command()), flush=True)
+    print(f"(server log: {log}; start-up takes about a minute on 2 CPU cores)", flush=True)
+    server.start()
+    try:
+        print(f"serving; /metrics endpoint: {server.url}/metrics", flush=True)
+        print(f"sending {args.requests} concurrent {args.max_tokens}-token completions …", flush=True)
+        t = time.monotonic()
+        server.burst([tiny_model.prompt(i) for i in range(args.requests)], args.max_tokens)
+        print(f"done in {time.monotonic() - t:.1f} s; waiting for the per-process export interval …", flush=True)
+        time.sleep(3)
+        text = server.scrape()
+        print()
+        print(f"vllm_profiling_ series on {server.url}/metrics:")
+        for name, labels, value in samples(text):
+            if name.startswith("vllm_profiling_"):
+                label_text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                print(f"  {name}{{{label_text}}} {value:g}")
+        print()
+        print(f"vLLM's own vllm:num_preemptions_total = {total(text, 'vllm:num_preemptions_total'):g}")
+        if args.keep_running:
+            print("server left running; Ctrl-C to stop", flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""Start real vLLM (CPU) on a tiny model, drive load, scrape /metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+#: Settings that make a 2-core CPU machine preempt under 16 concurrent 150-token requests.
+DEFAULT_ARGS = (
+    "--num-gpu-blocks-override", "16",
+    "--block-size", "32",
+    "--max-model-len", "256",
+    "--max-num-seqs", "16",
+    "--dtype", "float32",
+    "--enforce-eager",
+    "--served-model-name", "tiny",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``[opentelemetry-instrument] python -m vllm.entrypoints.openai.api_server …`` as a subprocess."""
+
+    def __init__(self, model: str, *, instrument: bool = True, env: dict | None = None,
+                 extra_args=(), log_path: str | None = None, port: int | None = None) -> None:
+        self.model = model
+        self.port = port or free_port()
+        self.instrument = instrument
+        self.env = dict(env or {})
+        self.extra_args = tuple(extra_args)
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+        self._log = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+               "--host", "127.0.0.1", "--port", str(self.port), *DEFAULT_ARGS, *self.extra_args]
+        if self.instrument:
+            launcher = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
+            launcher = launcher or shutil.which("opentelemetry-instrument")
+            if launcher is None:
+                raise RuntimeError("opentelemetry-instrument not found (install opentelemetry-instrumentation)")
+            cmd = [launcher, *cmd]
+        return cmd
+
+    def start(self, timeout: float = 300.0) -> "Server":
+        env = os.environ.copy()
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("OTEL_METRICS_EXPORTER", "none")
+        env.setdefault("OTEL_TRACES_EXPORTER", "none")
+        env.setdefault("OTEL_LOGS_EXPORTER", "none")
+        env.setdefault("TOKENIZERS_PARALLELISM", "false")
+        env.setdefault("HF_HUB_OFFLINE", "1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("DO_NOT_TRACK", "1")
+        env.update(self.env)
+        self._log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode} during start-up; log: {self.log_path}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"vLLM did not become healthy in {timeout:.0f} s; log: {self.log_path}")
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- client ------------------------------------------------------------------------------
+    def complete(self, prompt: str, max_tokens: int = 150, *, ignore_eos: bool = True,
+                 timeout: float = 300.0) -> dict:
+        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": ignore_eos, "return_token_ids": True}
+        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def burst(self, prompts, max_tokens: int = 150) -> list[dict]:
+        """All prompts at once, one thread each; returns responses in prompt order."""
+        results: list = [None] * len(prompts)
+        errors: list = []
+
+        def one(i, p):
+            try:
+                results[i] = self.complete(p, max_tokens)
+            except Exception as exc:  # surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+    def scrape(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            return r.read().decode()
+
+
+def samples(text: str) -> list:
+    """Every sample of a /metrics text: (name, labels dict, value)."""
+    out = []
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.append((s.name, dict(s.labels), s.value))
+    return out
+
+
+def total(text: str, name: str, **match) -> float:
+    return sum(v for n, labels, v in samples(text) if n == name
+               and all(labels.get(k) == val for k, val in match.items()))

@@ -1,0 +1,81 @@
+"""Every environment switch the package reads, in one place (documented in docs/configuration.md)."""
+
+from __future__ import annotations
+
+import os
+
+#: The one documented switch. ``true``: instrument every vLLM process (API server, EngineCore, workers)
+#: through the ``vllm.general_plugins`` entry point, even without ``opentelemetry-instrument``.
+#: ``false``: never instrument, whatever else is configured. Unset: the plugin instruments a process
+#: only when its parent was instrumented (``instrument()`` sets the variable to ``true`` so that the
+#: processes vLLM spawns inherit it).
+ENABLED = "OTEL_VLLM_ASCEND_ENABLED"
+
+#: ``false`` turns the vLLM ``/metrics`` exposure off (default ``true``, whatever OTEL_METRICS_EXPORTER says).
+PROMETHEUS = "OTEL_VLLM_ASCEND_PROMETHEUS"
+
+#: How often each process writes its metrics for ``/metrics`` (milliseconds, default 2000). This bounds
+#: the staleness of EngineCore/worker data on ``/metrics``.
+PROMETHEUS_INTERVAL_MS = "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS"
+
+#: Internal, set by the first instrumented process for its children: where per-process metric files go
+#: when PROMETHEUS_MULTIPROC_DIR is unset, and which process created that directory.
+FILES_DIR = "_OTEL_VLLM_ASCEND_FILES_DIR"
+ROOT_PID = "_OTEL_VLLM_ASCEND_ROOT_PID"
+
+#: Standard variables we honour.
+DISABLED_INSTRUMENTATIONS = "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"
+PROMETHEUS_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+
+#: Entry-point name under ``opentelemetry_instrumentor``; the name OTEL_PYTHON_DISABLED_INSTRUMENTATIONS matches.
+ENTRY_POINT_NAME = "vllm_ascend"
+
+DEFAULT_PROMETHEUS_INTERVAL_MS = 2000
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def flag(name: str) -> bool | None:
+    """``True``/``False`` for a recognised boolean value, ``None`` when unset or unrecognised."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    return None
+
+
+def disabled_by_otel() -> bool:
+    names = {n.strip() for n in os.environ.get(DISABLED_INSTRUMENTATIONS, "").split(",")}
+    return "*" in names or ENTRY_POINT_NAME in names
+
+
+def prometheus_enabled() -> bool:
+    return flag(PROMETHEUS) is not False
+
+
+def positive_int(name: str, default: int) -> int:
+    try:
+        value = int(os.environ.get(name, ""))
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def metrics_files_dir() -> str | None:
+    """Where this process writes its metric files for ``/metrics``: PROMETHEUS_MULTIPROC_DIR when set
+    (vLLM's own registry then merges them), else the directory the first instrumented process made."""
+    return os.environ.get(PROMETHEUS_MULTIPROC_DIR) or os.environ.get(FILES_DIR) or None
+
+
+def otlp_exporter_names() -> list[str]:
+    """Names from OTEL_METRICS_EXPORTER that need a push exporter. ``prometheus`` is served through
+    vLLM's /metrics instead (never a second HTTP server per process), ``none`` means nothing."""
+    names = [n.strip() for n in os.environ.get(METRICS_EXPORTER, "").split(",") if n.strip()]
+    return [n for n in names if n not in ("none", "prometheus")]

@@ -1,0 +1,66 @@
+"""Executor RPC: failures, blocking or not."""
+
+from __future__ import annotations
+
+from concurrent.futures import CancelledError
+
+from .. import catalogue, recording
+from ..context import LAST_STEP_PHASE, UNKNOWN
+from ..wrappers import Handler
+
+#: RPCs that carry a scheduled step's work; their errors get that step's phase.
+STEP_METHODS = frozenset({"execute_model", "sample_tokens", "execute_dummy_batch", "take_draft_token_ids"})
+
+
+def exception_type(exc: BaseException | None) -> str:
+    """Bounded label for an RPC failure (catalogue.RPC_EXCEPTION_TYPES):
+
+    - ``timeout``: TimeoutError (an RPC past VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, or a dequeue timeout);
+    - ``executor_failed``: RuntimeError("Executor failed.") — a worker died earlier;
+    - ``worker_failed``: RuntimeError("Worker failed with error …") and the like — the worker raised;
+    - ``cancelled``: a cancelled future, or the message queue cancelled at shutdown;
+    - ``other``: anything else.
+    """
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, CancelledError):
+        return "cancelled"
+    if isinstance(exc, RuntimeError):
+        message = str(exc)
+        if message.startswith("Executor failed"):
+            return "executor_failed"
+        if message.startswith("Worker failed") or "workers failed" in message:
+            return "worker_failed"
+        if message == "cancelled":
+            return "cancelled"
+    return "other"
+
+
+def _count(phase: str, exc: BaseException | None) -> None:
+    attrs = recording.step_attributes(phase)
+    attrs["exception_type"] = exception_type(exc)
+    recording.add(catalogue.RPC_ERRORS, 1, attrs)
+
+
+class CollectiveRpc(Handler):
+    """``MultiprocExecutor.collective_rpc(method, …, non_block=…)``: +1 per failed call. A blocking
+    call fails by raising; a non-blocking one returns a future whose failure arrives later, when
+    vLLM reads the reply — the future's done-callback counts it then (each failure once)."""
+
+    name = "MultiprocExecutor.collective_rpc"
+
+    def before(self, args, kwargs):
+        method = args[1] if len(args) > 1 else kwargs.get("method")
+        name = method if isinstance(method, str) else getattr(method, "__name__", "")
+        return LAST_STEP_PHASE[0] if name in STEP_METHODS else UNKNOWN
+
+    def error(self, state, args, kwargs, exc):
+        _count(state, exc)
+
+    def future_done(self, state, args, kwargs, future):
+        if future.cancelled():
+            _count(state, CancelledError())
+            return
+        exc = future.exception()
+        if exc is not None:
+            _count(state, exc)

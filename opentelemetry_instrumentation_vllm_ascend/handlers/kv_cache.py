@@ -1,0 +1,31 @@
+"""KV cache manager: allocation failures."""
+
+from __future__ import annotations
+
+from ..context import CURRENT_STEP, UNKNOWN, Step
+from ..wrappers import Handler
+from .scheduler import flush_step
+
+
+def _failed() -> None:
+    step = CURRENT_STEP.get()
+    if step is not None:
+        step.allocate_failures += 1
+    else:
+        outside = Step()
+        outside.allocate_failures = 1
+        flush_step(outside, UNKNOWN)
+
+
+class AllocateSlots(Handler):
+    """``KVCacheManager.allocate_slots``: a call that returned None (no room) or raised is one failure.
+    The exception itself reaches the caller unchanged."""
+
+    name = "KVCacheManager.allocate_slots"
+
+    def after(self, state, args, kwargs, result):
+        if result is None:
+            _failed()
+
+    def error(self, state, args, kwargs, exc):
+        _failed()

