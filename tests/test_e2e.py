@@ -64,7 +64,7 @@ def series(text, name):
     return [(labels, value) for n, labels, value in samples(text) if n == name]
 
 
-def run_scenario(model, log, extra_env, temporality):
+def run_scenario(model, log, extra_env, temporality, instrument=True):
     with Receiver() as receiver:
         env = {
             "OTEL_METRICS_EXPORTER": "otlp_proto_http",
@@ -74,7 +74,7 @@ def run_scenario(model, log, extra_env, temporality):
             "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000",
             **extra_env,
         }
-        with Server(model, env=env, log_path=log) as server:
+        with Server(model, env=env, log_path=log, instrument=instrument) as server:
             outputs = [greedy(server, p) for p in GREEDY_PROMPTS]  # one at a time, before any load
             server.burst([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
             text = settled_scrape(server, receiver)
@@ -137,3 +137,14 @@ def test_prometheus_multiproc_dir_delta_otlp(model, tmp_path, greedy_reference):
     check(text, otlp, resources, log)
     assert outputs == greedy_reference
     assert any(name.endswith(".db") and "otel-" in name for name in os.listdir(mp_dir))
+
+
+def test_plugin_alone_without_opentelemetry_instrument(model, tmp_path, greedy_reference):
+    """``OTEL_VLLM_ASCEND_ENABLED=true vllm serve …``: the vllm.general_plugins entry point alone
+    instruments the API server, the EngineCore and the worker."""
+    log = str(tmp_path / "server.log")
+    text, outputs, otlp, resources = run_scenario(
+        model, log, {"OTEL_VLLM_ASCEND_ENABLED": "true"}, "cumulative", instrument=False
+    )
+    check(text, otlp, resources, log)
+    assert outputs == greedy_reference
