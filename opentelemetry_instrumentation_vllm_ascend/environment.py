@@ -61,11 +61,21 @@ def prometheus_enabled() -> bool:
 
 
 def positive_int(name: str, default: int) -> int:
-    try:
-        value = int(os.environ.get(name, ""))
-    except ValueError:
+    raw = os.environ.get(name)
+    if raw is None:
         return default
-    return value if value > 0 else default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a positive integer; using %d", name, raw, default
+        )
+        return default
+    return value
 
 
 def metrics_files_dir() -> str | None:

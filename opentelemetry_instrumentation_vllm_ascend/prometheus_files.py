@@ -123,7 +123,10 @@ class FilesExporter(MetricExporter):
         except Exception:  # never let /metrics plumbing hurt the host
             if not self._failed_once:
                 self._failed_once = True
-                logger.exception("writing metrics for /metrics failed (further failures are logged at debug level)")
+                logger.exception(
+                    "opentelemetry-instrumentation-vllm-ascend: writing metrics for /metrics failed "
+                    "(further failures are logged at debug level)"
+                )
             else:
                 logger.debug("writing metrics for /metrics failed", exc_info=True)
             return MetricExportResult.FAILURE

@@ -114,47 +114,42 @@ def _sync(original, hook):
     return wrapper
 
 
-def _future(original, hook):
-    """A call that may return a future (vLLM's non-blocking RPC): failures that arrive through the
-    future are seen by ``future_done``, in whichever thread completes it."""
+class _FutureAdapter(Handler):
+    """Turns a handler's ``future_done`` into the ``after`` of a sync wrapper: when the call returns
+    a future (vLLM's non-blocking RPC), failures arriving through it reach ``future_done``, in
+    whichever thread completes it; any other result goes to ``after``."""
 
-    def wrapper(*args, **kwargs):
-        handler = hook.handler
-        if handler is None:
-            return original(*args, **kwargs)
-        try:
-            state = handler.before(args, kwargs)
-        except Exception:
-            state = _FAILED
-            report(handler, "before")
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            if state is not _FAILED:
-                try:
-                    handler.error(state, args, kwargs, exc)
-                except Exception:
-                    report(handler, "error")
-            raise
-        if state is not _FAILED:
+    __slots__ = ("inner", "name")
+
+    def __init__(self, inner: Handler) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    def before(self, args, kwargs):
+        return self.inner.before(args, kwargs)
+
+    def error(self, state, args, kwargs, exc):
+        self.inner.error(state, args, kwargs, exc)
+
+    def after(self, state, args, kwargs, result):
+        add_done_callback = getattr(result, "add_done_callback", None)
+        if add_done_callback is None or not callable(getattr(result, "exception", None)):
+            self.inner.after(state, args, kwargs, result)
+            return
+        inner = self.inner
+
+        def done(future):
             try:
-                add_done_callback = getattr(result, "add_done_callback", None)
-                if add_done_callback is not None and callable(getattr(result, "exception", None)):
-
-                    def done(future, state=state):
-                        try:
-                            handler.future_done(state, args, kwargs, future)
-                        except Exception:
-                            report(handler, "future_done")
-
-                    add_done_callback(done)
-                else:
-                    handler.after(state, args, kwargs, result)
+                inner.future_done(state, args, kwargs, future)
             except Exception:
-                report(handler, "after")
-        return result
+                report(inner, "future_done")
 
-    return wrapper
+        add_done_callback(done)
+
+
+def _future(original, hook):
+    hook.handler = _FutureAdapter(hook.handler)
+    return _sync(original, hook)
 
 
 def _coroutine(original, hook):

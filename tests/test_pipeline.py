@@ -102,3 +102,9 @@ def test_unknown_exporter_name_is_a_log_line_not_a_failure(monkeypatch, tmp_path
     recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
     assert "no_such_exporter" in caplog.text
     pipeline.reset()
+
+
+def test_bad_interval_is_a_log_line_and_the_default(monkeypatch, caplog):
+    monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "soon")
+    assert environment.positive_int(environment.PROMETHEUS_INTERVAL_MS, 2000) == 2000
+    assert "is not a positive integer" in caplog.text
