@@ -101,12 +101,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         seed="rpc_errors",
         kind=COUNTER,
         unit="{error}",
-        description="Failed MultiprocExecutor.collective_rpc calls, blocking or not (a non-blocking "
-        "call's failure is counted when its future fails). exception_type is one of "
+        description="Failed executor collective_rpc calls (to workers in other processes, or in-process "
+        "with one device), blocking or not: a non-blocking call's failure is counted when its future "
+        "fails. exception_type is one of "
         + ", ".join(RPC_EXCEPTION_TYPES) + ".",
         labels=STEP_LABELS + ("exception_type",),
         recorded_in="engine_core",
-        hooked=("vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",),
+        hooked=(
+            "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
+            "vllm.v1.executor.uniproc_executor:UniProcExecutor.collective_rpc",
+        ),
     ),
     MetricSpec(
         seed="instrumented_processes",

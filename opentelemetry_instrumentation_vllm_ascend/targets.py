@@ -45,6 +45,9 @@ TARGETS: tuple[Target, ...] = (
            feeds=(c.BLOCK_ALLOCATE_FAILURES.seed,)),
     Target("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.collective_rpc", FUTURE,
            "executor:CollectiveRpc", feeds=(c.RPC_ERRORS.seed,)),
+    # Single-device GPU/NPU engines run their worker in-process (no message queues), same contract.
+    Target("vllm.v1.executor.uniproc_executor", "UniProcExecutor.collective_rpc", FUTURE,
+           "executor:CollectiveRpc", feeds=(c.RPC_ERRORS.seed,)),
     Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", SYNC, "process:ApiServerInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed,)),
     Target("vllm.v1.executor.abstract", "Executor.__init__", SYNC, "process:EngineCoreInit",

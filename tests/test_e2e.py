@@ -20,6 +20,7 @@ R2W = "vllm_profiling_running_to_waiting_count_total"
 RECOMPUTE = "vllm_profiling_scheduler:recompute_events_total"
 ALLOC = "vllm_profiling_block_allocate_failures_total"
 PROCS = "vllm_profiling_instrumented_processes"
+RPC = "vllm_profiling_rpc_errors_total"
 GREEDY_PROMPTS = [tiny_model.prompt(100 + i, words=5 + i) for i in range(4)]
 
 
@@ -72,11 +73,17 @@ def run_scenario(model, log, extra_env, temporality, instrument=True):
             "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": temporality,
             "OTEL_METRIC_EXPORT_INTERVAL": "1000",
             "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000",
+            "VLLM_SERVER_DEV_MODE": "1",  # exposes /collective_rpc, to make a worker RPC fail for real
             **extra_env,
         }
         with Server(model, env=env, log_path=log, instrument=instrument) as server:
             outputs = [greedy(server, p) for p in GREEDY_PROMPTS]  # one at a time, before any load
             server.burst([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
+            # A utility RPC the worker cannot run: it answers FAILURE, the EngineCore raises
+            # "Worker failed with error …" — exactly one real RPC failure, outside any step.
+            status, _ = server.post("/collective_rpc", {"method": "no_such_worker_method"})
+            assert status >= 400
+            assert server.complete(GREEDY_PROMPTS[0], max_tokens=4)["choices"]  # and vLLM serves on
             text = settled_scrape(server, receiver)
             otlp_by_role = receiver.counter_totals("vllm_profiling_running_to_waiting_count", by="vllm.process.role")
             resources = receiver.resources()
@@ -101,6 +108,11 @@ def check(text, otlp_by_role, resources, log):
     assert total(text, ALLOC) >= preemptions
     for labels, _ in series(text, R2W) + series(text, RECOMPUTE):
         assert set(labels) == {"dp", "role", "phase"} and labels["dp"] == "0"
+
+    # The one failed worker RPC, seen in the EngineCore (vLLM has no counter of its own for this).
+    assert series(text, RPC) == [
+        ({"dp": "0", "role": "mixed", "phase": "unknown", "exception_type": "worker_failed"}, 1.0)
+    ]
 
     # Metrics from each process kind: the EngineCore (it counts preemptions), the worker and the API server.
     procs = {labels["process"]: value for labels, value in series(text, PROCS)}

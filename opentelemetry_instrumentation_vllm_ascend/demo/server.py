@@ -144,6 +144,15 @@ class Server:
             raise errors[0]
         return results
 
+    def post(self, path: str, body: dict, timeout: float = 60.0) -> tuple[int, str]:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
     def scrape(self) -> str:
         with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
             return r.read().decode()
