@@ -63,7 +63,7 @@ def cases():
     rpc = wrap(Target.rpc, CollectiveRpc(), FUTURE)[0]
     plain = closure(Target.allocate_slots)
     wrapt_w = _wrapt_pass(Target.allocate_slots)
-    attrs = recording.step_attributes("decode")
+    attrs = context.step_labels("decode")
     step = context.Step()
     context.CURRENT_STEP.set(step)  # as inside Scheduler.schedule()
     return [
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     os.environ[environment.PROMETHEUS_INTERVAL_MS] = "3600000"
     os.environ.pop(environment.METRICS_EXPORTER, None)
     pipeline.reset()
-    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = "engine_core", "0", "mixed"
+    context.set_process("engine_core", "0", "mixed")
 
     rows = []
     for name, fn in cases():

@@ -59,8 +59,26 @@ def role_of(vllm_config) -> str:
     return ROLES.get(kv_role, "mixed")
 
 
+_step_labels: dict[str, tuple] = {}
+
+
+def step_labels(phase: str) -> tuple:
+    """``(dp, role, phase)``: label values of a step-scoped series, in catalogue order (cached)."""
+    labels = _step_labels.get(phase)
+    if labels is None:
+        labels = _step_labels[phase] = (PROCESS.dp, PROCESS.role, phase)
+    return labels
+
+
+def set_process(process: str, dp: str, role: str) -> None:
+    """Set the process context directly (tests, benchmarks); claim() is what hooks use."""
+    PROCESS.process, PROCESS.dp, PROCESS.role = process, dp, role
+    _step_labels.clear()
+
+
 def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
     """Record what this process is. Returns True when the claim changed the process kind."""
+    _step_labels.clear()
     ctx = PROCESS
     if _PRIORITY.get(process, 0) < _PRIORITY.get(ctx.process, 0):
         return False
@@ -75,6 +93,7 @@ def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
 
 def reset_after_fork() -> None:
     PROCESS.pid = os.getpid()
+    _step_labels.clear()
 
 
 class Step:

@@ -27,13 +27,43 @@ from .version import __version__
 logger = logging.getLogger(__name__)
 
 
+RECORDER = "OTEL_VLLM_ASCEND_RECORDER"  # "fast" (default) or "sdk"
+
+
+class _SdkInstrument:
+    """The recording layer's tuple-label interface over an OTel SDK instrument."""
+
+    __slots__ = ("_instrument", "_labels")
+
+    def __init__(self, instrument, labels) -> None:
+        self._instrument = instrument
+        self._labels = labels
+
+    def add(self, value, labels: tuple) -> None:
+        self._instrument.add(value, dict(zip(self._labels, labels)))
+
+    def record(self, value, labels: tuple) -> None:
+        self._instrument.record(value, dict(zip(self._labels, labels)))
+
+    def set(self, value, labels: tuple) -> None:
+        self._instrument.set(value, dict(zip(self._labels, labels)))
+
+
+def _recorder() -> str:
+    value = os.environ.get(RECORDER, "fast").strip().lower()
+    if value not in ("fast", "sdk"):
+        logger.warning("opentelemetry-instrumentation-vllm-ascend: %s=%r unknown; using fast", RECORDER, value)
+        return "fast"
+    return value
+
+
 class Pipeline:
-    def __init__(self, extra_readers=()) -> None:
-        from opentelemetry.sdk.metrics import MeterProvider
+    def __init__(self, extra_readers=(), recorder: str | None = None) -> None:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
         self.pid = os.getpid()
+        self.recorder = recorder or _recorder()
         self.files_exporter = None
         readers = []
         directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
@@ -68,18 +98,47 @@ class Pipeline:
         env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
         if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
             attributes["service.name"] = "vllm"
-        self.provider = MeterProvider(
-            metric_readers=readers,
-            resource=Resource.create(attributes),
-            views=catalogue.views(),
-            shutdown_on_exit=False,
-        )
-        self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
+        resource = Resource.create(attributes)
+        self.provider = self.meter = self.store = None
+        if self.recorder == "sdk":
+            from opentelemetry.sdk.metrics import MeterProvider
+
+            self.provider = MeterProvider(
+                metric_readers=readers, resource=resource, views=catalogue.views(), shutdown_on_exit=False
+            )
+            self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
+        else:
+            from .fastpath import Store
+
+            self.store = Store(resource, catalogue.SCOPE_NAME, __version__)
+            for reader in readers:
+                self.store.attach(reader)
         self._closed = False
 
+    def instrument(self, spec: catalogue.MetricSpec):
+        """An instrument with the recording layer's interface: add/record/set(value, label tuple)."""
+        if self.store is not None:
+            return self.store.instrument(spec)
+        meter = self.meter
+        if spec.kind == catalogue.COUNTER:
+            inst = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
+        elif spec.kind == catalogue.HISTOGRAM:
+            inst = meter.create_histogram(
+                spec.instrument_name, unit=spec.unit, description=spec.description,
+                explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
+            )
+        else:
+            inst = meter.create_gauge(spec.instrument_name, unit=spec.unit, description=spec.description)
+        return _SdkInstrument(inst, spec.labels)
+
     def flush(self, timeout_millis: float = 5_000) -> None:
-        if os.getpid() == self.pid and not self._closed:
+        if os.getpid() != self.pid or self._closed:
+            return
+        if self.provider is not None:
             self.provider.force_flush(timeout_millis)
+        else:
+            for reader in self.readers:
+                reader.force_flush(timeout_millis)
 
     def close(self, timeout_millis: float = 5_000) -> None:
         """Final export, then stop. Live gauges of this process disappear from /metrics."""
@@ -87,7 +146,11 @@ class Pipeline:
             return
         self._closed = True
         try:
-            self.provider.shutdown(timeout_millis=timeout_millis)
+            if self.provider is not None:
+                self.provider.shutdown(timeout_millis=timeout_millis)
+            else:
+                for reader in self.readers:
+                    reader.shutdown(timeout_millis=timeout_millis)
         finally:
             if self.files_exporter is not None:
                 self.files_exporter.remove_live_gauges()

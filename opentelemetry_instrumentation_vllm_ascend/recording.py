@@ -1,7 +1,10 @@
 """The one recording layer: every handler records through these functions, and nothing else
 touches OTel instruments. The hot path can be made faster here, in one place.
 
-Values are exact: ``add(spec, 0, …)`` adds nothing (no "≤0 counts as 1" rule).
+Values are exact: ``add(spec, 0, …)`` adds nothing (no "≤0 counts as 1" rule). Labels are tuples of
+values in the catalogue's label order (``context.step_labels(phase)`` gives the step-scoped ones), so
+the hot path builds no dicts. Which recorder sits behind these functions is the pipeline's choice:
+the pre-aggregating fast path (default) or the OTel SDK.
 """
 
 from __future__ import annotations
@@ -9,12 +12,12 @@ from __future__ import annotations
 from . import catalogue, context, pipeline
 
 _instruments: dict[str, object] = {}
-_process_attrs: list = [None]
+_process_labels: list = [None]
 
 
 def _forget(_new_pipeline) -> None:
     _instruments.clear()
-    _process_attrs[0] = None
+    _process_labels[0] = None
 
 
 pipeline._on_new_pipeline.append(_forget)
@@ -23,53 +26,36 @@ pipeline._on_new_pipeline.append(_forget)
 def _instrument(spec: catalogue.MetricSpec):
     instrument = _instruments.get(spec.seed)
     if instrument is None:
-        meter = pipeline.get().meter
-        if spec.kind == catalogue.COUNTER:
-            instrument = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
-        elif spec.kind == catalogue.HISTOGRAM:
-            instrument = meter.create_histogram(
-                spec.instrument_name,
-                unit=spec.unit,
-                description=spec.description,
-                explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
-            )
-        elif spec.kind == catalogue.GAUGE:
-            instrument = meter.create_gauge(spec.instrument_name, unit=spec.unit, description=spec.description)
-        else:  # pragma: no cover - the catalogue test checks kinds
-            raise ValueError(f"unknown metric kind {spec.kind!r}")
-        _instruments[spec.seed] = instrument
+        instrument = _instruments[spec.seed] = pipeline.get().instrument(spec)
     return instrument
 
 
-def add(spec: catalogue.MetricSpec, value: int | float, attributes: dict) -> None:
+def add(spec: catalogue.MetricSpec, value: int | float, labels: tuple) -> None:
+    """Counter += value. ``labels``: label values in the order of ``spec.labels``."""
     if value:
-        _instrument(spec).add(value, attributes)
+        _instrument(spec).add(value, labels)
 
 
-def record(spec: catalogue.MetricSpec, value: float, attributes: dict) -> None:
-    _instrument(spec).record(value, attributes)
+def record(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:
+    """One histogram observation."""
+    _instrument(spec).record(value, labels)
 
 
-def set_gauge(spec: catalogue.MetricSpec, value: float, attributes: dict) -> None:
-    _instrument(spec).set(value, attributes)
-
-
-def step_attributes(phase: str) -> dict:
-    ctx = context.PROCESS
-    return {"dp": ctx.dp, "role": ctx.role, "phase": phase}
+def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:
+    _instrument(spec).set(value, labels)
 
 
 def process_started() -> None:
     """This process now contributes metrics: count it (once per label set) in instrumented_processes."""
     ctx = context.PROCESS
-    attrs = {"process": ctx.process, "dp": ctx.dp, "role": ctx.role}
-    previous = _process_attrs[0]
-    if previous == attrs:
+    labels = (ctx.process, ctx.dp, ctx.role)
+    previous = _process_labels[0]
+    if previous == labels:
         return
     if previous is not None:
         set_gauge(catalogue.INSTRUMENTED_PROCESSES, 0, previous)
-    set_gauge(catalogue.INSTRUMENTED_PROCESSES, 1, attrs)
-    _process_attrs[0] = attrs
+    set_gauge(catalogue.INSTRUMENTED_PROCESSES, 1, labels)
+    _process_labels[0] = labels
 
 
 def flush() -> None:

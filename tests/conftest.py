@@ -42,8 +42,8 @@ def metrics(monkeypatch):
     reader = InMemoryMetricReader()
     pipeline.reset(extra_readers=[reader])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = "engine_core", "0", "mixed"
+    context.set_process("engine_core", "0", "mixed")
     context.LAST_STEP_PHASE[0] = context.UNKNOWN
     yield Metrics(reader)
     pipeline.reset()
-    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = saved
+    context.set_process(*saved)

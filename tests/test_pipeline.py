@@ -22,14 +22,14 @@ def otlp(monkeypatch, tmp_path):
     with Receiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint)
         pipeline.reset()
-        context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = "engine_core", "0", "mixed"
+        context.set_process("engine_core", "0", "mixed")
         yield receiver
         pipeline.reset()
 
 
 def _forked_eplb_child():
     context.claim("eplb")
-    recording.add(catalogue.RUNNING_TO_WAITING, 7, recording.step_attributes("decode"))
+    recording.add(catalogue.RUNNING_TO_WAITING, 7, context.step_labels("decode"))
     # leaves through os._exit (multiprocessing fork): the exit finalizer must push the data
 
 
@@ -37,7 +37,7 @@ def _forked_eplb_child():
 def test_every_process_pushes_its_own_data_once(otlp, monkeypatch, temporality):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", temporality)
     pipeline.reset()
-    attrs = recording.step_attributes("decode")
+    attrs = context.step_labels("decode")
     recording.add(catalogue.RUNNING_TO_WAITING, 2, attrs)
     recording.flush()
     recording.add(catalogue.RUNNING_TO_WAITING, 3, attrs)
@@ -68,7 +68,7 @@ def test_metrics_exposure_ignores_otel_metrics_exporter_none(monkeypatch, tmp_pa
     monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
     monkeypatch.setenv(environment.METRICS_EXPORTER, "none")
     pipeline.reset()
-    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
     recording.flush()
     assert os.listdir(tmp_path) == [f"counter_otel-{os.getpid()}.db"]
     assert len(pipeline.current().readers) == 1  # the files reader only: no push exporter
@@ -79,7 +79,7 @@ def test_prometheus_exporter_name_starts_no_server(monkeypatch, tmp_path):
     monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
     monkeypatch.setenv(environment.METRICS_EXPORTER, "prometheus")
     pipeline.reset()
-    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
     assert len(pipeline.current().readers) == 1
     pipeline.reset()
 
@@ -89,7 +89,7 @@ def test_switch_turns_metrics_exposure_off(monkeypatch, tmp_path):
     monkeypatch.setenv(environment.PROMETHEUS, "false")
     monkeypatch.delenv(environment.METRICS_EXPORTER, raising=False)
     pipeline.reset()
-    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
     recording.flush()
     assert os.listdir(tmp_path) == []
     pipeline.reset()
@@ -99,7 +99,7 @@ def test_unknown_exporter_name_is_a_log_line_not_a_failure(monkeypatch, tmp_path
     monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
     monkeypatch.setenv(environment.METRICS_EXPORTER, "no_such_exporter")
     pipeline.reset()
-    recording.add(catalogue.RUNNING_TO_WAITING, 1, recording.step_attributes("decode"))
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
     assert "no_such_exporter" in caplog.text
     pipeline.reset()
 

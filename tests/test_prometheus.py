@@ -28,19 +28,19 @@ def files_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")  # export only when we flush
     pipeline.reset()
-    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = "engine_core", "0", "decode"
+    context.set_process("engine_core", "0", "decode")
     yield str(tmp_path)
     pipeline.reset()
 
 
 def record_some(n_preempt, phase="decode"):
-    attrs = recording.step_attributes(phase)
+    attrs = context.step_labels(phase)
     recording.add(catalogue.RUNNING_TO_WAITING, n_preempt, attrs)
 
 
 def test_exact_exposition_names_and_help(files_dir):
     record_some(3)
-    recording.add(catalogue.RPC_ERRORS, 1, dict(recording.step_attributes("prefill"), exception_type="timeout"))
+    recording.add(catalogue.RPC_ERRORS, 1, context.step_labels("prefill") + ("timeout",))
     recording.process_started()
     recording.flush()
     text = exposition(files_dir)
@@ -61,7 +61,7 @@ def test_histogram_buckets_are_cumulative_with_count_and_sum(files_dir, monkeypa
     monkeypatch.setattr(catalogue, "CATALOGUE", catalogue.CATALOGUE + (spec,))
     pipeline.reset()
     for v in (0.005, 0.05, 0.05, 0.5, 5.0):
-        recording.record(spec, v, recording.step_attributes("prefill"))
+        recording.record(spec, v, context.step_labels("prefill"))
     recording.flush()
     lines = sample_lines(exposition(files_dir), "vllm_profiling_test")
     labels = 'dp="0",phase="prefill",role="decode"'
@@ -77,9 +77,9 @@ def test_histogram_buckets_are_cumulative_with_count_and_sum(files_dir, monkeypa
 
 def _child(kind, dp, n, directory, delay):
     os.environ[environment.FILES_DIR] = directory
-    context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role = kind, dp, "mixed"
+    context.set_process(kind, dp, "mixed")
     recording.process_started()
-    recording.add(catalogue.RUNNING_TO_WAITING, n, recording.step_attributes("decode"))
+    recording.add(catalogue.RUNNING_TO_WAITING, n, context.step_labels("decode"))
     time.sleep(delay)  # exits normally: the exit handler flushes the final values
 
 

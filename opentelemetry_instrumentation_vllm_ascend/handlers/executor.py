@@ -5,7 +5,7 @@ from __future__ import annotations
 from concurrent.futures import CancelledError
 
 from .. import catalogue, recording
-from ..context import LAST_STEP_PHASE, UNKNOWN
+from ..context import LAST_STEP_PHASE, UNKNOWN, step_labels
 from ..wrappers import Handler
 
 #: RPCs that carry a scheduled step's work; their errors get that step's phase.
@@ -37,9 +37,7 @@ def exception_type(exc: BaseException | None) -> str:
 
 
 def _count(phase: str, exc: BaseException | None) -> None:
-    attrs = recording.step_attributes(phase)
-    attrs["exception_type"] = exception_type(exc)
-    recording.add(catalogue.RPC_ERRORS, 1, attrs)
+    recording.add(catalogue.RPC_ERRORS, 1, step_labels(phase) + (exception_type(exc),))
 
 
 class CollectiveRpc(Handler):

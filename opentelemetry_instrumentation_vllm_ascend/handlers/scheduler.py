@@ -11,10 +11,10 @@ def flush_step(step: Step, phase: str) -> None:
     """Record what one scheduling step saw, once, labelled with that step's phase."""
     if not (step.preemptions or step.recomputes or step.allocate_failures):
         return
-    attrs = recording.step_attributes(phase)
-    recording.add(catalogue.RUNNING_TO_WAITING, step.preemptions, attrs)
-    recording.add(catalogue.RECOMPUTE_EVENTS, step.recomputes, attrs)
-    recording.add(catalogue.BLOCK_ALLOCATE_FAILURES, step.allocate_failures, attrs)
+    labels = context.step_labels(phase)
+    recording.add(catalogue.RUNNING_TO_WAITING, step.preemptions, labels)
+    recording.add(catalogue.RECOMPUTE_EVENTS, step.recomputes, labels)
+    recording.add(catalogue.BLOCK_ALLOCATE_FAILURES, step.allocate_failures, labels)
 
 
 class Schedule(Handler):

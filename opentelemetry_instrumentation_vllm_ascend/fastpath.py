@@ -1,0 +1,272 @@
+"""The pre-aggregating recorder: the default hot path of the recording layer.
+
+Recording is a dict update in a per-thread shard (no lock, nothing lost when threads record at once);
+collection merges the shards into standard OTel ``MetricsData`` — the catalogue's names, units,
+descriptions, labels and buckets, as the SDK's Views would produce them — and hands it to ordinary
+SDK ``MetricReader``s (the /metrics files reader, OTLP readers, an InMemoryMetricReader in tests)
+through the same collect hook a MeterProvider uses. Exporters cannot tell the two paths apart; a
+property test checks that the Prometheus exposition and the OTLP payloads are identical
+(``OTEL_VLLM_ASCEND_RECORDER=sdk`` selects the SDK path instead).
+
+Semantics follow the SDK: explicit-bucket histograms put ``v`` in the first bucket whose bound is
+``>= v`` and keep min/max; cumulative series live for the process's life; delta exports carry only
+series that got measurements since that reader's previous collection (min/max then cover that
+interval). Values are exact: no sampling, no rounding.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from time import time_ns
+
+from opentelemetry.sdk.metrics import Counter, Histogram as HistogramInstrument
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from . import catalogue
+
+try:  # MetricReader keys its temporality table by the SDK's internal instrument classes
+    from opentelemetry.sdk.metrics._internal.instrument import _Counter as _COUNTER_KEY
+    from opentelemetry.sdk.metrics._internal.instrument import _Gauge as _GAUGE_KEY
+    from opentelemetry.sdk.metrics._internal.instrument import _Histogram as _HISTOGRAM_KEY
+except ImportError:  # pragma: no cover - older/newer SDK layouts
+    from opentelemetry.sdk.metrics import _Gauge as _GAUGE_KEY
+
+    _COUNTER_KEY, _HISTOGRAM_KEY = Counter, HistogramInstrument
+
+_INF = float("inf")
+DELTA = AggregationTemporality.DELTA
+CUMULATIVE = AggregationTemporality.CUMULATIVE
+
+
+class _Instrument:
+    """Per-thread shards of ``{label values tuple: state}``."""
+
+    __slots__ = ("spec", "_tls", "_shards", "_lock", "start_ns")
+
+    def __init__(self, spec: catalogue.MetricSpec) -> None:
+        self.spec = spec
+        self._tls = threading.local()
+        self._shards: list[dict] = []
+        self._lock = threading.Lock()
+        self.start_ns = time_ns()
+
+    def _new_shard(self) -> dict:
+        shard: dict = {}
+        with self._lock:
+            self._shards.append(shard)
+        self._tls.shard = shard
+        return shard
+
+    def shards(self) -> list[dict]:
+        with self._lock:
+            shards = list(self._shards)
+        # dict.copy() runs in C without releasing the GIL: a consistent snapshot of each shard.
+        return [shard.copy() for shard in shards]
+
+
+class FastCounter(_Instrument):
+    __slots__ = ()
+
+    def add(self, value, labels: tuple) -> None:
+        try:
+            shard = self._tls.shard
+        except AttributeError:
+            shard = self._new_shard()
+        shard[labels] = shard.get(labels, 0) + value
+
+    def snapshot(self) -> dict:
+        total: dict = {}
+        for shard in self.shards():
+            for key, value in shard.items():
+                total[key] = total.get(key, 0) + value
+        return total
+
+
+class FastHistogram(_Instrument):
+    """State per series: [count, sum, min, max, bucket_counts, window_min, window_max]."""
+
+    __slots__ = ("bounds",)
+
+    def __init__(self, spec: catalogue.MetricSpec) -> None:
+        super().__init__(spec)
+        self.bounds = tuple(float(b) for b in spec.buckets or ())
+
+    def record(self, value, labels: tuple) -> None:
+        try:
+            shard = self._tls.shard
+        except AttributeError:
+            shard = self._new_shard()
+        state = shard.get(labels)
+        if state is None:
+            state = shard[labels] = [0, 0, _INF, -_INF, [0] * (len(self.bounds) + 1), _INF, -_INF]
+        state[0] += 1
+        state[1] += value
+        if value < state[2]:
+            state[2] = value
+        if value > state[3]:
+            state[3] = value
+        if value < state[5]:
+            state[5] = value
+        if value > state[6]:
+            state[6] = value
+        state[4][bisect_left(self.bounds, value)] += 1
+
+    def snapshot(self, reset_window: bool = False) -> dict:
+        total: dict = {}
+        with self._lock:
+            shards = list(self._shards)
+        for shard in shards:
+            for key, state in list(shard.items()):
+                count, sum_, mn, mx, buckets, wmin, wmax = state[0], state[1], state[2], state[3], list(state[4]), state[5], state[6]
+                if reset_window:
+                    state[5], state[6] = _INF, -_INF
+                merged = total.get(key)
+                if merged is None:
+                    total[key] = [count, sum_, mn, mx, buckets, wmin, wmax]
+                else:
+                    merged[0] += count
+                    merged[1] += sum_
+                    merged[2] = min(merged[2], mn)
+                    merged[3] = max(merged[3], mx)
+                    merged[4] = [a + b for a, b in zip(merged[4], buckets)]
+                    merged[5] = min(merged[5], wmin)
+                    merged[6] = max(merged[6], wmax)
+        return total
+
+
+class FastGauge(_Instrument):
+    __slots__ = ()
+
+    def set(self, value, labels: tuple) -> None:
+        try:
+            shard = self._tls.shard
+        except AttributeError:
+            shard = self._new_shard()
+        shard[labels] = (value, time_ns())
+
+    def snapshot(self, since: int = -1) -> dict:
+        """Last value per series, of the series set after ``since`` (ns)."""
+        latest: dict = {}
+        for shard in self.shards():
+            for key, (value, t) in shard.items():
+                if key not in latest or latest[key][1] <= t:
+                    latest[key] = (value, t)
+        return {key: value for key, (value, t) in latest.items() if t > since}
+
+
+_KINDS = {catalogue.COUNTER: FastCounter, catalogue.HISTOGRAM: FastHistogram, catalogue.GAUGE: FastGauge}
+
+
+class Store:
+    """All fast instruments of one process, and their collection for any number of readers."""
+
+    def __init__(self, resource, scope_name: str, scope_version: str) -> None:
+        self.resource = resource
+        self.scope = InstrumentationScope(scope_name, scope_version, None, None)
+        self._instruments: dict[str, _Instrument] = {}
+        self._lock = threading.Lock()
+        self._previous: dict[int, tuple[int, dict]] = {}  # per delta reader: (time, {seed: snapshot})
+
+    def instrument(self, spec: catalogue.MetricSpec):
+        instrument = self._instruments.get(spec.seed)
+        if instrument is None:
+            with self._lock:
+                instrument = self._instruments.get(spec.seed)
+                if instrument is None:
+                    instrument = self._instruments[spec.seed] = _KINDS[spec.kind](spec)
+        return instrument
+
+    # -- collection -------------------------------------------------------------------------
+    def attach(self, reader) -> None:
+        """Make ``reader.collect()`` read this store (as a MeterProvider would)."""
+        reader._set_collect_callback(self.collect_for)
+
+    def collect_for(self, reader, timeout_millis: float = 10_000) -> MetricsData | None:
+        temporalities = getattr(reader, "_instrument_class_temporality", {})
+        counter_t = temporalities.get(_COUNTER_KEY, temporalities.get(Counter, CUMULATIVE))
+        histogram_t = temporalities.get(_HISTOGRAM_KEY, temporalities.get(HistogramInstrument, CUMULATIVE))
+        gauge_t = temporalities.get(_GAUGE_KEY, CUMULATIVE)
+        now = time_ns()
+        delta = DELTA in (counter_t, histogram_t, gauge_t)
+        previous_time, previous = self._previous.get(id(reader), (None, {}))
+        current: dict = {}
+        metrics = []
+        with self._lock:
+            instruments = list(self._instruments.values())
+        for instrument in instruments:
+            spec = instrument.spec
+            labels = spec.labels
+            if isinstance(instrument, FastCounter):
+                snap = instrument.snapshot()
+                current[spec.seed] = snap
+                points = self._sum_points(snap, previous.get(spec.seed, {}), labels, counter_t,
+                                          instrument.start_ns, previous_time, now)
+                if points:
+                    metrics.append(Metric(spec.exposed_name, spec.description, spec.unit,
+                                          Sum(points, counter_t, True)))
+            elif isinstance(instrument, FastHistogram):
+                snap = instrument.snapshot(reset_window=histogram_t == DELTA)
+                current[spec.seed] = snap
+                points = self._histogram_points(snap, previous.get(spec.seed, {}), labels, histogram_t,
+                                                instrument.bounds, instrument.start_ns, previous_time, now)
+                if points:
+                    metrics.append(Metric(spec.exposed_name, spec.description, spec.unit,
+                                          Histogram(points, histogram_t)))
+            else:
+                # Like the SDK's last-value aggregation: every collection reports the last value,
+                # except a delta collection, which reports only gauges set since its previous one.
+                since = previous_time if gauge_t == DELTA and previous_time is not None else -1
+                snap = instrument.snapshot(since)
+                points = [NumberDataPoint(dict(zip(labels, key)), None, now, value) for key, value in snap.items()]
+                if points:
+                    metrics.append(Metric(spec.exposed_name, spec.description, spec.unit, Gauge(points)))
+        if delta:
+            self._previous[id(reader)] = (now, current)
+        if not metrics:
+            return None
+        return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(self.scope, metrics, "")], "")])
+
+    @staticmethod
+    def _sum_points(snap, before, labels, temporality, start_ns, previous_time, now):
+        points = []
+        for key, value in snap.items():
+            if temporality == DELTA:
+                change = value - before.get(key, 0)
+                if key in before and change == 0:
+                    continue
+                points.append(NumberDataPoint(dict(zip(labels, key)), previous_time or start_ns, now, change))
+            else:
+                points.append(NumberDataPoint(dict(zip(labels, key)), start_ns, now, value))
+        return points
+
+    @staticmethod
+    def _histogram_points(snap, before, labels, temporality, bounds, start_ns, previous_time, now):
+        points = []
+        for key, (count, sum_, mn, mx, buckets, wmin, wmax) in snap.items():
+            if temporality == DELTA:
+                old = before.get(key)
+                if old is not None:
+                    if count == old[0]:
+                        continue
+                    count, sum_ = count - old[0], sum_ - old[1]
+                    buckets = [a - b for a, b in zip(buckets, old[4])]
+                mn, mx = wmin, wmax
+                start = previous_time or start_ns
+            else:
+                start = start_ns
+            points.append(HistogramDataPoint(dict(zip(labels, key)), start, now, count, sum_, buckets,
+                                             bounds, mn, mx))
+        return points
