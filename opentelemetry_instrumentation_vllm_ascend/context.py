@@ -117,28 +117,36 @@ LAST_STEP_PHASE = [UNKNOWN]
 
 
 def step_phase(scheduler, scheduler_output) -> str:
-    """prefill / decode / mixed for the tokens one SchedulerOutput schedules (``idle`` if none).
+    """prefill / decode / mixed for the work one SchedulerOutput schedules (``idle`` if none).
 
-    A request does prefill work in this step when, before the step, fewer than ``num_tokens - 1``
-    of its tokens were computed: new requests, resumed (recomputing) requests and chunked-prefill
-    continuations. Otherwise it decodes (the last sampled token, plus any speculative drafts).
-    ``schedule()`` has already advanced ``num_computed_tokens`` by the scheduled count.
+    The four request classes of a step:
+    - new requests (``scheduled_new_reqs``): their prefill, whatever the prefix-cache hit;
+    - resumed requests (``scheduled_cached_reqs.resumed_req_ids``): they recompute from scratch;
+    - chunked-prefill continuations: cached requests that, before this step, had fewer than
+      ``prompt + outputs - 1`` tokens computed (``num_computed_tokens`` / ``num_output_tokens`` of
+      ``CachedRequestData`` are the values before the step, output placeholders included);
+    - decodes: every other cached request (its last sampled token, plus speculative drafts).
+    One pass over the cached requests with plain attribute reads; it stops at the first mix.
     """
-    scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
-    if not scheduled:
+    if not getattr(scheduler_output, "num_scheduled_tokens", None):
         return "idle"
+    prefill = bool(scheduler_output.scheduled_new_reqs)
+    decode = False
+    cached = scheduler_output.scheduled_cached_reqs
+    resumed = cached.resumed_req_ids
     requests = scheduler.requests
-    prefill = decode = False
-    for req_id, n in scheduled.items():
+    for req_id, before, outputs in zip(cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens):
         req = requests.get(req_id)
         if req is None:
             continue
-        if req.num_computed_tokens - n < req.num_tokens - 1:
+        if req_id in resumed or before + 1 < req.num_prompt_tokens + outputs:
+            if decode:
+                return "mixed"
             prefill = True
         else:
+            if prefill:
+                return "mixed"
             decode = True
-        if prefill and decode:
-            return "mixed"
     if prefill:
         return "prefill"
     return "decode" if decode else UNKNOWN

@@ -17,8 +17,27 @@ ALLOC = "vllm_profiling_block_allocate_failures"
 RPC = "vllm_profiling_rpc_errors"
 
 
-def req(computed, num_tokens):
-    return NS(num_computed_tokens=computed, num_tokens=num_tokens)
+def req(computed, num_tokens, prompt=None):
+    """A request: tokens computed so far, tokens known (prompt + outputs), prompt length."""
+    return NS(num_computed_tokens=computed, num_tokens=num_tokens,
+              num_prompt_tokens=num_tokens if prompt is None else prompt)
+
+
+def output(requests, new=(), cached=(), resumed=()):
+    """A SchedulerOutput-shaped object. ``new``: ids of new requests; ``cached``: (id, scheduled)
+    of cached ones, whose CachedRequestData numbers are taken from ``requests`` *before* the step."""
+    ids = [rid for rid, _ in cached]
+    scheduled = {rid: 1 for rid in new} | dict(cached)
+    return NS(
+        num_scheduled_tokens=scheduled,
+        scheduled_new_reqs=[NS(req_id=rid) for rid in new],
+        scheduled_cached_reqs=NS(
+            req_ids=ids,
+            resumed_req_ids=set(resumed),
+            num_computed_tokens=[requests[rid].num_computed_tokens for rid in ids],
+            num_output_tokens=[requests[rid].num_tokens - requests[rid].num_prompt_tokens for rid in ids],
+        ),
+    )
 
 
 class FakeKV:
@@ -36,7 +55,7 @@ class FakeScheduler:
     """The parts of vllm.v1.core.sched.scheduler.Scheduler the handlers touch."""
 
     def __init__(self, plan):
-        # plan: list of steps; each step: (events, num_scheduled_tokens after-update request states)
+        # plan: list of steps; each: (events, output builder called with self.requests)
         self.plan = list(plan)
         self.requests = {}
         self.kv_cache_manager = FakeKV([])
@@ -50,13 +69,13 @@ class FakeScheduler:
         return True
 
     def schedule(self):
-        events, scheduled = self.plan.pop(0)
+        events, build = self.plan.pop(0)
         for kind, arg in events:
             if kind == "preempt":
                 self._preempt_request(arg, 0.0)
             elif kind == "alloc":
                 self.kv_cache_manager.allocate_slots(arg, 1)
-        return NS(num_scheduled_tokens=scheduled)
+        return build(self.requests)
 
 
 def instrumented(scheduler):
@@ -73,27 +92,36 @@ def instrumented(scheduler):
 
 # -- phase classification -------------------------------------------------------------------
 
+REQUESTS = {
+    "new": req(0, 8),  # a new request (its NewRequestData), whatever its prefix-cache hit
+    "resumed": req(0, 13, prompt=10),  # preempted after 3 outputs: recomputes 13 tokens
+    "chunk": req(4, 10),  # chunked prefill: 4 of 10 prompt tokens done before this step
+    "last_chunk": req(8, 10),  # the final chunk of 2 prompt tokens
+    "decode": req(12, 13, prompt=10),  # 12 of 13 computed: computes the last sampled token
+    "spec": req(12, 13, prompt=10),  # decode with 2 speculative drafts
+    "resumed_chunk2": req(8, 13, prompt=10),  # resumed, second chunk: 8 of 13 recomputed so far
+}
+
+
 @pytest.mark.parametrize(
-    "states, expected",
+    "new, cached, resumed, expected",
     [
-        # (num_computed_tokens after schedule, num_tokens, scheduled) per request
-        ([(8, 8, 8)], "prefill"),  # new request, whole 8-token prompt: 0 computed before < 7
-        ([(4, 10, 4)], "prefill"),  # chunked prefill, first chunk
-        ([(10, 10, 6)], "prefill"),  # chunked prefill continuation: 4 computed before < 9
-        ([(13, 13, 13)], "prefill"),  # resumed after preemption: 10 prompt + 3 output recomputed
-        ([(13, 13, 1)], "decode"),  # decode: 12 computed before == num_tokens - 1
-        ([(15, 13, 3)], "decode"),  # decode with 2 speculative drafts
-        ([(13, 13, 1), (8, 8, 8)], "mixed"),
-        ([], "idle"),
+        (["new"], [], [], "prefill"),
+        ([], [("resumed", 13)], ["resumed"], "prefill"),
+        ([], [("chunk", 4)], [], "prefill"),
+        ([], [("last_chunk", 2)], [], "prefill"),
+        ([], [("resumed_chunk2", 5)], [], "prefill"),  # not in resumed_req_ids any more, still prefill
+        ([], [("decode", 1)], [], "decode"),
+        ([], [("decode", 1), ("spec", 3)], [], "decode"),
+        (["new"], [("decode", 1)], [], "mixed"),
+        ([], [("decode", 1), ("chunk", 4)], [], "mixed"),
+        ([], [("decode", 1), ("resumed", 13)], ["resumed"], "mixed"),
+        ([], [], [], "idle"),
     ],
 )
-def test_step_phase(states, expected):
-    sched = NS(requests={})
-    scheduled = {}
-    for i, (computed, num_tokens, n) in enumerate(states):
-        sched.requests[f"r{i}"] = req(computed, num_tokens)
-        scheduled[f"r{i}"] = n
-    assert context.step_phase(sched, NS(num_scheduled_tokens=scheduled)) == expected
+def test_step_phase(new, cached, resumed, expected):
+    sched = NS(requests=REQUESTS)
+    assert context.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
 
 
 # -- preemption, recompute, allocation failures ---------------------------------------------
@@ -102,9 +130,10 @@ def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
     victim = req(40, 41)  # had computed tokens: a recompute event
     fresh = req(0, 5)  # preempted before computing anything: no recompute
     decode_req = req(41, 41)
+    decoding = lambda requests: output(requests, cached=[("d", 1)])  # noqa: E731
     s = instrumented(FakeScheduler([
-        ([("alloc", victim), ("preempt", victim), ("alloc", fresh), ("preempt", fresh)], {"d": 1}),
-        ([], {"d": 1}),
+        ([("alloc", victim), ("preempt", victim), ("alloc", fresh), ("preempt", fresh)], decoding),
+        ([], decoding),
     ]))
     s.requests["d"] = decode_req
     s.kv_cache_manager.results = [None, None]
@@ -122,7 +151,7 @@ def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
 
 
 def test_successful_allocation_is_not_a_failure_and_raise_is(metrics):
-    s = instrumented(FakeScheduler([([("alloc", req(0, 1))], {"a": 1})]))
+    s = instrumented(FakeScheduler([([("alloc", req(0, 1))], lambda requests: output(requests, cached=[("a", 1)]))]))
     s.requests["a"] = req(1, 1)
     s.kv_cache_manager.results = [object()]
     s.schedule()
