@@ -116,6 +116,10 @@ IN_PREFIX_CACHE_RESET: ContextVar[bool] = ContextVar("otel_vllm_ascend_reset", d
 LAST_STEP_PHASE = [UNKNOWN]
 
 
+def set_step_phase(phase: str) -> None:
+    LAST_STEP_PHASE[0] = phase
+
+
 def step_phase(scheduler, scheduler_output) -> str:
     """prefill / decode / mixed for the work one SchedulerOutput schedules (``idle`` if none).
 

@@ -96,33 +96,44 @@ class FastCounter(_Instrument):
 
 
 class FastHistogram(_Instrument):
-    """State per series: [count, sum, min, max, bucket_counts, window_min, window_max]."""
+    """State per series: [count, sum, min, max, bucket_counts, window_min, window_max]. The window
+    min/max (for delta readers) are only kept when the store has a delta reader."""
 
-    __slots__ = ("bounds",)
+    __slots__ = ("bounds", "record")
 
-    def __init__(self, spec: catalogue.MetricSpec) -> None:
+    def __init__(self, spec: catalogue.MetricSpec, windows: bool = False) -> None:
         super().__init__(spec)
         self.bounds = tuple(float(b) for b in spec.buckets or ())
+        self.record = self._record_with_window if windows else self._record
 
-    def record(self, value, labels: tuple) -> None:
+    def _state(self, labels):
         try:
             shard = self._tls.shard
         except AttributeError:
             shard = self._new_shard()
-        state = shard.get(labels)
-        if state is None:
-            state = shard[labels] = [0, 0, _INF, -_INF, [0] * (len(self.bounds) + 1), _INF, -_INF]
+        state = shard[labels] = [0, 0, _INF, -_INF, [0] * (len(self.bounds) + 1), _INF, -_INF]
+        return state
+
+    def _record(self, value, labels: tuple, _bisect=bisect_left) -> None:
+        try:
+            state = self._tls.shard[labels]
+        except (AttributeError, KeyError):
+            state = self._state(labels)
         state[0] += 1
         state[1] += value
         if value < state[2]:
             state[2] = value
         if value > state[3]:
             state[3] = value
+        state[4][_bisect(self.bounds, value)] += 1
+
+    def _record_with_window(self, value, labels: tuple) -> None:
+        self._record(value, labels)
+        state = self._tls.shard[labels]
         if value < state[5]:
             state[5] = value
         if value > state[6]:
             state[6] = value
-        state[4][bisect_left(self.bounds, value)] += 1
 
     def snapshot(self, reset_window: bool = False) -> dict:
         total: dict = {}
@@ -130,7 +141,9 @@ class FastHistogram(_Instrument):
             shards = list(self._shards)
         for shard in shards:
             for key, state in list(shard.items()):
-                count, sum_, mn, mx, buckets, wmin, wmax = state[0], state[1], state[2], state[3], list(state[4]), state[5], state[6]
+                count, sum_, mn, mx, buckets, wmin, wmax = (
+                    state[0], state[1], state[2], state[3], list(state[4]), state[5], state[6]
+                )
                 if reset_window:
                     state[5], state[6] = _INF, -_INF
                 merged = total.get(key)
@@ -179,6 +192,7 @@ class Store:
         self._instruments: dict[str, _Instrument] = {}
         self._lock = threading.Lock()
         self._previous: dict[int, tuple[int, dict]] = {}  # per delta reader: (time, {seed: snapshot})
+        self._windows = False  # keep per-interval min/max: only when a reader takes delta histograms
 
     def instrument(self, spec: catalogue.MetricSpec):
         instrument = self._instruments.get(spec.seed)
@@ -186,12 +200,19 @@ class Store:
             with self._lock:
                 instrument = self._instruments.get(spec.seed)
                 if instrument is None:
-                    instrument = self._instruments[spec.seed] = _KINDS[spec.kind](spec)
+                    if spec.kind == catalogue.HISTOGRAM:
+                        instrument = FastHistogram(spec, windows=self._windows)
+                    else:
+                        instrument = _KINDS[spec.kind](spec)
+                    self._instruments[spec.seed] = instrument
         return instrument
 
     # -- collection -------------------------------------------------------------------------
     def attach(self, reader) -> None:
         """Make ``reader.collect()`` read this store (as a MeterProvider would)."""
+        temporalities = getattr(reader, "_instrument_class_temporality", {})
+        if temporalities.get(_HISTOGRAM_KEY, temporalities.get(HistogramInstrument)) == DELTA:
+            self._windows = True
         reader._set_collect_callback(self.collect_for)
 
     def collect_for(self, reader, timeout_millis: float = 10_000) -> MetricsData | None:

@@ -226,27 +226,103 @@ def _file_pid(path: str) -> int | None:
 class FilesCollector:
     """prometheus_client collector over one directory of per-process files (ours only).
 
+    Same merge rules as prometheus_client's MultiProcessCollector (counters and histograms summed
+    over processes, gauges by their multiprocess mode), with parsed keys cached across scrapes:
+    file keys never change, so a scrape only reads values (a test checks both give the same text).
     ``describe()`` returns nothing, so registering it never clashes with vLLM's metrics and vLLM's
     ``unregister_vllm_metrics()`` (which matches collectors by name) leaves it alone.
     """
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
+        self._keys: dict[str, tuple] = {}
 
     def describe(self):
         return []
 
-    def collect(self):
-        from prometheus_client.multiprocess import MultiProcessCollector
+    def _parse(self, key: str) -> tuple:
+        parsed = self._keys.get(key)
+        if parsed is None:
+            import json
 
-        files = []
+            metric, sample, labels, help_text = json.loads(key)
+            items = tuple(sorted(labels.items()))
+            le = labels.get("le")
+            bucket = None
+            if le is not None:
+                bucket = (tuple(item for item in items if item[0] != "le"), float(le))
+            parsed = self._keys[key] = (metric, sample, items, help_text, bucket)
+        return parsed
+
+    def collect(self):
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.mmap_dict import MmapedDict
+        from prometheus_client.samples import Sample
+        from prometheus_client.utils import floatToGoString
+
+        families: dict[str, list] = {}  # name -> [type, help, mode, values {(sample, labels): v}, buckets]
         for path in glob.glob(os.path.join(self.directory, "*.db")):
-            if os.path.basename(path).startswith("gauge_live"):
+            parts = os.path.basename(path).split("_")
+            typ = parts[0]
+            mode = parts[1] if typ == "gauge" else None
+            if mode is not None and mode.startswith("live"):
                 pid = _file_pid(path)
                 if pid is not None and not _pid_alive(pid):
                     continue
-            files.append(path)
-        return MultiProcessCollector.merge(files, accumulate=True)
+            try:
+                values = MmapedDict.read_all_values_from_file(path)
+            except FileNotFoundError:  # a live gauge file removed since the glob
+                continue
+            for key, value, timestamp, _ in values:
+                name, sample, labels, help_text, bucket = self._parse(key)
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = [typ, help_text, mode, {}, {}]
+                samples, buckets = family[3], family[4]
+                if typ == "histogram":
+                    if bucket is not None:
+                        rest, bound = bucket
+                        per = buckets.get(rest)
+                        if per is None:
+                            per = buckets[rest] = {}
+                        per[bound] = per.get(bound, 0.0) + value
+                        continue
+                    samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
+                elif typ == "gauge":
+                    self._gauge(samples, mode, sample, labels, value, timestamp, parts)
+                else:
+                    samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
+        out = []
+        for name, (typ, help_text, mode, samples, buckets) in families.items():
+            metric = Metric(name, help_text, typ)
+            for rest, per in buckets.items():
+                acc = 0.0
+                for bound in sorted(per):
+                    acc += per[bound]
+                    metric.samples.append(Sample(name + "_bucket", dict(rest + (("le", floatToGoString(bound)),)), acc))
+                metric.samples.append(Sample(name + "_count", dict(rest), acc))
+            for (sample, labels), value in samples.items():
+                metric.samples.append(Sample(sample, dict(labels), value[0] if isinstance(value, tuple) else value))
+            out.append(metric)
+        return out
+
+    @staticmethod
+    def _gauge(samples, mode, sample, labels, value, timestamp, parts) -> None:
+        if mode in ("all", "liveall"):
+            pid = parts[2][:-3]
+            samples[(sample, labels + (("pid", pid),))] = value
+            return
+        key = (sample, labels)
+        if mode in ("sum", "livesum"):
+            samples[key] = samples.get(key, 0.0) + value
+        elif mode in ("max", "livemax"):
+            samples[key] = max(samples.get(key, value), value)
+        elif mode in ("min", "livemin"):
+            samples[key] = min(samples.get(key, value), value)
+        else:  # mostrecent, livemostrecent: (value, timestamp), newest wins
+            current = samples.get(key)
+            if current is None or current[1] < timestamp:
+                samples[key] = (value, timestamp)
 
 
 def remove_dead_files(directory: str) -> None:

@@ -30,15 +30,21 @@ def _instrument(spec: catalogue.MetricSpec):
     return instrument
 
 
-def add(spec: catalogue.MetricSpec, value: int | float, labels: tuple) -> None:
+def add(spec: catalogue.MetricSpec, value: int | float, labels: tuple, _get=_instruments.get) -> None:
     """Counter += value. ``labels``: label values in the order of ``spec.labels``."""
     if value:
-        _instrument(spec).add(value, labels)
+        instrument = _get(spec.seed)
+        if instrument is None:
+            instrument = _instrument(spec)
+        instrument.add(value, labels)
 
 
-def record(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:
+def record(spec: catalogue.MetricSpec, value: float, labels: tuple, _get=_instruments.get) -> None:
     """One histogram observation."""
-    _instrument(spec).record(value, labels)
+    instrument = _get(spec.seed)
+    if instrument is None:
+        instrument = _instrument(spec)
+    instrument.record(value, labels)
 
 
 def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:

@@ -14,6 +14,7 @@ import functools
 import logging
 import sys
 import threading
+from time import perf_counter
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +22,11 @@ SYNC = "sync"
 COROUTINE = "coroutine"
 ASYNC_GENERATOR = "async_generator"
 FUTURE = "future"
-KINDS = (SYNC, COROUTINE, ASYNC_GENERATOR, FUTURE)
+#: Timers: the wrapper itself reads the clock around the call and hands the handler the duration
+#: (``Handler.timed``) — the cheapest shape for the most common hook. Failed calls are not timed.
+SYNC_TIMER = "sync_timer"
+COROUTINE_TIMER = "coroutine_timer"
+KINDS = (SYNC, COROUTINE, ASYNC_GENERATOR, FUTURE, SYNC_TIMER, COROUTINE_TIMER)
 
 _FAILED = object()
 
@@ -48,6 +53,9 @@ class Handler:
 
     def future_done(self, state, args, kwargs, future):
         pass
+
+    def timed(self, seconds, args, kwargs, result):
+        """Timer kinds only: the call returned after ``seconds`` (perf_counter)."""
 
 
 _reported: set = set()
@@ -78,7 +86,14 @@ class Hook:
 
 def wrap(original, handler: Handler, kind: str):
     hook = Hook(handler)
-    maker = {SYNC: _sync, COROUTINE: _coroutine, ASYNC_GENERATOR: _async_generator, FUTURE: _future}[kind]
+    maker = {
+        SYNC: _sync,
+        COROUTINE: _coroutine,
+        ASYNC_GENERATOR: _async_generator,
+        FUTURE: _future,
+        SYNC_TIMER: _sync_timer,
+        COROUTINE_TIMER: _coroutine_timer,
+    }[kind]
     wrapper = maker(original, hook)
     functools.update_wrapper(wrapper, original)
     wrapper.__otel_vllm_ascend_hook__ = hook
@@ -109,6 +124,40 @@ def _sync(original, hook):
                 handler.after(state, args, kwargs, result)
             except Exception:
                 report(handler, "after")
+        return result
+
+    return wrapper
+
+
+def _sync_timer(original, hook, clock=perf_counter):
+    def wrapper(*args, **kwargs):
+        handler = hook.handler
+        if handler is None:
+            return original(*args, **kwargs)
+        start = clock()
+        result = original(*args, **kwargs)
+        end = clock()
+        try:
+            handler.timed(end - start, args, kwargs, result)
+        except Exception:
+            report(handler, "timed")
+        return result
+
+    return wrapper
+
+
+def _coroutine_timer(original, hook, clock=perf_counter):
+    async def wrapper(*args, **kwargs):
+        handler = hook.handler
+        if handler is None:
+            return await original(*args, **kwargs)
+        start = clock()
+        result = await original(*args, **kwargs)  # to completion, awaiting included
+        end = clock()
+        try:
+            handler.timed(end - start, args, kwargs, result)
+        except Exception:
+            report(handler, "timed")
         return result
 
     return wrapper

@@ -153,3 +153,31 @@ def test_remove_dead_files_keeps_live_processes(tmp_path):
         f.write_bytes(b"")
     remove_dead_files(str(tmp_path))
     assert live.exists() and foreign.exists() and not dead.exists()
+
+
+def test_files_collector_merges_exactly_like_prometheus_client(tmp_path):
+    """Our cached-key merge gives the same exposition as prometheus_client's MultiProcessCollector."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    pids = [os.getpid(), os.getppid()]  # live processes: live gauges are kept by both collectors
+    for i, pid in enumerate(pids):
+        c = MmapedDict(str(tmp_path / f"counter_otel-{pid}.db"))
+        c.write_value(mmap_key("a", "a_total", ["dp"], [str(i % 2)], "h"), 2.0 + i, 0)
+        c.write_value(mmap_key("a", "a_total", ["dp"], ["0"], "h"), 1.0, 0)
+        c.close()
+        h = MmapedDict(str(tmp_path / f"histogram_otel-{pid}.db"))
+        for le, v in (("0.1", 1.0), ("1.0", 2.0 + i), ("+Inf", 1.0)):
+            h.write_value(mmap_key("t", "t_bucket", ["dp", "le"], ["0", le], "d"), v, 0)
+        h.write_value(mmap_key("t", "t_sum", ["dp"], ["0"], "d"), 3.5 + i, 0)
+        h.close()
+        for mode in ("livesum", "livemostrecent", "all", "max"):
+            g = MmapedDict(str(tmp_path / f"gauge_{mode}_otel-{pid}.db"))
+            g.write_value(mmap_key(f"g_{mode}", f"g_{mode}", ["dp"], ["0"], "g"), 10.0 * (i + 1), 100.0 + i)
+            g.close()
+    ours = CollectorRegistry()
+    ours.register(FilesCollector(str(tmp_path)))
+    theirs = CollectorRegistry()
+    MultiProcessCollector(theirs, path=str(tmp_path))
+    for _ in range(2):  # the second scrape uses the cached keys
+        assert sorted(generate_latest(ours).decode().splitlines()) == sorted(generate_latest(theirs).decode().splitlines())

@@ -290,3 +290,58 @@ def test_patch_then_remove_restores_exactly():
     assert C.__dict__["m"] is not original and C().m() == 1
     patch.remove()
     assert C.__dict__["m"] is original
+
+
+class RaisingTimer(Handler):
+    name = "raising-timer"
+
+    def __init__(self, raise_it):
+        self.raise_it = raise_it
+        self.durations = []
+
+    def timed(self, seconds, args, kwargs, result):
+        self.durations.append((seconds, result))
+        if self.raise_it:
+            raise RuntimeError("timer bug")
+
+
+@pytest.mark.parametrize("raise_it", [False, True])
+@pytest.mark.parametrize("fail", [False, True])
+def test_sync_timer(raise_it, fail):
+    t, original = make_sync(fail)
+    handler = RaisingTimer(raise_it)
+    wrapped, _ = wrappers.wrap(original, handler, wrappers.SYNC_TIMER)
+    if fail:
+        with pytest.raises(Boom):
+            wrapped(3, y=4)
+        assert handler.durations == []  # failed calls are not timed
+    else:
+        assert wrapped(3, y=4) == 7
+        ((seconds, result),) = handler.durations
+        assert seconds >= 0 and result == 7
+    assert t.calls == 1
+
+
+@pytest.mark.parametrize("raise_it", [False, True])
+@pytest.mark.parametrize("fail", [False, True])
+def test_coroutine_timer_times_to_completion(raise_it, fail):
+    t = Target()
+
+    async def original(x):
+        t.calls += 1
+        await asyncio.sleep(0.02)
+        if fail:
+            raise Boom(x)
+        return x * 2
+
+    handler = RaisingTimer(raise_it)
+    wrapped, _ = wrappers.wrap(original, handler, wrappers.COROUTINE_TIMER)
+    if fail:
+        with pytest.raises(Boom):
+            asyncio.run(wrapped(5))
+        assert handler.durations == []
+    else:
+        assert asyncio.run(wrapped(5)) == 10
+        ((seconds, result),) = handler.durations
+        assert seconds >= 0.02 and result == 10  # the awaited sleep is inside the measurement
+    assert t.calls == 1

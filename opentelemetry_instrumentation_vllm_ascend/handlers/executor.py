@@ -56,6 +56,10 @@ class CollectiveRpc(Handler):
         _count(state, exc)
 
     def future_done(self, state, args, kwargs, future):
+        # Fast path for the common case, without taking the future's lock: a concurrent.futures
+        # Future that finished normally has _state FINISHED and _exception None.
+        if getattr(future, "_state", None) == "FINISHED" and getattr(future, "_exception", True) is None:
+            return
         if future.cancelled():
             _count(state, CancelledError())
             return

@@ -1,0 +1,429 @@
+"""The benchmark suite: ``tox -e bench`` (or ``python benchmarks/run.py``).
+
+Prints, in one run, side by side on the same synthetic target:
+  A. ns per hooked call (median, min–max over repeats, ratio to our timer hook): bare call, plain
+     closure, wrapt, our hooks per wrapper kind, the same measurement straight through the OTel SDK,
+     prometheus_client single- and multi-process, and ms-service-metric 26.0.0's own hooks;
+  B. per-step phase classification at batch 16 / 256 / 1024;
+  C. export cost per process (writing one process's metrics for /metrics);
+  D. /metrics scrape time with 1 / 4 / 16 process contributions;
+  E. RSS and series count after 10k simulated engine steps.
+Speed claims in docs/performance.md come from this output, never from timed tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import timeit
+from time import perf_counter
+from types import SimpleNamespace as NS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import _targets  # noqa: E402
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers.common import Scope, StepTimer  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.wrappers import (  # noqa: E402
+    COROUTINE_TIMER,
+    FUTURE,
+    SYNC,
+    SYNC_TIMER,
+    Handler,
+    wrap,
+)
+
+TIMER = catalogue.MetricSpec(seed="bench:step:duration", kind=catalogue.HISTOGRAM, unit="s",
+                             description="benchmark timer",
+                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+SCOPE = catalogue.MetricSpec(seed="bench:scope:duration", kind=catalogue.HISTOGRAM, unit="s",
+                             description="benchmark scope", labels=("dp", "role", "phase", "name"),
+                             buckets=TIMER.buckets)
+BENCH_SPECS = (TIMER, SCOPE)
+
+
+def ns_runs(fn, number, repeat):
+    return [t / number * 1e9 for t in timeit.repeat(fn, number=number, repeat=repeat)]
+
+
+class CountCalls(Handler):
+    """A counter hook: +1 per call, step-labelled (as the exception counters record)."""
+
+    name = "bench-counter"
+
+    def after(self, state, args, kwargs, result):
+        recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels(context.LAST_STEP_PHASE[0]))
+
+
+def setup_pipeline():
+    catalogue.CATALOGUE = catalogue.CATALOGUE + BENCH_SPECS
+    os.environ[environment.FILES_DIR] = tempfile.mkdtemp(prefix="otel_vllm_bench_")
+    os.environ[environment.PROMETHEUS_INTERVAL_MS] = "3600000"
+    os.environ.pop(environment.METRICS_EXPORTER, None)
+    os.environ.pop(environment.PROMETHEUS_MULTIPROC_DIR, None)
+    pipeline.reset()
+    context.set_process("engine_core", "0", "mixed")
+    context.LAST_STEP_PHASE[0] = "decode"
+
+
+# -- A. per call ------------------------------------------------------------------------------------
+
+def per_call_rows(number, repeat):
+    import wrapt
+
+    t = _targets.Target()
+    bare = _targets.Target.step
+
+    def closure(f):
+        def w(*a, **k):
+            return f(*a, **k)
+        return w
+
+    plain = closure(bare)
+    wrapt_w = wrapt.FunctionWrapper(bare, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    timer = wrap(bare, StepTimer(TIMER), SYNC_TIMER)[0]
+    counter = wrap(bare, CountCalls(), SYNC)[0]
+    rpc = wrap(lambda self, method, non_block=False: _DONE, CollectiveRpc(), FUTURE)[0]
+
+    # The same timer measurement straight through the OTel SDK (MeterProvider + the View, 1 reader).
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()], views=catalogue.views())
+    sdk_hist = provider.get_meter(catalogue.SCOPE_NAME).create_histogram(TIMER.instrument_name, unit="s")
+
+    def sdk_timer(self, x):
+        start = perf_counter()
+        r = bare(self, x)
+        sdk_hist.record(perf_counter() - start, {"dp": "0", "role": "mixed", "phase": context.LAST_STEP_PHASE[0]})
+        return r
+
+    from prometheus_client import CollectorRegistry, Histogram
+
+    prom = Histogram("bench_step_duration", "x", ["dp", "role", "phase"], registry=CollectorRegistry(),
+                     buckets=TIMER.buckets)
+
+    def prom_timer(self, x):
+        start = perf_counter()
+        r = bare(self, x)
+        prom.labels("0", "mixed", context.LAST_STEP_PHASE[0]).observe(perf_counter() - start)
+        return r
+
+    rows = [
+        ("bare call", lambda: bare(t, 1)),
+        ("plain closure wrapper", lambda: plain(t, 1)),
+        ("wrapt.FunctionWrapper", lambda: wrapt_w(t, 1)),
+        ("ours: sync timer -> histogram {dp,role,phase}", lambda: timer(t, 1)),
+        ("ours: counter hook", lambda: counter(t, 1)),
+        ("ours: non-blocking RPC (future callback)", lambda: rpc(t, "execute_model", non_block=True)),
+        ("OTel SDK: same timer, Histogram.record", lambda: sdk_timer(t, 1)),
+        ("prometheus_client: labels().observe()", lambda: prom_timer(t, 1)),
+    ]
+    results = [(name, ns_runs(fn, number, repeat)) for name, fn in rows]
+
+    # Coroutine timer and record_function-style scope: measured against their own bare forms,
+    # then reported as bare-call + added cost so all rows compare on one scale.
+    bare_med = statistics.median(results[0][1])
+    coro_timer = wrap(_targets.awork, StepTimer(TIMER), COROUTINE_TIMER)[0]
+
+    async def loop_of(f, n):
+        for _ in range(n):
+            await f(1)
+
+    def coro_runs(f):
+        loop = asyncio.new_event_loop()
+        try:
+            out = []
+            for _ in range(repeat):
+                start = perf_counter()
+                loop.run_until_complete(loop_of(f, number))
+                out.append((perf_counter() - start) / number * 1e9)
+            return out
+        finally:
+            loop.close()
+
+    coro_bare = coro_runs(_targets.awork)
+    coro_ours = coro_runs(coro_timer)
+    results.append(("ours: coroutine timer", [bare_med + o - statistics.median(coro_bare) for o in coro_ours]))
+
+    scope_labels = ("0", "mixed", "decode", "gpu_model_runner: forward")
+
+    def scope_bare():
+        with contextlib.nullcontext():
+            pass
+
+    def scope_ours():
+        with Scope(SCOPE, scope_labels, contextlib.nullcontext()):
+            pass
+
+    sb, so = ns_runs(scope_bare, number, repeat), ns_runs(scope_ours, number, repeat)
+    results.append(("ours: record_function scope", [bare_med + o - statistics.median(sb) for o in so]))
+
+    # Processes of their own: prometheus_client multiprocess mode, ms-service-metric.
+    mp = _child("prom_mp", number, repeat)
+    if "error" not in mp:
+        results.append(("prometheus_client multiprocess: labels().observe()", mp["runs"]))
+    msm = _msm(number, repeat)
+    if "error" in msm:
+        results.append((f"ms-service-metric 26.0.0: not measured ({msm['error']})", None))
+    else:
+        results.append(("ms-service-metric 26.0.0: timer hook", msm["timer"]))
+        results.append(("ms-service-metric 26.0.0: counter hook", msm["counter"]))
+    provider.shutdown()
+    return results
+
+
+_DONE = None
+
+
+def _init_done():
+    global _DONE
+    import concurrent.futures
+
+    _DONE = concurrent.futures.Future()
+    _DONE.set_result(1)
+
+
+def _child(mode, *args):
+    out = subprocess.run([sys.executable, __file__, "--child", mode, *map(str, args)],
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _msm(number, repeat):
+    out = subprocess.run([sys.executable, os.path.join(HERE, "_msm_hook.py"), str(number), str(repeat)],
+                         capture_output=True, text=True, timeout=600)
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
+    return json.loads(lines[-1])
+
+
+def child_prom_mp(number, repeat):
+    directory = tempfile.mkdtemp(prefix="bench_prom_mp_")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+    from prometheus_client import CollectorRegistry, Histogram
+
+    prom = Histogram("bench_step_duration", "x", ["dp", "role", "phase"], registry=CollectorRegistry(),
+                     buckets=TIMER.buckets)
+    t = _targets.Target()
+    bare = _targets.Target.step
+
+    def prom_timer(self, x):
+        start = perf_counter()
+        r = bare(self, x)
+        prom.labels("0", "mixed", "decode").observe(perf_counter() - start)
+        return r
+
+    runs = ns_runs(lambda: prom_timer(t, 1), number, repeat)
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"runs": runs}
+
+
+# -- B. classification ----------------------------------------------------------------------------
+
+def classification_rows(repeat):
+    class Req:  # vLLM's Request: num_prompt_tokens is a plain attribute
+        __slots__ = ("num_prompt_tokens",)
+
+        def __init__(self, p):
+            self.num_prompt_tokens = p
+
+    rows = []
+    for batch in (16, 256, 1024):
+        ids = [f"req-{i}" for i in range(batch)]
+        sched = NS(requests={i: Req(500) for i in ids})
+        for label, new in (("all decode (full scan)", []), ("mixed: 1 new request", [NS(req_id="new")])):
+            so = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), scheduled_new_reqs=new,
+                    scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
+                                             num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
+            n = max(10, 20_000 // batch)
+            runs = [r / n * 1e6 for r in timeit.repeat(lambda: context.step_phase(sched, so), number=n, repeat=repeat)]
+            rows.append((f"batch {batch}, {label}", runs))
+    return rows
+
+
+# -- C/D. export and scrape -------------------------------------------------------------------------
+
+def _record_realistic_process(store_pipeline_recorder=None):
+    """One process's worth of series: 8 timers x 4 phases, 8 scopes x 4 phases, 4 counters."""
+    phases = ("prefill", "decode", "mixed", "idle")
+    for phase in phases:
+        labels = context.step_labels(phase)
+        for i in range(8):
+            recording.record(TIMER, 0.001 * (i + 1), labels)
+            recording.record(SCOPE, 0.0005 * (i + 1), labels + (f"scope {i}",))
+        recording.add(catalogue.RUNNING_TO_WAITING, 1, labels)
+        recording.add(catalogue.BLOCK_ALLOCATE_FAILURES, 2, labels)
+
+
+def export_and_scrape_rows(repeat):
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesCollector, FilesExporter
+
+    os.environ.pop(environment.FILES_DIR, None)
+
+    def process_data(dp):
+        reader = InMemoryMetricReader()
+        pipeline.reset(extra_readers=[reader])
+        context.set_process("engine_core", str(dp), "mixed")
+        _record_realistic_process()
+        return reader, reader.get_metrics_data()
+
+    reader, data = process_data(0)
+    series = sum(len(m.data.data_points) for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics)
+    rows = []
+    directory = tempfile.mkdtemp(prefix="bench_export_")
+    exporter = FilesExporter(directory)
+    first = []
+    start = perf_counter()
+    exporter.export(data)
+    first.append((perf_counter() - start) * 1e3)
+    unchanged = []
+    for _ in range(repeat):
+        start = perf_counter()
+        exporter.export(reader.get_metrics_data())
+        unchanged.append((perf_counter() - start) * 1e3)
+    rows.append((f"export one process ({series} series), first write, ms", first))
+    rows.append(("export one process, collect + unchanged values, ms", unchanged))
+    exporter.shutdown()
+    scrape_rows = []
+    for processes in (1, 4, 16):
+        d = tempfile.mkdtemp(prefix="bench_scrape_")
+        for p in range(processes):
+            e = FilesExporter(d)
+            e.export(process_data(p // 2)[1])  # an EngineCore and a worker per dp rank
+            e.shutdown()
+            for name in os.listdir(d):  # as if written by process <fake pid>
+                if name.endswith(f"_otel-{os.getpid()}.db"):
+                    os.rename(os.path.join(d, name), os.path.join(d, name.replace(f"otel-{os.getpid()}", f"otel-{10_000_000 + p}")))
+        registry = CollectorRegistry()
+        registry.register(FilesCollector(d))
+        runs = []
+        for _ in range(repeat):
+            start = perf_counter()
+            text = generate_latest(registry)
+            runs.append((perf_counter() - start) * 1e3)
+        scrape_rows.append((f"/metrics scrape, {processes} process(es), {len(text) // 1024} KiB, ms", runs))
+        shutil.rmtree(d, ignore_errors=True)
+    shutil.rmtree(directory, ignore_errors=True)
+    pipeline.reset()
+    return rows, scrape_rows
+
+
+# -- E. memory ----------------------------------------------------------------------------------------
+
+def child_rss(steps):
+    import resource
+
+    setup_pipeline()
+
+    def rss_kib():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+    timer = wrap(_targets.Target.step, StepTimer(TIMER), SYNC_TIMER)[0]
+    t = _targets.Target()
+    phases = ("prefill", "decode", "mixed", "decode")
+    out = {"rss_kib": {}}
+    for step in range(1, steps + 1):
+        context.LAST_STEP_PHASE[0] = phases[step % 4]
+        for _ in range(8):
+            timer(t, 1)
+        labels = context.step_labels(context.LAST_STEP_PHASE[0])
+        for i in range(8):
+            with Scope(SCOPE, labels + (f"scope {i}",)):
+                pass
+        recording.add(catalogue.RUNNING_TO_WAITING, step % 2, labels)
+        if step in (100, 1000, steps):
+            out["rss_kib"][step] = rss_kib()
+    store = pipeline.get().store
+    out["series"] = sum(len(i.snapshot()) for i in store._instruments.values())
+    out["max_rss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return out
+
+
+# -- report -------------------------------------------------------------------------------------------
+
+def table(title, rows, unit, ref=None):
+    print(f"\n### {title}\n")
+    head = f"| case | median {unit} | min–max {unit} |" + (" × ours |" if ref else "")
+    print(head)
+    print("|---|---:|---:|" + ("---:|" if ref else ""))
+    for name, runs in rows:
+        if runs is None:
+            print(f"| {name} | – | – |" + (" – |" if ref else ""))
+            continue
+        med = statistics.median(runs)
+        fmt = "{:.0f}" if unit == "ns" else "{:.2f}"
+        line = f"| {name} | {fmt.format(med)} | {fmt.format(min(runs))}–{fmt.format(max(runs))} |"
+        if ref:
+            line += f" {med / ref:.2f} |"
+        print(line)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--number", type=int, default=100_000, help="calls per repeat (section A)")
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=10_000, help="simulated steps (section E)")
+    parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        mode, *rest = args.child
+        if mode == "prom_mp":
+            print(json.dumps(child_prom_mp(int(rest[0]), int(rest[1]))))
+        elif mode == "rss":
+            print(json.dumps(child_rss(int(rest[0]))))
+        return 0
+
+    _init_done()
+    setup_pipeline()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    print(f"# opentelemetry-instrumentation-vllm-ascend benchmarks\n\nPython {platform.python_version()}, "
+          f"{cpu}, {os.cpu_count()} CPUs; number={args.number}, repeat={args.repeat}. "
+          "Medians with min–max over repeats; every row includes the cost of calling the target.")
+
+    rows = per_call_rows(args.number, args.repeat)
+    ours = statistics.median(dict(rows)["ours: sync timer -> histogram {dp,role,phase}"])
+    bare = statistics.median(rows[0][1])
+    table("A. Per hooked call (ns; '× ours' is relative to our sync timer hook)", rows, "ns", ref=ours)
+    print(f"\nAdded cost of our sync timer hook over a bare call: {ours - bare:.0f} ns.")
+    table("B. Step phase classification (µs per step)", classification_rows(args.repeat), "µs")
+    export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
+    table("C. Export cost per process", export_rows, "ms")
+    table("D. /metrics scrape time", scrape_rows, "ms")
+    mem = _child("rss", args.steps)
+    print("\n### E. Memory after simulated steps (8 timers, 8 scopes, 1 counter per step; 4 phases)\n")
+    if "error" in mem:
+        print(f"not measured: {mem['error']}")
+    else:
+        for step, kib in sorted(mem["rss_kib"].items(), key=lambda kv: int(kv[0])):
+            print(f"- RSS after {int(step):>6} steps: {kib / 1024:.1f} MiB")
+        print(f"- series held: {mem['series']} (bounded by labels, not by steps)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
