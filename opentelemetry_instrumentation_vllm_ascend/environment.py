@@ -18,6 +18,10 @@ PROMETHEUS = "OTEL_VLLM_ASCEND_PROMETHEUS"
 #: the staleness of EngineCore/worker data on ``/metrics``.
 PROMETHEUS_INTERVAL_MS = "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS"
 
+#: Which recorder sits behind the recording layer: ``fast`` (default; pre-aggregating, hands standard
+#: OTel MetricsData to the same readers) or ``sdk`` (the OTel SDK's own instruments and Views).
+RECORDER = "OTEL_VLLM_ASCEND_RECORDER"
+
 #: Internal, set by the first instrumented process for its children: where per-process metric files go
 #: when PROMETHEUS_MULTIPROC_DIR is unset, and which process created that directory.
 FILES_DIR = "_OTEL_VLLM_ASCEND_FILES_DIR"
@@ -89,3 +93,15 @@ def otlp_exporter_names() -> list[str]:
     vLLM's /metrics instead (never a second HTTP server per process), ``none`` means nothing."""
     names = [n.strip() for n in os.environ.get(METRICS_EXPORTER, "").split(",") if n.strip()]
     return [n for n in names if n not in ("none", "prometheus")]
+
+
+def recorder() -> str:
+    value = os.environ.get(RECORDER, "fast").strip().lower()
+    if value not in ("fast", "sdk"):
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "opentelemetry-instrumentation-vllm-ascend: %s=%r is neither fast nor sdk; using fast", RECORDER, value
+        )
+        return "fast"
+    return value

@@ -27,9 +27,6 @@ from .version import __version__
 logger = logging.getLogger(__name__)
 
 
-RECORDER = "OTEL_VLLM_ASCEND_RECORDER"  # "fast" (default) or "sdk"
-
-
 class _SdkInstrument:
     """The recording layer's tuple-label interface over an OTel SDK instrument."""
 
@@ -49,21 +46,13 @@ class _SdkInstrument:
         self._instrument.set(value, dict(zip(self._labels, labels)))
 
 
-def _recorder() -> str:
-    value = os.environ.get(RECORDER, "fast").strip().lower()
-    if value not in ("fast", "sdk"):
-        logger.warning("opentelemetry-instrumentation-vllm-ascend: %s=%r unknown; using fast", RECORDER, value)
-        return "fast"
-    return value
-
-
 class Pipeline:
     def __init__(self, extra_readers=(), recorder: str | None = None) -> None:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
         from opentelemetry.sdk.resources import Resource
 
         self.pid = os.getpid()
-        self.recorder = recorder or _recorder()
+        self.recorder = recorder or environment.recorder()
         self.files_exporter = None
         readers = []
         directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
