@@ -95,7 +95,20 @@ def per_call_rows(number, repeat):
     wrapt_w = wrapt.FunctionWrapper(bare, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
     timer = wrap(bare, StepTimer(TIMER), SYNC_TIMER)[0]
     counter = wrap(bare, CountCalls(), SYNC)[0]
-    rpc = wrap(lambda self, method, non_block=False: _DONE, CollectiveRpc(), FUTURE)[0]
+    # A non-blocking RPC's whole life: the call returns a pending future, vLLM completes it later.
+    import concurrent.futures
+
+    from opentelemetry_instrumentation_vllm_ascend.wrappers import hook_future_class
+
+    class RpcFuture(concurrent.futures.Future):  # stands for vLLM's FutureWrapper
+        pass
+
+    hook_future_class(RpcFuture)
+
+    def rpc_bare(self, method, non_block=False):
+        return RpcFuture()
+
+    rpc = wrap(rpc_bare, CollectiveRpc(), FUTURE)[0]
 
     # The same timer measurement straight through the OTel SDK (MeterProvider + the View, 1 reader).
     from opentelemetry.sdk.metrics import MeterProvider
@@ -127,7 +140,9 @@ def per_call_rows(number, repeat):
         ("wrapt.FunctionWrapper", lambda: wrapt_w(t, 1)),
         ("ours: sync timer -> histogram {dp,role,phase}", lambda: timer(t, 1)),
         ("ours: counter hook", lambda: counter(t, 1)),
-        ("ours: non-blocking RPC (future callback)", lambda: rpc(t, "execute_model", non_block=True)),
+        ("bare non-blocking RPC (future created, completed)", lambda: rpc_bare(t, "execute_model").set_result(1)),
+        ("ours: non-blocking RPC (future created, completed)",
+         lambda: rpc(t, "execute_model", non_block=True).set_result(1)),
         ("OTel SDK: same timer, Histogram.record", lambda: sdk_timer(t, 1)),
         ("prometheus_client: labels().observe()", lambda: prom_timer(t, 1)),
     ]
@@ -183,17 +198,6 @@ def per_call_rows(number, repeat):
         results.append(("ms-service-metric 26.0.0: counter hook", msm["counter"]))
     provider.shutdown()
     return results
-
-
-_DONE = None
-
-
-def _init_done():
-    global _DONE
-    import concurrent.futures
-
-    _DONE = concurrent.futures.Future()
-    _DONE.set_result(1)
 
 
 def _child(mode, *args):
@@ -393,7 +397,6 @@ def main(argv=None) -> int:
             print(json.dumps(child_rss(int(rest[0]))))
         return 0
 
-    _init_done()
     setup_pipeline()
     cpu = platform.processor() or platform.machine()
     try:

@@ -45,10 +45,12 @@ def render_metrics_md() -> str:
         "|---|---|---|---|---|---|",
     ]
     for t in targets.TARGETS:
-        feeds = ", ".join(f"`{catalogue.BY_SEED[s].exposed_name}`" for s in t.feeds) or "(labels / context)"
+        feeds = ", ".join(f"`{catalogue.BY_SEED[s].exposed_name}`" for s in t.feeds) or (
+            "(delivers its completions to the RPC hooks)" if t.kind == "future_class" else "(labels / context)"
+        )
         lines.append(
             f"| `{t.symbol}` | `{t.vllm}` | {('`' + t.vllm_ascend + '`') if t.vllm_ascend else '-'} | {t.kind} "
-            f"| `{t.handler}` | {feeds} |"
+            f"| {('`' + t.handler + '`') if t.handler else '-'} | {feeds} |"
         )
     lines += [
         "",

@@ -12,7 +12,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import targets as targets_module
-from .wrappers import original_class, patch_method
+from .wrappers import FUTURE_CLASS, hook_future_class, original_class, patch_method
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +84,11 @@ class Installer:
                     continue
                 try:
                     owner = original_class(module, target.owner_qualname)
-                    handler = targets_module.load_handler(target)
-                    self.patches.append(patch_method(owner, target.attribute, handler, target.kind))
+                    if target.kind == FUTURE_CLASS:
+                        self.patches.extend(hook_future_class(owner))
+                    else:
+                        handler = targets_module.load_handler(target)
+                        self.patches.append(patch_method(owner, target.attribute, handler, target.kind))
                     self.status[target.symbol] = RESOLVED
                 except Exception as exc:  # never break the host
                     self.status[target.symbol] = MISSING

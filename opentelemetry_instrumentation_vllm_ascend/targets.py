@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import catalogue as c
-from .wrappers import COROUTINE, FUTURE, SYNC  # noqa: F401  (kinds used in rows)
+from .wrappers import COROUTINE, FUTURE, FUTURE_CLASS, SYNC  # noqa: F401  (kinds used in rows)
 
 
 @dataclass(frozen=True)
@@ -26,11 +26,11 @@ class Target:
 
     @property
     def owner_qualname(self) -> str:
-        return self.qualname.rsplit(".", 1)[0]
+        return self.qualname if self.kind == FUTURE_CLASS else self.qualname.rsplit(".", 1)[0]
 
     @property
-    def attribute(self) -> str:
-        return self.qualname.rsplit(".", 1)[1]
+    def attribute(self) -> str | None:
+        return None if self.kind == FUTURE_CLASS else self.qualname.rsplit(".", 1)[1]
 
 
 _SCHED = "vllm.v1.core.sched.scheduler"
@@ -45,6 +45,8 @@ TARGETS: tuple[Target, ...] = (
            feeds=(c.BLOCK_ALLOCATE_FAILURES.seed,)),
     Target("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.collective_rpc", FUTURE,
            "executor:CollectiveRpc", feeds=(c.RPC_ERRORS.seed,)),
+    # The futures non-blocking RPCs return report their own completion (cheaper than a callback each).
+    Target("vllm.v1.executor.multiproc_executor", "FutureWrapper", FUTURE_CLASS, ""),
     # Single-device GPU/NPU engines run their worker in-process (no message queues), same contract.
     Target("vllm.v1.executor.uniproc_executor", "UniProcExecutor.collective_rpc", FUTURE,
            "executor:CollectiveRpc", feeds=(c.RPC_ERRORS.seed,)),
@@ -60,6 +62,8 @@ TARGETS: tuple[Target, ...] = (
 def load_handler(target: Target):
     import importlib
 
+    if not target.handler:
+        return None
     module_name, class_name = target.handler.split(":")
     module = importlib.import_module(f"{__package__}.handlers.{module_name}")
     return getattr(module, class_name)()

@@ -26,13 +26,21 @@ FUTURE = "future"
 #: (``Handler.timed``) — the cheapest shape for the most common hook. Failed calls are not timed.
 SYNC_TIMER = "sync_timer"
 COROUTINE_TIMER = "coroutine_timer"
+#: Not a wrapper: makes a Future subclass deliver its completions to FUTURE handlers itself (see
+#: ``hook_future_class``), so that a FUTURE hook on a call returning such futures costs an attribute
+#: store instead of a done-callback per call.
+FUTURE_CLASS = "future_class"
 KINDS = (SYNC, COROUTINE, ASYNC_GENERATOR, FUTURE, SYNC_TIMER, COROUTINE_TIMER)
 
 _FAILED = object()
+_ABSENT = object()
 
 
 class Handler:
     """Measurements from arguments. Override what you need; every method may raise safely.
+
+    ``failures_only = True`` tells FUTURE wrappers that ``future_done`` only matters for futures
+    that failed or were cancelled (successful completions are then not delivered at all).
 
     ``before`` returns a state object passed to the others (``None`` is fine).
     ``after`` sees the result (for async generators: ``None``, once exhausted).
@@ -41,6 +49,7 @@ class Handler:
     """
 
     name = "handler"
+    failures_only = False
 
     def before(self, args, kwargs):
         return None
@@ -168,19 +177,20 @@ class _FutureAdapter(Handler):
     a future (vLLM's non-blocking RPC), failures arriving through it reach ``future_done``, in
     whichever thread completes it; any other result goes to ``after``."""
 
-    __slots__ = ("inner", "name")
-
     def __init__(self, inner: Handler) -> None:
         self.inner = inner
         self.name = inner.name
-
-    def before(self, args, kwargs):
-        return self.inner.before(args, kwargs)
-
-    def error(self, state, args, kwargs, exc):
-        self.inner.error(state, args, kwargs, exc)
+        # The inner handler's own methods, bound once: no extra call per hooked call.
+        self.before = inner.before
+        self.error = inner.error
 
     def after(self, state, args, kwargs, result):
+        if type(result) in _COMPLETION_HOOKED:
+            # The future's class hands its completion to us: one attribute store, no callback.
+            result.__dict__[_PENDING] = (self.inner, state, args, kwargs)
+            if getattr(result, "_state", "FINISHED") not in ("PENDING", "RUNNING"):
+                _deliver(result)  # it completed before we attached (not vLLM's case; be safe)
+            return
         add_done_callback = getattr(result, "add_done_callback", None)
         if add_done_callback is None or not callable(getattr(result, "exception", None)):
             self.inner.after(state, args, kwargs, result)
@@ -194,6 +204,57 @@ class _FutureAdapter(Handler):
                 report(inner, "future_done")
 
         add_done_callback(done)
+
+
+_PENDING = "_otel_vllm_ascend_pending"
+_COMPLETION_HOOKED: set = set()
+
+
+def _deliver(future) -> None:
+    pending = future.__dict__.pop(_PENDING, None)  # atomic: delivered at most once
+    if pending is not None:
+        handler, state, args, kwargs = pending
+        try:
+            handler.future_done(state, args, kwargs, future)
+        except Exception:
+            report(handler, "future_done")
+
+
+def hook_future_class(cls) -> list:
+    """Give ``cls`` (a concurrent.futures.Future subclass, e.g. vLLM's FutureWrapper) its own
+    ``set_result`` / ``set_exception`` that, after the inherited ones, hand the completion to the
+    FUTURE handler attached to that future, if any. A future completed any other way (cancelled)
+    is not reported."""
+    patches = []
+    with _patch_lock:
+        for name in ("set_result", "set_exception"):
+            inherited = getattr(cls, name)
+
+            def completion(self, *args, _inherited=inherited, _success=name == "set_result", **kwargs):
+                _inherited(self, *args, **kwargs)  # InvalidStateError passes through, nothing delivered
+                if _PENDING in self.__dict__:
+                    if _success and self.__dict__[_PENDING][0].failures_only:
+                        self.__dict__.pop(_PENDING, None)
+                    else:
+                        _deliver(self)
+
+            functools.update_wrapper(completion, inherited)
+            original = cls.__dict__.get(name, _ABSENT)
+            setattr(cls, name, completion)
+            patches.append(Patch(cls, name, original, completion, Hook(None)))
+        _COMPLETION_HOOKED.add(cls)
+        patches.append(_ForgetCompletionClass(cls))
+    return patches
+
+
+class _ForgetCompletionClass:
+    __slots__ = ("cls",)
+
+    def __init__(self, cls) -> None:
+        self.cls = cls
+
+    def remove(self) -> None:
+        _COMPLETION_HOOKED.discard(self.cls)
 
 
 def _future(original, hook):
@@ -330,7 +391,10 @@ class Patch:
     def remove(self) -> None:
         current = self.owner.__dict__.get(self.attribute)
         if current is self.wrapper:
-            setattr(self.owner, self.attribute, self.original)
+            if self.original is _ABSENT:
+                delattr(self.owner, self.attribute)
+            else:
+                setattr(self.owner, self.attribute, self.original)
         else:
             # Someone wrapped over us (vllm-ascend assigns its own wrappers onto classes): removing
             # ours would drop theirs, so ours turns into a plain call-through instead.

@@ -59,4 +59,7 @@ def test_views_rename_every_instrument_and_drop_foreign_labels():
 def test_every_target_feeds_catalogue_metrics_and_has_a_handler():
     for t in targets.TARGETS:
         assert all(seed in catalogue.BY_SEED for seed in t.feeds)
-        assert targets.load_handler(t).name
+        if t.kind == "future_class":
+            assert targets.load_handler(t) is None
+        else:
+            assert targets.load_handler(t).name

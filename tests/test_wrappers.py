@@ -345,3 +345,40 @@ def test_coroutine_timer_times_to_completion(raise_it, fail):
         ((seconds, result),) = handler.durations
         assert seconds >= 0.02 and result == 10  # the awaited sleep is inside the measurement
     assert t.calls == 1
+
+
+@pytest.mark.parametrize("where", ["none", "future_done"])
+@pytest.mark.parametrize("outcome", ["result", "exception", "done_before_return"])
+def test_future_class_delivers_completion_once(where, outcome):
+    class Fut(concurrent.futures.Future):
+        pass
+
+    before = dict(Fut.__dict__)
+    patches = wrappers.hook_future_class(Fut)
+    handler = RaisingHandler(where)
+    calls = []
+
+    def original():
+        calls.append(1)
+        f = Fut()
+        if outcome == "done_before_return":
+            f.set_result("early")
+        return f
+
+    wrapped, _ = wrappers.wrap(original, handler, FUTURE)
+    f = wrapped()
+    if outcome == "result":
+        f.set_result("late")
+        assert f.result() == "late"
+    elif outcome == "exception":
+        f.set_exception(Boom("late"))
+        with pytest.raises(Boom):
+            f.result()
+    else:
+        assert f.result() == "early"
+    with pytest.raises(concurrent.futures.InvalidStateError):
+        f.set_result("again")  # the inherited behaviour is untouched
+    assert handler.seen.count("future_done") == 1 and calls == [1]
+    for p in patches:
+        p.remove()
+    assert dict(Fut.__dict__) == before

@@ -46,11 +46,13 @@ class CollectiveRpc(Handler):
     vLLM reads the reply — the future's done-callback counts it then (each failure once)."""
 
     name = "MultiprocExecutor.collective_rpc"
+    failures_only = True
 
-    def before(self, args, kwargs):
+    def before(self, args, kwargs, _step_methods=STEP_METHODS, _phase=LAST_STEP_PHASE):
         method = args[1] if len(args) > 1 else kwargs.get("method")
-        name = method if isinstance(method, str) else getattr(method, "__name__", "")
-        return LAST_STEP_PHASE[0] if name in STEP_METHODS else UNKNOWN
+        if method.__class__ is not str:
+            method = getattr(method, "__name__", "")
+        return _phase[0] if method in _step_methods else UNKNOWN
 
     def error(self, state, args, kwargs, exc):
         _count(state, exc)
