@@ -11,7 +11,10 @@ property test checks that the Prometheus exposition and the OTLP payloads are id
 Semantics follow the SDK: explicit-bucket histograms put ``v`` in the first bucket whose bound is
 ``>= v`` and keep min/max; cumulative series live for the process's life; delta exports carry only
 series that got measurements since that reader's previous collection (min/max then cover that
-interval). Values are exact: no sampling, no rounding.
+interval). Counts are exact: no sampling. Histogram sums are float sums of the same values; they
+can differ from the SDK's in the last bits because the SDK adds per collection interval and then to
+the running total (and a delta sum here is a difference of cumulative sums). A collection taken
+while another thread records may lag that thread's observation in flight by one export interval.
 """
 
 from __future__ import annotations
@@ -141,9 +144,10 @@ class FastHistogram(_Instrument):
             shards = list(self._shards)
         for shard in shards:
             for key, state in list(shard.items()):
-                count, sum_, mn, mx, buckets, wmin, wmax = (
-                    state[0], state[1], state[2], state[3], list(state[4]), state[5], state[6]
-                )
+                # Buckets first, count from them: a snapshot taken while the owner thread records
+                # stays self-consistent (count == sum of buckets); the sum may lag one observation.
+                buckets = list(state[4])
+                count, sum_, mn, mx, wmin, wmax = sum(buckets), state[1], state[2], state[3], state[5], state[6]
                 if reset_window:
                     state[5], state[6] = _INF, -_INF
                 merged = total.get(key)

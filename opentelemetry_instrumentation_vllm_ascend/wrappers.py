@@ -50,6 +50,9 @@ class Handler:
 
     name = "handler"
     failures_only = False
+    #: Sync hooks only: call ``after`` only when the result is None (vLLM's "no room" answer),
+    #: sparing the call on every successful result.
+    after_only_on_none = False
 
     def before(self, args, kwargs):
         return None
@@ -110,6 +113,39 @@ def wrap(original, handler: Handler, kind: str):
 
 
 def _sync(original, hook):
+    handler = hook.handler
+    if not isinstance(handler, _FutureAdapter) and type(handler).before is Handler.before:
+        return _sync_outcome(original, hook, none_only=handler.after_only_on_none)
+    return _sync_full(original, hook)
+
+
+def _sync_outcome(original, hook, none_only):
+    """A sync hook whose handler has no ``before``: only the outcome is looked at (cheaper). With
+    ``after_only_on_none``, ``after`` runs only for a ``None`` result (vLLM's "no room" signal)."""
+
+    def wrapper(*args, **kwargs):
+        handler = hook.handler
+        if handler is None:
+            return original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            try:
+                handler.error(None, args, kwargs, exc)
+            except Exception:
+                report(handler, "error")
+            raise
+        if result is None or not none_only:
+            try:
+                handler.after(None, args, kwargs, result)
+            except Exception:
+                report(handler, "after")
+        return result
+
+    return wrapper
+
+
+def _sync_full(original, hook):
     def wrapper(*args, **kwargs):
         handler = hook.handler
         if handler is None:

@@ -22,6 +22,7 @@ class AllocateSlots(Handler):
     The exception itself reaches the caller unchanged."""
 
     name = "KVCacheManager.allocate_slots"
+    after_only_on_none = True  # called once per scheduled request per step: keep success free
 
     def after(self, state, args, kwargs, result):
         if result is None:
