@@ -18,6 +18,7 @@ logger = logging.getLogger(__name__)
 
 RESOLVED = "resolved"
 GATED = "gated off by version"
+NOT_INSTALLED = "dormant: vllm-ascend not installed"
 MISSING = "missing"
 PENDING = "waiting for import"
 
@@ -49,6 +50,48 @@ def in_range(version: Version | None, spec: str | None) -> bool:
         return False
 
 
+def gate_of(target, vllm: Version | None, ascend: Version | None) -> str | None:
+    """Why a target is not to be hooked with these installed versions, or None."""
+    if target.vllm_ascend is not None:
+        if ascend is None:
+            return NOT_INSTALLED
+        if not in_range(ascend, target.vllm_ascend):
+            return GATED
+    if not in_range(vllm, target.vllm):
+        return GATED
+    return None
+
+
+def resolve(target) -> tuple[str, str]:
+    """Import the target's module and look the symbol up, without patching: (status, detail)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(target.module)
+    except Exception as exc:
+        return MISSING, f"import failed: {type(exc).__name__}: {exc}"
+    try:
+        owner = original_class(module, target.owner_qualname)
+    except AttributeError as exc:
+        return MISSING, str(exc)
+    if target.attribute is not None and target.attribute not in getattr(owner, "__dict__", {}):
+        return MISSING, f"{target.owner_qualname}.{target.attribute} is not defined"
+    return RESOLVED, ""
+
+
+def check(table=None) -> list[dict]:
+    """Status of every target for the installed vLLM / vllm-ascend (the ``check`` command)."""
+    vllm, ascend = vllm_version(), vllm_ascend_version()
+    rows = []
+    for target in table if table is not None else targets_module.TARGETS:
+        gate = gate_of(target, vllm, ascend)
+        status, detail = (gate, "") if gate is not None else resolve(target)
+        rows.append({"symbol": target.symbol, "status": status, "detail": detail, "kind": target.kind,
+                     "vllm": target.vllm, "vllm_ascend": target.vllm_ascend,
+                     "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds]})
+    return rows
+
+
 class Installer:
     def __init__(self, table=None) -> None:
         self.table = tuple(table if table is not None else targets_module.TARGETS)
@@ -64,11 +107,9 @@ class Installer:
         vllm, ascend = vllm_version(), vllm_ascend_version()
         by_module: dict[str, list] = {}
         for target in self.table:
-            gated = not in_range(vllm, target.vllm) or (
-                target.vllm_ascend is not None and not in_range(ascend, target.vllm_ascend)
-            )
-            if gated:
-                self.status[target.symbol] = GATED
+            gate = gate_of(target, vllm, ascend)
+            if gate is not None:
+                self.status[target.symbol] = gate
                 continue
             self.status[target.symbol] = PENDING
             by_module.setdefault(target.module, []).append(target)

