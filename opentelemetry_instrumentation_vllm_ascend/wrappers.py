@@ -53,6 +53,10 @@ class Handler:
     #: Sync hooks only: call ``after`` only when the result is None (vLLM's "no room" answer),
     #: sparing the call on every successful result.
     after_only_on_none = False
+    #: False: the handler never looks at ``args`` / ``kwargs`` (it gets None for both), which lets
+    #: sync and timer hooks use a wrapper with the target's own signature — no packing of the
+    #: arguments into a tuple and a dict on every call.
+    needs_args = True
 
     def before(self, args, kwargs):
         return None
@@ -115,8 +119,115 @@ def wrap(original, handler: Handler, kind: str):
 def _sync(original, hook):
     handler = hook.handler
     if not isinstance(handler, _FutureAdapter) and type(handler).before is Handler.before:
+        if not handler.needs_args:
+            fast = _with_signature(original, hook, _OUTCOME_BODY, none_only=handler.after_only_on_none)
+            if fast is not None:
+                return fast
         return _sync_outcome(original, hook, none_only=handler.after_only_on_none)
     return _sync_full(original, hook)
+
+
+# -- wrappers with the target's own signature --------------------------------------------------------
+# Built with exec from the target's code object: the parameters, their defaults (the very same
+# objects) and keyword-only markers are the original's, and the call passes them straight through.
+# Targets with *args / **kwargs keep the generic wrapper.
+
+_OUTCOME_BODY = """
+def {name}({params}):
+    handler = hook.handler
+    if handler is None:
+        return original({call})
+    try:
+        result = original({call})
+    except BaseException as exc:
+        try:
+            handler.error(None, None, None, exc)
+        except Exception:
+            report(handler, "error")
+        raise
+    if result is None or not none_only:
+        try:
+            handler.after(None, None, None, result)
+        except Exception:
+            report(handler, "after")
+    return result
+"""
+
+_TIMER_BODY = """
+def {name}({params}):
+    handler = hook.handler
+    if handler is None:
+        return original({call})
+    start = clock()
+    result = original({call})
+    end = clock()
+    try:
+        handler.timed(end - start, None, None, result)
+    except Exception:
+        report(handler, "timed")
+    return result
+"""
+
+
+_COROUTINE_TIMER_BODY = """
+async def {name}({params}):
+    handler = hook.handler
+    if handler is None:
+        return await original({call})
+    start = clock()
+    result = await original({call})
+    end = clock()
+    try:
+        handler.timed(end - start, None, None, result)
+    except Exception:
+        report(handler, "timed")
+    return result
+"""
+
+
+def _with_signature(original, hook, body: str, **extra):
+    code = getattr(original, "__code__", None)
+    if code is None or code.co_flags & (0x04 | 0x08):  # CO_VARARGS | CO_VARKEYWORDS
+        return None
+    n_pos = code.co_argcount
+    n_kwonly = code.co_kwonlyargcount
+    names = code.co_varnames[: n_pos + n_kwonly]
+    if any(not n.isidentifier() or n in ("hook", "original", "report", "clock", "none_only") for n in names):
+        return None
+    defaults = original.__defaults__ or ()
+    kwdefaults = original.__kwdefaults__ or {}
+    namespace = {"hook": hook, "original": original, "report": report, "clock": perf_counter, **extra}
+    params, call = [], []
+    first_default = n_pos - len(defaults)
+    for i, n in enumerate(names[:n_pos]):
+        if i >= first_default:
+            namespace[f"_default_{i}"] = defaults[i - first_default]
+            params.append(f"{n}=_default_{i}")
+        else:
+            params.append(n)
+        call.append(n)
+    if code.co_posonlyargcount:
+        params.insert(code.co_posonlyargcount, "/")
+    if n_kwonly:
+        params.append("*")
+        for n in names[n_pos:]:
+            if n in kwdefaults:
+                namespace[f"_kwdefault_{n}"] = kwdefaults[n]
+                params.append(f"{n}=_kwdefault_{n}")
+            else:
+                params.append(n)
+            call.append(f"{n}={n}")
+    source = body.format(name="_otel_vllm_ascend_wrapper", params=", ".join(params), call=", ".join(call))
+    try:
+        exec(compile(source, f"<otel-vllm-ascend wrapper of {original.__qualname__}>", "exec"), namespace)
+    except SyntaxError:
+        return None
+    wrapper = namespace["_otel_vllm_ascend_wrapper"]
+    try:  # argument errors name the target, as they would without us
+        wrapper.__code__ = wrapper.__code__.replace(co_name=original.__name__)
+    except (AttributeError, TypeError, ValueError):
+        pass
+    return wrapper
 
 
 def _sync_outcome(original, hook, none_only):
@@ -175,6 +286,11 @@ def _sync_full(original, hook):
 
 
 def _sync_timer(original, hook, clock=perf_counter):
+    if not hook.handler.needs_args:
+        fast = _with_signature(original, hook, _TIMER_BODY)
+        if fast is not None:
+            return fast
+
     def wrapper(*args, **kwargs):
         handler = hook.handler
         if handler is None:
@@ -192,6 +308,11 @@ def _sync_timer(original, hook, clock=perf_counter):
 
 
 def _coroutine_timer(original, hook, clock=perf_counter):
+    if not hook.handler.needs_args:
+        fast = _with_signature(original, hook, _COROUTINE_TIMER_BODY)
+        if fast is not None:
+            return fast
+
     async def wrapper(*args, **kwargs):
         handler = hook.handler
         if handler is None:

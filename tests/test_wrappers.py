@@ -382,3 +382,104 @@ def test_future_class_delivers_completion_once(where, outcome):
     for p in patches:
         p.remove()
     assert dict(Fut.__dict__) == before
+
+
+class NoArgs(Handler):
+    """A handler that never reads args: eligible for a wrapper with the target's own signature."""
+
+    name = "no-args"
+    needs_args = False
+
+    def __init__(self, raise_it=False):
+        self.raise_it = raise_it
+        self.seen = []
+
+    def after(self, state, args, kwargs, result):
+        self.seen.append(("after", args, kwargs, result))
+        if self.raise_it:
+            raise RuntimeError("after bug")
+
+    def error(self, state, args, kwargs, exc):
+        self.seen.append(("error", type(exc).__name__))
+        if self.raise_it:
+            raise RuntimeError("error bug")
+
+    def timed(self, seconds, args, kwargs, result):
+        self.seen.append(("timed", result))
+        if self.raise_it:
+            raise RuntimeError("timed bug")
+
+
+SENTINEL = object()
+
+
+def target(self, a, b=SENTINEL, /, c=[1], *, d, e=None):  # noqa: B006 - the default's identity matters
+    if a == "boom":
+        raise Boom(a)
+    return (a, b, c, d, e)
+
+
+@pytest.mark.parametrize("kind", [SYNC, wrappers.SYNC_TIMER])
+@pytest.mark.parametrize("raise_it", [False, True])
+def test_signature_preserving_wrapper(kind, raise_it):
+    handler = NoArgs(raise_it)
+    wrapped, _ = wrappers.wrap(target, handler, kind)
+    assert wrapped.__code__.co_varnames[:6] == ("self", "a", "b", "c", "d", "e")  # the target's own signature
+    assert wrapped.__defaults__[0] is SENTINEL and wrapped.__defaults__[1] is target.__defaults__[1]
+    got = wrapped(None, "x", d=4)
+    assert got == ("x", SENTINEL, [1], 4, None) and got[2] is target.__defaults__[1]
+    assert wrapped(None, "x", 2, c=3, d=4, e=5) == ("x", 2, 3, 4, 5)
+    with pytest.raises(TypeError):
+        wrapped(None, "x", b=2, d=4)  # b is positional-only, as in the target
+    with pytest.raises(TypeError):
+        wrapped(None, "x")  # d is required, as in the target
+    with pytest.raises(Boom):
+        wrapped(None, "boom", d=1)
+    if kind == SYNC:
+        assert handler.seen[0] == ("after", None, None, ("x", SENTINEL, [1], 4, None))
+        assert ("error", "Boom") in handler.seen
+    else:
+        assert [s[0] for s in handler.seen] == ["timed", "timed"]  # the failed call is not timed
+
+
+def test_after_only_on_none_and_varargs_fallback():
+    class OnNone(NoArgs):
+        after_only_on_none = True
+
+    h = OnNone()
+
+    def alloc(self, n, lookahead=0):
+        return None if n > 10 else n
+
+    wrapped, _ = wrappers.wrap(alloc, h, SYNC)
+    assert wrapped(None, 1, lookahead=2) == 1
+    assert wrapped(None, 11) is None
+    assert h.seen == [("after", None, None, None)]
+
+    def varargs(*args, **kwargs):
+        return args, kwargs
+
+    generic, _ = wrappers.wrap(varargs, NoArgs(), SYNC)
+    assert generic(1, x=2) == ((1,), {"x": 2})
+
+
+def test_signature_preserving_coroutine_timer():
+    handler = NoArgs()
+
+    async def original(self, x, *, scale=2):
+        await asyncio.sleep(0)
+        return x * scale
+
+    wrapped, _ = wrappers.wrap(original, handler, wrappers.COROUTINE_TIMER)
+    assert wrapped.__code__.co_varnames[:3] == ("self", "x", "scale")
+    assert asyncio.run(wrapped(None, 3)) == 6 and asyncio.run(wrapped(None, 3, scale=3)) == 9
+    assert handler.seen == [("timed", 6), ("timed", 9)]
+
+
+def test_signature_wrapper_errors_name_the_target():
+    def allocate_slots(self, request, n):
+        return n
+
+    wrapped, _ = wrappers.wrap(allocate_slots, NoArgs(), SYNC)
+    with pytest.raises(TypeError, match="allocate_slots"):
+        wrapped(None, 1)

@@ -14,6 +14,7 @@ class StepTimer(Handler):
     labelled dp/role and the phase of the step most recently scheduled in this process."""
 
     __slots__ = ("spec", "name")
+    needs_args = False
 
     def __init__(self, spec: catalogue.MetricSpec, name: str | None = None) -> None:
         self.spec = spec
