@@ -345,7 +345,7 @@ class _FutureAdapter(Handler):
         if type(result) in _COMPLETION_HOOKED:
             # The future's class hands its completion to us: one attribute store, no callback.
             result.__dict__[_PENDING] = (self.inner, state, args, kwargs)
-            if getattr(result, "_state", "FINISHED") not in ("PENDING", "RUNNING"):
+            if result._state != "PENDING" and result._state != "RUNNING":
                 _deliver(result)  # it completed before we attached (not vLLM's case; be safe)
             return
         add_done_callback = getattr(result, "add_done_callback", None)
@@ -387,10 +387,11 @@ def hook_future_class(cls) -> list:
         for name in ("set_result", "set_exception"):
             inherited = getattr(cls, name)
 
-            def completion(self, *args, _inherited=inherited, _success=name == "set_result", **kwargs):
-                _inherited(self, *args, **kwargs)  # InvalidStateError passes through, nothing delivered
-                if _PENDING in self.__dict__:
-                    if _success and self.__dict__[_PENDING][0].failures_only:
+            def completion(self, value, _inherited=inherited, _success=name == "set_result"):
+                _inherited(self, value)  # InvalidStateError passes through, nothing delivered
+                pending = self.__dict__.get(_PENDING)
+                if pending is not None:
+                    if _success and pending[0].failures_only:
                         self.__dict__.pop(_PENDING, None)
                     else:
                         _deliver(self)
