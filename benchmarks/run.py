@@ -264,6 +264,59 @@ def classification_rows(repeat):
     return rows
 
 
+def step_rows(repeat):
+    """A simulated engine step as vLLM's scheduler runs it: schedule() calls allocate_slots once per
+    running request (with a keyword argument, like vLLM) and returns a SchedulerOutput-shaped
+    object; hooked: our Schedule (step context + phase) and AllocateSlots handlers, as installed."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
+    from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
+
+    class Req:
+        __slots__ = ("num_prompt_tokens",)
+
+        def __init__(self, p):
+            self.num_prompt_tokens = p
+
+    class KV:
+        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+                           num_lookahead_tokens=0, delay_cache_blocks=False):
+            return request
+
+    def make(kv_cls, batch):
+        ids = [f"req-{i}" for i in range(batch)]
+        output = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), scheduled_new_reqs=[],
+                    scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
+                                             num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
+
+        class Sched:
+            def __init__(self):
+                self.requests = {i: Req(500) for i in ids}
+                self.kv_cache_manager = kv_cls()
+
+            def schedule(self):
+                kv = self.kv_cache_manager
+                for rid in ids:
+                    kv.allocate_slots(rid, 1, num_lookahead_tokens=0)
+                return output
+
+        return Sched
+
+    hooked_kv = type("HookedKV", (KV,), {"allocate_slots": wrap(KV.allocate_slots, AllocateSlots(), SYNC)[0]})
+    rows = []
+    for batch in (16, 64, 256):
+        bare_sched = make(KV, batch)()
+        cls = make(hooked_kv, batch)
+        cls.schedule = wrap(cls.schedule, Schedule(), SYNC)[0]
+        ours_sched = cls()
+        n = max(50, 20_000 // batch)
+        bare = [r / n * 1e6 for r in timeit.repeat(bare_sched.schedule, number=n, repeat=repeat)]
+        ours = [r / n * 1e6 for r in timeit.repeat(ours_sched.schedule, number=n, repeat=repeat)]
+        b = statistics.median(bare)
+        rows.append((f"batch {batch}: bare step (allocations + schedule call)", bare))
+        rows.append((f"batch {batch}: hooks added per step (all decode: full phase scan)", [o - b for o in ours]))
+    return rows
+
+
 # -- C/D. export and scrape -------------------------------------------------------------------------
 
 def _record_realistic_process(store_pipeline_recorder=None):
@@ -417,6 +470,7 @@ def main(argv=None) -> int:
     table("A. Per hooked call (ns; '× ours' is relative to our sync timer hook)", rows, "ns", ref=ours)
     print(f"\nAdded cost of our sync timer hook over a bare call: {ours - bare:.0f} ns.")
     table("B. Step phase classification (µs per step)", classification_rows(args.repeat), "µs")
+    table("B2. Hooks per engine step (schedule + one allocate_slots per request), µs", step_rows(args.repeat), "µs")
     export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
     table("C. Export cost per process", export_rows, "ms")
     table("D. /metrics scrape time", scrape_rows, "ms")
