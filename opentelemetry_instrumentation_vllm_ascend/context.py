@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from contextvars import ContextVar
+import weakref
 
 from .catalogue import ROLES
 
@@ -120,6 +121,21 @@ def set_step_phase(phase: str) -> None:
     LAST_STEP_PHASE[0] = phase
 
 
+#: Per scheduler: ids of requests preempted and not yet done recomputing their tokens (the only
+#: cached requests that can have outputs and still do prefill work). Filled by the preemption hook.
+_RECOMPUTING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def mark_recomputing(scheduler, req_id) -> None:
+    try:
+        recomputing = _RECOMPUTING.get(scheduler)
+        if recomputing is None:
+            recomputing = _RECOMPUTING[scheduler] = set()
+    except TypeError:  # not weak-referenceable: classification falls back to the exact loop
+        return
+    recomputing.add(req_id)
+
+
 def step_phase(scheduler, scheduler_output) -> str:
     """prefill / decode / mixed for the work one SchedulerOutput schedules (``idle`` if none).
 
@@ -130,27 +146,59 @@ def step_phase(scheduler, scheduler_output) -> str:
       ``prompt + outputs - 1`` tokens computed (``num_computed_tokens`` / ``num_output_tokens`` of
       ``CachedRequestData`` are the values before the step, output placeholders included);
     - decodes: every other cached request (its last sampled token, plus speculative drafts).
-    One pass over the cached requests with plain attribute reads; it stops at the first mix.
+
+    A cached request with no output yet is still in its prompt (prefill); one with outputs decodes,
+    unless it was preempted and is still recomputing. So, when no request of this scheduler is
+    recomputing, two C-level scans of ``num_output_tokens`` decide the step; otherwise an exact loop
+    over the requests runs (and forgets requests that caught up or left).
     """
     if not getattr(scheduler_output, "num_scheduled_tokens", None):
         return "idle"
-    prefill = bool(scheduler_output.scheduled_new_reqs)
-    decode = False
     cached = scheduler_output.scheduled_cached_reqs
+    ids = cached.req_ids
     resumed = cached.resumed_req_ids
+    prefill = bool(scheduler_output.scheduled_new_reqs) or bool(resumed)
+    if not ids:
+        return "prefill" if prefill else UNKNOWN
+    try:
+        recomputing = _RECOMPUTING.get(scheduler)
+    except TypeError:
+        recomputing = True  # unknown: be exact
+    if not recomputing and not resumed:
+        outputs = cached.num_output_tokens
+        zeros = outputs.count(0)
+        prefill = prefill or zeros > 0
+        decode = zeros < len(outputs)
+        if prefill and decode:
+            return "mixed"
+        return "prefill" if prefill else "decode"
+    return _step_phase_exact(scheduler, cached, prefill, recomputing if isinstance(recomputing, set) else None)
+
+
+def _step_phase_exact(scheduler, cached, prefill, recomputing) -> str:
     requests = scheduler.requests
+    resumed = cached.resumed_req_ids
+    decode = False
+    result = None
     for req_id, before, outputs in zip(cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens):
         req = requests.get(req_id)
         if req is None:
             continue
         if req_id in resumed or before + 1 < req.num_prompt_tokens + outputs:
-            if decode:
-                return "mixed"
             prefill = True
         else:
-            if prefill:
-                return "mixed"
             decode = True
+        if prefill and decode:
+            result = "mixed"
+            break
+    if recomputing:
+        for req_id in list(recomputing):
+            req = requests.get(req_id)
+            # Caught up: schedule() already counted this step's tokens as computed.
+            if req is None or req.num_computed_tokens >= req.num_tokens - 1:
+                recomputing.discard(req_id)
+    if result is not None:
+        return result
     if prefill:
         return "prefill"
     return "decode" if decode else UNKNOWN

@@ -68,7 +68,7 @@ READS = tuple(
     Read(module, cls, attribute)
     for module, cls, attributes in (
         ("vllm.v1.core.sched.scheduler", "Scheduler", ("requests",)),
-        ("vllm.v1.request", "Request", ("num_computed_tokens", "num_prompt_tokens")),
+        ("vllm.v1.request", "Request", ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens")),
         ("vllm.v1.core.sched.output", "SchedulerOutput",
          ("num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")),
         ("vllm.v1.core.sched.output", "CachedRequestData",

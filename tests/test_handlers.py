@@ -17,9 +17,9 @@ ALLOC = "vllm_profiling_block_allocate_failures"
 RPC = "vllm_profiling_rpc_errors"
 
 
-def req(computed, num_tokens, prompt=None):
+def req(computed, num_tokens, prompt=None, request_id=None):
     """A request: tokens computed so far, tokens known (prompt + outputs), prompt length."""
-    return NS(num_computed_tokens=computed, num_tokens=num_tokens,
+    return NS(num_computed_tokens=computed, num_tokens=num_tokens, request_id=request_id,
               num_prompt_tokens=num_tokens if prompt is None else prompt)
 
 
@@ -103,25 +103,52 @@ REQUESTS = {
 }
 
 
+class Sched:
+    def __init__(self, requests):
+        self.requests = requests
+
+
 @pytest.mark.parametrize(
-    "new, cached, resumed, expected",
+    "new, cached, resumed, recomputing, expected",
     [
-        (["new"], [], [], "prefill"),
-        ([], [("resumed", 13)], ["resumed"], "prefill"),
-        ([], [("chunk", 4)], [], "prefill"),
-        ([], [("last_chunk", 2)], [], "prefill"),
-        ([], [("resumed_chunk2", 5)], [], "prefill"),  # not in resumed_req_ids any more, still prefill
-        ([], [("decode", 1)], [], "decode"),
-        ([], [("decode", 1), ("spec", 3)], [], "decode"),
-        (["new"], [("decode", 1)], [], "mixed"),
-        ([], [("decode", 1), ("chunk", 4)], [], "mixed"),
-        ([], [("decode", 1), ("resumed", 13)], ["resumed"], "mixed"),
-        ([], [], [], "idle"),
+        (["new"], [], [], [], "prefill"),
+        ([], [("resumed", 13)], ["resumed"], ["resumed"], "prefill"),
+        ([], [("chunk", 4)], [], [], "prefill"),
+        ([], [("last_chunk", 2)], [], [], "prefill"),
+        ([], [("resumed_chunk2", 5)], [], ["resumed_chunk2"], "prefill"),  # not in resumed_req_ids any more
+        ([], [("decode", 1)], [], [], "decode"),
+        ([], [("decode", 1), ("spec", 3)], [], [], "decode"),
+        (["new"], [("decode", 1)], [], [], "mixed"),
+        ([], [("decode", 1), ("chunk", 4)], [], [], "mixed"),
+        ([], [("decode", 1), ("resumed", 13)], ["resumed"], ["resumed"], "mixed"),
+        ([], [("decode", 1), ("resumed_chunk2", 5)], [], ["resumed_chunk2"], "mixed"),
+        ([], [], [], [], "idle"),
     ],
 )
-def test_step_phase(new, cached, resumed, expected):
-    sched = NS(requests=REQUESTS)
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_step_phase(new, cached, resumed, recomputing, expected, path):
+    """All four request classes, through the fast path (no request recomputing unless the case has
+    one) and the exact per-request loop (forced by an unrelated recomputing request)."""
+    sched = Sched(dict(REQUESTS))
+    for rid in recomputing:
+        context.mark_recomputing(sched, rid)
+    if path == "exact":
+        sched.requests["other"] = req(3, 20, prompt=10)
+        context.mark_recomputing(sched, "other")
     assert context.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
+
+
+def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():
+    sched = Sched({"r": req(5, 13, prompt=10), "gone": req(0, 4)})
+    context.mark_recomputing(sched, "r")
+    context.mark_recomputing(sched, "gone")
+    del sched.requests["gone"]
+    out = output(sched.requests, cached=[("r", 5)])
+    assert context.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
+    assert context._RECOMPUTING[sched] == {"r"}
+    sched.requests["r"].num_computed_tokens = 12  # after this step: caught up (12 == 13 - 1)
+    context.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
+    assert context._RECOMPUTING[sched] == set()
 
 
 # -- preemption, recompute, allocation failures ---------------------------------------------

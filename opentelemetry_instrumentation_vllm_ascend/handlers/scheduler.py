@@ -47,9 +47,11 @@ class PreemptRequest(Handler):
     name = "Scheduler._preempt_request"
 
     def before(self, args, kwargs):
+        request = args[1] if len(args) > 1 else kwargs.get("request")
+        # Whatever the reason, the request will recompute its tokens when it resumes.
+        context.mark_recomputing(args[0], getattr(request, "request_id", None))
         if IN_PREFIX_CACHE_RESET.get():
             return None
-        request = args[1] if len(args) > 1 else kwargs.get("request")
         return getattr(request, "num_computed_tokens", 0) or 0
 
     def after(self, state, args, kwargs, result):
