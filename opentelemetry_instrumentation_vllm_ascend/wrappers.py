@@ -53,10 +53,12 @@ class Handler:
     #: Sync hooks only: call ``after`` only when the result is None (vLLM's "no room" answer),
     #: sparing the call on every successful result.
     after_only_on_none = False
-    #: False: the handler never looks at ``args`` / ``kwargs`` (it gets None for both), which lets
-    #: sync and timer hooks use a wrapper with the target's own signature — no packing of the
-    #: arguments into a tuple and a dict on every call.
-    needs_args = True
+    #: How many leading arguments the handler reads (``args[0]`` is ``self`` for methods); None: all
+    #: of ``args`` and ``kwargs``. With a number, the hook uses a wrapper generated with the target's
+    #: own signature, and ``args`` is a tuple of exactly those leading parameters (whether the caller
+    #: passed them by position or by name) and ``kwargs`` is None — no packing of every argument
+    #: into a tuple and a dict on each call.
+    reads_args: int | None = None
 
     def before(self, args, kwargs):
         return None
@@ -118,12 +120,18 @@ def wrap(original, handler: Handler, kind: str):
 
 def _sync(original, hook):
     handler = hook.handler
+    inner = handler.inner if isinstance(handler, _FutureAdapter) else handler
+    reads = inner.reads_args
     if not isinstance(handler, _FutureAdapter) and type(handler).before is Handler.before:
-        if not handler.needs_args:
+        if reads == 0:
             fast = _with_signature(original, hook, _OUTCOME_BODY, none_only=handler.after_only_on_none)
             if fast is not None:
                 return fast
         return _sync_outcome(original, hook, none_only=handler.after_only_on_none)
+    if reads is not None:
+        fast = _with_signature(original, hook, _FULL_BODY, head=reads, _FAILED=_FAILED)
+        if fast is not None:
+            return fast
     return _sync_full(original, hook)
 
 
@@ -134,75 +142,107 @@ def _sync(original, hook):
 
 _OUTCOME_BODY = """
 def {name}({params}):
-    handler = hook.handler
-    if handler is None:
-        return original({call})
+    _otel_handler = _otel_hook.handler
+    if _otel_handler is None:
+        return _otel_original({call})
     try:
-        result = original({call})
-    except BaseException as exc:
+        _otel_result = _otel_original({call})
+    except BaseException as _otel_exc:
         try:
-            handler.error(None, None, None, exc)
+            _otel_handler.error(None, None, None, _otel_exc)
         except Exception:
-            report(handler, "error")
+            _otel_report(_otel_handler, "error")
         raise
-    if result is None or not none_only:
+    if _otel_result is None or not _otel_none_only:
         try:
-            handler.after(None, None, None, result)
+            _otel_handler.after(None, None, None, _otel_result)
         except Exception:
-            report(handler, "after")
-    return result
+            _otel_report(_otel_handler, "after")
+    return _otel_result
+"""
+
+_FULL_BODY = """
+def {name}({params}):
+    _otel_handler = _otel_hook.handler
+    if _otel_handler is None:
+        return _otel_original({call})
+    _otel_args = {head}
+    try:
+        _otel_state = _otel_handler.before(_otel_args, None)
+    except Exception:
+        _otel_state = _otel_FAILED
+        _otel_report(_otel_handler, "before")
+    try:
+        _otel_result = _otel_original({call})
+    except BaseException as _otel_exc:
+        if _otel_state is not _otel_FAILED:
+            try:
+                _otel_handler.error(_otel_state, _otel_args, None, _otel_exc)
+            except Exception:
+                _otel_report(_otel_handler, "error")
+        raise
+    if _otel_state is not _otel_FAILED:
+        try:
+            _otel_handler.after(_otel_state, _otel_args, None, _otel_result)
+        except Exception:
+            _otel_report(_otel_handler, "after")
+    return _otel_result
 """
 
 _TIMER_BODY = """
 def {name}({params}):
-    handler = hook.handler
-    if handler is None:
-        return original({call})
-    start = clock()
-    result = original({call})
-    end = clock()
+    _otel_handler = _otel_hook.handler
+    if _otel_handler is None:
+        return _otel_original({call})
+    _otel_start = _otel_clock()
+    _otel_result = _otel_original({call})
+    _otel_end = _otel_clock()
     try:
-        handler.timed(end - start, None, None, result)
+        _otel_handler.timed(_otel_end - _otel_start, None, None, _otel_result)
     except Exception:
-        report(handler, "timed")
-    return result
+        _otel_report(_otel_handler, "timed")
+    return _otel_result
 """
 
 
 _COROUTINE_TIMER_BODY = """
 async def {name}({params}):
-    handler = hook.handler
-    if handler is None:
-        return await original({call})
-    start = clock()
-    result = await original({call})
-    end = clock()
+    _otel_handler = _otel_hook.handler
+    if _otel_handler is None:
+        return await _otel_original({call})
+    _otel_start = _otel_clock()
+    _otel_result = await _otel_original({call})
+    _otel_end = _otel_clock()
     try:
-        handler.timed(end - start, None, None, result)
+        _otel_handler.timed(_otel_end - _otel_start, None, None, _otel_result)
     except Exception:
-        report(handler, "timed")
-    return result
+        _otel_report(_otel_handler, "timed")
+    return _otel_result
 """
 
 
-def _with_signature(original, hook, body: str, **extra):
+
+
+
+def _with_signature(original, hook, body: str, head: int = 0, **extra):
     code = getattr(original, "__code__", None)
     if code is None or code.co_flags & (0x04 | 0x08):  # CO_VARARGS | CO_VARKEYWORDS
         return None
     n_pos = code.co_argcount
     n_kwonly = code.co_kwonlyargcount
     names = code.co_varnames[: n_pos + n_kwonly]
-    if any(not n.isidentifier() or n in ("hook", "original", "report", "clock", "none_only") for n in names):
+    if head > n_pos or any(not n.isidentifier() or n.startswith("_otel_") for n in names):
         return None
     defaults = original.__defaults__ or ()
     kwdefaults = original.__kwdefaults__ or {}
-    namespace = {"hook": hook, "original": original, "report": report, "clock": perf_counter, **extra}
+    namespace = {"_otel_hook": hook, "_otel_original": original, "_otel_report": report, "_otel_clock": perf_counter,
+                 **{"_otel_" + k.lstrip("_"): v for k, v in extra.items()}}
     params, call = [], []
     first_default = n_pos - len(defaults)
     for i, n in enumerate(names[:n_pos]):
         if i >= first_default:
-            namespace[f"_default_{i}"] = defaults[i - first_default]
-            params.append(f"{n}=_default_{i}")
+            namespace[f"_otel_default_{i}"] = defaults[i - first_default]
+            params.append(f"{n}=_otel_default_{i}")
         else:
             params.append(n)
         call.append(n)
@@ -212,12 +252,14 @@ def _with_signature(original, hook, body: str, **extra):
         params.append("*")
         for n in names[n_pos:]:
             if n in kwdefaults:
-                namespace[f"_kwdefault_{n}"] = kwdefaults[n]
-                params.append(f"{n}=_kwdefault_{n}")
+                namespace[f"_otel_kwdefault_{n}"] = kwdefaults[n]
+                params.append(f"{n}=_otel_kwdefault_{n}")
             else:
                 params.append(n)
             call.append(f"{n}={n}")
-    source = body.format(name="_otel_vllm_ascend_wrapper", params=", ".join(params), call=", ".join(call))
+    head_expr = "(" + "".join(f"{n}, " for n in names[:head]) + ")"
+    source = body.format(name="_otel_vllm_ascend_wrapper", params=", ".join(params), call=", ".join(call),
+                         head=head_expr)
     try:
         exec(compile(source, f"<otel-vllm-ascend wrapper of {original.__qualname__}>", "exec"), namespace)
     except SyntaxError:
@@ -286,7 +328,7 @@ def _sync_full(original, hook):
 
 
 def _sync_timer(original, hook, clock=perf_counter):
-    if not hook.handler.needs_args:
+    if hook.handler.reads_args == 0:
         fast = _with_signature(original, hook, _TIMER_BODY)
         if fast is not None:
             return fast
@@ -308,7 +350,7 @@ def _sync_timer(original, hook, clock=perf_counter):
 
 
 def _coroutine_timer(original, hook, clock=perf_counter):
-    if not hook.handler.needs_args:
+    if hook.handler.reads_args == 0:
         fast = _with_signature(original, hook, _COROUTINE_TIMER_BODY)
         if fast is not None:
             return fast

@@ -388,7 +388,7 @@ class NoArgs(Handler):
     """A handler that never reads args: eligible for a wrapper with the target's own signature."""
 
     name = "no-args"
-    needs_args = False
+    reads_args = 0
 
     def __init__(self, raise_it=False):
         self.raise_it = raise_it
@@ -483,3 +483,53 @@ def test_signature_wrapper_errors_name_the_target():
     wrapped, _ = wrappers.wrap(allocate_slots, NoArgs(), SYNC)
     with pytest.raises(TypeError, match="allocate_slots"):
         wrapped(None, 1)
+
+
+class Head(Handler):
+    """Reads the first two arguments only: gets exactly those, however the caller passed them."""
+
+    name = "head"
+    reads_args = 2
+
+    def __init__(self, where="none"):
+        self.where = where
+        self.seen = []
+
+    def before(self, args, kwargs):
+        self.seen.append(("before", args, kwargs))
+        if self.where == "before":
+            raise RuntimeError("bug")
+        return args[1]
+
+    def after(self, state, args, kwargs, result):
+        self.seen.append(("after", state, result))
+        if self.where == "after":
+            raise RuntimeError("bug")
+
+    def error(self, state, args, kwargs, exc):
+        self.seen.append(("error", state, type(exc).__name__))
+        if self.where == "error":
+            raise RuntimeError("bug")
+
+
+@pytest.mark.parametrize("where", ["none", "before", "after", "error"])
+def test_leading_arguments_wrapper(where):
+    calls = []
+
+    def collective_rpc(self, method, timeout=None, args=(), non_block=False):
+        calls.append(method)
+        if method == "boom":
+            raise Boom(method)
+        return (method, timeout, args, non_block)
+
+    h = Head(where)
+    wrapped, _ = wrappers.wrap(collective_rpc, h, SYNC)
+    assert wrapped.__code__.co_varnames[:5] == ("self", "method", "timeout", "args", "non_block")
+    assert wrapped("ex", method="execute_model", non_block=True) == ("execute_model", None, (), True)
+    with pytest.raises(Boom):
+        wrapped("ex", "boom")
+    assert calls == ["execute_model", "boom"]
+    assert h.seen[0] == ("before", ("ex", "execute_model"), None)
+    if where != "before":
+        assert ("after", "execute_model", ("execute_model", None, (), True)) in h.seen
+        assert ("error", "boom", "Boom") in h.seen

@@ -14,7 +14,7 @@ class StepTimer(Handler):
     labelled dp/role and the phase of the step most recently scheduled in this process."""
 
     __slots__ = ("spec", "name")
-    needs_args = False
+    reads_args = 0
 
     def __init__(self, spec: catalogue.MetricSpec, name: str | None = None) -> None:
         self.spec = spec

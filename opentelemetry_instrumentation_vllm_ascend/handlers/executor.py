@@ -47,9 +47,10 @@ class CollectiveRpc(Handler):
 
     name = "MultiprocExecutor.collective_rpc"
     failures_only = True
+    reads_args = 2  # self, method
 
     def before(self, args, kwargs, _step_methods=STEP_METHODS, _phase=LAST_STEP_PHASE):
-        method = args[1] if len(args) > 1 else kwargs.get("method")
+        method = args[1] if len(args) > 1 else (kwargs or {}).get("method")
         if method.__class__ is not str:
             method = getattr(method, "__name__", "")
         return _phase[0] if method in _step_methods else UNKNOWN

@@ -23,7 +23,7 @@ class AllocateSlots(Handler):
 
     name = "KVCacheManager.allocate_slots"
     after_only_on_none = True  # called once per scheduled request per step: keep success free
-    needs_args = False
+    reads_args = 0
 
     def after(self, state, args, kwargs, result):
         if result is None:

@@ -22,6 +22,7 @@ class Schedule(Handler):
     labelled with the phase of the step it scheduled (computed once, from its SchedulerOutput)."""
 
     name = "Scheduler.schedule"
+    reads_args = 1  # self
 
     def before(self, args, kwargs):
         step = Step()
@@ -45,9 +46,10 @@ class PreemptRequest(Handler):
     +1 recompute event when the request had computed tokens (they are dropped and redone)."""
 
     name = "Scheduler._preempt_request"
+    reads_args = 2  # self, request
 
     def before(self, args, kwargs):
-        request = args[1] if len(args) > 1 else kwargs.get("request")
+        request = args[1] if len(args) > 1 else (kwargs or {}).get("request")
         # Whatever the reason, the request will recompute its tokens when it resumes.
         context.mark_recomputing(args[0], getattr(request, "request_id", None))
         if IN_PREFIX_CACHE_RESET.get():
@@ -74,6 +76,7 @@ class ResetPrefixCache(Handler):
     """``Scheduler.reset_prefix_cache``: preemptions it makes are bookkeeping, not memory pressure."""
 
     name = "Scheduler.reset_prefix_cache"
+    reads_args = 0
 
     def before(self, args, kwargs):
         return IN_PREFIX_CACHE_RESET.set(True)
