@@ -134,8 +134,20 @@ def per_call_rows(number, repeat):
         prom.labels("0", "mixed", context.LAST_STEP_PHASE[0]).observe(perf_counter() - start)
         return r
 
+    from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
+
+    class KV:  # vLLM calls it once per running request per step, with a keyword argument
+        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, num_lookahead_tokens=0):
+            return request
+
+    kv = KV()
+    alloc_bare = KV.allocate_slots
+    alloc = wrap(KV.allocate_slots, AllocateSlots(), SYNC)[0]
+
     rows = [
         ("bare call", lambda: bare(t, 1)),
+        ("bare allocate_slots-like call (keyword argument)", lambda: alloc_bare(kv, t, 1, num_lookahead_tokens=0)),
+        ("ours: KV allocation hook on it (success)", lambda: alloc(kv, t, 1, num_lookahead_tokens=0)),
         ("plain closure wrapper", lambda: plain(t, 1)),
         ("wrapt.FunctionWrapper", lambda: wrapt_w(t, 1)),
         ("ours: sync timer -> histogram {dp,role,phase}", lambda: timer(t, 1)),
