@@ -54,10 +54,10 @@ class Handler:
     #: sparing the call on every successful result.
     after_only_on_none = False
     #: How many leading arguments the handler reads (``args[0]`` is ``self`` for methods); None: all
-    #: of ``args`` and ``kwargs``. With a number, the hook uses a wrapper generated with the target's
-    #: own signature, and ``args`` is a tuple of exactly those leading parameters (whether the caller
-    #: passed them by position or by name) and ``kwargs`` is None — no packing of every argument
-    #: into a tuple and a dict on each call.
+    #: of ``args`` and ``kwargs``. With a number, the hook's wrapper has the target's own signature,
+    #: ``args`` is the tuple of exactly those leading parameters (whether the caller passed them by
+    #: position or by name) and ``kwargs`` is None — no packing of every argument into a tuple and a
+    #: dict on each call.
     reads_args: int | None = None
 
     def before(self, args, kwargs):
@@ -119,26 +119,37 @@ def wrap(original, handler: Handler, kind: str):
 
 
 def _sync(original, hook):
+    return _build(original, hook, is_async=False)
+
+
+def _coroutine(original, hook):
+    return _build(original, hook, is_async=True)
+
+
+def _sync_timer(original, hook):
+    return _generate(original, hook, _TIMER_BODY, is_async=False, head=hook.handler.reads_args)
+
+
+def _coroutine_timer(original, hook):
+    return _generate(original, hook, _TIMER_BODY, is_async=True, head=hook.handler.reads_args)
+
+
+def _build(original, hook, is_async: bool):
     handler = hook.handler
     inner = handler.inner if isinstance(handler, _FutureAdapter) else handler
-    reads = inner.reads_args
-    if not isinstance(handler, _FutureAdapter) and type(handler).before is Handler.before:
-        if reads == 0:
-            fast = _with_signature(original, hook, _OUTCOME_BODY, none_only=handler.after_only_on_none)
-            if fast is not None:
-                return fast
-        return _sync_outcome(original, hook, none_only=handler.after_only_on_none)
-    if reads is not None:
-        fast = _with_signature(original, hook, _FULL_BODY, head=reads, _FAILED=_FAILED)
-        if fast is not None:
-            return fast
-    return _sync_full(original, hook)
+    if not is_async and not isinstance(handler, _FutureAdapter) and type(handler).before is Handler.before:
+        return _generate(original, hook, _OUTCOME_BODY, is_async=False, head=inner.reads_args,
+                         none_only=handler.after_only_on_none)
+    return _generate(original, hook, _FULL_BODY, is_async=is_async, head=inner.reads_args, FAILED=_FAILED)
 
 
-# -- wrappers with the target's own signature --------------------------------------------------------
-# Built with exec from the target's code object: the parameters, their defaults (the very same
-# objects) and keyword-only markers are the original's, and the call passes them straight through.
-# Targets with *args / **kwargs keep the generic wrapper.
+# -- generated wrappers ------------------------------------------------------------------------------
+# One template per wrapper shape, built with exec in one of two forms:
+# - with the target's own signature (when the handler declares ``reads_args``): the parameters, their
+#   defaults (the very same objects) and keyword-only markers are the original's, the call passes them
+#   straight through, and the handler's ``args`` is the tuple of the leading parameters it reads;
+# - generic ``(*args, **kwargs)`` otherwise, or for targets that take *args / **kwargs themselves.
+# Every name the templates use starts with ``_otel_``, so no target parameter can clash with them.
 
 _OUTCOME_BODY = """
 def {name}({params}):
@@ -149,95 +160,77 @@ def {name}({params}):
         _otel_result = _otel_original({call})
     except BaseException as _otel_exc:
         try:
-            _otel_handler.error(None, None, None, _otel_exc)
+            _otel_handler.error(None, {args}, {kwargs}, _otel_exc)
         except Exception:
             _otel_report(_otel_handler, "error")
         raise
     if _otel_result is None or not _otel_none_only:
         try:
-            _otel_handler.after(None, None, None, _otel_result)
+            _otel_handler.after(None, {args}, {kwargs}, _otel_result)
         except Exception:
             _otel_report(_otel_handler, "after")
     return _otel_result
 """
 
 _FULL_BODY = """
-def {name}({params}):
+{def_} {name}({params}):
     _otel_handler = _otel_hook.handler
     if _otel_handler is None:
-        return _otel_original({call})
-    _otel_args = {head}
+        return {await_}_otel_original({call})
+    _otel_args = {args}
+    _otel_kwargs = {kwargs}
     try:
-        _otel_state = _otel_handler.before(_otel_args, None)
+        _otel_state = _otel_handler.before(_otel_args, _otel_kwargs)
     except Exception:
         _otel_state = _otel_FAILED
         _otel_report(_otel_handler, "before")
     try:
-        _otel_result = _otel_original({call})
+        _otel_result = {await_}_otel_original({call})
     except BaseException as _otel_exc:
         if _otel_state is not _otel_FAILED:
             try:
-                _otel_handler.error(_otel_state, _otel_args, None, _otel_exc)
+                _otel_handler.error(_otel_state, _otel_args, _otel_kwargs, _otel_exc)
             except Exception:
                 _otel_report(_otel_handler, "error")
         raise
     if _otel_state is not _otel_FAILED:
         try:
-            _otel_handler.after(_otel_state, _otel_args, None, _otel_result)
+            _otel_handler.after(_otel_state, _otel_args, _otel_kwargs, _otel_result)
         except Exception:
             _otel_report(_otel_handler, "after")
     return _otel_result
 """
 
 _TIMER_BODY = """
-def {name}({params}):
+{def_} {name}({params}):
     _otel_handler = _otel_hook.handler
     if _otel_handler is None:
-        return _otel_original({call})
+        return {await_}_otel_original({call})
     _otel_start = _otel_clock()
-    _otel_result = _otel_original({call})
+    _otel_result = {await_}_otel_original({call})  # to completion: awaiting included
     _otel_end = _otel_clock()
     try:
-        _otel_handler.timed(_otel_end - _otel_start, None, None, _otel_result)
+        _otel_handler.timed(_otel_end - _otel_start, {args}, {kwargs}, _otel_result)
     except Exception:
         _otel_report(_otel_handler, "timed")
     return _otel_result
 """
 
-
-_COROUTINE_TIMER_BODY = """
-async def {name}({params}):
-    _otel_handler = _otel_hook.handler
-    if _otel_handler is None:
-        return await _otel_original({call})
-    _otel_start = _otel_clock()
-    _otel_result = await _otel_original({call})
-    _otel_end = _otel_clock()
-    try:
-        _otel_handler.timed(_otel_end - _otel_start, None, None, _otel_result)
-    except Exception:
-        _otel_report(_otel_handler, "timed")
-    return _otel_result
-"""
+_GENERIC = "*_otel_a, **_otel_k"
 
 
-
-
-
-def _with_signature(original, hook, body: str, head: int = 0, **extra):
+def _signature(original, head):
+    """(params, call, args expression) reproducing ``original``'s signature, or None."""
     code = getattr(original, "__code__", None)
-    if code is None or code.co_flags & (0x04 | 0x08):  # CO_VARARGS | CO_VARKEYWORDS
+    if head is None or code is None or code.co_flags & (0x04 | 0x08):  # CO_VARARGS | CO_VARKEYWORDS
         return None
-    n_pos = code.co_argcount
-    n_kwonly = code.co_kwonlyargcount
+    n_pos, n_kwonly = code.co_argcount, code.co_kwonlyargcount
     names = code.co_varnames[: n_pos + n_kwonly]
     if head > n_pos or any(not n.isidentifier() or n.startswith("_otel_") for n in names):
         return None
     defaults = original.__defaults__ or ()
     kwdefaults = original.__kwdefaults__ or {}
-    namespace = {"_otel_hook": hook, "_otel_original": original, "_otel_report": report, "_otel_clock": perf_counter,
-                 **{"_otel_" + k.lstrip("_"): v for k, v in extra.items()}}
-    params, call = [], []
+    namespace, params, call = {}, [], []
     first_default = n_pos - len(defaults)
     for i, n in enumerate(names[:n_pos]):
         if i >= first_default:
@@ -257,117 +250,30 @@ def _with_signature(original, hook, body: str, head: int = 0, **extra):
             else:
                 params.append(n)
             call.append(f"{n}={n}")
-    head_expr = "(" + "".join(f"{n}, " for n in names[:head]) + ")"
-    source = body.format(name="_otel_vllm_ascend_wrapper", params=", ".join(params), call=", ".join(call),
-                         head=head_expr)
-    try:
-        exec(compile(source, f"<otel-vllm-ascend wrapper of {original.__qualname__}>", "exec"), namespace)
-    except SyntaxError:
-        return None
+    args = "(" + "".join(f"{n}, " for n in names[:head]) + ")"
+    return ", ".join(params), ", ".join(call), args, namespace
+
+
+def _generate(original, hook, body: str, *, is_async: bool, head, **extra):
+    namespace = {"_otel_hook": hook, "_otel_original": original, "_otel_report": report,
+                 "_otel_clock": perf_counter, **{"_otel_" + k: v for k, v in extra.items()}}
+    signature = _signature(original, head)
+    if signature is not None:
+        params, call, args, defaults = signature
+        namespace.update(defaults)
+        kwargs = "None"
+    else:
+        params = call = _GENERIC
+        args, kwargs = "_otel_a", "_otel_k"
+    source = body.format(name="_otel_vllm_ascend_wrapper", params=params, call=call, args=args, kwargs=kwargs,
+                         def_="async def" if is_async else "def", await_="await " if is_async else "")
+    exec(compile(source, f"<otel-vllm-ascend wrapper of {getattr(original, '__qualname__', original)}>", "exec"),
+         namespace)
     wrapper = namespace["_otel_vllm_ascend_wrapper"]
     try:  # argument errors name the target, as they would without us
-        wrapper.__code__ = wrapper.__code__.replace(co_name=original.__name__)
+        wrapper.__code__ = wrapper.__code__.replace(co_name=getattr(original, "__name__", "wrapper"))
     except (AttributeError, TypeError, ValueError):
         pass
-    return wrapper
-
-
-def _sync_outcome(original, hook, none_only):
-    """A sync hook whose handler has no ``before``: only the outcome is looked at (cheaper). With
-    ``after_only_on_none``, ``after`` runs only for a ``None`` result (vLLM's "no room" signal)."""
-
-    def wrapper(*args, **kwargs):
-        handler = hook.handler
-        if handler is None:
-            return original(*args, **kwargs)
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            try:
-                handler.error(None, args, kwargs, exc)
-            except Exception:
-                report(handler, "error")
-            raise
-        if result is None or not none_only:
-            try:
-                handler.after(None, args, kwargs, result)
-            except Exception:
-                report(handler, "after")
-        return result
-
-    return wrapper
-
-
-def _sync_full(original, hook):
-    def wrapper(*args, **kwargs):
-        handler = hook.handler
-        if handler is None:
-            return original(*args, **kwargs)
-        try:
-            state = handler.before(args, kwargs)
-        except Exception:
-            state = _FAILED
-            report(handler, "before")
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            if state is not _FAILED:
-                try:
-                    handler.error(state, args, kwargs, exc)
-                except Exception:
-                    report(handler, "error")
-            raise
-        if state is not _FAILED:
-            try:
-                handler.after(state, args, kwargs, result)
-            except Exception:
-                report(handler, "after")
-        return result
-
-    return wrapper
-
-
-def _sync_timer(original, hook, clock=perf_counter):
-    if hook.handler.reads_args == 0:
-        fast = _with_signature(original, hook, _TIMER_BODY)
-        if fast is not None:
-            return fast
-
-    def wrapper(*args, **kwargs):
-        handler = hook.handler
-        if handler is None:
-            return original(*args, **kwargs)
-        start = clock()
-        result = original(*args, **kwargs)
-        end = clock()
-        try:
-            handler.timed(end - start, args, kwargs, result)
-        except Exception:
-            report(handler, "timed")
-        return result
-
-    return wrapper
-
-
-def _coroutine_timer(original, hook, clock=perf_counter):
-    if hook.handler.reads_args == 0:
-        fast = _with_signature(original, hook, _COROUTINE_TIMER_BODY)
-        if fast is not None:
-            return fast
-
-    async def wrapper(*args, **kwargs):
-        handler = hook.handler
-        if handler is None:
-            return await original(*args, **kwargs)
-        start = clock()
-        result = await original(*args, **kwargs)  # to completion, awaiting included
-        end = clock()
-        try:
-            handler.timed(end - start, args, kwargs, result)
-        except Exception:
-            report(handler, "timed")
-        return result
-
     return wrapper
 
 
@@ -459,36 +365,7 @@ class _ForgetCompletionClass:
 
 def _future(original, hook):
     hook.handler = _FutureAdapter(hook.handler)
-    return _sync(original, hook)
-
-
-def _coroutine(original, hook):
-    async def wrapper(*args, **kwargs):
-        handler = hook.handler
-        if handler is None:
-            return await original(*args, **kwargs)
-        try:
-            state = handler.before(args, kwargs)
-        except Exception:
-            state = _FAILED
-            report(handler, "before")
-        try:
-            result = await original(*args, **kwargs)
-        except BaseException as exc:
-            if state is not _FAILED:
-                try:
-                    handler.error(state, args, kwargs, exc)
-                except Exception:
-                    report(handler, "error")
-            raise
-        if state is not _FAILED:
-            try:
-                handler.after(state, args, kwargs, result)
-            except Exception:
-                report(handler, "after")
-        return result
-
-    return wrapper
+    return _build(original, hook, is_async=False)
 
 
 class _AsyncGeneratorProxy:

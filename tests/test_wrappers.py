@@ -436,7 +436,7 @@ def test_signature_preserving_wrapper(kind, raise_it):
     with pytest.raises(Boom):
         wrapped(None, "boom", d=1)
     if kind == SYNC:
-        assert handler.seen[0] == ("after", None, None, ("x", SENTINEL, [1], 4, None))
+        assert handler.seen[0] == ("after", (), None, ("x", SENTINEL, [1], 4, None))
         assert ("error", "Boom") in handler.seen
     else:
         assert [s[0] for s in handler.seen] == ["timed", "timed"]  # the failed call is not timed
@@ -454,7 +454,7 @@ def test_after_only_on_none_and_varargs_fallback():
     wrapped, _ = wrappers.wrap(alloc, h, SYNC)
     assert wrapped(None, 1, lookahead=2) == 1
     assert wrapped(None, 11) is None
-    assert h.seen == [("after", None, None, None)]
+    assert h.seen == [("after", (), None, None)]
 
     def varargs(*args, **kwargs):
         return args, kwargs
