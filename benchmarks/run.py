@@ -100,15 +100,21 @@ def per_call_rows(number, repeat):
 
     from opentelemetry_instrumentation_vllm_ascend.wrappers import hook_future_class
 
-    class RpcFuture(concurrent.futures.Future):  # stands for vLLM's FutureWrapper
+    class PlainFuture(concurrent.futures.Future):  # vLLM's FutureWrapper, uninstrumented
         pass
 
-    hook_future_class(RpcFuture)
+    class RpcFuture(concurrent.futures.Future):  # … and as our FUTURE_CLASS hook leaves it
+        pass
+
+    hook_future_class(RpcFuture, completes_later=True)
 
     def rpc_bare(self, method, non_block=False):
+        return PlainFuture()
+
+    def rpc_target(self, method, non_block=False):
         return RpcFuture()
 
-    rpc = wrap(rpc_bare, CollectiveRpc(), FUTURE)[0]
+    rpc = wrap(rpc_target, CollectiveRpc(), FUTURE)[0]
 
     # The same timer measurement straight through the OTel SDK (MeterProvider + the View, 1 reader).
     from opentelemetry.sdk.metrics import MeterProvider

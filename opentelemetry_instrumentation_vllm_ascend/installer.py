@@ -126,7 +126,8 @@ class Installer:
                 try:
                     owner = original_class(module, target.owner_qualname)
                     if target.kind == FUTURE_CLASS:
-                        self.patches.extend(hook_future_class(owner))
+                        # vLLM's FutureWrapper is completed in result(), after collective_rpc returned.
+                        self.patches.extend(hook_future_class(owner, completes_later=True))
                     else:
                         handler = targets_module.load_handler(target)
                         self.patches.append(patch_method(owner, target.attribute, handler, target.kind))

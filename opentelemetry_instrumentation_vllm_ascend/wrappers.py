@@ -216,6 +216,40 @@ _TIMER_BODY = """
     return _otel_result
 """
 
+#: The non-blocking RPC shape: like _FULL_BODY, but a future of a class that completes only after
+#: the call returned (vLLM's FutureWrapper) gets the pending hook stored on it in place of ``after``.
+_FUTURE_BODY = """
+def {name}({params}):
+    _otel_handler = _otel_hook.handler
+    if _otel_handler is None:
+        return _otel_original({call})
+    _otel_args = {args}
+    _otel_kwargs = {kwargs}
+    try:
+        _otel_state = _otel_handler.before(_otel_args, _otel_kwargs)
+    except Exception:
+        _otel_state = _otel_FAILED
+        _otel_report(_otel_handler, "before")
+    try:
+        _otel_result = _otel_original({call})
+    except BaseException as _otel_exc:
+        if _otel_state is not _otel_FAILED:
+            try:
+                _otel_handler.error(_otel_state, _otel_args, _otel_kwargs, _otel_exc)
+            except Exception:
+                _otel_report(_otel_handler, "error")
+        raise
+    if _otel_state is not _otel_FAILED:
+        if _otel_result.__class__ in _otel_completes_later:
+            _otel_result._otel_vllm_ascend_pending = (_otel_handler.inner, _otel_state, _otel_args, _otel_kwargs)
+        else:
+            try:
+                _otel_handler.after(_otel_state, _otel_args, _otel_kwargs, _otel_result)
+            except Exception:
+                _otel_report(_otel_handler, "after")
+    return _otel_result
+"""
+
 _GENERIC = "*_otel_a, **_otel_k"
 
 
@@ -312,7 +346,8 @@ class _FutureAdapter(Handler):
 
 
 _PENDING = "_otel_vllm_ascend_pending"
-_COMPLETION_HOOKED: set = set()
+_COMPLETION_HOOKED: set = set()  # future classes that deliver their completion to the hook
+_COMPLETES_LATER: set = set()  # …and are only ever completed after the call that made them returned
 
 
 def _deliver(future) -> None:
@@ -325,11 +360,12 @@ def _deliver(future) -> None:
             report(handler, "future_done")
 
 
-def hook_future_class(cls) -> list:
+def hook_future_class(cls, completes_later: bool = False) -> list:
     """Give ``cls`` (a concurrent.futures.Future subclass, e.g. vLLM's FutureWrapper) its own
     ``set_result`` / ``set_exception`` that, after the inherited ones, hand the completion to the
     FUTURE handler attached to that future, if any. A future completed any other way (cancelled)
-    is not reported."""
+    is not reported. ``completes_later``: futures of ``cls`` are only completed after the call that
+    returned them has returned (vLLM's FutureWrapper: in ``result()``), so the hook need not check."""
     patches = []
     with _patch_lock:
         for name in ("set_result", "set_exception"):
@@ -349,6 +385,8 @@ def hook_future_class(cls) -> list:
             setattr(cls, name, completion)
             patches.append(Patch(cls, name, original, completion, Hook(None)))
         _COMPLETION_HOOKED.add(cls)
+        if completes_later:
+            _COMPLETES_LATER.add(cls)
         patches.append(_ForgetCompletionClass(cls))
     return patches
 
@@ -361,11 +399,13 @@ class _ForgetCompletionClass:
 
     def remove(self) -> None:
         _COMPLETION_HOOKED.discard(self.cls)
+        _COMPLETES_LATER.discard(self.cls)
 
 
 def _future(original, hook):
     hook.handler = _FutureAdapter(hook.handler)
-    return _build(original, hook, is_async=False)
+    return _generate(original, hook, _FUTURE_BODY, is_async=False, head=hook.handler.inner.reads_args,
+                     FAILED=_FAILED, completes_later=_COMPLETES_LATER)
 
 
 class _AsyncGeneratorProxy:

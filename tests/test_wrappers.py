@@ -348,13 +348,15 @@ def test_coroutine_timer_times_to_completion(raise_it, fail):
 
 
 @pytest.mark.parametrize("where", ["none", "future_done"])
-@pytest.mark.parametrize("outcome", ["result", "exception", "done_before_return"])
-def test_future_class_delivers_completion_once(where, outcome):
+@pytest.mark.parametrize("outcome, completes_later", [
+    ("result", False), ("exception", False), ("done_before_return", False), ("result", True), ("exception", True),
+])
+def test_future_class_delivers_completion_once(where, outcome, completes_later):
     class Fut(concurrent.futures.Future):
         pass
 
     before = dict(Fut.__dict__)
-    patches = wrappers.hook_future_class(Fut)
+    patches = wrappers.hook_future_class(Fut, completes_later=completes_later)
     handler = RaisingHandler(where)
     calls = []
 
@@ -382,6 +384,7 @@ def test_future_class_delivers_completion_once(where, outcome):
     for p in patches:
         p.remove()
     assert dict(Fut.__dict__) == before
+    assert Fut not in wrappers._COMPLETION_HOOKED and Fut not in wrappers._COMPLETES_LATER
 
 
 class NoArgs(Handler):
