@@ -293,7 +293,7 @@ class FilesCollector:
                 else:
                     samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
         out = []
-        for name, (typ, help_text, mode, samples, buckets) in families.items():
+        for name, (typ, help_text, _mode, samples, buckets) in families.items():
             metric = Metric(name, help_text, typ)
             for rest, per in buckets.items():
                 acc = 0.0

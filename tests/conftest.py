@@ -1,5 +1,3 @@
-import os
-
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 

@@ -82,7 +82,7 @@ class Receiver:
         delta points are summed, cumulative ones take each series' latest value."""
         delta: dict = {}
         latest: dict = {}
-        for resource, attrs, value, temporality, start, t in self.points(metric_name):
+        for resource, attrs, value, temporality, _start, t in self.points(metric_name):
             proc = resource.get(by)
             if temporality == 1:  # DELTA
                 delta[proc] = delta.get(proc, 0) + value
