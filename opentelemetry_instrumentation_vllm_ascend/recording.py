@@ -47,6 +47,17 @@ def record(spec: catalogue.MetricSpec, value: float, labels: tuple, _get=_instru
     instrument.record(value, labels)
 
 
+def record_in_step(spec: catalogue.MetricSpec, value: float, _get=_instruments.get,
+                   _phase=context.LAST_STEP_PHASE, _labels=context._step_labels) -> None:
+    """One histogram observation labelled (dp, role, phase of the step most recently scheduled)."""
+    phase = _phase[0]
+    labels = _labels.get(phase) or context.step_labels(phase)
+    instrument = _get(spec.seed)
+    if instrument is None:
+        instrument = _instrument(spec)
+    instrument.record(value, labels)
+
+
 def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:
     _instrument(spec).set(value, labels)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from time import perf_counter
 
 from .. import catalogue, recording
-from ..context import LAST_STEP_PHASE, _step_labels, step_labels
 from ..wrappers import Handler, report
 
 
@@ -20,9 +19,8 @@ class StepTimer(Handler):
         self.spec = spec
         self.name = name or spec.seed
 
-    def timed(self, seconds, args, kwargs, result, _phase=LAST_STEP_PHASE, _labels=_step_labels):
-        phase = _phase[0]
-        recording.record(self.spec, seconds, _labels.get(phase) or step_labels(phase))
+    def timed(self, seconds, args, kwargs, result, _record=recording.record_in_step):
+        _record(self.spec, seconds)
 
 
 class Scope:
