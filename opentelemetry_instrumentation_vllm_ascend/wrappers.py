@@ -140,7 +140,8 @@ def _build(original, hook, is_async: bool):
     if not is_async and not isinstance(handler, _FutureAdapter) and type(handler).before is Handler.before:
         return _generate(original, hook, _OUTCOME_BODY, is_async=False, head=inner.reads_args,
                          none_only=handler.after_only_on_none)
-    return _generate(original, hook, _FULL_BODY, is_async=is_async, head=inner.reads_args, FAILED=_FAILED)
+    return _generate(original, hook, _FULL_BODY.replace("{on_result}", _AFTER), is_async=is_async,
+                     head=inner.reads_args, FAILED=_FAILED)
 
 
 # -- generated wrappers ------------------------------------------------------------------------------
@@ -194,12 +195,23 @@ _FULL_BODY = """
                 _otel_report(_otel_handler, "error")
         raise
     if _otel_state is not _otel_FAILED:
+{on_result}
+    return _otel_result
+"""
+
+_AFTER = """\
         try:
             _otel_handler.after(_otel_state, _otel_args, _otel_kwargs, _otel_result)
         except Exception:
-            _otel_report(_otel_handler, "after")
-    return _otel_result
-"""
+            _otel_report(_otel_handler, "after")"""
+
+#: The non-blocking RPC shape: a future of a class that completes only after the call returned (vLLM's
+#: FutureWrapper) gets the pending hook stored on it in place of ``after``.
+_FUTURE_AFTER = """\
+        if _otel_result.__class__ in _otel_completes_later:
+            _otel_result._otel_vllm_ascend_pending = (_otel_handler.inner, _otel_state, _otel_args, _otel_kwargs)
+        else:
+    """ + _AFTER.replace("\n", "\n    ")
 
 _TIMER_BODY = """
 {def_} {name}({params}):
@@ -213,40 +225,6 @@ _TIMER_BODY = """
         _otel_handler.timed(_otel_end - _otel_start, {args}, {kwargs}, _otel_result)
     except Exception:
         _otel_report(_otel_handler, "timed")
-    return _otel_result
-"""
-
-#: The non-blocking RPC shape: like _FULL_BODY, but a future of a class that completes only after
-#: the call returned (vLLM's FutureWrapper) gets the pending hook stored on it in place of ``after``.
-_FUTURE_BODY = """
-def {name}({params}):
-    _otel_handler = _otel_hook.handler
-    if _otel_handler is None:
-        return _otel_original({call})
-    _otel_args = {args}
-    _otel_kwargs = {kwargs}
-    try:
-        _otel_state = _otel_handler.before(_otel_args, _otel_kwargs)
-    except Exception:
-        _otel_state = _otel_FAILED
-        _otel_report(_otel_handler, "before")
-    try:
-        _otel_result = _otel_original({call})
-    except BaseException as _otel_exc:
-        if _otel_state is not _otel_FAILED:
-            try:
-                _otel_handler.error(_otel_state, _otel_args, _otel_kwargs, _otel_exc)
-            except Exception:
-                _otel_report(_otel_handler, "error")
-        raise
-    if _otel_state is not _otel_FAILED:
-        if _otel_result.__class__ in _otel_completes_later:
-            _otel_result._otel_vllm_ascend_pending = (_otel_handler.inner, _otel_state, _otel_args, _otel_kwargs)
-        else:
-            try:
-                _otel_handler.after(_otel_state, _otel_args, _otel_kwargs, _otel_result)
-            except Exception:
-                _otel_report(_otel_handler, "after")
     return _otel_result
 """
 
@@ -404,8 +382,8 @@ class _ForgetCompletionClass:
 
 def _future(original, hook):
     hook.handler = _FutureAdapter(hook.handler)
-    return _generate(original, hook, _FUTURE_BODY, is_async=False, head=hook.handler.inner.reads_args,
-                     FAILED=_FAILED, completes_later=_COMPLETES_LATER)
+    return _generate(original, hook, _FULL_BODY.replace("{on_result}", _FUTURE_AFTER), is_async=False,
+                     head=hook.handler.inner.reads_args, FAILED=_FAILED, completes_later=_COMPLETES_LATER)
 
 
 class _AsyncGeneratorProxy:
