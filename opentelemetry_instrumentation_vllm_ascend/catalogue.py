@@ -130,7 +130,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
 )
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
-BY_EXPOSED_NAME = {spec.exposed_name: spec for spec in CATALOGUE}
 
 RUNNING_TO_WAITING = BY_SEED["running_to_waiting_count"]
 RECOMPUTE_EVENTS = BY_SEED["scheduler:recompute_events"]

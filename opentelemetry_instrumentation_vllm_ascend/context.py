@@ -12,7 +12,6 @@ Label rules (docs/labels.md):
 
 from __future__ import annotations
 
-import os
 from contextvars import ContextVar
 import weakref
 
@@ -25,13 +24,12 @@ _PRIORITY = {UNKNOWN: 0, "api_server": 1, "worker": 2, "engine_core": 3, "eplb":
 
 
 class ProcessContext:
-    __slots__ = ("process", "dp", "role", "pid")
+    __slots__ = ("process", "dp", "role")
 
     def __init__(self) -> None:
         self.process = UNKNOWN
         self.dp = UNKNOWN
         self.role = "mixed"
-        self.pid = os.getpid()
 
 
 PROCESS = ProcessContext()
@@ -93,7 +91,6 @@ def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
 
 
 def reset_after_fork() -> None:
-    PROCESS.pid = os.getpid()
     _step_labels.clear()
 
 
@@ -116,9 +113,6 @@ IN_PREFIX_CACHE_RESET: ContextVar[bool] = ContextVar("otel_vllm_ascend_reset", d
 #: dispatch that step's work right after ``schedule()`` returned).
 LAST_STEP_PHASE = [UNKNOWN]
 
-
-def set_step_phase(phase: str) -> None:
-    LAST_STEP_PHASE[0] = phase
 
 
 #: Per scheduler: ids of requests preempted and not yet done recomputing their tokens (the only

@@ -30,7 +30,6 @@ COROUTINE_TIMER = "coroutine_timer"
 #: ``hook_future_class``), so that a FUTURE hook on a call returning such futures costs an attribute
 #: store instead of a done-callback per call.
 FUTURE_CLASS = "future_class"
-KINDS = (SYNC, COROUTINE, ASYNC_GENERATOR, FUTURE, SYNC_TIMER, COROUTINE_TIMER)
 
 _FAILED = object()
 _ABSENT = object()
@@ -398,7 +397,7 @@ class _AsyncGeneratorProxy:
         self._state = state
         self._args = args
         self._kwargs = kwargs
-        self._ended = state is _FAILED
+        self._ended = False
 
     def _end(self, exc) -> None:
         if self._ended:
@@ -445,28 +444,15 @@ class _AsyncGeneratorProxy:
         return getattr(self._agen, name)
 
 
-def _async_generator(original, hook):
-    def wrapper(*args, **kwargs):
-        handler = hook.handler
-        if handler is None:
-            return original(*args, **kwargs)
-        try:
-            state = handler.before(args, kwargs)
-        except Exception:
-            state = _FAILED
-            report(handler, "before")
-        try:
-            agen = original(*args, **kwargs)
-        except BaseException as exc:
-            if state is not _FAILED:
-                try:
-                    handler.error(state, args, kwargs, exc)
-                except Exception:
-                    report(handler, "error")
-            raise
-        return _AsyncGeneratorProxy(agen, handler, state, args, kwargs)
+#: The async-generator shape: the generator object (its creation is the call) is handed back inside
+#: a proxy that ends the measurement when iteration ends.
+_ASYNC_GENERATOR_RESULT = """\
+        _otel_result = _otel_proxy(_otel_result, _otel_handler, _otel_state, _otel_args, _otel_kwargs)"""
 
-    return wrapper
+
+def _async_generator(original, hook):
+    return _generate(original, hook, _FULL_BODY.replace("{on_result}", _ASYNC_GENERATOR_RESULT), is_async=False,
+                     head=hook.handler.reads_args, FAILED=_FAILED, proxy=_AsyncGeneratorProxy)
 
 
 # --------------------------------------------------------------------------------------------
