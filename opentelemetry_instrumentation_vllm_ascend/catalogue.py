@@ -27,9 +27,12 @@ STEP_LABELS = ("dp", "role", "phase")
 #: ``exception_type`` values of ``rpc_errors`` (anything else is ``other``); see handlers/executor.py.
 RPC_EXCEPTION_TYPES = ("timeout", "executor_failed", "worker_failed", "cancelled", "other")
 
-#: Values of ``phase`` for step-scoped series. prefill/decode/mixed describe the tokens the step
-#: scheduled; ``idle`` is a step that scheduled none; ``unknown`` an event outside any scheduling step.
-PHASES = ("prefill", "decode", "mixed", "idle", "unknown")
+#: Values of ``phase``. prefill/decode/mixed describe the tokens of the step (or, API side, the
+#: iteration) a value belongs to; ``idle`` is a step that scheduled none; ``unknown`` a step event
+#: whose step could not be told; ``all`` a value not about one step (queue states, KV cache blocks,
+#: request-level latencies, work between steps).
+PHASES = ("prefill", "decode", "mixed", "idle", "unknown", "all")
+ALL = "all"
 
 #: ``role`` from ``kv_transfer_config.kv_role``.
 ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed", None: "mixed"}
@@ -68,65 +71,220 @@ class MetricSpec:
         return self.exposed_name + "_total" if self.kind == COUNTER else self.exposed_name
 
 
+# -- buckets, per kind of value ---------------------------------------------------------------------
+#: Engine-internal durations (a scheduler call, an RPC, a model step): 50 µs … 10 s.
+STEP_SECONDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0)
+#: Per-token latencies (inter-token, time per output token, second token): 1 ms … 5 s.
+TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                 2.5, 5.0)
+#: Request-level durations (time to first token, a whole generation or chat completion): 10 ms … 10 min.
+REQUEST_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+                   600.0)
+#: Numbers of requests (batch and queue sizes).
+REQUESTS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+#: Numbers of tokens (per step, per iteration).
+TOKENS = (0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+
+#: ``threshold`` values of ``prefill_over_threshold_count`` (seconds, as label strings).
+TTFT_THRESHOLDS = (("5s", 5.0), ("10s", 10.0), ("20s", 20.0))
+#: ``req_phase`` values: a request still computing its prompt (or recomputing after preemption), or decoding.
+REQ_PHASES = ("prefill", "decode")
+
+_SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
+_CORE = "vllm.v1.engine.core"
+_MP = "vllm.v1.executor.multiproc_executor:MultiprocExecutor"
+_UNI = "vllm.v1.executor.uniproc_executor:UniProcExecutor"
+_MRV1 = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+_MRV2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+_STATS = "vllm.v1.metrics.loggers:StatLoggerManager.record"
+_WORKER_SCOPES = "vllm.v1.utils:_PROFILER_FUNC (record_function_or_nullcontext)"
+
+
+def _timer(seed, description, recorded_in, hooked, buckets=STEP_SECONDS, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=HISTOGRAM, unit="s", description=description, labels=labels,
+                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked))
+
+
+def _sizes(seed, unit, description, recorded_in, hooked, buckets, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=HISTOGRAM, unit=unit, description=description, labels=labels,
+                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked))
+
+
+def _gauge(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=GAUGE, unit=unit, description=description, labels=labels,
+                      recorded_in=recorded_in, hooked=tuple(hooked))
+
+
+def _counter(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=COUNTER, unit=unit, description=description, labels=labels,
+                      recorded_in=recorded_in, hooked=tuple(hooked))
+
+
+_API_STEP = STEP_LABELS + ("engine",)
+_EC, _W, _API = "engine_core", "worker", "api_server"
+
 CATALOGUE: tuple[MetricSpec, ...] = (
+    # -- exception monitoring ------------------------------------------------------------------------
+    _counter("running_to_waiting_count", "{preemption}",
+             "Running requests the scheduler preempted back to the waiting queue "
+             "(+1 per Scheduler._preempt_request call while scheduling; reset_prefix_cache is not counted).",
+             _EC, (_SCHED + "._preempt_request",)),
+    _counter("scheduler:recompute_events", "{event}",
+             "Preemptions that threw away computed KV cache, so the request's tokens must be computed "
+             "again when it resumes (vLLM v1 has no swap: every preemption of a request with computed tokens).",
+             _EC, (_SCHED + "._preempt_request",)),
+    _counter("block_allocate_failures", "{failure}",
+             "KVCacheManager.allocate_slots calls that found no room (returned None) or raised. Each failed "
+             "call counts once, retries after a preemption included.",
+             _EC, ("vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots",)),
+    _counter("rpc_errors", "{error}",
+             "Failed executor collective_rpc calls (to workers in other processes, or in-process with one "
+             "device), blocking or not: a non-blocking call's failure is counted when its future fails. "
+             "exception_type is one of " + ", ".join(RPC_EXCEPTION_TYPES) + ".",
+             _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc"), labels=STEP_LABELS + ("exception_type",)),
+    _counter("health_check_failed", "{failure}",
+             "Health checks (GET /health) that found the engine dead: AsyncLLM.check_health raised.",
+             _API, ("vllm.v1.engine.async_llm:AsyncLLM.check_health",)),
+    _counter("request_prefill_pending_nums", "{event}",
+             "Times the scheduler became blocked on capacity: after a step the running queue is full "
+             "(max_num_seqs) while requests wait. Counted once per episode (on the edge into that state).",
+             _EC, (_SCHED + ".schedule",)),
     MetricSpec(
-        seed="running_to_waiting_count",
-        kind=COUNTER,
-        unit="{preemption}",
-        description="Running requests the scheduler preempted back to the waiting queue "
-        "(+1 per Scheduler._preempt_request call while scheduling; reset_prefix_cache is not counted).",
-        recorded_in="engine_core",
-        hooked=("vllm.v1.core.sched.scheduler:Scheduler._preempt_request",),
-    ),
-    MetricSpec(
-        seed="scheduler:recompute_events",
-        kind=COUNTER,
-        unit="{event}",
-        description="Preemptions that threw away computed KV cache, so the request's tokens must be "
-        "computed again when it resumes (vLLM v1 has no swap: every preemption of a request with "
-        "computed tokens).",
-        recorded_in="engine_core",
-        hooked=("vllm.v1.core.sched.scheduler:Scheduler._preempt_request",),
-    ),
-    MetricSpec(
-        seed="block_allocate_failures",
-        kind=COUNTER,
-        unit="{failure}",
-        description="KVCacheManager.allocate_slots calls that found no room (returned None) or raised. "
-        "Each failed call counts once, retries after a preemption included.",
-        recorded_in="engine_core",
-        hooked=("vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots",),
-    ),
-    MetricSpec(
-        seed="rpc_errors",
-        kind=COUNTER,
-        unit="{error}",
-        description="Failed executor collective_rpc calls (to workers in other processes, or in-process "
-        "with one device), blocking or not: a non-blocking call's failure is counted when its future "
-        "fails. exception_type is one of "
-        + ", ".join(RPC_EXCEPTION_TYPES) + ".",
-        labels=STEP_LABELS + ("exception_type",),
-        recorded_in="engine_core",
-        hooked=(
-            "vllm.v1.executor.multiproc_executor:MultiprocExecutor.collective_rpc",
-            "vllm.v1.executor.uniproc_executor:UniProcExecutor.collective_rpc",
-        ),
-    ),
-    MetricSpec(
-        seed="instrumented_processes",
-        kind=GAUGE,
-        unit="{process}",
+        seed="instrumented_processes", kind=GAUGE, unit="{process}",
         description="Live vLLM processes whose metrics reach this endpoint, by process kind "
         "(api_server, engine_core, worker, eplb) and engine dp rank.",
-        labels=("process", "dp", "role"),
-        gauge_mode="livesum",
-        recorded_in="every process",
-        hooked=(
-            "vllm.v1.engine.async_llm:AsyncLLM.__init__",
-            "vllm.v1.executor.abstract:Executor.__init__",
-            "vllm.v1.worker.worker_base:WorkerBase.__init__",
-        ),
+        labels=("process", "dp", "role"), gauge_mode="livesum", recorded_in="every process",
+        hooked=("vllm.v1.engine.async_llm:AsyncLLM.__init__", "vllm.v1.executor.abstract:Executor.__init__",
+                "vllm.v1.worker.worker_base:WorkerBase.__init__"),
     ),
+    # -- scheduler (EngineCore) -----------------------------------------------------------------------
+    _timer("scheduler:duration", "Duration of one Scheduler.schedule call.", _EC, (_SCHED + ".schedule",)),
+    _sizes("scheduler:batch_size", "{request}", "Requests scheduled in one step (entries of "
+           "SchedulerOutput.num_scheduled_tokens).", _EC, (_SCHED + ".schedule",), REQUESTS),
+    _sizes("scheduler:running_queue_size", "{request}", "Requests in the running queue after a step was "
+           "scheduled.", _EC, (_SCHED + ".schedule",), REQUESTS),
+    _gauge("scheduler:seqlen:sum", "{token}", "Context length summed over the requests one step scheduled: "
+           "tokens computed before the step plus tokens scheduled in it (the KV the step attends over).",
+           _EC, (_SCHED + ".schedule",)),
+    _gauge("scheduler:seqlen:avg", "{token}", "scheduler:seqlen:sum divided by the number of requests the "
+           "step scheduled.", _EC, (_SCHED + ".schedule",)),
+    _sizes("scheduler:phase_batch_size", "{request}", "Requests one step scheduled, by req_phase: prefill "
+           "(new, resumed after preemption, chunked-prefill continuation, recomputing) or decode.",
+           _EC, (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
+    _sizes("scheduler:phase_scheduled_tokens", "{token}", "Tokens one step scheduled, by req_phase.",
+           _EC, (_SCHED + ".schedule",), TOKENS, labels=STEP_LABELS + ("req_phase",)),
+    _counter("scheduler:phase_scheduled_token_counter", "{token}", "Tokens scheduled, by req_phase "
+             "(cumulative; a step adds exactly what it scheduled).", _EC, (_SCHED + ".schedule",),
+             labels=STEP_LABELS + ("req_phase",)),
+    _sizes("running_phase_batch_size", "{request}", "Requests in the running queue after a step was "
+           "scheduled, by req_phase (prefill while the prompt is not yet computed).", _EC,
+           (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
+    _sizes("waiting_phase_batch_size", "{request}", "Requests in the waiting queue after a step was "
+           "scheduled, by req_phase (a waiting request has not computed its prompt: prefill).", _EC,
+           (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
+    _gauge("total_kvcache_blocks", "{block}", "KV cache blocks of the engine (block_pool.num_gpu_blocks).",
+           _EC, (_SCHED + ".schedule",)),
+    _gauge("free_kvcache_blocks", "{block}", "Free KV cache blocks after the last step was scheduled.",
+           _EC, (_SCHED + ".schedule",)),
+    _gauge("allocated_kvcache_blocks", "{block}", "Allocated KV cache blocks after the last step was "
+           "scheduled (total - free - the null block).", _EC, (_SCHED + ".schedule",)),
+    _timer("scheduler:update_from_output:duration", "Duration of Scheduler.update_from_output (turning a "
+           "step's model output into request outputs).", _EC, (_SCHED + ".update_from_output",)),
+    _timer("scheduler:add_request:duration", "Duration of Scheduler.add_request.", _EC,
+           (_SCHED + ".add_request",)),
+    # -- engine core loop -----------------------------------------------------------------------------
+    _timer("engine_core:engine_core_step:duration", "One engine step: schedule, execute, update "
+           "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism).", _EC,
+           (_CORE + ":EngineCore.step", _CORE + ":EngineCore.step_with_batch_queue")),
+    _timer("engine_core:process_engine_step:duration", "One busy-loop engine step including queueing its "
+           "outputs (EngineCoreProc._process_engine_step).", _EC, (_CORE + ":EngineCoreProc._process_engine_step",)),
+    _timer("engine_core:process_input_queue:duration", "Time one busy-loop pass spent on client requests "
+           "(EngineCoreProc._process_input_queue), excluding the time it blocked idle waiting for the first one.",
+           _EC, (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request")),
+    # -- executor (EngineCore side) -------------------------------------------------------------------
+    _timer("executor:execute_model:duration", "The model step as the engine sees it: from dispatching "
+           "execute_model to the workers until their reply was read (through the non-blocking RPC's future).",
+           _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
+    _timer("executor:sample_tokens:duration", "Sampling as the engine sees it: from dispatching "
+           "sample_tokens until the workers' reply was read.", _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
+    # -- worker / model runner ------------------------------------------------------------------------
+    _timer("executor:model_runner_execute_model:duration", "Duration of the model runner's execute_model "
+           "in the worker (input preparation, forward, post-processing; sampling follows in sample_tokens).",
+           _W, (_MRV1 + ".execute_model", _MRV2 + ".execute_model")),
+    _timer("executor:prepare_inputs:duration", "Duration of the model runner's input preparation.", _W,
+           (_MRV1 + "._prepare_inputs", _MRV2 + ".prepare_inputs")),
+    _timer("worker:model_runner_get_output:duration", "Duration of AsyncGPUModelRunnerOutput.get_output "
+           "(async scheduling: waiting for the sampled tokens to reach the host).", _W,
+           ("vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",)),
+    _timer("worker:model_inference:duration", "Target inference time: the model runner's own work for one "
+           "step, execute_model plus sample_tokens in the worker (forward pass, sampling and their host-side "
+           "preparation), without scheduling, RPC or output processing.", _W,
+           (_MRV1 + ".execute_model", _MRV1 + ".sample_tokens", _MRV2 + ".execute_model", _MRV2 + ".sample_tokens")),
+    _timer("record_function_or_nullcontext", "Duration of one vLLM profiling scope (the with-block of "
+           "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
+           "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled.",
+           "worker, engine_core", (_WORKER_SCOPES,), labels=STEP_LABELS + ("name",)),
+    _timer("npu:forward_duration", "Forward time of one step: the model runner's forward scope, on the "
+           "device timeline (device events, read without synchronising) where the device offers events, "
+           "otherwise on the host (CPU: the forward computation itself).", _W, (_WORKER_SCOPES,)),
+    _timer("npu:kernel_launch", "Host time from the start of a step's forward scope to the end of its "
+           "post-processing scope: launching the forward and post-processing work.", _W, (_WORKER_SCOPES,)),
+    _timer("npu:non_forward_duration", "worker:model_inference:duration minus npu:forward_duration for "
+           "the same step: the step's time outside the forward pass (steps without a forward scope are skipped).",
+           _W, (_WORKER_SCOPES,)),
+    # -- API server -----------------------------------------------------------------------------------
+    _sizes("batch_size", "{request}", "Running requests of an engine, per stats update it sends.", _API,
+           (_STATS,), REQUESTS, labels=_API_STEP),
+    _sizes("waiting_batch_size", "{request}", "Waiting requests of an engine, per stats update (deferred / skipped "
+           "waiting requests included, as in vllm:num_requests_waiting).", _API,
+           (_STATS,), REQUESTS, labels=_API_STEP),
+    _sizes("num_spec_tokens", "{token}", "Draft tokens verified in one engine step (speculative decoding, after "
+           "grammar-invalidated drafts; nothing is recorded for a step without drafts).", _API, (_STATS,), TOKENS, labels=_API_STEP),
+    _sizes("total_tokens", "{token}", "Prompt plus generated tokens of one iteration, as vLLM's stats count them: the full prompts of the "
+           "requests that got their first token in it (prefix-cache hits and earlier chunks included) plus the "
+           "tokens generated.", _API,
+           (_STATS,), TOKENS, labels=_API_STEP),
+    _sizes("input", "{token}", "Full prompt lengths of the requests that got their first token in one iteration (prefix-cache hits "
+           "and earlier prefill chunks included).", _API, (_STATS,), TOKENS,
+           labels=_API_STEP),
+    _sizes("output", "{token}", "Tokens generated in one iteration.", _API, (_STATS,), TOKENS, labels=_API_STEP),
+    _timer("fine_grained_ttft", "Time to first token of each request (as vLLM's "
+           "vllm:time_to_first_token_seconds, per request).", _API, (_STATS,), REQUEST_SECONDS, labels=_API_STEP),
+    _timer("fine_grained_tpot", "Mean time per output token of each finished request with at least two "
+           "generated tokens (decode time / (generated tokens - 1)).", _API, (_STATS,), TOKEN_SECONDS, labels=_API_STEP),
+    _timer("second_token_latency", "Time from a request's first generated token to its second.", _API,
+           ("vllm.v1.metrics.stats:IterationStats.update_from_output",), TOKEN_SECONDS, labels=_API_STEP),
+    _counter("decode_over_1s_count", "{token}", "Inter-token latencies over 1 s (each token once).", _API,
+             (_STATS,), labels=_API_STEP),
+    _counter("prefill_over_threshold_count", "{request}", "Requests whose time to first token exceeded "
+             "threshold (5s, 10s, 20s; a request counts once under each threshold it exceeded).", _API,
+             (_STATS,), labels=_API_STEP + ("threshold",)),
+    _timer("async_llm:record_stats:duration", "Duration of StatLoggerManager.record (vLLM's stat loggers "
+           "for one engine update).", _API, (_STATS,), labels=_API_STEP),
+    _timer("async_llm:abort_requests:duration", "Duration of aborting requests in the engine client "
+           "(abort_requests_async, awaited).", _API,
+           ("vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async",
+            "vllm.v1.engine.core_client:DPLBAsyncMPClient.abort_requests_async")),
+    _timer("engine:async_add_request:duration", "Duration of AsyncLLM.add_request (awaited: input "
+           "processing and sending the request to the engine).", _API,
+           ("vllm.v1.engine.async_llm:AsyncLLM.add_request",)),
+    _timer("engine:generate:duration", "Duration of AsyncLLM.generate, from the call until its output "
+           "stream ended (exhausted, failed or closed).", _API, ("vllm.v1.engine.async_llm:AsyncLLM.generate",),
+           REQUEST_SECONDS),
+    _timer("server:create_chat_completion:duration", "Duration of a chat completion request, until the "
+           "response is complete (a streaming response: until its stream ended).", _API,
+           ("vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.create_chat_completion",),
+           REQUEST_SECONDS),
+    _timer("engine:tokenizer_encode", "Duration of InputProcessor.process_inputs: validating and building "
+           "the engine request (and tokenizing raw prompts; chat and completion requests arrive already "
+           "tokenized by vLLM's renderer).", _API, ("vllm.v1.engine.input_processor:InputProcessor.process_inputs",)),
+    _timer("output_processor_duration", "Duration of OutputProcessor.process_outputs for one chunk of "
+           "engine outputs (detokenization, request state updates); phase from the tokens of that chunk.", _API,
+           ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), labels=_API_STEP),
+    _sizes("engine_core_outputs_len", "{output}", "Request outputs in one chunk handed to "
+           "OutputProcessor.process_outputs.", _API,
+           ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), REQUESTS, labels=_API_STEP),
 )
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
@@ -136,6 +294,8 @@ RECOMPUTE_EVENTS = BY_SEED["scheduler:recompute_events"]
 BLOCK_ALLOCATE_FAILURES = BY_SEED["block_allocate_failures"]
 RPC_ERRORS = BY_SEED["rpc_errors"]
 INSTRUMENTED_PROCESSES = BY_SEED["instrumented_processes"]
+#: Every catalogue entry as a module attribute named after its seed: ``catalogue.M["scheduler:duration"]``.
+M = BY_SEED
 
 
 def views():

@@ -52,6 +52,11 @@ def dp_of(vllm_config) -> str:
     return UNKNOWN
 
 
+def api_dp_of(vllm_config) -> str:
+    parallel = getattr(vllm_config, "parallel_config", None)
+    return "0" if getattr(parallel, "data_parallel_size", None) == 1 else UNKNOWN
+
+
 def role_of(vllm_config) -> str:
     kv = getattr(vllm_config, "kv_transfer_config", None)
     kv_role = getattr(kv, "kv_role", None) if kv is not None else None
@@ -69,15 +74,29 @@ def step_labels(phase: str) -> tuple:
     return labels
 
 
+_extra_labels: dict[tuple, tuple] = {}
+
+
+def step_labels_with(phase: str, extra: str) -> tuple:
+    """``(dp, role, phase, extra)`` (cached): step labels plus one more catalogue label's value."""
+    key = (phase, extra)
+    labels = _extra_labels.get(key)
+    if labels is None:
+        labels = _extra_labels[key] = (PROCESS.dp, PROCESS.role, phase, extra)
+    return labels
+
+
 def set_process(process: str, dp: str, role: str) -> None:
     """Set the process context directly (tests, benchmarks); claim() is what hooks use."""
     PROCESS.process, PROCESS.dp, PROCESS.role = process, dp, role
     _step_labels.clear()
+    _extra_labels.clear()
 
 
 def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
     """Record what this process is. Returns True when the claim changed the process kind."""
     _step_labels.clear()
+    _extra_labels.clear()
     ctx = PROCESS
     if _PRIORITY.get(process, 0) < _PRIORITY.get(ctx.process, 0):
         return False
@@ -85,24 +104,28 @@ def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
     ctx.process = process
     if vllm_config is not None:
         ctx.role = role_of(vllm_config)
-        # An API server serves every engine: it has no dp of its own.
-        ctx.dp = UNKNOWN if api else dp_of(vllm_config)
+        # An API server serves every engine: with one DP rank that is engine 0; with several it has no
+        # dp of its own (its per-engine values carry the engine's index).
+        ctx.dp = api_dp_of(vllm_config) if api else dp_of(vllm_config)
     return changed
 
 
 def reset_after_fork() -> None:
     _step_labels.clear()
+    _extra_labels.clear()
 
 
 class Step:
     """Events seen while one ``schedule()`` call runs; recorded once, with the step's phase, when it returns."""
 
-    __slots__ = ("preemptions", "recomputes", "allocate_failures")
+    __slots__ = ("preemptions", "recomputes", "allocate_failures", "scopes")
 
     def __init__(self) -> None:
         self.preemptions = 0
         self.recomputes = 0
         self.allocate_failures = 0
+        #: (scope name, seconds) of profiling scopes that ended inside the schedule() call.
+        self.scopes = None
 
 
 CURRENT_STEP: ContextVar[Step | None] = ContextVar("otel_vllm_ascend_step", default=None)
@@ -112,6 +135,11 @@ IN_PREFIX_CACHE_RESET: ContextVar[bool] = ContextVar("otel_vllm_ascend_reset", d
 #: Phase of the step most recently scheduled in this process (read by executor RPC handlers, which
 #: dispatch that step's work right after ``schedule()`` returned).
 LAST_STEP_PHASE = [UNKNOWN]
+#: Phase of the step whose execute_model RPC was dispatched last (EngineCore): its sample_tokens follows.
+EXEC_PHASE = [UNKNOWN]
+#: Attribute the EngineCore sets on each SchedulerOutput it scheduled: the step's phase travels with
+#: the step's arguments to the workers (SchedulerOutput is pickled with its instance dict).
+PHASE_ATTRIBUTE = "_otel_vllm_ascend_phase"
 
 
 
@@ -131,7 +159,21 @@ def mark_recomputing(scheduler, req_id) -> None:
 
 
 def step_phase(scheduler, scheduler_output) -> str:
-    """prefill / decode / mixed for the work one SchedulerOutput schedules (``idle`` if none).
+    """prefill / decode / mixed for the work one SchedulerOutput schedules (``idle`` if none); see
+    :func:`classify_step`."""
+    return classify_step(scheduler, scheduler_output)[0]
+
+
+def _phase_of(prefill_reqs: int, decode_reqs: int) -> str:
+    if prefill_reqs and decode_reqs:
+        return "mixed"
+    if prefill_reqs:
+        return "prefill"
+    return "decode" if decode_reqs else UNKNOWN
+
+
+def classify_step(scheduler, scheduler_output) -> tuple:
+    """``(phase, prefill_requests, prefill_tokens, decode_requests, decode_tokens)`` of one step.
 
     The four request classes of a step:
     - new requests (``scheduled_new_reqs``): their prefill, whatever the prefix-cache hit;
@@ -140,20 +182,25 @@ def step_phase(scheduler, scheduler_output) -> str:
       ``prompt + outputs - 1`` tokens computed (``num_computed_tokens`` / ``num_output_tokens`` of
       ``CachedRequestData`` are the values before the step, output placeholders included);
     - decodes: every other cached request (its last sampled token, plus speculative drafts).
+    The first three are the ``prefill`` requests, the last the ``decode`` ones; the step's phase is
+    prefill, decode or mixed accordingly (``idle`` when it scheduled nothing).
 
     A cached request with no output yet is still in its prompt (prefill); one with outputs decodes,
     unless it was preempted and is still recomputing. So, when no request of this scheduler is
-    recomputing, two C-level scans of ``num_output_tokens`` decide the step; otherwise an exact loop
-    over the requests runs (and forgets requests that caught up or left).
+    recomputing, C-level scans of ``num_output_tokens`` decide the step, and only a mixed step walks
+    its requests to split the tokens; otherwise an exact loop runs (and forgets requests that caught up
+    or left).
     """
-    if not getattr(scheduler_output, "num_scheduled_tokens", None):
-        return "idle"
+    scheduled = getattr(scheduler_output, "num_scheduled_tokens", None)
+    if not scheduled:
+        return _IDLE
+    total = scheduler_output.total_num_scheduled_tokens
+    new = scheduler_output.scheduled_new_reqs
     cached = scheduler_output.scheduled_cached_reqs
     ids = cached.req_ids
     resumed = cached.resumed_req_ids
-    prefill = bool(scheduler_output.scheduled_new_reqs) or bool(resumed)
     if not ids:
-        return "prefill" if prefill else UNKNOWN
+        return ("prefill", len(scheduled), total, 0, 0) if new else (UNKNOWN, 0, 0, 0, 0)
     try:
         recomputing = _RECOMPUTING.get(scheduler)
     except TypeError:
@@ -161,38 +208,43 @@ def step_phase(scheduler, scheduler_output) -> str:
     if not recomputing and not resumed:
         outputs = cached.num_output_tokens
         zeros = outputs.count(0)
-        prefill = prefill or zeros > 0
-        decode = zeros < len(outputs)
-        if prefill and decode:
-            return "mixed"
-        return "prefill" if prefill else "decode"
-    return _step_phase_exact(scheduler, cached, prefill, recomputing if isinstance(recomputing, set) else None)
+        if not zeros:
+            if not new:
+                return ("decode", 0, 0, len(ids), total)
+        elif zeros == len(outputs):
+            return ("prefill", len(scheduled), total, 0, 0)
+        prefill_tokens = sum([scheduled[r.req_id] for r in new])
+        if zeros:
+            prefill_tokens += sum([scheduled[i] for i, o in zip(ids, outputs) if not o])
+        prefill_reqs = len(new) + zeros
+        return ("mixed", prefill_reqs, prefill_tokens, len(ids) - zeros, total - prefill_tokens)
+    return _classify_exact(scheduler, scheduled, total, new, cached,
+                           recomputing if isinstance(recomputing, set) else None)
 
 
-def _step_phase_exact(scheduler, cached, prefill, recomputing) -> str:
+_IDLE = ("idle", 0, 0, 0, 0)
+
+
+def _classify_exact(scheduler, scheduled, total, new, cached, recomputing) -> tuple:
     requests = scheduler.requests
     resumed = cached.resumed_req_ids
-    decode = False
-    result = None
+    prefill_reqs = len(new)
+    prefill_tokens = sum([scheduled[r.req_id] for r in new])
+    decode_reqs = 0
     for req_id, before, outputs in zip(cached.req_ids, cached.num_computed_tokens, cached.num_output_tokens):
         req = requests.get(req_id)
         if req is None:
             continue
         if req_id in resumed or before + 1 < req.num_prompt_tokens + outputs:
-            prefill = True
+            prefill_reqs += 1
+            prefill_tokens += scheduled[req_id]
         else:
-            decode = True
-        if prefill and decode:
-            result = "mixed"
-            break
+            decode_reqs += 1
     if recomputing:
         for req_id in list(recomputing):
             req = requests.get(req_id)
             # Caught up: schedule() already counted this step's tokens as computed.
             if req is None or req.num_computed_tokens >= req.num_tokens - 1:
                 recomputing.discard(req_id)
-    if result is not None:
-        return result
-    if prefill:
-        return "prefill"
-    return "decode" if decode else UNKNOWN
+    return (_phase_of(prefill_reqs, decode_reqs), prefill_reqs, prefill_tokens, decode_reqs,
+            total - prefill_tokens)

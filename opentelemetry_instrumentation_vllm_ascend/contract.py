@@ -134,8 +134,11 @@ def positional_params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]
 
 def check_target(tree: SourceTree, target) -> list[str]:
     """Problems with one target row (empty: fine)."""
-    if tree.module(target.module) is None:
+    module = tree.module(target.module)
+    if module is None:
         return [f"module {target.module} not found"]
+    if target.owner_qualname is None:  # a module-level factory that a function calls on every call
+        return _check_module_factory(module, target)
     found = tree.find_class(target.module, target.owner_qualname)
     if found is None:
         return [f"class {target.module}:{target.owner_qualname} not found"]
@@ -159,6 +162,22 @@ def check_target(tree: SourceTree, target) -> list[str]:
     if target.kind == "async_generator" and not (is_async and has_yield):
         problems.append(f"{target.symbol} is not an async generator")
     return problems
+
+
+def _check_module_factory(module: ast.Module, target) -> list[str]:
+    """``target.attribute`` is assigned at module level and some function of the module calls it
+    through a ``global`` declaration (so replacing the module attribute reaches every caller)."""
+    name = target.attribute
+    assigned = any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
+        isinstance(t, ast.Name) and t.id == name for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
+        for node in module.body)
+    if not assigned:
+        return [f"{target.module}.{name} is not assigned at module level"]
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(node)):
+            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(node)):
+                return []
+    return [f"no function of {target.module} calls the global {name}"]
 
 
 def check_read(tree: SourceTree, read: Read) -> list[str]:

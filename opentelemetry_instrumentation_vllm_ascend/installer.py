@@ -12,7 +12,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import targets as targets_module
-from .wrappers import FUTURE_CLASS, hook_future_class, original_class, patch_method
+from .wrappers import FUTURE_CLASS, SCOPE_FACTORY, hook_future_class, original_class, patch_method
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +70,10 @@ def resolve(target) -> tuple[str, str]:
         module = importlib.import_module(target.module)
     except Exception as exc:
         return MISSING, f"import failed: {type(exc).__name__}: {exc}"
+    if target.owner_qualname is None:  # a module-level attribute
+        if not hasattr(module, target.attribute):
+            return MISSING, f"{target.module}.{target.attribute} is not defined"
+        return RESOLVED, ""
     try:
         owner = original_class(module, target.owner_qualname)
     except AttributeError as exc:
@@ -124,6 +128,10 @@ class Installer:
                 if self.status.get(target.symbol) != PENDING:
                     continue
                 try:
+                    if target.kind == SCOPE_FACTORY:
+                        self.patches.append(targets_module.load_handler(target).install(module))
+                        self.status[target.symbol] = RESOLVED
+                        continue
                     owner = original_class(module, target.owner_qualname)
                     if target.kind == FUTURE_CLASS:
                         # vLLM's FutureWrapper is completed in result(), after collective_rpc returned.

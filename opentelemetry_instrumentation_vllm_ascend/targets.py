@@ -8,7 +8,10 @@ from dataclasses import dataclass
 
 from . import catalogue as c
 from .contract import Read
-from .wrappers import COROUTINE, FUTURE, FUTURE_CLASS, SYNC  # noqa: F401  (kinds used in rows)
+from .wrappers import (  # noqa: F401  (kinds used in rows)
+    ASYNC_GENERATOR, COROUTINE, COROUTINE_STREAM, COROUTINE_TIMER, FUTURE, FUTURE_CLASS, SCOPE_FACTORY, SYNC,
+    SYNC_TIMER,
+)
 
 
 @dataclass(frozen=True)
@@ -29,31 +32,111 @@ class Target:
         return f"{self.module}:{self.qualname}"
 
     @property
-    def owner_qualname(self) -> str:
+    def owner_qualname(self) -> str | None:
+        """The class whose attribute is wrapped (None for a module-level SCOPE_FACTORY)."""
+        if self.kind == SCOPE_FACTORY:
+            return None
         return self.qualname if self.kind == FUTURE_CLASS else self.qualname.rsplit(".", 1)[0]
 
     @property
     def attribute(self) -> str | None:
+        if self.kind == SCOPE_FACTORY:
+            return self.qualname
         return None if self.kind == FUTURE_CLASS else self.qualname.rsplit(".", 1)[1]
 
 
 _SCHED = "vllm.v1.core.sched.scheduler"
+_CORE = "vllm.v1.engine.core"
+_MP = "vllm.v1.executor.multiproc_executor"
+_MRV1 = "vllm.v1.worker.gpu_model_runner"
+_MRV2 = "vllm.v1.worker.gpu.model_runner"
+_ALLM, _CC = "vllm.v1.engine.async_llm", "vllm.v1.engine.core_client"
+
+_SCHEDULE_FEEDS = (
+    c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.BLOCK_ALLOCATE_FAILURES.seed, "scheduler:duration",
+    "scheduler:batch_size", "scheduler:running_queue_size", "scheduler:seqlen:sum", "scheduler:seqlen:avg",
+    "scheduler:phase_batch_size", "scheduler:phase_scheduled_tokens", "scheduler:phase_scheduled_token_counter",
+    "running_phase_batch_size", "waiting_phase_batch_size", "total_kvcache_blocks", "free_kvcache_blocks",
+    "allocated_kvcache_blocks", "request_prefill_pending_nums", "record_function_or_nullcontext",
+)
+_RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
+_RUNNER_FEEDS = ("executor:model_runner_execute_model:duration", "worker:model_inference:duration",
+                 "npu:forward_duration", "npu:kernel_launch", "npu:non_forward_duration")
 
 TARGETS: tuple[Target, ...] = (
-    Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule",
-           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.BLOCK_ALLOCATE_FAILURES.seed)),
+    # -- scheduler (EngineCore) -----------------------------------------------------------------------
+    Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule", feeds=_SCHEDULE_FEEDS),
     Target(_SCHED, "Scheduler._preempt_request", SYNC, "scheduler:PreemptRequest",
            feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed), params=("request",)),
     Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache"),
+    Target(_SCHED, "Scheduler.update_from_output", SYNC, "scheduler:UpdateFromOutput",
+           feeds=("scheduler:update_from_output:duration",), params=("scheduler_output",)),
+    Target(_SCHED, "Scheduler.add_request", SYNC_TIMER, "scheduler:AddRequest",
+           feeds=("scheduler:add_request:duration",)),
     Target("vllm.v1.core.kv_cache_manager", "KVCacheManager.allocate_slots", SYNC, "kv_cache:AllocateSlots",
            feeds=(c.BLOCK_ALLOCATE_FAILURES.seed,)),
-    Target("vllm.v1.executor.multiproc_executor", "MultiprocExecutor.collective_rpc", FUTURE,
-           "executor:CollectiveRpc", feeds=(c.RPC_ERRORS.seed,), params=("method",)),
+    # -- engine core loop -----------------------------------------------------------------------------
+    Target(_CORE, "EngineCore.step", SYNC_TIMER, "engine:EngineCoreStep",
+           feeds=("engine_core:engine_core_step:duration",)),
+    Target(_CORE, "EngineCore.step_with_batch_queue", SYNC_TIMER, "engine:EngineCoreStep",
+           feeds=("engine_core:engine_core_step:duration",)),
+    Target(_CORE, "EngineCoreProc._process_engine_step", SYNC_TIMER, "engine:ProcessEngineStep",
+           feeds=("engine_core:process_engine_step:duration",)),
+    Target(_CORE, "EngineCoreProc._process_input_queue", SYNC, "engine:ProcessInputQueue",
+           feeds=("engine_core:process_input_queue:duration",)),
+    Target(_CORE, "EngineCoreProc._handle_client_request", SYNC, "engine:HandleClientRequest"),
+    # -- executor RPC ---------------------------------------------------------------------------------
+    Target(_MP, "MultiprocExecutor.collective_rpc", FUTURE, "executor:CollectiveRpc", feeds=_RPC_FEEDS,
+           params=("method", "timeout", "args")),
     # The futures non-blocking RPCs return report their own completion (cheaper than a callback each).
-    Target("vllm.v1.executor.multiproc_executor", "FutureWrapper", FUTURE_CLASS, ""),
+    Target(_MP, "FutureWrapper", FUTURE_CLASS, ""),
     # Single-device GPU/NPU engines run their worker in-process (no message queues), same contract.
     Target("vllm.v1.executor.uniproc_executor", "UniProcExecutor.collective_rpc", FUTURE,
-           "executor:CollectiveRpc", feeds=(c.RPC_ERRORS.seed,), params=("method",)),
+           "executor:CollectiveRpc", feeds=_RPC_FEEDS, params=("method", "timeout", "args")),
+    # -- worker: model runner V1 (GPU, CPU subclass) and V2 (default on CUDA from vLLM 0.32) ---------------
+    Target(_MRV1, "GPUModelRunner.execute_model", SYNC, "model_runner:ExecuteModel", feeds=_RUNNER_FEEDS,
+           params=("scheduler_output",)),
+    Target(_MRV1, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens",
+           feeds=("worker:model_inference:duration",)),
+    Target(_MRV1, "GPUModelRunner._prepare_inputs", SYNC_TIMER, "model_runner:PrepareInputs",
+           feeds=("executor:prepare_inputs:duration",)),
+    Target(_MRV1, "AsyncGPUModelRunnerOutput.get_output", SYNC_TIMER, "model_runner:GetOutput",
+           feeds=("worker:model_runner_get_output:duration",)),
+    Target(_MRV2, "GPUModelRunner.execute_model", SYNC, "model_runner:ExecuteModelV2", feeds=_RUNNER_FEEDS,
+           params=("scheduler_output", "intermediate_tensors", "dummy_run")),
+    Target(_MRV2, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens",
+           feeds=("worker:model_inference:duration",)),
+    Target(_MRV2, "GPUModelRunner.prepare_inputs", SYNC_TIMER, "model_runner:PrepareInputs",
+           feeds=("executor:prepare_inputs:duration",)),
+    # vLLM's profiling scopes, wherever record_function_or_nullcontext was imported (see model_runner.py).
+    Target("vllm.v1.utils", "_PROFILER_FUNC", SCOPE_FACTORY, "model_runner:ProfilerScopes",
+           feeds=("record_function_or_nullcontext", "npu:forward_duration", "npu:kernel_launch",
+                  "npu:non_forward_duration")),
+    # -- API server -----------------------------------------------------------------------------------
+    Target("vllm.v1.metrics.loggers", "StatLoggerManager.record", SYNC_TIMER, "api:RecordStats",
+           feeds=("batch_size", "waiting_batch_size", "num_spec_tokens", "total_tokens", "input", "output",
+                  "fine_grained_ttft", "fine_grained_tpot", "decode_over_1s_count",
+                  "prefill_over_threshold_count", "async_llm:record_stats:duration"),
+           params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx")),
+    Target("vllm.v1.metrics.stats", "IterationStats.update_from_output", SYNC, "api:SecondTokenLatency",
+           feeds=("second_token_latency",), params=("output", "engine_core_timestamp", "is_prefilling", "req_stats")),
+    Target(_ALLM, "AsyncLLM.check_health", COROUTINE, "api:CheckHealth", feeds=("health_check_failed",)),
+    # DPLBAsyncMPClient's override does not call super(): the two rows never count one abort twice.
+    Target(_CC, "AsyncMPClient.abort_requests_async", COROUTINE_TIMER, "api:AbortRequests",
+           feeds=("async_llm:abort_requests:duration",)),
+    Target(_CC, "DPLBAsyncMPClient.abort_requests_async", COROUTINE_TIMER, "api:AbortRequests",
+           feeds=("async_llm:abort_requests:duration",)),
+    Target(_ALLM, "AsyncLLM.add_request", COROUTINE_TIMER, "api:AddRequest",
+           feeds=("engine:async_add_request:duration",)),
+    Target(_ALLM, "AsyncLLM.generate", ASYNC_GENERATOR, "api:Generate", feeds=("engine:generate:duration",)),
+    Target("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat.create_chat_completion",
+           COROUTINE_STREAM, "api:CreateChatCompletion", feeds=("server:create_chat_completion:duration",)),
+    Target("vllm.v1.engine.input_processor", "InputProcessor.process_inputs", SYNC_TIMER, "api:ProcessInputs",
+           feeds=("engine:tokenizer_encode",)),
+    Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", SYNC, "api:ProcessOutputs",
+           feeds=("output_processor_duration", "engine_core_outputs_len"),
+           params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats")),
+    # -- process identity -----------------------------------------------------------------------------
     Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", SYNC, "process:ApiServerInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",)),
     Target("vllm.v1.executor.abstract", "Executor.__init__", SYNC, "process:EngineCoreInit",
@@ -67,10 +150,26 @@ TARGETS: tuple[Target, ...] = (
 READS = tuple(
     Read(module, cls, attribute)
     for module, cls, attributes in (
-        ("vllm.v1.core.sched.scheduler", "Scheduler", ("requests",)),
+        ("vllm.v1.core.sched.scheduler", "Scheduler",
+         ("requests", "running", "waiting", "max_num_running_reqs", "kv_cache_manager")),
+        ("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool",)),
+        ("vllm.v1.core.block_pool", "BlockPool", ("num_gpu_blocks", "get_num_free_blocks")),
+        ("vllm.v1.core.sched.output", "NewRequestData", ("req_id", "num_computed_tokens")),
+        ("vllm.v1.engine.core", "EngineCoreProc", ("has_work",)),
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("requests",)),
+        ("vllm.v1.metrics.stats", "SchedulerStats",
+         ("num_running_reqs", "num_waiting_reqs", "num_skipped_waiting_reqs", "spec_decoding_stats")),
+        ("vllm.v1.spec_decode.metrics", "SpecDecodingStats", ("num_draft_tokens",)),
+        ("vllm.v1.metrics.stats", "IterationStats",
+         ("num_prompt_tokens", "prompt_token_stats", "num_generation_tokens", "time_to_first_tokens_iter",
+          "inter_token_latencies_iter", "finished_requests")),
+        ("vllm.v1.metrics.stats", "PromptTokenStats", ("total",)),
+        ("vllm.v1.metrics.stats", "FinishedRequestStats", ("num_generation_tokens", "decode_time")),
+        ("vllm.v1.metrics.stats", "RequestStateStats", ("num_generation_tokens", "first_token_ts")),
+        ("vllm.v1.engine", "EngineCoreOutput", ("new_token_ids",)),
         ("vllm.v1.request", "Request", ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens")),
         ("vllm.v1.core.sched.output", "SchedulerOutput",
-         ("num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")),
+         ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")),
         ("vllm.v1.core.sched.output", "CachedRequestData",
          ("req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens")),
         ("vllm.config", "VllmConfig", ("parallel_config", "kv_transfer_config", "model_config")),

@@ -30,6 +30,13 @@ COROUTINE_TIMER = "coroutine_timer"
 #: ``hook_future_class``), so that a FUTURE hook on a call returning such futures costs an attribute
 #: store instead of a done-callback per call.
 FUTURE_CLASS = "future_class"
+#: Not a wrapper: a module-level factory replaced by the handler's own ``install(module)`` (vLLM's
+#: ``vllm.v1.utils._PROFILER_FUNC``, which ``record_function_or_nullcontext`` calls for every scope).
+SCOPE_FACTORY = "scope_factory"
+#: A coroutine that may return an async generator (a streaming HTTP response): awaited, then, when
+#: the result is an async generator, handed back inside a proxy that ends the measurement when the
+#: stream ends (``after`` / ``error`` as for ASYNC_GENERATOR); any other result goes to ``after``.
+COROUTINE_STREAM = "coroutine_stream"
 
 _FAILED = object()
 _ABSENT = object()
@@ -110,6 +117,7 @@ def wrap(original, handler: Handler, kind: str):
         FUTURE: _future,
         SYNC_TIMER: _sync_timer,
         COROUTINE_TIMER: _coroutine_timer,
+        COROUTINE_STREAM: _coroutine_stream,
     }[kind]
     wrapper = maker(original, hook)
     functools.update_wrapper(wrapper, original)
@@ -448,6 +456,21 @@ class _AsyncGeneratorProxy:
 #: a proxy that ends the measurement when iteration ends.
 _ASYNC_GENERATOR_RESULT = """\
         _otel_result = _otel_proxy(_otel_result, _otel_handler, _otel_state, _otel_args, _otel_kwargs)"""
+
+
+_STREAM_RESULT = """\
+        if _otel_isasyncgen(_otel_result):
+            _otel_result = _otel_proxy(_otel_result, _otel_handler, _otel_state, _otel_args, _otel_kwargs)
+        else:
+""" + _AFTER.replace("\n", "\n    ").replace("        try:", "            try:", 1)
+
+
+def _coroutine_stream(original, hook):
+    import inspect
+
+    return _generate(original, hook, _FULL_BODY.replace("{on_result}", _STREAM_RESULT), is_async=True,
+                     head=hook.handler.reads_args, FAILED=_FAILED, proxy=_AsyncGeneratorProxy,
+                     isasyncgen=inspect.isasyncgen)
 
 
 def _async_generator(original, hook):

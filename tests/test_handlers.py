@@ -27,10 +27,12 @@ def output(requests, new=(), cached=(), resumed=()):
     """A SchedulerOutput-shaped object. ``new``: ids of new requests; ``cached``: (id, scheduled)
     of cached ones, whose CachedRequestData numbers are taken from ``requests`` *before* the step."""
     ids = [rid for rid, _ in cached]
-    scheduled = {rid: 1 for rid in new} | dict(cached)
+    new = [(n, 1) if isinstance(n, str) else n for n in new]
+    scheduled = dict(new) | dict(cached)
     return NS(
         num_scheduled_tokens=scheduled,
-        scheduled_new_reqs=[NS(req_id=rid) for rid in new],
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_new_reqs=[NS(req_id=rid, num_computed_tokens=0) for rid, _ in new],
         scheduled_cached_reqs=NS(
             req_ids=ids,
             resumed_req_ids=set(resumed),
@@ -136,6 +138,24 @@ def test_step_phase(new, cached, resumed, recomputing, expected, path):
         sched.requests["other"] = req(3, 20, prompt=10)
         context.mark_recomputing(sched, "other")
     assert context.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
+
+
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_classify_step_splits_requests_and_tokens_by_req_phase(path):
+    """Hand-computed: a new request (6 tokens), a chunk (4), a decode (1), a spec decode (3)."""
+    sched = Sched(dict(REQUESTS))
+    if path == "exact":
+        sched.requests["other"] = req(3, 20, prompt=10)
+        context.mark_recomputing(sched, "other")
+    out = output(REQUESTS, [("new", 6)], [("chunk", 4), ("decode", 1), ("spec", 3)])
+    assert context.classify_step(sched, out) == ("mixed", 2, 10, 2, 4)
+    out = output(REQUESTS, [], [("decode", 1), ("spec", 3)])
+    assert context.classify_step(sched, out) == ("decode", 0, 0, 2, 4)
+    out = output(REQUESTS, [("new", 6)], [("last_chunk", 2)])
+    assert context.classify_step(sched, out) == ("prefill", 2, 8, 0, 0)
+    if path == "exact":  # a resumed request recomputes: prefill tokens, even though it has outputs
+        out = output(REQUESTS, [], [("resumed", 13), ("decode", 1)], ["resumed"])
+        assert context.classify_step(sched, out) == ("mixed", 1, 13, 1, 1)
 
 
 def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():

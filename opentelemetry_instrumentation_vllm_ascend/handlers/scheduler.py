@@ -1,14 +1,38 @@
-"""Scheduler: the step boundary (phase), preemptions and recompute events."""
+"""Scheduler: the step boundary (phase), what each step scheduled, queue and KV cache states,
+preemptions and recompute events."""
 
 from __future__ import annotations
 
+from time import perf_counter
+
 from .. import catalogue, context, recording
-from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, UNKNOWN, Step
-from ..wrappers import Handler
+from ..catalogue import ALL, M
+from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
+from ..wrappers import Handler, report
+from .common import StepTimer
+
+_DURATION = M["scheduler:duration"]
+_BATCH = M["scheduler:batch_size"]
+_RUNNING = M["scheduler:running_queue_size"]
+_SEQLEN_SUM = M["scheduler:seqlen:sum"]
+_SEQLEN_AVG = M["scheduler:seqlen:avg"]
+_PHASE_BATCH = M["scheduler:phase_batch_size"]
+_PHASE_TOKENS = M["scheduler:phase_scheduled_tokens"]
+_PHASE_COUNTER = M["scheduler:phase_scheduled_token_counter"]
+_RUNNING_PHASE = M["running_phase_batch_size"]
+_WAITING_PHASE = M["waiting_phase_batch_size"]
+_TOTAL_BLOCKS = M["total_kvcache_blocks"]
+_FREE_BLOCKS = M["free_kvcache_blocks"]
+_ALLOCATED_BLOCKS = M["allocated_kvcache_blocks"]
+_PENDING = M["request_prefill_pending_nums"]
+_SCOPES = M["record_function_or_nullcontext"]
 
 
 def flush_step(step: Step, phase: str) -> None:
     """Record what one scheduling step saw, once, labelled with that step's phase."""
+    if step.scopes:
+        for name, seconds in step.scopes:
+            recording.record(_SCOPES, seconds, context.step_labels_with(phase, name))
     if not (step.preemptions or step.recomputes or step.allocate_failures):
         return
     labels = context.step_labels(phase)
@@ -17,25 +41,103 @@ def flush_step(step: Step, phase: str) -> None:
     recording.add(catalogue.BLOCK_ALLOCATE_FAILURES, step.allocate_failures, labels)
 
 
+#: Per scheduler (by id; one per EngineCore): was it blocked on capacity after its last step?
+_BLOCKED: dict[int, bool] = {}
+
+
+def _record_step(scheduler, output, step_class, labels) -> None:
+    """The step's batch shape (requests and tokens per req_phase, context lengths)."""
+    phase, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
+    scheduled = output.num_scheduled_tokens
+    n = len(scheduled)
+    recording.record(_BATCH, n, labels)
+    if n:
+        with_phase = context.step_labels_with
+        for req_phase, reqs, tokens in (("prefill", prefill_reqs, prefill_tokens),
+                                        ("decode", decode_reqs, decode_tokens)):
+            phase_labels = with_phase(phase, req_phase)
+            recording.record(_PHASE_BATCH, reqs, phase_labels)
+            recording.record(_PHASE_TOKENS, tokens, phase_labels)
+            recording.add(_PHASE_COUNTER, tokens, phase_labels)
+        cached = output.scheduled_cached_reqs
+        seqlen = sum([r.num_computed_tokens for r in output.scheduled_new_reqs])
+        seqlen += sum(cached.num_computed_tokens) + output.total_num_scheduled_tokens
+        recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
+        recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
+
+
+def _record_queues(scheduler, labels) -> None:
+    """Queue states after the step (every step, idle ones included)."""
+    running = scheduler.running
+    recording.record(_RUNNING, len(running), labels)
+    phase = labels[2]
+    prefill = 0
+    for request in running:
+        if request.num_computed_tokens < request.num_prompt_tokens:
+            prefill += 1
+    with_phase = context.step_labels_with
+    recording.record(_RUNNING_PHASE, prefill, with_phase(phase, "prefill"))
+    recording.record(_RUNNING_PHASE, len(running) - prefill, with_phase(phase, "decode"))
+    waiting = len(scheduler.waiting) + len(getattr(scheduler, "skipped_waiting", ()))
+    recording.record(_WAITING_PHASE, waiting, with_phase(phase, "prefill"))
+    recording.record(_WAITING_PHASE, 0, with_phase(phase, "decode"))
+    blocked = waiting > 0 and len(running) >= scheduler.max_num_running_reqs
+    key = id(scheduler)
+    if blocked and not _BLOCKED.get(key):
+        recording.add(_PENDING, 1, labels)
+    _BLOCKED[key] = blocked
+
+
+def _record_blocks(scheduler) -> None:
+    pool = scheduler.kv_cache_manager.block_pool
+    total = pool.num_gpu_blocks
+    free = pool.get_num_free_blocks()
+    labels = context.step_labels(ALL)
+    recording.set_gauge(_TOTAL_BLOCKS, total, labels)
+    recording.set_gauge(_FREE_BLOCKS, free, labels)
+    recording.set_gauge(_ALLOCATED_BLOCKS, total - free - 1, labels)  # the null block is never free
+
+
 class Schedule(Handler):
-    """``Scheduler.schedule``: events inside the call are collected and recorded when it returns,
-    labelled with the phase of the step it scheduled (computed once, from its SchedulerOutput)."""
+    """``Scheduler.schedule``: the step's phase is computed once, from its SchedulerOutput, stored on
+    that output (it travels with it to the workers) and used for every value of the step: its
+    duration, its batch shape, the events and profiling scopes seen inside the call (recorded when
+    it returns), the queue and KV cache states after it."""
 
     name = "Scheduler.schedule"
     reads_args = 1  # self
 
     def before(self, args, kwargs):
         step = Step()
-        return step, CURRENT_STEP.set(step)
+        return step, CURRENT_STEP.set(step), perf_counter()
 
     def after(self, state, args, kwargs, result):
-        step, token = state
+        end = perf_counter()
+        step, token, start = state
         CURRENT_STEP.reset(token)
-        phase = LAST_STEP_PHASE[0] = context.step_phase(args[0], result)
+        scheduler = args[0]
+        step_class = context.classify_step(scheduler, result)
+        phase = LAST_STEP_PHASE[0] = step_class[0]
+        try:
+            setattr(result, PHASE_ATTRIBUTE, phase)
+        except (AttributeError, TypeError):
+            pass  # the workers classify the step themselves
+        labels = context.step_labels(phase)
+        recording.record(_DURATION, end - start, labels)
         flush_step(step, phase)
+        for part in (_record_step, _record_queues, _record_blocks):
+            try:
+                if part is _record_step:
+                    part(scheduler, result, step_class, labels)
+                elif part is _record_queues:
+                    part(scheduler, labels)
+                else:
+                    part(scheduler)
+            except Exception:  # one part's drift must not cost the others
+                report(self, part.__name__)
 
     def error(self, state, args, kwargs, exc):
-        step, token = state
+        step, token, _start = state
         CURRENT_STEP.reset(token)
         LAST_STEP_PHASE[0] = UNKNOWN
         flush_step(step, UNKNOWN)
@@ -86,3 +188,32 @@ class ResetPrefixCache(Handler):
 
     def error(self, state, args, kwargs, exc):
         IN_PREFIX_CACHE_RESET.reset(state)
+
+
+class UpdateFromOutput(Handler):
+    """``Scheduler.update_from_output(scheduler_output, model_runner_output)``: its duration, with the
+    phase of the step whose output it processes (read from that step's SchedulerOutput)."""
+
+    name = "Scheduler.update_from_output"
+    reads_args = 2  # self, scheduler_output
+    spec = M["scheduler:update_from_output:duration"]
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, state, args, kwargs, result):
+        seconds = perf_counter() - state
+        phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
+        recording.record(self.spec, seconds, context.step_labels(phase or LAST_STEP_PHASE[0]))
+
+
+class AddRequest(StepTimer):
+    """``Scheduler.add_request``: its duration (between steps: phase ``all``)."""
+
+    name = "Scheduler.add_request"
+
+    def __init__(self) -> None:
+        super().__init__(M["scheduler:add_request:duration"])
+
+    def timed(self, seconds, args, kwargs, result):
+        recording.record(self.spec, seconds, context.step_labels(ALL))

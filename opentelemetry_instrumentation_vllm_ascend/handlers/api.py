@@ -1,0 +1,304 @@
+"""API server side: vLLM's per-engine stats updates, request-level latencies, and the timings of the
+frontend's own work (adding, generating, aborting, chat completions, input and output processing).
+
+Labels (see catalogue.py):
+- ``dp`` / ``engine``: values that come with an engine index (``StatLoggerManager.record``) carry
+  that engine's index in both; hooks that do not know the engine use ``context.PROCESS.dp``.
+- ``phase``: per-iteration sizes and ``record``'s duration carry the phase of the iteration the
+  stats describe (:func:`iteration_phase`); request-level latencies and their counters, and frontend
+  work not tied to one iteration, carry ``all``.
+
+Nothing here imports vLLM: every handler reads plain attributes (with defaults) of the objects vLLM
+passes, so all are testable on plain objects.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+from .. import catalogue, context, recording
+from ..catalogue import ALL, TTFT_THRESHOLDS
+from ..wrappers import Handler
+
+M = catalogue.BY_SEED
+BATCH_SIZE = M["batch_size"]
+WAITING_BATCH_SIZE = M["waiting_batch_size"]
+NUM_SPEC_TOKENS = M["num_spec_tokens"]
+TOTAL_TOKENS = M["total_tokens"]
+INPUT = M["input"]
+OUTPUT = M["output"]
+TTFT = M["fine_grained_ttft"]
+TPOT = M["fine_grained_tpot"]
+SECOND_TOKEN = M["second_token_latency"]
+DECODE_OVER_1S = M["decode_over_1s_count"]
+PREFILL_OVER_THRESHOLD = M["prefill_over_threshold_count"]
+RECORD_STATS = M["async_llm:record_stats:duration"]
+ABORT = M["async_llm:abort_requests:duration"]
+ADD_REQUEST = M["engine:async_add_request:duration"]
+GENERATE = M["engine:generate:duration"]
+CHAT = M["server:create_chat_completion:duration"]
+TOKENIZER_ENCODE = M["engine:tokenizer_encode"]
+OUTPUT_PROCESSOR = M["output_processor_duration"]
+OUTPUTS_LEN = M["engine_core_outputs_len"]
+HEALTH_CHECK_FAILED = M["health_check_failed"]
+
+#: An inter-token latency above this many seconds counts in decode_over_1s_count.
+SLOW_ITL_SECONDS = 1.0
+
+
+def _phase(first_tokens: int, prompt_tokens: int, generated: int) -> str:
+    """prefill / decode / mixed / idle from an iteration's (or a part of it) token counts.
+
+    A request that completes its prefill in an iteration also samples its first token there, which
+    vLLM counts among the generated tokens; so "decode" work is the generated tokens beyond one
+    first token per request that completed its prefill (``first_tokens``)."""
+    prefill = first_tokens > 0 or prompt_tokens > 0
+    decode = generated > first_tokens
+    if prefill:
+        return "mixed" if decode else "prefill"
+    return "decode" if decode else "idle"
+
+
+def _prompt_tokens(iteration_stats) -> int:
+    # IterationStats.num_prompt_tokens: an int attribute in old vLLM, a property over
+    # prompt_token_stats.total (all prompt tokens of requests that completed prefill) since.
+    value = getattr(iteration_stats, "num_prompt_tokens", None)
+    if value is None:
+        value = getattr(getattr(iteration_stats, "prompt_token_stats", None), "total", 0)
+    return value or 0
+
+
+def iteration_phase(iteration_stats) -> str:
+    """The phase of the iteration an ``IterationStats`` describes (``idle`` for None): ``prefill``
+    when requests completed their prefill in it (first tokens), ``decode`` when requests generated
+    further tokens, ``mixed`` both, ``idle`` neither."""
+    if iteration_stats is None:
+        return "idle"
+    first_tokens = len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ())
+    return _phase(first_tokens, _prompt_tokens(iteration_stats),
+                  getattr(iteration_stats, "num_generation_tokens", 0) or 0)
+
+
+def _api_labels(phase: str) -> tuple:
+    """(dp, role, phase, engine) for a value whose engine is not known: this process's dp twice."""
+    return context.step_labels(phase) + (context.PROCESS.dp,)
+
+
+# -- StatLoggerManager.record ---------------------------------------------------------------------
+
+class RecordStats(Handler):
+    """``StatLoggerManager.record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
+    engine_idx=None)`` (vLLM calls it with keywords), as a SYNC_TIMER: after each call, one engine
+    update's values, labelled ``dp = engine = str(engine_idx)`` (None is engine 0, as in vLLM):
+
+    - with ``scheduler_stats``: ``batch_size`` (running requests), ``waiting_batch_size`` (waiting
+      requests, deferred ones included — vLLM's ``vllm:num_requests_waiting``) and, when the step
+      verified drafts (``spec_decoding_stats`` present), ``num_spec_tokens`` (its draft tokens);
+    - with ``iteration_stats``: ``input`` / ``output`` / ``total_tokens`` (prompt tokens of the
+      requests that completed prefill, generated tokens, their sum), each TTFT into
+      ``fine_grained_ttft`` and ``prefill_over_threshold_count`` (once under every threshold it
+      exceeds), ``decode_over_1s_count`` (ITLs over 1 s, each once), and, per finished request with
+      at least two generated tokens, ``fine_grained_tpot`` = decode_time / (tokens - 1) (vLLM's
+      ``vllm:request_time_per_output_token_seconds`` value, without its 0 for shorter requests);
+    - the call's duration into ``async_llm:record_stats:duration``.
+
+    Sizes and the duration carry the iteration's phase; per-request latencies and counters ``all``.
+    A call that raised records nothing (its caller, vLLM's output handler, fails with it).
+    """
+
+    name = "StatLoggerManager.record"
+    reads_args = 5  # self, scheduler_stats, iteration_stats, mm_cache_stats, engine_idx
+
+    def timed(self, seconds, args, kwargs, result, _record=recording.record, _add=recording.add):
+        scheduler_stats = args[1]
+        iteration_stats = args[2]
+        engine_idx = args[4]
+        engine = "0" if engine_idx is None else str(engine_idx)
+        role = context.PROCESS.role
+        phase = iteration_phase(iteration_stats)
+        labels = (engine, role, phase, engine)
+
+        if scheduler_stats is not None:
+            _record(BATCH_SIZE, getattr(scheduler_stats, "num_running_reqs", 0) or 0, labels)
+            waiting = (getattr(scheduler_stats, "num_waiting_reqs", 0) or 0) + (
+                getattr(scheduler_stats, "num_skipped_waiting_reqs", 0) or 0)
+            _record(WAITING_BATCH_SIZE, waiting, labels)
+            spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+            if spec is not None:
+                _record(NUM_SPEC_TOKENS, getattr(spec, "num_draft_tokens", 0) or 0, labels)
+
+        if iteration_stats is not None:
+            prompt = _prompt_tokens(iteration_stats)
+            generated = getattr(iteration_stats, "num_generation_tokens", 0) or 0
+            _record(INPUT, prompt, labels)
+            _record(OUTPUT, generated, labels)
+            _record(TOTAL_TOKENS, prompt + generated, labels)
+
+            request_labels = (engine, role, ALL, engine)
+            ttfts = getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()
+            if ttfts:
+                over = [0] * len(TTFT_THRESHOLDS)
+                for ttft in ttfts:
+                    _record(TTFT, ttft, request_labels)
+                    for i, (_, limit) in enumerate(TTFT_THRESHOLDS):
+                        if ttft > limit:
+                            over[i] += 1
+                for (threshold, _), count in zip(TTFT_THRESHOLDS, over):
+                    _add(PREFILL_OVER_THRESHOLD, count, request_labels + (threshold,))
+            itls = getattr(iteration_stats, "inter_token_latencies_iter", None) or ()
+            if itls:
+                _add(DECODE_OVER_1S, sum(1 for itl in itls if itl > SLOW_ITL_SECONDS), request_labels)
+            for finished in getattr(iteration_stats, "finished_requests", None) or ():
+                tokens = getattr(finished, "num_generation_tokens", 0) or 0
+                if tokens >= 2:
+                    _record(TPOT, getattr(finished, "decode_time", 0.0) / (tokens - 1), request_labels)
+
+        _record(RECORD_STATS, seconds, labels)
+
+
+# -- IterationStats.update_from_output ------------------------------------------------------------
+
+class SecondTokenLatency(Handler):
+    """``IterationStats.update_from_output(self, output, engine_core_timestamp, is_prefilling,
+    req_stats, …)``, once per request output per iteration (kept cheap: no ``before``, an early
+    return for prefilling outputs). After the call, an output of a request past its prefill whose new
+    tokens include the request's second generated token (``req_stats.num_generation_tokens`` was 1
+    before this output) records ``engine_core_timestamp - req_stats.first_token_ts``: both are engine
+    core timestamps (the same monotonic clock), and ``first_token_ts`` is only set by the prefilling
+    output. Labels: this process's dp (the hook does not know the engine), phase ``all``."""
+
+    name = "IterationStats.update_from_output"
+    reads_args = 5  # self, output, engine_core_timestamp, is_prefilling, req_stats
+
+    def after(self, state, args, kwargs, result, _record=recording.record):
+        if args[3]:  # is_prefilling: the first token (or none yet)
+            return
+        new = len(getattr(args[1], "new_token_ids", None) or ())
+        if not new:
+            return
+        req_stats = args[4]
+        if getattr(req_stats, "num_generation_tokens", 0) - new != 1:
+            return
+        first = getattr(req_stats, "first_token_ts", 0.0)
+        timestamp = args[2]
+        if not first or timestamp is None:
+            return
+        _record(SECOND_TOKEN, timestamp - first, _api_labels(ALL))
+
+
+# -- AsyncLLM ---------------------------------------------------------------------------------------
+
+class CheckHealth(Handler):
+    """``AsyncLLM.check_health`` (COROUTINE): +1 ``health_check_failed`` when it raises (an
+    Exception: a cancelled health check is not a failure). Labels: this process's dp, phase ``all``."""
+
+    name = "AsyncLLM.check_health"
+    reads_args = 0
+
+    def error(self, state, args, kwargs, exc):
+        if isinstance(exc, Exception):
+            recording.add(HEALTH_CHECK_FAILED, 1, context.step_labels(ALL))
+
+
+class _Timer(Handler):
+    """SYNC_TIMER / COROUTINE_TIMER: the (awaited) call's duration into ``spec``, labelled with this
+    process's dp and phase ``all``. Calls that raised are not timed."""
+
+    spec: catalogue.MetricSpec
+    reads_args = 0
+
+    def timed(self, seconds, args, kwargs, result):
+        recording.record(self.spec, seconds, context.step_labels(ALL))
+
+
+class AbortRequests(_Timer):
+    """``abort_requests_async`` of the async engine clients (COROUTINE_TIMER)."""
+
+    name = "EngineCoreClient.abort_requests_async"
+    spec = ABORT
+
+
+class AddRequest(_Timer):
+    """``AsyncLLM.add_request`` (COROUTINE_TIMER): input processing and sending to the engine."""
+
+    name = "AsyncLLM.add_request"
+    spec = ADD_REQUEST
+
+
+class ProcessInputs(_Timer):
+    """``InputProcessor.process_inputs`` (SYNC_TIMER; also when run in the renderer's executor
+    through ``process_inputs_async``, if the hook was installed before the InputProcessor was made)."""
+
+    name = "InputProcessor.process_inputs"
+    spec = TOKENIZER_ENCODE
+
+
+class _UntilStreamEnd(Handler):
+    """From the call until the result is complete: ``after`` (a plain result, or a stream exhausted)
+    and ``error`` (the call raised, a stream raised or was closed / cancelled early) alike record the
+    time since ``before`` — a stream cut short still occupied the server until then."""
+
+    spec: catalogue.MetricSpec
+    reads_args = 0
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, state, args, kwargs, result):
+        recording.record(self.spec, perf_counter() - state, context.step_labels(ALL))
+
+    def error(self, state, args, kwargs, exc):
+        recording.record(self.spec, perf_counter() - state, context.step_labels(ALL))
+
+
+class Generate(_UntilStreamEnd):
+    """``AsyncLLM.generate`` (ASYNC_GENERATOR): from the call (which creates the output stream) until
+    the stream ended — exhausted, failed, or closed / cancelled early (recorded in every case)."""
+
+    name = "AsyncLLM.generate"
+    spec = GENERATE
+
+
+class CreateChatCompletion(_UntilStreamEnd):
+    """``OpenAIServingChat.create_chat_completion`` (COROUTINE_STREAM): a non-streaming request until
+    its awaited response (an error response included); a streaming one until its stream of chunks
+    ended (exhausted, failed, or closed / cancelled by a client disconnect)."""
+
+    name = "OpenAIServingChat.create_chat_completion"
+    spec = CHAT
+
+
+# -- OutputProcessor.process_outputs ---------------------------------------------------------------
+
+class ProcessOutputs(Handler):
+    """``OutputProcessor.process_outputs(self, engine_core_outputs, engine_core_timestamp=None,
+    iteration_stats=None, …)`` (SYNC): one chunk of an engine update (AsyncLLM splits an update into
+    chunks sharing one IterationStats). Records the call's duration (``output_processor_duration``)
+    and ``len(engine_core_outputs)`` (``engine_core_outputs_len``), labelled with the phase of the
+    work in this chunk — the change of ``iteration_stats`` over the call, by the rule of
+    :func:`iteration_phase` — or ``all`` without iteration_stats; dp/engine: this process's dp.
+    A call that raised records nothing."""
+
+    name = "OutputProcessor.process_outputs"
+    reads_args = 4  # self, engine_core_outputs, engine_core_timestamp, iteration_stats
+
+    def before(self, args, kwargs):
+        stats = args[3]
+        if stats is None:
+            return (perf_counter(), 0, 0, 0)
+        return (perf_counter(), len(getattr(stats, "time_to_first_tokens_iter", None) or ()),
+                _prompt_tokens(stats), getattr(stats, "num_generation_tokens", 0) or 0)
+
+    def after(self, state, args, kwargs, result):
+        seconds = perf_counter() - state[0]
+        stats = args[3]
+        if stats is None:
+            phase = ALL
+        else:
+            phase = _phase(len(getattr(stats, "time_to_first_tokens_iter", None) or ()) - state[1],
+                           _prompt_tokens(stats) - state[2],
+                           (getattr(stats, "num_generation_tokens", 0) or 0) - state[3])
+        labels = _api_labels(phase)
+        recording.record(OUTPUT_PROCESSOR, seconds, labels)
+        outputs = args[1]
+        recording.record(OUTPUTS_LEN, len(outputs) if outputs is not None else 0, labels)

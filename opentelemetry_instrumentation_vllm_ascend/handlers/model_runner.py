@@ -1,0 +1,341 @@
+"""Worker / model runner: the model step in the worker, its phases (vLLM's profiling scopes) and its
+timeline.
+
+A step in the worker is ``execute_model(scheduler_output)`` followed, when it returned None, by
+``sample_tokens(grammar_output)``. Its phase comes with its arguments: the EngineCore's scheduler
+hook stored it on the SchedulerOutput, which reaches the worker pickled with its instance dict (a
+worker whose EngineCore is not instrumented classifies the step itself, from the same output).
+
+vLLM's ``record_function_or_nullcontext(name)`` returns ``vllm.v1.utils._PROFILER_FUNC(name)``,
+looking the global up on every call: replacing that one global with a factory that wraps whatever
+vLLM would have used reaches every caller, however and whenever it imported the function — also
+when ``instrument()`` runs after vLLM's modules were imported and its objects built.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+from time import perf_counter
+
+from .. import context, recording
+from ..catalogue import M
+from ..context import CURRENT_STEP, LAST_STEP_PHASE, PHASE_ATTRIBUTE
+from ..wrappers import Handler, report
+from .common import StepTimer
+
+_EXECUTE = M["executor:model_runner_execute_model:duration"]
+_INFERENCE = M["worker:model_inference:duration"]
+_SCOPES = M["record_function_or_nullcontext"]
+_FORWARD = M["npu:forward_duration"]
+_LAUNCH = M["npu:kernel_launch"]
+_NON_FORWARD = M["npu:non_forward_duration"]
+
+#: Scope names that open a step's forward pass / close its post-processing (vLLM GPU/CPU runner,
+#: vllm-ascend NPU runner).
+FORWARD_SCOPES = frozenset({"gpu_model_runner: forward", "forward"})
+POSTPROCESS_SCOPES = frozenset({"gpu_model_runner: postprocess", "post process"})
+#: At most this many distinct scope names get their own series; later ones are recorded as "other".
+MAX_SCOPE_NAMES = 64
+
+
+class WorkerStep:
+    """The timeline of the step the worker is running (one at a time per worker)."""
+
+    __slots__ = ("phase", "start", "execute_seconds", "forward_start", "forward_end", "post_end", "device",
+                 "inference")
+
+    def __init__(self, phase: str, start: float) -> None:
+        self.phase = phase
+        self.start = start
+        self.execute_seconds = 0.0
+        self.inference = None
+        self.forward_start = self.forward_end = self.post_end = None
+        self.device = None  # (start event, end event) of the forward pass on the device
+
+
+CURRENT = [None]  # the WorkerStep in progress
+
+
+# -- device events ------------------------------------------------------------------------------------
+
+class DeviceTimeline:
+    """Forward time on the device: an event pair around the forward scope, read once the device has
+    passed the end event (``query()``), never waiting for it. Pairs not yet done are kept (at most
+    ``limit``; the oldest is dropped beyond that)."""
+
+    def __init__(self, event_class, limit: int = 64) -> None:
+        self.event_class = event_class
+        self.pending = collections.deque()
+        self.limit = limit
+
+    def start(self):
+        event = self.event_class(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self, start_event, step: "WorkerStep") -> None:
+        event = self.event_class(enable_timing=True)
+        event.record()
+        if len(self.pending) >= self.limit:
+            self.pending.popleft()
+        self.pending.append((start_event, event, step))
+
+    def poll(self) -> None:
+        """Record the forward time (and the rest of the step's inference time) of every step whose
+        forward pass the device has finished."""
+        pending = self.pending
+        while pending and pending[0][1].query():
+            start_event, end_event, step = pending.popleft()
+            forward = start_event.elapsed_time(end_event) / 1000.0
+            labels = context.step_labels(step.phase)
+            recording.record(_FORWARD, forward, labels)
+            if step.inference is not None:
+                recording.record(_NON_FORWARD, max(step.inference - forward, 0.0), labels)
+
+
+_DEVICE = [False]  # False: not decided yet; None: no device events (host timeline)
+
+
+def device_timeline():
+    timeline = _DEVICE[0]
+    if timeline is False:
+        timeline = None
+        torch = sys.modules.get("torch")
+        for name in ("npu", "cuda"):
+            module = getattr(torch, name, None) if torch is not None else None
+            try:
+                if module is not None and module.is_available() and module.is_initialized():
+                    timeline = DeviceTimeline(module.Event)
+                    break
+            except Exception:
+                continue
+        _DEVICE[0] = timeline
+    return timeline
+
+
+# -- profiling scopes ---------------------------------------------------------------------------------
+
+_names: dict[str, str] = {}
+
+
+def _name_label(name) -> str:
+    label = _names.get(name)
+    if label is None:
+        label = name if isinstance(name, str) and len(_names) < MAX_SCOPE_NAMES else "other"
+        _names[name] = label
+    return label
+
+
+class _Scope:
+    """One ``with record_function_or_nullcontext(name):`` block: times it (after entering vLLM's own
+    scope, before leaving it) and, in a worker step, marks the step's forward / post-processing."""
+
+    __slots__ = ("name", "inner", "start", "device")
+
+    def __init__(self, name, inner) -> None:
+        self.name = name
+        self.inner = inner
+        self.device = None
+
+    def __enter__(self):
+        value = self.inner.__enter__() if self.inner is not None else None
+        self.start = perf_counter()
+        if self.name in FORWARD_SCOPES:
+            step = CURRENT[0]
+            if step is not None:
+                step.forward_start = self.start
+                try:
+                    timeline = device_timeline()
+                    if timeline is not None:
+                        self.device = timeline.start()
+                except Exception:
+                    report(_SCOPE_HANDLER, "device event")
+        return value
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            end = perf_counter()
+            try:
+                _scope_ended(self, end)
+            except Exception:
+                report(_SCOPE_HANDLER, "scope")
+        if self.inner is not None:
+            return self.inner.__exit__(exc_type, exc, tb)
+        return False
+
+
+def _scope_ended(scope: _Scope, end: float) -> None:
+    seconds = end - scope.start
+    name = scope.name
+    step = CURRENT_STEP.get()
+    if step is not None:  # inside Scheduler.schedule: recorded with the step's phase when it returns
+        if step.scopes is None:
+            step.scopes = []
+        step.scopes.append((_name_label(name), seconds))
+        return
+    phase = LAST_STEP_PHASE[0]
+    recording.record(_SCOPES, seconds, context.step_labels_with(phase, _name_label(name)))
+    worker_step = CURRENT[0]
+    if worker_step is None:
+        return
+    if name in FORWARD_SCOPES:
+        worker_step.forward_end = end
+        if scope.device is not None:
+            device_timeline().end(scope.device, worker_step)
+            worker_step.device = True
+    elif name in POSTPROCESS_SCOPES:
+        worker_step.post_end = end
+
+
+class _ScopeHandler(Handler):
+    name = "record_function_or_nullcontext scope"
+
+
+_SCOPE_HANDLER = _ScopeHandler()
+
+
+class ProfilerScopes:
+    """Installs the scope factory as ``vllm.v1.utils._PROFILER_FUNC`` (target kind SCOPE_FACTORY)."""
+
+    name = "record_function_or_nullcontext"
+    attribute = "_PROFILER_FUNC"
+
+    def install(self, module):
+        attribute = self.attribute
+        inner = getattr(module, attribute)
+        if inner is None:
+            # What vLLM would choose on its first call (nullcontext, torch record_function, nvtx).
+            module.record_function_or_nullcontext("")
+            inner = getattr(module, attribute)
+        if inner is None or getattr(inner, "_otel_vllm_ascend_factory", False):
+            raise RuntimeError(f"{module.__name__}.{attribute} is not a scope factory ({inner!r})")
+        plain = inner is contextlib.nullcontext
+
+        def factory(name, _inner=inner, _plain=plain, _scope=_Scope):
+            return _scope(name, None if _plain else _inner(name))
+
+        factory._otel_vllm_ascend_factory = True
+        setattr(module, attribute, factory)
+        return _ModuleGlobalPatch(module, attribute, inner, factory)
+
+
+class _ModuleGlobalPatch:
+    __slots__ = ("module", "attribute", "original", "replacement")
+
+    def __init__(self, module, attribute, original, replacement) -> None:
+        self.module, self.attribute, self.original, self.replacement = module, attribute, original, replacement
+
+    def remove(self) -> None:
+        if getattr(self.module, self.attribute, None) is self.replacement:
+            setattr(self.module, self.attribute, self.original)
+
+
+# -- the worker's step ----------------------------------------------------------------------------------
+
+def _finish(step: WorkerStep, seconds: float) -> None:
+    """The step's inference time is known: record it and its timeline."""
+    CURRENT[0] = None
+    step.inference = seconds
+    labels = context.step_labels(step.phase)
+    recording.record(_INFERENCE, seconds, labels)
+    if step.forward_start is None or step.forward_end is None:
+        return
+    if step.post_end is not None:
+        recording.record(_LAUNCH, step.post_end - step.forward_start, labels)
+    if step.device is not None:
+        # Forward time comes from the device events, once the device has passed them.
+        device_timeline().poll()
+        return
+    forward = step.forward_end - step.forward_start
+    recording.record(_FORWARD, forward, labels)
+    recording.record(_NON_FORWARD, max(seconds - forward, 0.0), labels)
+
+
+def _phase_of(runner, scheduler_output) -> str:
+    phase = getattr(scheduler_output, PHASE_ATTRIBUTE, None)
+    if phase is None:
+        phase = context.classify_step(runner, scheduler_output)[0]
+    return phase
+
+
+class ExecuteModel(Handler):
+    """The model runner's ``execute_model(scheduler_output, …)``: sets the step's phase for what the
+    worker records during the step, times the call, and ends the step when no ``sample_tokens``
+    follows (it returned an output itself)."""
+
+    name = "GPUModelRunner.execute_model"
+    reads_args = 2  # self, scheduler_output
+
+    def before(self, args, kwargs):
+        phase = LAST_STEP_PHASE[0] = _phase_of(args[0], args[1])
+        step = CURRENT[0] = WorkerStep(phase, perf_counter())
+        return step
+
+    def after(self, step, args, kwargs, result):
+        seconds = perf_counter() - step.start
+        recording.record(_EXECUTE, seconds, context.step_labels(step.phase))
+        step.execute_seconds = seconds
+        if result is not None:
+            _finish(step, seconds)
+
+    def error(self, step, args, kwargs, exc):
+        CURRENT[0] = None
+
+
+class SampleTokens(Handler):
+    """The model runner's ``sample_tokens(grammar_output)``: ends the step that execute_model began."""
+
+    name = "GPUModelRunner.sample_tokens"
+    reads_args = 0
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        step = CURRENT[0]
+        if step is not None:
+            _finish(step, step.execute_seconds + perf_counter() - start)
+
+    def error(self, start, args, kwargs, exc):
+        CURRENT[0] = None
+
+
+class PrepareInputs(StepTimer):
+    """The model runner's input preparation (MRV1 ``_prepare_inputs``, MRV2 ``prepare_inputs``)."""
+
+    name = "GPUModelRunner._prepare_inputs"
+
+    def __init__(self) -> None:
+        super().__init__(M["executor:prepare_inputs:duration"])
+
+
+class GetOutput(StepTimer):
+    """``AsyncGPUModelRunnerOutput.get_output`` (async scheduling)."""
+
+    name = "AsyncGPUModelRunnerOutput.get_output"
+
+    def __init__(self) -> None:
+        super().__init__(M["worker:model_runner_get_output:duration"])
+
+
+class ExecuteModelV2(ExecuteModel):
+    """Model runner V2's ``execute_model(scheduler_output, intermediate_tensors=None, dummy_run=False,
+    …)``: as V1, but dummy runs (warm-up, DP padding) are not steps."""
+
+    name = "GPUModelRunner(V2).execute_model"
+    reads_args = 4  # self, scheduler_output, intermediate_tensors, dummy_run
+
+    def before(self, args, kwargs):
+        if args[3]:
+            return None
+        return super().before(args, kwargs)
+
+    def after(self, step, args, kwargs, result):
+        if step is not None:
+            super().after(step, args, kwargs, result)
+
+    def error(self, step, args, kwargs, exc):
+        if step is not None:
+            CURRENT[0] = None
