@@ -298,30 +298,46 @@ def classification_rows(repeat):
 def step_rows(repeat):
     """A simulated engine step as vLLM's scheduler runs it: schedule() calls allocate_slots once per
     running request (with a keyword argument, like vLLM) and returns a SchedulerOutput-shaped
-    object; hooked: our Schedule (step context + phase) and AllocateSlots handlers, as installed."""
+    object; hooked: our Schedule handler (step context, phase, batch shape per req_phase, queue and
+    KV block states, scheduler:duration) and AllocateSlots, as installed."""
     from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
     from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
 
     class Req:
-        __slots__ = ("num_prompt_tokens",)
+        __slots__ = ("num_prompt_tokens", "num_computed_tokens")
 
-        def __init__(self, p):
+        def __init__(self, p, c):
             self.num_prompt_tokens = p
+            self.num_computed_tokens = c
+
+    class Pool:
+        num_gpu_blocks = 10_000
+
+        def get_num_free_blocks(self):
+            return 1234
 
     class KV:
+        block_pool = Pool()
+
         def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
                            num_lookahead_tokens=0, delay_cache_blocks=False):
             return request
 
-    def make(kv_cls, batch):
+    def make(kv_cls, batch, mixed):
         ids = [f"req-{i}" for i in range(batch)]
-        output = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), scheduled_new_reqs=[],
+        new = [NS(req_id="new", num_computed_tokens=0)] if mixed else []
+        scheduled = dict.fromkeys(ids, 1) | ({"new": 100} if mixed else {})
+        output = NS(num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+                    scheduled_new_reqs=new,
                     scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
                                              num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
 
         class Sched:
             def __init__(self):
-                self.requests = {i: Req(500) for i in ids}
+                self.requests = {i: Req(500, 599) for i in ids}
+                self.running = list(self.requests.values())
+                self.waiting = []
+                self.max_num_running_reqs = 2048
                 self.kv_cache_manager = kv_cls()
 
             def schedule(self):
@@ -334,17 +350,20 @@ def step_rows(repeat):
 
     hooked_kv = type("HookedKV", (KV,), {"allocate_slots": wrap(KV.allocate_slots, AllocateSlots(), SYNC)[0]})
     rows = []
-    for batch in (16, 64, 256):
-        bare_sched = make(KV, batch)()
-        cls = make(hooked_kv, batch)
-        cls.schedule = wrap(cls.schedule, Schedule(), SYNC)[0]
-        ours_sched = cls()
-        n = max(50, 20_000 // batch)
-        bare = [r / n * 1e6 for r in timeit.repeat(bare_sched.schedule, number=n, repeat=repeat)]
-        ours = [r / n * 1e6 for r in timeit.repeat(ours_sched.schedule, number=n, repeat=repeat)]
-        b = statistics.median(bare)
-        rows.append((f"batch {batch}: bare step (allocations + schedule call)", bare))
-        rows.append((f"batch {batch}: hooks added per step (all decode)", [o - b for o in ours]))
+    for batch in (16, 256, 1024):
+        for mixed in (False, True):
+            label = "1 new + decodes (mixed)" if mixed else "all decode"
+            bare_sched = make(KV, batch, mixed)()
+            cls = make(hooked_kv, batch, mixed)
+            cls.schedule = wrap(cls.schedule, Schedule(), SYNC)[0]
+            ours_sched = cls()
+            n = max(20, 20_000 // batch)
+            bare = [r / n * 1e6 for r in timeit.repeat(bare_sched.schedule, number=n, repeat=repeat)]
+            ours = [r / n * 1e6 for r in timeit.repeat(ours_sched.schedule, number=n, repeat=repeat)]
+            b = statistics.median(bare)
+            if not mixed:
+                rows.append((f"batch {batch}: bare step (allocations + schedule call)", bare))
+            rows.append((f"batch {batch}, {label}: hooks added per step", [o - b for o in ours]))
     return rows
 
 

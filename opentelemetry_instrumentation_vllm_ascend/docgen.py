@@ -13,6 +13,25 @@ def _labels(spec: catalogue.MetricSpec) -> str:
     return ", ".join(f"`{label}`" for label in spec.labels)
 
 
+#: Named bucket sets of the catalogue (docs column and section).
+BUCKET_SETS = {
+    "step seconds": catalogue.STEP_SECONDS,
+    "token seconds": catalogue.TOKEN_SECONDS,
+    "request seconds": catalogue.REQUEST_SECONDS,
+    "requests": catalogue.REQUESTS,
+    "tokens": catalogue.TOKENS,
+}
+
+
+def _buckets(spec: catalogue.MetricSpec) -> str:
+    if spec.kind != catalogue.HISTOGRAM:
+        return "-"
+    for name, bounds in BUCKET_SETS.items():
+        if tuple(spec.buckets) == tuple(bounds):
+            return name
+    return ", ".join(f"{b:g}" for b in spec.buckets)
+
+
 def render_metrics_md() -> str:
     lines = [
         "# Metrics",
@@ -26,15 +45,27 @@ def render_metrics_md() -> str:
         "value is measured in, and OTLP carries it in the metric's `unit` field. See",
         "[labels.md](labels.md) for how `dp`, `role` and `phase` are derived.",
         "",
-        "| Name on /metrics | Kind | Unit | Labels | Recorded in | Hooked symbol(s) | Meaning |",
-        "|---|---|---|---|---|---|---|",
+        "| Name on /metrics | Kind | Unit | Buckets | Labels | Recorded in | Hooked symbol(s) | Meaning |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for spec in catalogue.CATALOGUE:
         hooked = "<br>".join(f"`{h}`" for h in spec.hooked)
         lines.append(
-            f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_labels(spec)} | {spec.recorded_in} "
+            f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} | {spec.recorded_in} "
             f"| {hooked} | {spec.description} |"
         )
+    lines += [
+        "",
+        "## Buckets",
+        "",
+        "Bounds are chosen per kind of value (no single default everywhere). A histogram exposes, per label set,",
+        "one `_bucket` series per bound plus `+Inf`, `_count` and `_sum`.",
+        "",
+        "| Set | Bounds | Series per label set |",
+        "|---|---|---|",
+    ]
+    for name, bounds in BUCKET_SETS.items():
+        lines.append(f"| {name} | {', '.join(f'{b:g}' for b in bounds)} | {len(bounds) + 3} |")
     lines += [
         "",
         "## Targets",
@@ -60,6 +91,10 @@ def render_metrics_md() -> str:
         f"- `role`: {', '.join(sorted({f'`{r}`' for r in catalogue.ROLES.values()}))}",
         f"- `exception_type` (`rpc_errors`): {', '.join(f'`{e}`' for e in catalogue.RPC_EXCEPTION_TYPES)}",
         f"- `process` (`instrumented_processes`): {', '.join(f'`{p}`' for p in catalogue.PROCESS_KINDS)}",
+        f"- `req_phase`: {', '.join(f'`{p}`' for p in catalogue.REQ_PHASES)}",
+        f"- `threshold` (`prefill_over_threshold_count`): {', '.join(f'`{t}`' for t, _ in catalogue.TTFT_THRESHOLDS)}",
+        "- `name` (`record_function_or_nullcontext`): vLLM's scope names; after 64 distinct names, `other`",
+        "- `engine`: the engine index of an API-side value (equal to its `dp`)",
         "",
     ]
     return "\n".join(lines)
