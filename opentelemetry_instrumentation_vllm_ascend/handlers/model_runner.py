@@ -123,8 +123,10 @@ _names: dict[str, str] = {}
 def _name_label(name) -> str:
     label = _names.get(name)
     if label is None:
-        label = name if isinstance(name, str) and len(_names) < MAX_SCOPE_NAMES else "other"
-        _names[name] = label
+        if isinstance(name, str) and len(_names) < MAX_SCOPE_NAMES:
+            label = _names[name] = name
+        else:
+            label = "other"  # not remembered: the table stays bounded whatever names come
     return label
 
 
@@ -241,6 +243,9 @@ def _finish(step: WorkerStep, seconds: float) -> None:
     labels = context.step_labels(step.phase)
     recording.record(_INFERENCE, seconds, labels)
     if step.forward_start is None or step.forward_end is None:
+        timeline = _DEVICE[0]
+        if timeline and timeline.pending:  # earlier steps' forward passes the device may have finished
+            timeline.poll()
         return
     if step.post_end is not None:
         recording.record(_LAUNCH, step.post_end - step.forward_start, labels)

@@ -1,0 +1,936 @@
+"""EngineCore and worker handlers (scheduler, engine loop, executor RPC, model runner, profiling
+scopes) on plain objects shaped like vLLM's, driven through the real wrappers and recorded through
+the real OTel SDK. Durations come from an injected clock advanced by exact binary fractions, so every
+count, sum and bucket below is hand-computed and asserted exactly."""
+
+import concurrent.futures
+import contextlib
+import types
+from collections import deque
+from types import SimpleNamespace as NS
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, wrappers
+from opentelemetry_instrumentation_vllm_ascend.context import PHASE_ATTRIBUTE
+from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
+from opentelemetry_instrumentation_vllm_ascend.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
+
+S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
+ALL_LABELS = {"dp": "0", "role": "mixed", "phase": "all"}
+
+
+def name(seed):
+    return catalogue.PREFIX + seed
+
+
+def counts(bounds, **hits):
+    """Bucket counts of a histogram with ``bounds``: ``b3=2`` puts 2 in bucket 3, (bounds[2], bounds[3]]."""
+    out = [0] * (len(bounds) + 1)
+    for key, n in hits.items():
+        out[int(key[1:])] = n
+    return tuple(out)
+
+
+def step(phase, **extra):
+    return {"dp": "0", "role": "mixed", "phase": phase, **extra}
+
+
+def key(**attrs):
+    return tuple(sorted(attrs.items()))
+
+
+class Clock:
+    """perf_counter stand-in."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture(autouse=True)
+def reset_state():
+    def reset():
+        model_runner.CURRENT[0] = None
+        model_runner._DEVICE[0] = False
+        model_runner._names.clear()
+        scheduler._BLOCKED.clear()
+        engine.CURRENT_PASS[0] = None
+        context.EXEC_PHASE[0] = context.UNKNOWN
+
+    reset()
+    yield
+    reset()
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(wrappers, "perf_counter", c)  # timer kinds: bound when wrapped
+    for module in (scheduler, engine, executor, model_runner):  # handlers reading the clock themselves
+        monkeypatch.setattr(module, "perf_counter", c)
+    return c
+
+
+# -- a stand-in for vllm.v1.utils: vLLM's own record_function_or_nullcontext --------------------------
+
+_UTILS_SOURCE = '''
+import contextlib
+
+CUSTOM_SCOPES = False  # envs.VLLM_CUSTOM_SCOPES_FOR_PROFILING
+record_function = None  # torch.profiler.record_function
+_PROFILER_FUNC = None
+
+
+def record_function_or_nullcontext(name):
+    global _PROFILER_FUNC
+
+    # fast path assume it is set
+    if _PROFILER_FUNC is not None:
+        return _PROFILER_FUNC(name)
+
+    func = contextlib.nullcontext
+    if CUSTOM_SCOPES:
+        func = record_function
+
+    _PROFILER_FUNC = func
+    return func(name)
+'''
+
+
+def fake_utils(record_function=None):
+    module = types.ModuleType("fake_vllm_v1_utils")
+    exec(_UTILS_SOURCE, module.__dict__)
+    if record_function is not None:
+        module.CUSTOM_SCOPES = True
+        module.record_function = record_function
+    return module
+
+
+@pytest.fixture
+def utils():
+    module = fake_utils()
+    patch = model_runner.ProfilerScopes().install(module)
+    yield module
+    patch.remove()
+
+
+class RecordFunction:
+    """torch.profiler.record_function stand-in: logs what it is entered and exited with."""
+
+    log = None
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.log.append(("enter", self.name))
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self.log.append(("exit", self.name, exc_type))
+        return False
+
+
+# -- SchedulerOutput-shaped objects ---------------------------------------------------------------------
+
+def req(computed, num_tokens, prompt=None):
+    return NS(num_computed_tokens=computed, num_tokens=num_tokens,
+              num_prompt_tokens=num_tokens if prompt is None else prompt)
+
+
+def output(requests, new=(), cached=(), resumed=()):
+    """``new``: (id, scheduled, computed before the step); ``cached``: (id, scheduled), their
+    CachedRequestData numbers taken from ``requests`` as they were before the step."""
+    ids = [rid for rid, _ in cached]
+    scheduled = {rid: n for rid, n, _ in new} | dict(cached)
+    return NS(
+        num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()),
+        scheduled_new_reqs=[NS(req_id=rid, num_computed_tokens=computed) for rid, _, computed in new],
+        scheduled_cached_reqs=NS(
+            req_ids=ids,
+            resumed_req_ids=set(resumed),
+            num_computed_tokens=[requests[rid].num_computed_tokens for rid in ids],
+            num_output_tokens=[requests[rid].num_tokens - requests[rid].num_prompt_tokens for rid in ids],
+        ),
+    )
+
+
+def idle_output():
+    return output({})
+
+
+# -- scheduler ------------------------------------------------------------------------------------------
+
+class BlockPool:
+    def __init__(self, total, free):
+        self.num_gpu_blocks = total
+        self.free = free
+
+    def get_num_free_blocks(self):
+        return self.free
+
+
+class FakeScheduler:
+    """The parts of vllm.v1.core.sched.scheduler.Scheduler the handlers read."""
+
+    def __init__(self, clock, utils=None, requests=None, running=(), waiting=(), max_num_running_reqs=8,
+                 blocks=(100, 37)):
+        self.clock = clock
+        self.utils = utils
+        self.requests = requests or {}
+        self.running = list(running)
+        self.waiting = list(waiting)
+        self.max_num_running_reqs = max_num_running_reqs
+        self.kv_cache_manager = NS(block_pool=BlockPool(*blocks))
+        self.plan = []
+        self.during = None
+
+    def schedule(self):
+        out, seconds, scopes = self.plan.pop(0)
+        for scope, scope_seconds in scopes:
+            with self.utils.record_function_or_nullcontext(scope):
+                self.clock.t += scope_seconds
+        self.clock.t += seconds
+        if self.during is not None:
+            self.during()
+        if isinstance(out, BaseException):
+            raise out
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        self.clock.t += model_runner_output
+        if model_runner_output < 0:
+            raise RuntimeError("update failed")
+        return {}
+
+    def add_request(self, request):
+        self.clock.t += request
+        if request < 0:
+            raise ValueError("bad request")
+
+
+def instrumented(cls=FakeScheduler):
+    return type("Instrumented" + cls.__name__, (cls,), {
+        "schedule": wrap(cls.schedule, scheduler.Schedule(), SYNC)[0],
+        "update_from_output": wrap(cls.update_from_output, scheduler.UpdateFromOutput(), SYNC)[0],
+        "add_request": wrap(cls.add_request, scheduler.AddRequest(), SYNC_TIMER)[0],
+    })
+
+
+def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils):
+    """A new request (6 tokens, 2 prefix-cached), a resumed one (recomputes 13), a chunked-prefill
+    continuation (4 of 10 done, 4 more) and a decode (1 token): 3 prefill requests / 23 tokens and
+    1 decode request / 1 token, phase mixed."""
+    requests = {
+        "resumed": req(0, 13, prompt=10),  # preempted after 3 outputs
+        "chunk": req(4, 10),
+        "decode": req(12, 13, prompt=10),
+    }
+    out = output(requests, new=[("new", 6, 2)], cached=[("resumed", 13), ("chunk", 4), ("decode", 1)],
+                 resumed=["resumed"])
+    running = [
+        req(8, 8),  # the new request: prompt done (decode)
+        req(13, 13, prompt=10),  # the resumed one: caught up (decode)
+        req(8, 10),  # the chunk: 8 of 10 (prefill)
+        req(13, 14, prompt=10),  # the decode (decode)
+        req(0, 7),  # running, nothing computed yet (prefill)
+    ]
+    s = instrumented()(clock, utils, requests, running=running, waiting=[req(0, 3), req(0, 4)],
+                       max_num_running_reqs=5, blocks=(100, 37))
+    s.plan = [(out, 0.0625, [("schedule: allocate_slots", 0.0625)])]
+    seen_inside = []
+    s.during = lambda: seen_inside.append(name("record_function_or_nullcontext") in metrics.points())
+    context.LAST_STEP_PHASE[0] = "decode"  # the previous step's: not the phase of scopes in this one
+
+    assert s.schedule() is out
+    assert seen_inside == [False]  # the scope ended inside schedule(): held until the step's phase is known
+    assert getattr(out, PHASE_ATTRIBUTE) == "mixed"
+    assert context.LAST_STEP_PHASE[0] == "mixed"
+
+    m, mixed = metrics, step("mixed")
+    pre, dec = step("mixed", req_phase="prefill"), step("mixed", req_phase="decode")
+    assert m.value(name("scheduler:duration"), **mixed) == (1, 0.125, counts(S, b11=1))  # (0.1, 0.25]
+    assert m.points()[name("record_function_or_nullcontext")] == {  # with this step's phase
+        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(S, b10=1))}  # (0.05, 0.1]
+    assert m.value(name("scheduler:batch_size"), **mixed) == (1, 4, counts(R, b3=1))  # (2, 4]
+    assert m.value(name("scheduler:phase_batch_size"), **pre) == (1, 3, counts(R, b3=1))
+    assert m.value(name("scheduler:phase_batch_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **pre) == (1, 23, counts(T, b4=1))  # (16, 32]
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **dec) == (1, 1, counts(T, b1=1))
+    assert m.points()[name("scheduler:phase_scheduled_token_counter")] == {key(**pre): 23, key(**dec): 1}
+    # context: 2 cached (new) + 0 + 4 + 12 computed before the step, plus the 24 scheduled
+    assert m.value(name("scheduler:seqlen:sum"), **mixed) == 42
+    assert m.value(name("scheduler:seqlen:avg"), **mixed) == 10.5
+    assert m.value(name("scheduler:running_queue_size"), **mixed) == (1, 5, counts(R, b4=1))  # (4, 8]
+    assert m.value(name("running_phase_batch_size"), **pre) == (1, 2, counts(R, b2=1))
+    assert m.value(name("running_phase_batch_size"), **dec) == (1, 3, counts(R, b3=1))
+    assert m.value(name("waiting_phase_batch_size"), **pre) == (1, 2, counts(R, b2=1))
+    assert m.value(name("waiting_phase_batch_size"), **dec) == (1, 0, counts(R, b0=1))
+    assert m.value(name("total_kvcache_blocks"), **ALL_LABELS) == 100
+    assert m.value(name("free_kvcache_blocks"), **ALL_LABELS) == 37
+    assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 62  # 100 - 37 - the null block
+    assert m.points()[name("request_prefill_pending_nums")] == {key(**mixed): 1}  # 5 running of 5, 2 waiting
+
+
+def test_schedule_zero_tokens_add_nothing_to_the_counter(metrics, clock, utils):
+    requests = {"decode": req(12, 13, prompt=10), "spec": req(20, 21, prompt=10)}
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10), req(21, 22, prompt=10)])
+    s.plan = [
+        (output(requests, cached=[("decode", 1), ("spec", 3)]), 0.0, []),  # two decodes, one with 2 drafts
+        (output(requests, new=[("n", 8, 0)]), 0.0, []),  # a new request only
+    ]
+    s.schedule()
+    s.schedule()
+    m = metrics
+    d_pre, d_dec = step("decode", req_phase="prefill"), step("decode", req_phase="decode")
+    p_pre, p_dec = step("prefill", req_phase="prefill"), step("prefill", req_phase="decode")
+    # the histograms see the zeros…
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **d_pre) == (1, 0, counts(T, b0=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **d_dec) == (1, 4, counts(T, b2=1))  # (1, 8]
+    assert m.value(name("scheduler:phase_batch_size"), **d_pre) == (1, 0, counts(R, b0=1))
+    assert m.value(name("scheduler:phase_batch_size"), **p_dec) == (1, 0, counts(R, b0=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **p_pre) == (1, 8, counts(T, b2=1))
+    # …the counter only what was scheduled
+    assert m.points()[name("scheduler:phase_scheduled_token_counter")] == {key(**d_dec): 4, key(**p_pre): 8}
+    assert m.value(name("scheduler:seqlen:sum"), **step("decode")) == 12 + 20 + 4
+    assert m.value(name("scheduler:seqlen:avg"), **step("decode")) == 18
+    assert m.value(name("scheduler:seqlen:sum"), **step("prefill")) == 8
+    assert m.value(name("scheduler:seqlen:avg"), **step("prefill")) == 8
+
+
+def test_schedule_prefill_pending_counted_once_per_episode(metrics, clock, utils):
+    """Idle steps (nothing scheduled): the batch shape is a zero batch, the queues still count."""
+    s = instrumented()(clock, utils, running=[req(5, 5), req(1, 4)], waiting=[req(0, 2)], max_num_running_reqs=2)
+    other = instrumented()(clock, utils, running=[req(5, 5)], waiting=[req(0, 2)], max_num_running_reqs=1)
+    s.plan = [(idle_output(), 0.0, []) for _ in range(5)]
+    other.plan = [(idle_output(), 0.0, [])]
+    pending = name("request_prefill_pending_nums")
+    idle = step("idle")
+
+    s.schedule()  # running full, one waiting: the edge into blocked
+    assert metrics.value(pending, **idle) == 1
+    s.schedule()  # still blocked: not counted again
+    assert metrics.value(pending, **idle) == 1
+    other.schedule()  # another scheduler (another EngineCore) has its own episode
+    assert metrics.value(pending, **idle) == 2
+    s.waiting = []
+    s.schedule()  # cleared
+    assert metrics.value(pending, **idle) == 2
+    s.waiting = [req(0, 1), req(0, 1), req(0, 1)]
+    s.schedule()  # blocked again: a new episode
+    assert metrics.value(pending, **idle) == 3
+    s.running = s.running[:1]
+    s.schedule()  # room in the running queue: not blocked
+    assert metrics.value(pending, **idle) == 3
+
+    m = metrics
+    assert m.value(name("scheduler:batch_size"), **idle) == (6, 0, counts(R, b0=6))
+    for seed in ("scheduler:phase_batch_size", "scheduler:phase_scheduled_tokens",
+                 "scheduler:phase_scheduled_token_counter", "scheduler:seqlen:sum", "scheduler:seqlen:avg"):
+        assert name(seed) not in m.points()
+    # running sizes 2, 2, 1, 2, 2, 1; waiting 1, 1, 1, 0, 3, 3
+    assert m.value(name("scheduler:running_queue_size"), **idle) == (6, 10, counts(R, b1=2, b2=4))
+    assert m.value(name("running_phase_batch_size"), **step("idle", req_phase="prefill")) == (
+        6, 4, counts(R, b0=2, b1=4))  # req(1, 4) is in its prompt in s's four two-request steps
+    assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="prefill")) == (
+        6, 9, counts(R, b0=1, b1=3, b3=2))
+    assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="decode")) == (6, 0, counts(R, b0=6))
+
+
+def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
+    requests = {"decode": req(12, 13, prompt=10)}
+    out = output(requests, cached=[("decode", 1)])
+    no_kv = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)], waiting=[req(0, 1)])
+    del no_kv.kv_cache_manager
+    no_kv.skipped_waiting = [req(0, 2)]  # deferred waiting requests count as waiting
+    no_kv.plan = [(out, 0.25, [])]
+    assert no_kv.schedule() is out
+    m, dec = metrics, step("decode")
+    assert m.value(name("scheduler:duration"), **dec) == (1, 0.25, counts(S, b11=1))
+    assert m.value(name("scheduler:batch_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert m.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
+        1, 2, counts(R, b2=1))
+    for seed in ("total_kvcache_blocks", "free_kvcache_blocks", "allocated_kvcache_blocks"):
+        assert name(seed) not in m.points()
+    assert getattr(out, PHASE_ATTRIBUTE) == "decode"
+
+    # No queues: the batch shape before and the KV cache after are still recorded.
+    no_queues = instrumented()(clock, utils, requests, blocks=(10, 4))
+    del no_queues.running
+    out2 = output(requests, cached=[("decode", 1)])
+    no_queues.plan = [(out2, 0.5, [])]
+    assert no_queues.schedule() is out2
+    assert m.value(name("scheduler:duration"), **dec) == (2, 0.75, counts(S, b11=1, b12=1))
+    assert m.value(name("scheduler:batch_size"), **dec) == (2, 2, counts(R, b1=2))
+    assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))  # unchanged
+    assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 5
+
+
+def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clock, utils):
+    s = instrumented()(clock, utils)
+    s.plan = [(RuntimeError("scheduler bug"), 0.5, [("schedule: allocate_slots", 0.125)])]
+    context.LAST_STEP_PHASE[0] = "decode"
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        s.schedule()
+    assert context.LAST_STEP_PHASE[0] == "unknown"
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(S, b11=1))}
+    assert name("scheduler:duration") not in metrics.points()
+
+
+def test_update_from_output_phase_from_the_scheduler_output(metrics, clock):
+    s = instrumented()(clock)
+    context.LAST_STEP_PHASE[0] = "decode"  # the next step was already scheduled (async scheduling)
+    so = NS(**{PHASE_ATTRIBUTE: "prefill"})
+    assert s.update_from_output(so, 0.25) == {}
+    s.update_from_output(model_runner_output=0.5, scheduler_output=NS())  # no phase stored: the last step's
+    with pytest.raises(RuntimeError, match="update failed"):
+        s.update_from_output(so, -1.0)  # failed: not timed
+    spec = name("scheduler:update_from_output:duration")
+    assert metrics.points()[spec] == {
+        key(**step("prefill")): (1, 0.25, counts(S, b11=1)),
+        key(**step("decode")): (1, 0.5, counts(S, b12=1)),
+    }
+
+
+def test_add_request_phase_all(metrics, clock):
+    s = instrumented()(clock)
+    context.LAST_STEP_PHASE[0] = "prefill"
+    s.add_request(0.001953125)  # 2**-9 s
+    s.add_request(request=0.001953125)
+    with pytest.raises(ValueError, match="bad request"):
+        s.add_request(-1.0)
+    assert metrics.points()[name("scheduler:add_request:duration")] == {
+        key(**ALL_LABELS): (2, 0.00390625, counts(S, b5=2))}  # (0.001, 0.0025]
+
+
+# -- executor RPC timing ----------------------------------------------------------------------------------
+
+class FakeExecutor:
+    def __init__(self, clock, cost):
+        self.clock = clock
+        self.cost = cost
+        self.futures = []
+        self.fail = None
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None):
+        self.clock.t += self.cost
+        if self.fail is not None:
+            raise self.fail
+        if non_block:
+            future = concurrent.futures.Future()
+            self.futures.append(future)
+            return future
+        return ("reply", method)
+
+
+def rpc_fn():
+    return wrap(FakeExecutor.collective_rpc, executor.CollectiveRpc(), FUTURE)[0]
+
+
+EXEC, SAMPLE, RPC = (name("executor:execute_model:duration"), name("executor:sample_tokens:duration"),
+                     name("rpc_errors"))
+
+
+def test_blocking_rpcs_are_timed_with_the_phase_of_their_step(metrics, clock):
+    ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
+    context.LAST_STEP_PHASE[0] = "decode"  # async scheduling: the next step is already scheduled
+    so = NS(**{PHASE_ATTRIBUTE: "prefill"})
+    assert rpc(ex, "execute_model", args=(so,)) == ("reply", "execute_model")
+    ex.cost = 0.125
+    context.LAST_STEP_PHASE[0] = "mixed"
+    assert rpc(ex, "sample_tokens", None, (None,)) == ("reply", "sample_tokens")  # follows its execute_model
+    ex.cost = 0.5
+    rpc(ex, "execute_model", args=(NS(),))  # no phase stored: the step most recently scheduled
+    rpc(ex, "get_kv_cache_spec")  # not timed
+    assert metrics.points()[EXEC] == {key(**step("prefill")): (1, 0.25, counts(S, b11=1)),
+                                      key(**step("mixed")): (1, 0.5, counts(S, b12=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
+    assert RPC not in metrics.points()
+
+
+def test_non_blocking_rpc_is_timed_to_the_completion_of_its_future(metrics, clock):
+    ex, rpc = FakeExecutor(clock, 0.0078125), rpc_fn()
+    so = NS(**{PHASE_ATTRIBUTE: "decode"})
+    f1 = rpc(ex, "execute_model", args=(so,), non_block=True)  # returns at 100.0078125
+    f2 = rpc(ex, "sample_tokens", args=(None,), non_block=True)  # dispatched at 100.0078125
+    assert EXEC not in metrics.points() and SAMPLE not in metrics.points()  # nothing completed yet
+    clock.t = 100.5
+    f1.set_result("model output")  # the reply was read now
+    clock.t = 101.0
+    f2.set_result("sampled")
+    assert f1.result() == "model output" and f2.result() == "sampled"
+    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.5, counts(S, b12=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.9921875, counts(S, b13=1))}
+
+
+def test_failed_rpcs_count_once_and_record_no_duration(metrics, clock):
+    ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
+    so = NS(**{PHASE_ATTRIBUTE: "prefill"})
+    ex.fail = RuntimeError("Worker failed with error 'oom'")
+    with pytest.raises(RuntimeError, match="oom"):
+        rpc(ex, "execute_model", args=(so,))
+    ex.fail = None
+    f = rpc(ex, "execute_model", args=(so,), non_block=True)
+    g = rpc(ex, "sample_tokens", args=(None,), non_block=True)
+    f.set_exception(TimeoutError("RPC call to execute_model timed out."))
+    g.cancel()
+    with pytest.raises(TimeoutError):
+        f.result()
+    assert metrics.points()[RPC] == {
+        key(**step("prefill", exception_type="worker_failed")): 1,
+        key(**step("prefill", exception_type="timeout")): 1,
+        key(**step("prefill", exception_type="cancelled")): 1,
+    }
+    assert EXEC not in metrics.points() and SAMPLE not in metrics.points()
+
+
+def test_real_future_wrapper_completion_time(metrics, clock):
+    """vLLM's MultiprocExecutor.collective_rpc and FutureWrapper, with scripted reply queues whose
+    dequeue takes device time: a non-blocking RPC ends when vLLM reads its reply (possibly while
+    draining the queue for a later future), not when the call returns."""
+    mp = pytest.importorskip("vllm.v1.executor.multiproc_executor")
+    ok, failure = mp.WorkerProc.ResponseStatus.SUCCESS, mp.WorkerProc.ResponseStatus.FAILURE
+
+    class Replies:
+        def __init__(self, replies):
+            self.replies = deque(replies)
+
+        def dequeue(self, timeout=None):
+            seconds, reply = self.replies.popleft()
+            clock.t += seconds
+            return reply
+
+    patches = wrappers.hook_future_class(mp.FutureWrapper, completes_later=True)
+    try:
+        cls = type("Executor", (mp.MultiprocExecutor,), {
+            "collective_rpc": wrap(mp.MultiprocExecutor.collective_rpc, executor.CollectiveRpc(), FUTURE)[0]})
+        ex = cls.__new__(cls)
+        ex.rpc_broadcast_mq = NS(enqueue=lambda item: None)
+        ex.response_mqs = [Replies([(0.5, (ok, "executed")), (0.125, (ok, "sampled")), (0.25, (ok, "blocking")),
+                                    (0.0625, (failure, "oom"))])]
+        ex.futures_queue = deque()
+        ex.is_failed = False
+
+        f1 = ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "decode"}),), non_block=True,
+                               unique_reply_rank=0)  # at 100.0
+        clock.t = 100.25
+        f2 = ex.collective_rpc("sample_tokens", args=(None,), non_block=True, unique_reply_rank=0)
+        assert type(f1) is mp.FutureWrapper
+        assert EXEC not in metrics.points() and SAMPLE not in metrics.points()
+        clock.t = 101.0
+        assert f2.result() == "sampled"  # reads f1's reply at 101.5, then its own at 101.625
+        assert f1.result() == "executed"
+        # blocking: the FutureWrapper stays inside vLLM; the call's return ends it (101.625 → 101.875)
+        assert ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "prefill"}),),
+                                 unique_reply_rank=0) == "blocking"
+        f3 = ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "mixed"}),), non_block=True,
+                               unique_reply_rank=0)
+        with pytest.raises(RuntimeError, match="Worker failed with error 'oom'"):
+            f3.result()
+    finally:
+        for patch in reversed(patches):
+            patch.remove()
+    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 1.5, counts(S, b14=1)),  # (1, 2.5]
+                                      key(**step("prefill")): (1, 0.25, counts(S, b11=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 1.375, counts(S, b14=1))}
+    assert metrics.points()[RPC] == {key(**step("mixed", exception_type="worker_failed")): 1}
+
+
+# -- engine core loop ---------------------------------------------------------------------------------
+
+class FakeEngineCore:
+    def __init__(self, clock):
+        self.clock = clock
+        self.work = False
+        self.queue = deque()  # (idle wait before it arrives, request type, seconds to handle it)
+        self.overhead = 0.0
+
+    def step(self):
+        self.clock.t += 0.25
+        context.LAST_STEP_PHASE[0] = "prefill"  # the scheduler hook, during the call
+        return {}, True
+
+    def step_with_batch_queue(self):
+        self.clock.t += 0.5
+        context.LAST_STEP_PHASE[0] = "mixed"
+        return None, True
+
+    def _process_engine_step(self):
+        outputs, executed = self.step()
+        self.clock.t += 0.125  # queueing the outputs
+        return executed
+
+    def has_work(self):
+        return self.work
+
+    def _process_input_queue(self):
+        """vLLM's shape: block for requests while idle, then drain what is queued without blocking."""
+        self.clock.t += self.overhead
+        while not self.has_work():
+            if not self.queue:  # non-blocking get found nothing (or shutting down)
+                break
+            wait, request_type, seconds = self.queue.popleft()
+            self.clock.t += wait  # blocked in input_queue.get()
+            self._handle_client_request(request_type, seconds)
+        while self.queue:
+            _wait, request_type, seconds = self.queue.popleft()
+            self._handle_client_request(request_type, seconds)
+
+    def _handle_client_request(self, request_type, request):
+        if request_type == "BOOM":
+            raise RuntimeError("bad request")
+        self.clock.t += request
+        if request_type == "ADD":
+            self.work = True
+
+
+def instrumented_engine():
+    cls = FakeEngineCore
+    return type("InstrumentedEngineCore", (cls,), {
+        "step": wrap(cls.step, engine.EngineCoreStep(), SYNC_TIMER)[0],
+        "step_with_batch_queue": wrap(cls.step_with_batch_queue, engine.EngineCoreStep(), SYNC_TIMER)[0],
+        "_process_engine_step": wrap(cls._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER)[0],
+        "_process_input_queue": wrap(cls._process_input_queue, engine.ProcessInputQueue(), SYNC)[0],
+        "_handle_client_request": wrap(cls._handle_client_request, engine.HandleClientRequest(), SYNC)[0],
+    })
+
+
+def test_engine_steps_get_the_phase_set_during_the_call(metrics, clock):
+    core = instrumented_engine()(clock)
+    context.LAST_STEP_PHASE[0] = "decode"
+    assert core.step() == ({}, True)
+    assert core.step_with_batch_queue() == (None, True)
+    assert core._process_engine_step() is True  # runs a (timed) step inside
+    assert metrics.points()[name("engine_core:engine_core_step:duration")] == {
+        key(**step("prefill")): (2, 0.5, counts(S, b11=2)),
+        key(**step("mixed")): (1, 0.5, counts(S, b12=1)),
+    }
+    assert metrics.points()[name("engine_core:process_engine_step:duration")] == {
+        key(**step("prefill")): (1, 0.375, counts(S, b12=1))}  # 0.25 + 0.125
+
+
+def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
+    core = instrumented_engine()(clock)
+    spec = name("engine_core:process_input_queue:duration")
+    core.overhead = 0.0625
+
+    # Busy: timed from entry (overhead included), both requests.
+    core.work = True
+    core.queue.extend([(0.0, "ADD", 0.125), (0.0, "ABORT", 0.125)])
+    core._process_input_queue()
+    assert metrics.value(spec, **ALL_LABELS) == (1, 0.3125, counts(S, b12=1))
+
+    # Idle: blocks 5 s for the first request; timed from its handling: 0.125 + 0.0625.
+    core.work = False
+    core.queue.extend([(5.0, "ADD", 0.125), (0.0, "ADD", 0.0625)])
+    core._process_input_queue()
+    assert metrics.value(spec, **ALL_LABELS) == (2, 0.5, counts(S, b11=1, b12=1))
+
+    # Idle and nothing arrived: nothing to time.
+    core.work = False
+    core._process_input_queue()
+    assert metrics.value(spec, **ALL_LABELS) == (2, 0.5, counts(S, b11=1, b12=1))
+
+    # Busy and nothing queued: the pass itself is timed.
+    core.work = True
+    core._process_input_queue()
+    assert metrics.value(spec, **ALL_LABELS) == (3, 0.5625, counts(S, b10=1, b11=1, b12=1))
+    assert engine.CURRENT_PASS[0] is None
+
+    # A request handled outside any pass changes nothing; a pass that raises is not timed.
+    core._handle_client_request("ADD", 0.25)
+    core.work = False
+    core.queue.extend([(1.0, "BOOM", 0.0)])
+    with pytest.raises(RuntimeError, match="bad request"):
+        core._process_input_queue()
+    assert engine.CURRENT_PASS[0] is None
+    assert metrics.points()[spec] == {key(**ALL_LABELS): (3, 0.5625, counts(S, b10=1, b11=1, b12=1))}
+
+
+# -- model runner -------------------------------------------------------------------------------------
+
+FORWARD, POST = "gpu_model_runner: forward", "gpu_model_runner: postprocess"
+
+
+class FakeRunner:
+    """GPUModelRunner's shape: execute_model's forward and post-processing scopes, then (when it
+    returned None) sample_tokens. ``plan``: host seconds of each part; ``device_ms``: the forward's
+    time on the device (advances FakeEvent's device clock)."""
+
+    def __init__(self, clock, utils, event=None):
+        self.clock = clock
+        self.utils = utils
+        self.event = event
+        self.requests = {}
+        self.plan = {}
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None):
+        p, scope = self.plan, self.utils.record_function_or_nullcontext
+        self.clock.t += p.get("prepare", 0.0)
+        if p.get("no_forward"):  # e.g. kv_connector_no_forward: the step returns before any forward
+            return p.get("result")
+        with scope(FORWARD):
+            self.clock.t += p["forward"]
+            if self.event is not None:
+                self.event.device_ms += p["device_ms"]
+        with scope(POST):
+            self.clock.t += p.get("post", 0.0)
+        self.clock.t += p.get("tail", 0.0)
+        return p.get("result")
+
+    def sample_tokens(self, grammar_output):
+        with self.utils.record_function_or_nullcontext("gpu_model_runner: sample"):
+            self.clock.t += self.plan["sample"]
+        return "sampled"
+
+
+def instrumented_runner():
+    cls = FakeRunner
+    return type("InstrumentedRunner", (cls,), {
+        "execute_model": wrap(cls.execute_model, model_runner.ExecuteModel(), SYNC)[0],
+        "sample_tokens": wrap(cls.sample_tokens, model_runner.SampleTokens(), SYNC)[0],
+    })
+
+
+EXECUTE, INFERENCE = name("executor:model_runner_execute_model:duration"), name("worker:model_inference:duration")
+NPU_FORWARD, LAUNCH, NON_FORWARD = name("npu:forward_duration"), name("npu:kernel_launch"), name("npu:non_forward_duration")
+SCOPES = name("record_function_or_nullcontext")
+
+
+def test_worker_step_execute_then_sample_on_the_host_timeline(metrics, clock, utils):
+    model_runner._DEVICE[0] = None  # no device events
+    runner = instrumented_runner()(clock, utils)
+    runner.plan = {"prepare": 0.0625, "forward": 0.25, "post": 0.125, "tail": 0.0625, "result": None, "sample": 0.25}
+    context.LAST_STEP_PHASE[0] = "decode"
+    assert runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"})) is None
+    assert context.LAST_STEP_PHASE[0] == "prefill"
+    assert INFERENCE not in metrics.points()  # the step goes on in sample_tokens
+    assert runner.sample_tokens(None) == "sampled"
+    assert model_runner.CURRENT[0] is None
+
+    m, pre = metrics.points(), step("prefill")
+    assert m[EXECUTE] == {key(**pre): (1, 0.5, counts(S, b12=1))}
+    assert m[INFERENCE] == {key(**pre): (1, 0.75, counts(S, b13=1))}  # 0.5 + 0.25
+    assert m[NPU_FORWARD] == {key(**pre): (1, 0.25, counts(S, b11=1))}
+    assert m[LAUNCH] == {key(**pre): (1, 0.375, counts(S, b12=1))}  # forward start 100.0625 → post end 100.4375
+    assert m[NON_FORWARD] == {key(**pre): (1, 0.5, counts(S, b12=1))}  # 0.75 - 0.25
+    assert m[SCOPES] == {
+        key(**step("prefill", name=FORWARD)): (1, 0.25, counts(S, b11=1)),
+        key(**step("prefill", name=POST)): (1, 0.125, counts(S, b11=1)),
+        key(**step("prefill", name="gpu_model_runner: sample")): (1, 0.25, counts(S, b11=1)),
+    }
+
+
+def test_worker_step_that_returns_its_output_and_classifies_itself(metrics, clock, utils):
+    model_runner._DEVICE[0] = None
+    runner = instrumented_runner()(clock, utils)
+    runner.plan = {"forward": 0.125, "post": 0.0625, "result": "output", "sample": 1.0}
+    requests = {"d": req(12, 13, prompt=10)}
+    so = output(requests, cached=[("d", 1)])  # from an uninstrumented EngineCore: no phase stored
+    assert runner.execute_model(so) == "output"
+    assert model_runner.CURRENT[0] is None
+    runner.sample_tokens(None)  # not part of a step any more: no second inference value
+    m, dec = metrics.points(), step("decode")
+    assert m[EXECUTE] == {key(**dec): (1, 0.1875, counts(S, b11=1))}
+    assert m[INFERENCE] == {key(**dec): (1, 0.1875, counts(S, b11=1))}  # execute_model only
+    assert m[NPU_FORWARD] == {key(**dec): (1, 0.125, counts(S, b11=1))}
+    assert m[LAUNCH] == {key(**dec): (1, 0.1875, counts(S, b11=1))}
+    assert m[NON_FORWARD] == {key(**dec): (1, 0.0625, counts(S, b10=1))}
+
+
+class FakeRunnerV2:
+    def __init__(self, clock):
+        self.clock = clock
+        self.requests = {}
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
+                      skip_attn_for_dummy_run=False):
+        self.clock.t += 0.25
+        return "output"
+
+
+def test_model_runner_v2_skips_dummy_runs(metrics, clock):
+    model_runner._DEVICE[0] = None
+    run = wrap(FakeRunnerV2.execute_model, model_runner.ExecuteModelV2(), SYNC)[0]
+    runner = FakeRunnerV2(clock)
+    so = NS(**{PHASE_ATTRIBUTE: "prefill"})
+    context.LAST_STEP_PHASE[0] = "decode"
+    run(runner, so, None, True)
+    run(runner, so, dummy_run=True)
+    run(runner, so, dummy_run=True, skip_attn_for_dummy_run=True)
+    assert model_runner.CURRENT[0] is None and context.LAST_STEP_PHASE[0] == "decode"
+    assert EXECUTE not in metrics.points() and INFERENCE not in metrics.points()
+    assert run(runner, so) == "output"
+    assert run(runner, so, None, False) == "output"
+    pre = step("prefill")
+    assert metrics.points()[EXECUTE] == {key(**pre): (2, 0.5, counts(S, b11=2))}
+    assert metrics.points()[INFERENCE] == {key(**pre): (2, 0.5, counts(S, b11=2))}
+
+
+def make_event_class():
+    class FakeEvent:
+        """torch.npu/cuda.Event: stamps the device clock when recorded; done once the device got there."""
+
+        device_ms = 1000.0  # where the device clock is when work is enqueued
+        reached = 0.0  # how far the device has executed
+        created = 0
+
+        def __init__(self, enable_timing=False):
+            assert enable_timing
+            type(self).created += 1
+
+        def record(self):
+            self.stamp = type(self).device_ms
+
+        def query(self):
+            return self.stamp <= type(self).reached
+
+        def elapsed_time(self, end):
+            return end.stamp - self.stamp
+
+    return FakeEvent
+
+
+def test_forward_time_from_device_events_recorded_once_they_are_done(metrics, clock, utils):
+    Event = make_event_class()
+    timeline = model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)  # reset by reset_state
+    runner = instrumented_runner()(clock, utils, event=Event)
+
+    # Step 1 (prefill): host forward 0.25 s, device forward 125 ms; the device is not there yet.
+    runner.plan = {"prepare": 0.0625, "forward": 0.25, "device_ms": 125.0, "post": 0.125, "tail": 0.0625,
+                   "result": None, "sample": 0.25}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))
+    runner.sample_tokens(None)
+    m = metrics.points()
+    assert m[INFERENCE] == {key(**step("prefill")): (1, 0.75, counts(S, b13=1))}
+    assert m[LAUNCH] == {key(**step("prefill")): (1, 0.375, counts(S, b12=1))}  # host timeline
+    assert NPU_FORWARD not in m and NON_FORWARD not in m  # not waited for
+    assert len(timeline.pending) == 1 and Event.created == 2
+
+    # Step 2 (decode): the device finished step 1's forward, not step 2's (2000 → 2250 ms).
+    Event.reached, Event.device_ms = 1125.0, 2000.0
+    runner.plan = {"forward": 0.5, "device_ms": 250.0, "result": "output"}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+    m = metrics.points()
+    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}  # from the events
+    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.625, counts(S, b13=1))}  # 0.75 - 0.125
+    assert len(timeline.pending) == 1
+
+    # Step 3 (mixed): the device is past both (3000 → 3062.5 ms).
+    Event.reached, Event.device_ms = 3062.5, 3000.0
+    runner.plan = {"forward": 0.125, "device_ms": 62.5, "result": "output"}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "mixed"}))
+    m = metrics.points()
+    assert m[NPU_FORWARD] == {
+        key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
+        key(**step("decode")): (1, 0.25, counts(S, b11=1)),
+        key(**step("mixed")): (1, 0.0625, counts(S, b10=1)),
+    }
+    assert m[NON_FORWARD] == {
+        key(**step("prefill")): (1, 0.625, counts(S, b13=1)),
+        key(**step("decode")): (1, 0.25, counts(S, b11=1)),  # 0.5 - 0.25
+        key(**step("mixed")): (1, 0.0625, counts(S, b10=1)),  # 0.125 - 0.0625
+    }
+    assert m[INFERENCE][key(**step("decode"))] == (1, 0.5, counts(S, b12=1))
+    assert not timeline.pending
+
+
+def test_pending_device_forward_is_recorded_at_the_end_of_a_later_step_without_forward(metrics, clock, utils):
+    """A step without a forward scope (KV connector without forward) still ends a step: forward
+    times of earlier steps that the device has finished are recorded then, not held back until the
+    next forward step."""
+    Event = make_event_class()
+    timeline = model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)
+    runner = instrumented_runner()(clock, utils, event=Event)
+    runner.plan = {"forward": 0.25, "device_ms": 125.0, "result": "output"}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))  # 0.25 s on the host
+    assert NPU_FORWARD not in metrics.points() and len(timeline.pending) == 1
+    Event.reached = 1125.0
+    runner.plan = {"no_forward": True, "prepare": 0.0625, "result": "output"}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+    m = metrics.points()
+    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
+    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}  # 0.25 - 0.125
+    assert m[INFERENCE][key(**step("decode"))] == (1, 0.0625, counts(S, b10=1))
+    assert LAUNCH not in m or key(**step("decode")) not in m[LAUNCH]
+    assert not timeline.pending
+
+
+# -- profiling scopes ---------------------------------------------------------------------------------
+
+def test_scope_names_beyond_the_limit_are_other(metrics, clock, utils):
+    n = model_runner.MAX_SCOPE_NAMES + 6
+    for i in range(n):
+        with utils.record_function_or_nullcontext(f"scope {i}"):
+            clock.t += 0.0078125
+    with utils.record_function_or_nullcontext("scope 0"):  # an early name keeps its own series
+        clock.t += 0.0078125
+    series = metrics.points()[SCOPES]
+    assert len(series) == model_runner.MAX_SCOPE_NAMES + 1
+    unknown = step("unknown")
+    assert series[key(**unknown, name="scope 0")] == (2, 0.015625, counts(S, b7=2))  # (0.005, 0.01]
+    assert series[key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES - 1}")] == (
+        1, 0.0078125, counts(S, b7=1))
+    assert series[key(**unknown, name="other")] == (6, 0.046875, counts(S, b7=6))
+    assert key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES}") not in series
+    # The name table is bounded too: names beyond the limit are not remembered one by one.
+    for i in range(1000):
+        with utils.record_function_or_nullcontext(f"dynamic {i}"):
+            pass
+    assert len(model_runner._names) == model_runner.MAX_SCOPE_NAMES
+    assert metrics.points()[SCOPES][key(**unknown, name="other")][0] == 1006
+
+
+def test_scope_that_raises_is_not_recorded_and_the_inner_scope_still_runs(metrics, clock):
+    log = []
+    record_function = type("RF", (RecordFunction,), {"log": log})
+    module = fake_utils(record_function)
+    patch = model_runner.ProfilerScopes().install(module)
+    try:
+        assert module._PROFILER_FUNC is not record_function  # vLLM chose record_function; we wrap it
+        boom = ValueError("boom")
+        with pytest.raises(ValueError) as raised:
+            with module.record_function_or_nullcontext("gpu_model_runner: sample"):
+                clock.t += 0.25
+                raise boom
+        assert raised.value is boom
+        assert log == [("enter", "gpu_model_runner: sample"), ("exit", "gpu_model_runner: sample", ValueError)]
+        assert SCOPES not in metrics.points()
+        with module.record_function_or_nullcontext("gpu_model_runner: bookkeep") as value:
+            clock.t += 0.125
+        assert isinstance(value, record_function) and value.name == "gpu_model_runner: bookkeep"
+        assert log[2:] == [("enter", "gpu_model_runner: bookkeep"), ("exit", "gpu_model_runner: bookkeep", None)]
+        assert metrics.points()[SCOPES] == {
+            key(**step("unknown", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(S, b11=1))}
+    finally:
+        patch.remove()
+    assert module._PROFILER_FUNC is record_function
+    assert isinstance(module.record_function_or_nullcontext("x"), record_function)
+
+
+def test_install_lets_vllm_choose_its_factory_and_remove_restores_it():
+    module = fake_utils()
+    assert module._PROFILER_FUNC is None
+    patch = model_runner.ProfilerScopes().install(module)
+    factory = module._PROFILER_FUNC
+    assert factory._otel_vllm_ascend_factory is True
+    scope = module.record_function_or_nullcontext("x")
+    assert isinstance(scope, model_runner._Scope) and scope.inner is None  # nullcontext: nothing to wrap
+    with pytest.raises(RuntimeError):
+        model_runner.ProfilerScopes().install(module)  # already ours
+    patch.remove()
+    assert module._PROFILER_FUNC is contextlib.nullcontext  # vLLM's own choice
+    assert isinstance(module.record_function_or_nullcontext("x"), contextlib.nullcontext)
+
+    # Someone replaced the factory after us: removing ours leaves theirs.
+    patch = model_runner.ProfilerScopes().install(module)
+    theirs = lambda name: contextlib.nullcontext()  # noqa: E731
+    module._PROFILER_FUNC = theirs
+    patch.remove()
+    assert module._PROFILER_FUNC is theirs
