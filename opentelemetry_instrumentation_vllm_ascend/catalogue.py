@@ -285,6 +285,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _sizes("engine_core_outputs_len", "{output}", "Request outputs in one chunk handed to "
            "OutputProcessor.process_outputs.", _API,
            ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), REQUESTS, labels=_API_STEP),
+    # -- vllm-ascend: EPLB ------------------------------------------------------------------------------
+    # -- vllm-ascend: NPU workers, memory, utilization -----------------------------------------------------
 )
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}

@@ -136,6 +136,8 @@ TARGETS: tuple[Target, ...] = (
     Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", SYNC, "api:ProcessOutputs",
            feeds=("output_processor_duration", "engine_core_outputs_len"),
            params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats")),
+    # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
+    # -- vllm-ascend: NPU model runner, Ascend schedulers, memory ------------------------------------------
     # -- process identity -----------------------------------------------------------------------------
     Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", SYNC, "process:ApiServerInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",)),
