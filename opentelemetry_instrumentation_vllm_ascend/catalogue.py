@@ -286,7 +286,81 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "OutputProcessor.process_outputs.", _API,
            ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), REQUESTS, labels=_API_STEP),
     # -- vllm-ascend: EPLB ------------------------------------------------------------------------------
+    # Recorded once per EPLB cycle by the EPLB process (forked from each NPU worker) of EP rank 0, the
+    # rank that computes hotness in vllm-ascend; label ``rank`` is that EP rank. On the per-layer gauges
+    # ``phase`` is NOT a step phase: ``current`` is the expert placement in use while the load was
+    # collected, ``update`` the placement EPLB just computed, evaluated on the same load (before / after
+    # the rebalance). A layer's imbalance is max / mean over EP ranks of the rank's load, a rank's load
+    # being the sum over its expert slots of the expert's hotness divided by the expert's replica count
+    # (vllm-ascend's EplbWorker._compute_imbalance); a layer with no load at all counts as 1.0.
+    *(
+        _gauge(f"eplb:expert_hotness:{which}_{stat}", "1",
+               f"{'Mean' if stat == 'mean' else 'Largest'} over MoE layers of the expert load imbalance "
+               f"(eplb:expert_hotness:imbalance) of the {placement}, in the last EPLB cycle. phase=all.",
+               "eplb", ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",), labels=STEP_LABELS + ("rank",))
+        for which, placement in (("current", "placement in use while the load was collected"),
+                                 ("update", "placement EPLB computed, on the same load"))
+        for stat in ("mean", "max")
+    ),
+    _gauge("eplb:expert_hotness:imbalance", "1", "Expert load imbalance of one MoE layer in the last EPLB "
+           "cycle: max over EP ranks of the rank's load divided by its mean (1.0: balanced; a layer with no "
+           "load counts as 1.0). layer: index among the MoE layers, as EPLB numbers them. phase: current "
+           "(placement in use while the load was collected) or update (placement EPLB computed), not the "
+           "step phase.", "eplb", ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
+           labels=STEP_LABELS + ("rank", "layer")),
+    *(
+        _gauge(f"eplb:layer_load:{stat}", "{token}", f"{meaning} of one MoE layer's per-EP-rank load in the "
+               "last EPLB cycle: token-to-expert routings counted during load collection, each expert's count "
+               "split evenly over its replicas (as eplb:expert_hotness:imbalance counts them). phase: current "
+               "or update placement (before / after the rebalance), not the step phase.", "eplb",
+               ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",), labels=STEP_LABELS + ("rank", "layer"))
+        for stat, meaning in (("mean", "Mean over EP ranks"), ("max", "Maximum over EP ranks (the busiest rank)"))
+    ),
+    # Worker side (each NPU worker applies a new placement, one MoE layer per step). No ``layer`` label:
+    # the work per layer is alike (same expert shapes) and a label would multiply each histogram's series
+    # by the MoE layer count (60 layers x ~20 buckets x 3 metrics per worker); eplb:layer_load shows
+    # which layer is hot.
+    _timer("eplb:expert_weight_update:duration", "Duration of a D2DExpertWeightLoader.update_expert_map_and_"
+           "weight call that applied one MoE layer of a new expert placement (waiting for the D2D weight "
+           "transfers, then updating the expert map, the log2phy map and the received experts' weights); "
+           "calls that found no transfer in flight do nothing and are not recorded. phase=all.", _W,
+           ("vllm_ascend.eplb.core.eplb_device_transfer_loader:D2DExpertWeightLoader.update_expert_map_and_weight",)),
+    *(
+        _timer(seed, f"Duration of VllmEplbAdaptor.{method} ({meaning}). phase=all.", _W,
+               (f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}",))
+        for seed, method, meaning in (
+            ("eplb:expert_map_update:duration", "do_update_expert_map", "one MoE layer's expert map replaced"),
+            ("eplb:log2phy_map_update:duration", "do_update_log2phy_map",
+             "one MoE layer's logical-to-physical expert map replaced"),
+            ("eplb:expert_weight_replace:duration", "do_update_expert_weight",
+             "one received expert's weights copied into place"),
+        )
+    ),
     # -- vllm-ascend: NPU workers, memory, utilization -----------------------------------------------------
+    *(
+        _gauge(f"engine:memory:{name}", unit, f"{meaning} Read once per worker after warm-up (or, when "
+               "instrumented after start-up, at its first step) from what the worker stored; absent where the "
+               "worker does not store it. rank: the worker's global rank.", _W,
+               ("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
+                "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model",
+                "vllm_ascend.worker.worker:NPUWorker.compile_or_warm_up_model"),
+               labels=STEP_LABELS + ("rank",))
+        for name, unit, meaning in (
+            ("total_gb", "GiBy", "Device memory of the worker's device (init_snapshot.total_memory)."),
+            ("utilization_ratio", "1", "Configured gpu_memory_utilization."),
+            ("reserved_gb", "GiBy", "Memory vLLM may use on the device (total × gpu_memory_utilization)."),
+            ("weights_gb", "GiBy", "Model weights (model_runner.model_memory_usage)."),
+            ("kvcache_gb", "GiBy", "Memory given to the KV cache (available_kv_cache_memory_bytes; where the "
+             "size was set explicitly, e.g. VLLM_CPU_KVCACHE_SPACE on CPU: cache_config.kv_cache_memory_bytes)."),
+            ("non_torch_gb", "GiBy", "Non-torch memory measured while profiling (NPU workers)."),
+            ("activation_gb", "GiBy", "Peak activation memory measured while profiling."),
+            ("graph_gb", "GiBy", "Memory of captured NPU graphs (NPU workers)."),
+        )
+    ),
+    _gauge("npu:utilization", "%", "Utilization of the worker's device (torch_npu's torch.npu.utilization, or "
+           "torch.cuda.utilization on CUDA), read at each collection; absent where there is no device or the "
+           "API does not answer. device: the device index.", _W,
+           ("vllm.v1.worker.worker_base:WorkerBase.__init__",), labels=STEP_LABELS + ("device",)),
 )
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}

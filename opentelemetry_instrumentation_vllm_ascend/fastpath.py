@@ -197,6 +197,8 @@ class Store:
         self._lock = threading.Lock()
         self._previous: dict[int, tuple[int, dict]] = {}  # per delta reader: (time, {seed: snapshot})
         self._windows = False  # keep per-interval min/max: only when a reader takes delta histograms
+        #: Called at the start of every collection (observable gauges set their values there).
+        self.before_collect: list = []
 
     def instrument(self, spec: catalogue.MetricSpec):
         instrument = self._instruments.get(spec.seed)
@@ -220,6 +222,8 @@ class Store:
         reader._set_collect_callback(self.collect_for)
 
     def collect_for(self, reader, timeout_millis: float = 10_000) -> MetricsData | None:
+        for hook in list(self.before_collect):
+            hook()
         temporalities = getattr(reader, "_instrument_class_temporality", {})
         counter_t = temporalities.get(_COUNTER_KEY, temporalities.get(Counter, CUMULATIVE))
         histogram_t = temporalities.get(_HISTOGRAM_KEY, temporalities.get(HistogramInstrument, CUMULATIVE))

@@ -120,6 +120,26 @@ class Pipeline:
             inst = meter.create_gauge(spec.instrument_name, unit=spec.unit, description=spec.description)
         return _SdkInstrument(inst, spec.labels)
 
+    def observe(self, spec: catalogue.MetricSpec, callback) -> None:
+        """An observable gauge: ``callback()`` returns ``[(label tuple, value), …]`` at each collection
+        (no value: nothing is exported — absent, not zero)."""
+        if self.store is not None:
+            instrument = self.store.instrument(spec)
+
+            def hook():
+                for labels, value in callback():
+                    instrument.set(value, labels)
+
+            self.store.before_collect.append(hook)
+            return
+        from opentelemetry.metrics import Observation
+
+        def sdk_callback(_options):
+            return [Observation(value, dict(zip(spec.labels, labels))) for labels, value in callback()]
+
+        self.meter.create_observable_gauge(spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit,
+                                           description=spec.description)
+
     def flush(self, timeout_millis: float = 5_000) -> None:
         if os.getpid() != self.pid or self._closed:
             return

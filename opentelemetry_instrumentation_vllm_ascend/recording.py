@@ -62,6 +62,49 @@ def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:
     _instrument(spec).set(value, labels)
 
 
+_observers: list = []
+
+
+def _safe(spec, callback):
+    from .wrappers import Handler, report
+
+    class _Observer(Handler):
+        name = f"observer of {spec.seed}"
+
+    observer = _Observer()
+
+    def observe():
+        try:
+            return list(callback())
+        except Exception:
+            report(observer, "collection")
+            return []
+
+    return observe
+
+
+def observe(spec: catalogue.MetricSpec, callback) -> None:
+    """Register an observable gauge for this process: ``callback()`` returns ``[(labels, value), …]``
+    at each collection, in the collecting thread. It survives pipeline rebuilds (fork)."""
+    entry = (spec, _safe(spec, callback))
+    _observers.append(entry)
+    current = pipeline.current()
+    if current is not None:
+        current.observe(*entry)
+    else:
+        pipeline.get()  # built now: _reobserve registers every observer with it
+
+
+def _reobserve(new_pipeline) -> None:
+    if new_pipeline is None:
+        return
+    for spec, callback in _observers:
+        new_pipeline.observe(spec, callback)
+
+
+pipeline._on_new_pipeline.append(_reobserve)
+
+
 def process_started() -> None:
     """This process now contributes metrics: count it (once per label set) in instrumented_processes."""
     ctx = context.PROCESS

@@ -60,6 +60,7 @@ _SCHEDULE_FEEDS = (
     "allocated_kvcache_blocks", "request_prefill_pending_nums", "record_function_or_nullcontext",
 )
 _RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
+_MEMORY = tuple(spec.seed for spec in c.CATALOGUE if spec.seed.startswith("engine:memory:"))
 _RUNNER_FEEDS = ("executor:model_runner_execute_model:duration", "worker:model_inference:duration",
                  "npu:forward_duration", "npu:kernel_launch", "npu:non_forward_duration")
 
@@ -137,14 +138,54 @@ TARGETS: tuple[Target, ...] = (
            feeds=("output_processor_duration", "engine_core_outputs_len"),
            params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats")),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
+    # Runs in the EPLB process forked from each NPU worker; EP rank 0 records hotness and imbalance.
+    Target("vllm_ascend.eplb.core.eplb_worker", "EplbWorker.do_update", SYNC, "eplb:DoUpdate",
+           vllm_ascend=">=0.23.0",
+           feeds=tuple(f"eplb:expert_hotness:{s}" for s in ("current_mean", "current_max", "update_mean",
+                                                             "update_max", "imbalance"))
+           + ("eplb:layer_load:mean", "eplb:layer_load:max", c.INSTRUMENTED_PROCESSES.seed)),
+    # Worker side: timed only when a transfer was in flight (state TRANSFERRING before the call).
+    Target("vllm_ascend.eplb.core.eplb_device_transfer_loader", "D2DExpertWeightLoader.update_expert_map_and_weight",
+           SYNC, "eplb:UpdateExpertMapAndWeight", vllm_ascend=">=0.23.0",
+           feeds=("eplb:expert_weight_update:duration",)),
+    *(Target("vllm_ascend.eplb.adaptor.vllm_adaptor", f"VllmEplbAdaptor.{method}", SYNC_TIMER, f"eplb:{handler}",
+             vllm_ascend=">=0.23.0", feeds=(seed,))
+      for method, handler, seed in (
+          ("do_update_expert_map", "UpdateExpertMap", "eplb:expert_map_update:duration"),
+          ("do_update_log2phy_map", "UpdateLog2PhyMap", "eplb:log2phy_map_update:duration"),
+          ("do_update_expert_weight", "UpdateExpertWeight", "eplb:expert_weight_replace:duration"),
+      )),
     # -- vllm-ascend: NPU model runner, Ascend schedulers, memory ------------------------------------------
+    *(Target("vllm_ascend.worker.model_runner_v1", qualname, kind, handler, vllm_ascend=">=0.23.0", feeds=feeds,
+             params=params)
+      for qualname, kind, handler, feeds, params in (
+          ("NPUModelRunner.execute_model", SYNC, "ascend:NPUExecuteModel", _RUNNER_FEEDS, ("scheduler_output",)),
+          ("NPUModelRunner._prepare_inputs", SYNC_TIMER, "ascend:NPUPrepareInputs",
+           ("executor:prepare_inputs:duration",), ()),
+          ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", ("worker:model_inference:duration",), ()),
+      )),
+    # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
+    *(Target(module, f"{cls}.schedule", SYNC, "scheduler:Schedule", vllm_ascend=">=0.23.0", feeds=_SCHEDULE_FEEDS)
+      for module, cls in (("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
+                          ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
+                          ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
+                          ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"))),
+    # Memory after warm-up (and, when instrumented late, at the first step), vLLM's workers and vllm-ascend's.
+    Target("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model", SYNC, "memory:WarmUp", feeds=_MEMORY),
+    Target("vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp",
+           feeds=_MEMORY),
+    Target("vllm.v1.worker.gpu_worker", "Worker.execute_model", SYNC, "memory:LateCapture", feeds=_MEMORY),
+    Target("vllm_ascend.worker.worker", "NPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp",
+           vllm_ascend=">=0.23.0", feeds=_MEMORY),
+    Target("vllm_ascend.worker.worker", "NPUWorker.execute_model", SYNC, "memory:LateCapture",
+           vllm_ascend=">=0.23.0", feeds=_MEMORY),
     # -- process identity -----------------------------------------------------------------------------
     Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", SYNC, "process:ApiServerInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",)),
     Target("vllm.v1.executor.abstract", "Executor.__init__", SYNC, "process:EngineCoreInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",)),
     Target("vllm.v1.worker.worker_base", "WorkerBase.__init__", SYNC, "process:WorkerInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",)),
+           feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config",)),
 )
 
 
@@ -169,6 +210,24 @@ READS = tuple(
         ("vllm.v1.metrics.stats", "FinishedRequestStats", ("num_generation_tokens", "decode_time")),
         ("vllm.v1.metrics.stats", "RequestStateStats", ("num_generation_tokens", "first_token_ts")),
         ("vllm.v1.engine", "EngineCoreOutput", ("new_token_ids",)),
+        ("vllm.v1.worker.gpu_worker", "Worker",
+         ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "peak_activation_memory",
+          "model_runner", "rank", "cache_config")),
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("model_memory_usage",)),
+        ("vllm.config", "CacheConfig", ("gpu_memory_utilization", "kv_cache_memory_bytes")),
+        ("vllm.utils.mem_utils", "MemorySnapshot", ("total_memory",)),
+        # vllm-ascend (checked against its sdist)
+        ("vllm_ascend.eplb.core.eplb_worker", "EplbWorker",
+         ("rank_id", "old_expert_maps", "shared_dict", "latest_expert_hotness")),
+        ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "D2DExpertWeightLoader", ("state",)),
+        ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "ExpertWeightUpdateState", ("TRANSFERRING",)),
+        ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", ("attn_state", "requests", "model_memory_usage")),
+        ("vllm_ascend.attention.attention_v1", "AscendAttentionState",
+         ("PrefillNoCache", "PrefillCacheHit", "DecodeOnly", "ChunkedPrefill", "SpecDecoding")),
+        ("vllm_ascend.core.recompute_scheduler", "RecomputeSchedulerOutput", ("recomputed_reqs",)),
+        ("vllm_ascend.worker.worker", "NPUWorker",
+         ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "non_torch_memory",
+          "peak_activation_memory", "npugraph_memory_bytes", "model_runner", "rank", "cache_config")),
         ("vllm.v1.request", "Request", ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens")),
         ("vllm.v1.core.sched.output", "SchedulerOutput",
          ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")),

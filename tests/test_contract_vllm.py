@@ -59,7 +59,8 @@ def test_every_target_exists_with_the_parameters_its_handler_reads(version_tree)
 
 def test_every_attribute_handlers_read_exists(version_tree):
     version, tree = version_tree
-    problems = [p for read in targets.READS for p in check_read(tree, read)]
+    problems = [p for read in targets.READS if not read.module.startswith("vllm_ascend")
+                for p in check_read(tree, read)]
     assert problems == [], f"vLLM {version}"
 
 

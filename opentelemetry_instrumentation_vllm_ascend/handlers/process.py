@@ -35,7 +35,14 @@ class EngineCoreInit(_Claim):
 
 
 class WorkerInit(_Claim):
-    """``WorkerBase.__init__`` runs in each worker process (inside the EngineCore with UniProcExecutor)."""
+    """``WorkerBase.__init__`` runs in each worker process (inside the EngineCore with UniProcExecutor);
+    the worker's device utilization gauge is registered here (read at each collection)."""
 
     name = "WorkerBase.__init__"
     process = "worker"
+
+    def before(self, args, kwargs):
+        super().before(args, kwargs)
+        from .memory import observe_utilization
+
+        observe_utilization()

@@ -108,14 +108,23 @@ class Schedule(Handler):
     reads_args = 1  # self
 
     def before(self, args, kwargs):
+        if CURRENT_STEP.get() is not None:
+            return None  # a subclass's schedule() calling the base's: the outermost hook measures
         step = Step()
         return step, CURRENT_STEP.set(step), perf_counter()
 
     def after(self, state, args, kwargs, result):
         end = perf_counter()
+        if state is None:
+            return
         step, token, start = state
         CURRENT_STEP.reset(token)
         scheduler = args[0]
+        # vllm-ascend's RecomputeScheduler (PD decode nodes): requests handed back to the proxy to be
+        # recomputed elsewhere, without _preempt_request.
+        recomputed = getattr(result, "recomputed_reqs", None)
+        if recomputed:
+            step.recomputes += len(recomputed)
         step_class = context.classify_step(scheduler, result)
         phase = LAST_STEP_PHASE[0] = step_class[0]
         try:
@@ -137,6 +146,8 @@ class Schedule(Handler):
                 report(self, part.__name__)
 
     def error(self, state, args, kwargs, exc):
+        if state is None:
+            return
         step, token, _start = state
         CURRENT_STEP.reset(token)
         LAST_STEP_PHASE[0] = UNKNOWN

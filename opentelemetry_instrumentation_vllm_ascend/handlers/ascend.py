@@ -1,0 +1,71 @@
+"""vllm-ascend's NPU model runner and schedulers.
+
+NPU runner: ``NPUModelRunner`` overrides ``execute_model`` / ``_prepare_inputs`` / ``sample_tokens``
+without reaching GPUModelRunner's, so it has its own rows with the model-runner handlers. Phase: the
+step's phase carried on the SchedulerOutput (exact: computed by the EngineCore's scheduler hook) wins;
+without it (EngineCore not instrumented) the runner's own ``attn_state``, set by ``_prepare_inputs``,
+decides: PrefillNoCache / PrefillCacheHit → prefill, DecodeOnly / SpecDecoding → decode,
+ChunkedPrefill (vllm-ascend's "splitfuse": any batch with prefill work that is not all new) → mixed.
+Scopes entered before ``_prepare_inputs`` returns (its own "prepare input" scope ends after it) get
+that phase too.
+
+Ascend schedulers re-implement ``schedule()`` without calling the base, so each gets the scheduler
+hook itself (a nested call through ``super().schedule()`` is measured once, by the outermost hook).
+``RecomputeScheduler`` on PD decode nodes also drops running requests back to the proxy for
+recomputation without ``_preempt_request`` (``recomputed_reqs`` of its output): each is one
+``scheduler:recompute_events``.
+"""
+
+from __future__ import annotations
+
+from .. import context
+from ..context import LAST_STEP_PHASE, PHASE_ATTRIBUTE
+from . import model_runner
+from .model_runner import CURRENT, ExecuteModel, PrepareInputs
+
+#: AscendAttentionState names → step phase.
+ATTN_STATE_PHASES = {
+    "PrefillNoCache": "prefill",
+    "PrefillCacheHit": "prefill",
+    "DecodeOnly": "decode",
+    "SpecDecoding": "decode",
+    "ChunkedPrefill": "mixed",
+}
+_PENDING = "pending"  # the step's phase is not known until _prepare_inputs ran
+
+
+def phase_of_attn_state(state) -> str | None:
+    name = getattr(state, "name", None)
+    return ATTN_STATE_PHASES.get(name if isinstance(name, str) else str(state).rsplit(".", 1)[-1])
+
+
+class NPUExecuteModel(ExecuteModel):
+    """``NPUModelRunner.execute_model(scheduler_output, intermediate_tensors=None)``."""
+
+    name = "NPUModelRunner.execute_model"
+
+    def before(self, args, kwargs):
+        phase = getattr(args[1], PHASE_ATTRIBUTE, None)
+        LAST_STEP_PHASE[0] = phase or context.UNKNOWN
+        step = CURRENT[0] = model_runner.WorkerStep(phase or _PENDING, model_runner.perf_counter())
+        return step
+
+    def after(self, step, args, kwargs, result):
+        if step.phase == _PENDING:
+            step.phase = context.UNKNOWN
+        super().after(step, args, kwargs, result)
+
+
+class NPUPrepareInputs(PrepareInputs):
+    """``NPUModelRunner._prepare_inputs``: timed; when the step's phase did not come with its
+    SchedulerOutput, it is read from the ``attn_state`` this call just set."""
+
+    name = "NPUModelRunner._prepare_inputs"
+    reads_args = 1  # self
+
+    def timed(self, seconds, args, kwargs, result):
+        step = CURRENT[0]
+        if step is not None and step.phase == _PENDING:
+            step.phase = LAST_STEP_PHASE[0] = phase_of_attn_state(getattr(args[0], "attn_state", None)) \
+                or context.UNKNOWN
+        super().timed(seconds, args, kwargs, result)

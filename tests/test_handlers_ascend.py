@@ -1,0 +1,211 @@
+"""vllm-ascend handlers (NPU runner phase, Ascend schedulers, memory, device utilization) on fakes
+whose attribute names are the ones tests/test_contract_ascend.py checks against vllm-ascend's source."""
+
+import enum
+import sys
+import types
+from types import SimpleNamespace as NS
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import context, recording
+from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, memory, model_runner
+from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
+from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
+from opentelemetry_instrumentation_vllm_ascend.wrappers import SYNC, SYNC_TIMER, wrap
+
+from test_handlers import output, req
+
+
+class AscendAttentionState(enum.Enum):  # vllm_ascend.attention.attention_v1
+    PrefillNoCache = 0
+    PrefillCacheHit = 1
+    DecodeOnly = 2
+    ChunkedPrefill = 3
+    SpecDecoding = 4
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    model_runner.CURRENT[0] = None
+    memory._captured.clear()
+    yield
+    model_runner.CURRENT[0] = None
+
+
+def npu_runner(attn_state):
+    class NPUModelRunner:
+        def __init__(self):
+            self.requests = {}
+            self.attn_state = None
+
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens=None):
+            self.attn_state = attn_state
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            self._prepare_inputs(scheduler_output)
+            return None
+
+        def sample_tokens(self, grammar_output):
+            return "output"
+
+    NPUModelRunner.execute_model = wrap(NPUModelRunner.execute_model, ascend.NPUExecuteModel(), SYNC)[0]
+    NPUModelRunner._prepare_inputs = wrap(NPUModelRunner._prepare_inputs, ascend.NPUPrepareInputs(), SYNC_TIMER)[0]
+    NPUModelRunner.sample_tokens = wrap(NPUModelRunner.sample_tokens, SampleTokens(), SYNC)[0]
+    return NPUModelRunner()
+
+
+@pytest.mark.parametrize("state, phase", [
+    (AscendAttentionState.PrefillNoCache, "prefill"), (AscendAttentionState.PrefillCacheHit, "prefill"),
+    (AscendAttentionState.DecodeOnly, "decode"), (AscendAttentionState.SpecDecoding, "decode"),
+    (AscendAttentionState.ChunkedPrefill, "mixed"),
+])
+def test_npu_step_phase_from_attn_state_when_the_output_carries_none(metrics, state, phase):
+    runner = npu_runner(state)
+    runner.execute_model(NS())  # no phase attribute: the EngineCore was not instrumented
+    runner.sample_tokens(None)
+    labels = {"dp": "0", "role": "mixed", "phase": phase}
+    assert metrics.value("vllm_profiling_worker:model_inference:duration", **labels)[0] == 1
+    assert metrics.value("vllm_profiling_executor:model_runner_execute_model:duration", **labels)[0] == 1
+    assert metrics.value("vllm_profiling_executor:prepare_inputs:duration", **labels)[0] == 1
+
+
+def test_npu_step_phase_carried_by_the_output_wins(metrics):
+    runner = npu_runner(AscendAttentionState.ChunkedPrefill)
+    out = NS(**{context.PHASE_ATTRIBUTE: "prefill"})  # exact, from the EngineCore: a chunked prefill
+    runner.execute_model(out)
+    runner.sample_tokens(None)
+    assert metrics.value("vllm_profiling_worker:model_inference:duration",
+                         dp="0", role="mixed", phase="prefill")[0] == 1
+    assert metrics.value("vllm_profiling_worker:model_inference:duration", dp="0", role="mixed", phase="mixed") is None
+
+
+class RecomputeScheduler:
+    """The parts of vllm_ascend.core.recompute_scheduler.RecomputeScheduler the handlers touch."""
+
+    def __init__(self, recomputed, nested=False):
+        self.requests = {"d": req(41, 42, prompt=40)}  # decoding (2 outputs)
+        self.running, self.waiting = [], []
+        self.max_num_running_reqs = 8
+        self.kv_cache_manager = NS(block_pool=NS(num_gpu_blocks=9, get_num_free_blocks=lambda: 4))
+        self.recomputed = recomputed
+        self.nested = nested
+
+    def base_schedule(self):
+        out = output(self.requests, cached=[("d", 1)])
+        out.recomputed_reqs = [NS(request_id=f"r{i}") for i in range(self.recomputed)]
+        return out
+
+    def schedule(self):
+        return self.base_schedule()
+
+
+def test_requests_sent_back_for_recompute_are_recompute_events(metrics):
+    cls = type("Hooked", (RecomputeScheduler,), {})
+    cls.schedule = wrap(RecomputeScheduler.schedule, Schedule(), SYNC)[0]
+    sched = cls(recomputed=3)
+    sched.schedule()
+    step = {"dp": "0", "role": "mixed", "phase": "decode"}
+    assert metrics.value("vllm_profiling_scheduler:recompute_events", **step) == 3
+    assert metrics.value("vllm_profiling_running_to_waiting_count", **step) is None  # not back to waiting
+    sched.recomputed = 0
+    sched.schedule()
+    assert metrics.value("vllm_profiling_scheduler:recompute_events", **step) == 3
+
+
+def test_a_subclass_schedule_calling_the_base_is_measured_once(metrics):
+    """BalanceScheduler.schedule may return super().schedule(): both are hooked, one step is recorded."""
+    class Base(RecomputeScheduler):
+        pass
+
+    Base.schedule = wrap(RecomputeScheduler.schedule, Schedule(), SYNC)[0]
+
+    class Balance(Base):
+        def schedule(self):
+            return super().schedule()
+
+    Balance.schedule = wrap(Balance.schedule, Schedule(), SYNC)[0]
+    Balance(recomputed=1).schedule()
+    step = {"dp": "0", "role": "mixed", "phase": "decode"}
+    assert metrics.value("vllm_profiling_scheduler:duration", **step)[0] == 1
+    assert metrics.value("vllm_profiling_scheduler:recompute_events", **step) == 1
+
+
+def npu_worker(**stored):
+    """The attributes NPUWorker stores while profiling and warming up (GiB multiples here)."""
+    gib = 1 << 30
+    worker = NS(rank=3, cache_config=NS(gpu_memory_utilization=0.9),
+                model_runner=NS(model_memory_usage=2 * gib))
+    values = dict(init_snapshot=NS(total_memory=64 * gib), requested_memory=int(57.6 * gib),
+                  available_kv_cache_memory_bytes=40 * gib, non_torch_memory=gib // 2,
+                  peak_activation_memory=3 * gib, npugraph_memory_bytes=gib // 4)
+    values.update(stored)
+    for k, v in values.items():
+        if v is not None:
+            setattr(worker, k, v)
+    return worker
+
+
+def memory_values(metrics):
+    return {name.split(":")[-1]: series for name, series in metrics.points().items()
+            if name.startswith("vllm_profiling_engine:memory:")}
+
+
+def test_memory_after_warm_up_in_gib_with_the_workers_rank(metrics):
+    class Worker:
+        def compile_or_warm_up_model(self):
+            return 1.5
+
+    Worker.compile_or_warm_up_model = wrap(Worker.compile_or_warm_up_model, memory.WarmUp(), SYNC)[0]
+    worker = npu_worker()
+    assert Worker.compile_or_warm_up_model(worker) == 1.5
+    labels = (("dp", "0"), ("phase", "all"), ("rank", "3"), ("role", "mixed"))
+    got = {k: v[labels] for k, v in memory_values(metrics).items()}
+    assert got == {"total_gb": 64.0, "utilization_ratio": 0.9, "reserved_gb": pytest.approx(57.6),
+                   "weights_gb": 2.0, "kvcache_gb": 40.0, "non_torch_gb": 0.5, "activation_gb": 3.0,
+                   "graph_gb": 0.25}
+
+
+def test_memory_values_a_worker_does_not_store_are_absent_not_zero(metrics):
+    memory.capture(npu_worker(non_torch_memory=None, npugraph_memory_bytes=None, init_snapshot=None))
+    assert set(memory_values(metrics)) == {"utilization_ratio", "reserved_gb", "weights_gb", "kvcache_gb",
+                                           "activation_gb"}
+
+
+def test_memory_is_captured_at_the_first_step_when_instrumented_after_warm_up(metrics):
+    class Worker:
+        calls = 0
+
+        def execute_model(self, scheduler_output):
+            Worker.calls += 1
+            return "out"
+
+    Worker.execute_model = wrap(Worker.execute_model, memory.LateCapture(), SYNC)[0]
+    worker = npu_worker()
+    worker.execute_model = types.MethodType(Worker.execute_model, worker)
+    assert worker.execute_model(None) == "out"
+    assert memory_values(metrics)["kvcache_gb"]
+    worker.available_kv_cache_memory_bytes = 0
+    worker.execute_model(None)
+    labels = (("dp", "0"), ("phase", "all"), ("rank", "3"), ("role", "mixed"))
+    assert memory_values(metrics)["kvcache_gb"][labels] == 40.0
+    assert Worker.calls == 2
+
+
+def test_device_utilization_is_observed_at_collection_and_absent_without_a_device(metrics, monkeypatch):
+    readings = iter([37.0, 55.0])
+    calls = []
+    npu = NS(is_available=lambda: True, is_initialized=lambda: True, current_device=lambda: 1,
+             utilization=lambda index: calls.append(index) or next(readings))
+    monkeypatch.setitem(sys.modules, "torch", NS(npu=npu, cuda=None))
+    monkeypatch.setattr(recording, "_observers", [])
+    monkeypatch.setattr(memory, "_observing", [False])
+    memory.observe_utilization()
+    memory.observe_utilization()  # once per process
+    key = (("device", "1"), ("dp", "0"), ("phase", "all"), ("role", "mixed"))
+    assert metrics.points()["vllm_profiling_npu:utilization"][key] == 37.0
+    assert metrics.points()["vllm_profiling_npu:utilization"][key] == 55.0
+    assert calls == [1, 1]  # read once per collection, for the process's own device
+    # No device (CPU): nothing is exported for the gauge, rather than a 0.
+    monkeypatch.setitem(sys.modules, "torch", NS(npu=None, cuda=NS(is_available=lambda: False)))
+    assert memory.utilization() == []
