@@ -85,3 +85,63 @@ def test_npu_runner_sets_attn_state_in_prepare_inputs(tree):
         assert f"record_function_or_nullcontext({scope})" in source, scope
     # vllm-ascend imports the scope function from vLLM: our _PROFILER_FUNC factory reaches it.
     assert "from vllm.v1.utils import" in source and "record_function_or_nullcontext" in source
+
+
+# -- the fakes the handler tests use have the real classes' shape ----------------------------------------
+
+def _fakes():
+    """(fake class, an instance or None, real module, real class, names the fake adds for the test only)."""
+    import test_eplb
+    import test_handlers_ascend as t
+
+    runner = t.npu_runner(t.AscendAttentionState.DecodeOnly)
+    return [
+        (test_eplb.FakeEplbWorker, test_eplb.FakeEplbWorker({}, 0, None), "vllm_ascend.eplb.core.eplb_worker",
+         "EplbWorker", {"computes_hotness", "new_placement", "multi_stage"}),
+        (test_eplb.FakeAdaptor, test_eplb.FakeAdaptor(), "vllm_ascend.eplb.adaptor.vllm_adaptor",
+         "VllmEplbAdaptor", {"calls"}),
+        (test_eplb.FakeLoader, test_eplb.FakeLoader(None), "vllm_ascend.eplb.core.eplb_device_transfer_loader",
+         "D2DExpertWeightLoader", set()),
+        (type(runner), runner, "vllm_ascend.worker.model_runner_v1", "NPUModelRunner", set()),
+        (t.RecomputeScheduler, t.RecomputeScheduler(0), "vllm_ascend.core.recompute_scheduler",
+         "RecomputeScheduler", {"recomputed", "nested", "base_schedule"}),
+    ]
+
+
+def test_fakes_have_the_real_classes_methods_and_attributes(tree):
+    import inspect
+
+    from opentelemetry_instrumentation_vllm_ascend.contract import positional_params
+
+    problems = []
+    for fake, instance, module, cls, test_only in _fakes():
+        members = tree.members(module, cls)
+        assert members, f"{module}:{cls} not found"
+        for name, value in vars(fake).items():
+            if name.startswith("__") or name in test_only or not callable(value):
+                continue
+            function = getattr(value, "__wrapped__", value)
+            real = members.get(name)
+            if real is None or not hasattr(real, "args"):
+                problems.append(f"{cls}.{name}: not a method of the real class")
+                continue
+            fake_params = [p for p in inspect.signature(function).parameters
+                           if inspect.signature(function).parameters[p].kind in (
+                               inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+            if positional_params(real)[:len(fake_params)] != fake_params:
+                problems.append(f"{cls}.{name}: fake {fake_params} vs real {positional_params(real)}")
+        for name in vars(instance) if instance is not None else ():
+            if name not in test_only and name not in members:
+                problems.append(f"{cls}.{name}: attribute not in the real class")
+    assert problems == []
+
+
+def test_fake_enums_match_the_real_ones(tree):
+    import test_eplb
+    import test_handlers_ascend as t
+
+    for fake, module, cls in ((t.AscendAttentionState, "vllm_ascend.attention.attention_v1", "AscendAttentionState"),
+                              (test_eplb.ExpertWeightUpdateState, "vllm_ascend.eplb.core.eplb_device_transfer_loader",
+                               "ExpertWeightUpdateState")):
+        members = tree.members(module, cls)
+        assert {m.name for m in fake} <= set(members), cls
