@@ -92,6 +92,10 @@ def render_metrics_md() -> str:
         f"- `exception_type` (`rpc_errors`): {', '.join(f'`{e}`' for e in catalogue.RPC_EXCEPTION_TYPES)}",
         f"- `process` (`instrumented_processes`): {', '.join(f'`{p}`' for p in catalogue.PROCESS_KINDS)}",
         f"- `req_phase`: {', '.join(f'`{p}`' for p in catalogue.REQ_PHASES)}",
+        "- `phase` of `eplb:expert_hotness:imbalance` and `eplb:layer_load:*`: `current` (the placement in use while "
+        "the load was collected), `update` (the placement EPLB computed)",
+        "- `layer` (EPLB): the MoE layer index as EPLB numbers them; `rank` (EPLB): the EP rank; `rank` "
+        "(`engine:memory:*`): the worker's global rank; `device` (`npu:utilization`): the device index",
         f"- `threshold` (`prefill_over_threshold_count`): {', '.join(f'`{t}`' for t, _ in catalogue.TTFT_THRESHOLDS)}",
         "- `name` (`record_function_or_nullcontext`): vLLM's scope names; after 64 distinct names, `other`",
         "- `engine`: the engine index of an API-side value (equal to its `dp`)",
