@@ -7,7 +7,8 @@ Prints, in one run, side by side on the same synthetic target:
   B. per-step phase classification at batch 16 / 256 / 1024;
   C. export cost per process (writing one process's metrics for /metrics);
   D. /metrics scrape time with 1 / 4 / 16 process contributions;
-  E. RSS and series count after 10k simulated engine steps.
+  E. RSS and series count after 10k simulated engine steps;
+  F. every hook one engine step passes through, per process (benchmarks/_step.py).
 Speed claims in docs/performance.md come from this output, never from timed tests.
 """
 
@@ -521,6 +522,10 @@ def main(argv=None) -> int:
     print(f"\nAdded cost of our sync timer hook over a bare call: {ours - bare:.0f} ns.")
     table("B. Step phase classification (µs per step)", classification_rows(args.repeat), "µs")
     table("B2. Hooks per engine step (schedule + one allocate_slots per request), µs", step_rows(args.repeat), "µs")
+    import _step
+
+    table("F. Every hook of one engine step, by process (plain stand-ins of vLLM's classes, no work), µs",
+          _step.whole_step_rows(args.repeat), "µs")
     export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
     table("C. Export cost per process", export_rows, "ms")
     table("D. /metrics scrape time", scrape_rows, "ms")

@@ -75,6 +75,14 @@ def step_labels(phase: str) -> tuple:
 
 
 _extra_labels: dict[tuple, tuple] = {}
+#: Caches of label tuples derived from the process context (handlers may add theirs): emptied whenever
+#: the process context changes.
+LABEL_CACHES: list = [_step_labels, _extra_labels]
+
+
+def _clear_label_caches() -> None:
+    for cache in LABEL_CACHES:
+        cache.clear()
 
 
 def step_labels_with(phase: str, extra: str) -> tuple:
@@ -89,14 +97,12 @@ def step_labels_with(phase: str, extra: str) -> tuple:
 def set_process(process: str, dp: str, role: str) -> None:
     """Set the process context directly (tests, benchmarks); claim() is what hooks use."""
     PROCESS.process, PROCESS.dp, PROCESS.role = process, dp, role
-    _step_labels.clear()
-    _extra_labels.clear()
+    _clear_label_caches()
 
 
 def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
     """Record what this process is. Returns True when the claim changed the process kind."""
-    _step_labels.clear()
-    _extra_labels.clear()
+    _clear_label_caches()
     ctx = PROCESS
     if _PRIORITY.get(process, 0) < _PRIORITY.get(ctx.process, 0):
         return False
@@ -111,8 +117,7 @@ def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
 
 
 def reset_after_fork() -> None:
-    _step_labels.clear()
-    _extra_labels.clear()
+    _clear_label_caches()
 
 
 class Step:

@@ -15,9 +15,19 @@ _instruments: dict[str, object] = {}
 _process_labels: list = [None]
 
 
+_generation = [0]
+
+
+def generation() -> int:
+    """Changes whenever the pipeline is rebuilt (reset, fork): values cached as "already recorded"
+    must be recorded again then."""
+    return _generation[0]
+
+
 def _forget(_new_pipeline) -> None:
     _instruments.clear()
     _process_labels[0] = None
+    _generation[0] += 1
 
 
 pipeline._on_new_pipeline.append(_forget)

@@ -168,26 +168,35 @@ class _Scope:
         return False
 
 
-def _scope_ended(scope: _Scope, end: float) -> None:
+_scope_labels: dict[tuple, tuple] = {}  # (phase, name) → label tuple; emptied when the process context changes
+context.LABEL_CACHES.append(_scope_labels)
+
+
+def _scope_ended(scope: _Scope, end: float, _step=CURRENT_STEP.get, _phase=LAST_STEP_PHASE,
+                 _labels=_scope_labels, _record=recording.record, _forward=FORWARD_SCOPES,
+                 _post=POSTPROCESS_SCOPES) -> None:
     seconds = end - scope.start
     name = scope.name
-    step = CURRENT_STEP.get()
+    step = _step()
     if step is not None:  # inside Scheduler.schedule: recorded with the step's phase when it returns
         if step.scopes is None:
             step.scopes = []
         step.scopes.append((_name_label(name), seconds))
         return
-    phase = LAST_STEP_PHASE[0]
-    recording.record(_SCOPES, seconds, context.step_labels_with(phase, _name_label(name)))
+    phase = _phase[0]
+    labels = _labels.get((phase, name))
+    if labels is None:
+        labels = _labels[(phase, name)] = context.step_labels_with(phase, _name_label(name))
+    _record(_SCOPES, seconds, labels)
     worker_step = CURRENT[0]
     if worker_step is None:
         return
-    if name in FORWARD_SCOPES:
+    if name in _forward:
         worker_step.forward_end = end
         if scope.device is not None:
             device_timeline().end(scope.device, worker_step)
             worker_step.device = True
-    elif name in POSTPROCESS_SCOPES:
+    elif name in _post:
         worker_step.post_end = end
 
 

@@ -66,21 +66,24 @@ def _record_step(scheduler, output, step_class, labels) -> None:
         recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
 
 
-def _record_queues(scheduler, labels) -> None:
+def _record_queues(scheduler, labels, step_class) -> None:
     """Queue states after the step (every step, idle ones included)."""
     running = scheduler.running
     recording.record(_RUNNING, len(running), labels)
     phase = labels[2]
-    prefill = 0
-    for request in running:
-        if request.num_computed_tokens < request.num_prompt_tokens:
-            prefill += 1
+    if phase == "decode" and step_class[3] == len(running):
+        prefill = 0  # every running request was scheduled, and all of them decoded
+    else:
+        prefill = 0
+        for request in running:
+            if request.num_computed_tokens < request.num_prompt_tokens:
+                prefill += 1
     with_phase = context.step_labels_with
     recording.record(_RUNNING_PHASE, prefill, with_phase(phase, "prefill"))
     recording.record(_RUNNING_PHASE, len(running) - prefill, with_phase(phase, "decode"))
+    # A waiting request has not computed its prompt (preemption resets it): all are prefill.
     waiting = len(scheduler.waiting) + len(getattr(scheduler, "skipped_waiting", ()))
     recording.record(_WAITING_PHASE, waiting, with_phase(phase, "prefill"))
-    recording.record(_WAITING_PHASE, 0, with_phase(phase, "decode"))
     blocked = waiting > 0 and len(running) >= scheduler.max_num_running_reqs
     key = id(scheduler)
     if blocked and not _BLOCKED.get(key):
@@ -88,10 +91,18 @@ def _record_queues(scheduler, labels) -> None:
     _BLOCKED[key] = blocked
 
 
+#: Per scheduler (by id): the (total, free) blocks last recorded; unchanged values are not set again.
+_BLOCKS: dict[int, tuple] = {}
+
+
 def _record_blocks(scheduler) -> None:
     pool = scheduler.kv_cache_manager.block_pool
     total = pool.num_gpu_blocks
     free = pool.get_num_free_blocks()
+    key = id(scheduler)
+    if _BLOCKS.get(key) == (total, free, recording.generation()):
+        return
+    _BLOCKS[key] = (total, free, recording.generation())
     labels = context.step_labels(ALL)
     recording.set_gauge(_TOTAL_BLOCKS, total, labels)
     recording.set_gauge(_FREE_BLOCKS, free, labels)
@@ -134,16 +145,19 @@ class Schedule(Handler):
         labels = context.step_labels(phase)
         recording.record(_DURATION, end - start, labels)
         flush_step(step, phase)
-        for part in (_record_step, _record_queues, _record_blocks):
-            try:
-                if part is _record_step:
-                    part(scheduler, result, step_class, labels)
-                elif part is _record_queues:
-                    part(scheduler, labels)
-                else:
-                    part(scheduler)
-            except Exception:  # one part's drift must not cost the others
-                report(self, part.__name__)
+        # One part's drift must not cost the others.
+        try:
+            _record_step(scheduler, result, step_class, labels)
+        except Exception:
+            report(self, "_record_step")
+        try:
+            _record_queues(scheduler, labels, step_class)
+        except Exception:
+            report(self, "_record_queues")
+        try:
+            _record_blocks(scheduler)
+        except Exception:
+            report(self, "_record_blocks")
 
     def error(self, state, args, kwargs, exc):
         if state is None:

@@ -1,0 +1,250 @@
+"""Section F of the benchmark suite: every hook one engine step passes through, side by side with the
+same step unhooked. Plain-Python stand-ins shaped like vLLM's classes (same method signatures, same
+call pattern per step) are wrapped by the real handlers with the real wrappers:
+
+- EngineCore: the busy loop's ``_process_input_queue`` (with work: no wait) and ``_process_engine_step``
+  → ``step`` → ``schedule`` (one ``allocate_slots`` per running request, 3 profiling scopes) →
+  non-blocking ``execute_model`` RPC (a FutureWrapper-like future completed in ``result()``) →
+  blocking ``sample_tokens`` RPC → ``update_from_output``;
+- worker: the worker's ``execute_model`` (memory late-capture check) → the runner's ``execute_model``
+  (phase, ``_prepare_inputs``, 7 profiling scopes incl. forward/postprocess timeline) → ``sample_tokens``;
+- API server: ``process_outputs`` for the step's outputs, ``IterationStats.update_from_output`` per
+  request, ``StatLoggerManager.record`` with the iteration's stats.
+The bodies do no work, so the difference is what the hooks add per step.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import statistics
+import timeit
+import types
+from types import SimpleNamespace as NS
+
+from opentelemetry_instrumentation_vllm_ascend import context
+from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
+from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
+from opentelemetry_instrumentation_vllm_ascend.wrappers import (
+    FUTURE, SYNC, SYNC_TIMER, hook_future_class, patch_method,
+)
+
+SCHED_SCOPES = ("schedule: allocate_slots", "schedule: make_cached_request_data", "schedule: update_after_schedule")
+RUNNER_SCOPES = ("gpu_model_runner: preprocess", "gpu_model_runner: forward", "gpu_model_runner: postprocess",
+                 "gpu_model_runner: sample", "gpu_model_runner: bookkeep", "gpu_model_runner: eplb",
+                 "gpu_model_runner: ModelRunnerOutput")
+
+
+PROCESSES = ("engine_core", "worker", "api_server")
+
+
+def build(batch: int, hooked=PROCESSES):
+    """One simulated deployment (EngineCore + worker + API); returns a zero-argument step function.
+    ``hooked``: the processes whose hooks are installed."""
+    # vllm.v1.utils as each process has it (the EngineCore's and the worker's are separate processes).
+    ec_utils, worker_utils = types.ModuleType("ec_vllm_utils"), types.ModuleType("worker_vllm_utils")
+    ec_utils._PROFILER_FUNC = worker_utils._PROFILER_FUNC = contextlib.nullcontext
+
+    def ec_scope(name):
+        return ec_utils._PROFILER_FUNC(name)
+
+    def scope(name):
+        return worker_utils._PROFILER_FUNC(name)
+
+    class Req:
+        __slots__ = ("num_prompt_tokens", "num_computed_tokens")
+
+        def __init__(self):
+            self.num_prompt_tokens, self.num_computed_tokens = 500, 599
+
+    ids = [f"req-{i}" for i in range(batch)]
+    output = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=batch, scheduled_new_reqs=[],
+                scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(), num_computed_tokens=[599] * batch,
+                                         num_output_tokens=[100] * batch))
+
+    class Future(concurrent.futures.Future):  # FutureWrapper: completed in result()
+        def result(self, timeout=None):
+            if not self.done():
+                self.set_result("model output")
+            return super().result()
+
+    class KV:
+        block_pool = NS(num_gpu_blocks=10_000, get_num_free_blocks=lambda: 1234)
+
+        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
+                           num_lookahead_tokens=0):
+            return request
+
+    class Runner:
+        requests = {}
+
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens=None):
+            return None
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            for name in RUNNER_SCOPES[:4]:
+                with scope(name):
+                    if name == "gpu_model_runner: preprocess":
+                        self._prepare_inputs(scheduler_output)
+            return None
+
+        def sample_tokens(self, grammar_output):
+            for name in RUNNER_SCOPES[4:]:
+                with scope(name):
+                    pass
+            return "model output"
+
+    class Worker:
+        rank = 0
+        cache_config = NS(gpu_memory_utilization=0.9)
+
+        def __init__(self):
+            self.model_runner = Runner()
+
+        def execute_model(self, scheduler_output):
+            return self.model_runner.execute_model(scheduler_output)
+
+    worker = Worker()
+
+    class Executor:
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False):
+            if method == "execute_model":
+                worker.execute_model(*args)
+                future = Future()
+                return future if non_block else future.result()
+            return worker.model_runner.sample_tokens(*args)
+
+        def execute_model(self, scheduler_output, non_block=False):
+            return self.collective_rpc("execute_model", args=(scheduler_output,), non_block=non_block)
+
+        def sample_tokens(self, grammar_output, non_block=False):
+            return self.collective_rpc("sample_tokens", args=(grammar_output,), non_block=non_block)
+
+    class Scheduler:
+        def __init__(self):
+            self.requests = {i: Req() for i in ids}
+            self.running = list(self.requests.values())
+            self.waiting = []
+            self.max_num_running_reqs = 2048
+            self.kv_cache_manager = KV()
+
+        def schedule(self):
+            kv = self.kv_cache_manager
+            with ec_scope(SCHED_SCOPES[0]):
+                for rid in ids:
+                    kv.allocate_slots(rid, 1, num_lookahead_tokens=0)
+            for name in SCHED_SCOPES[1:]:
+                with ec_scope(name):
+                    pass
+            return output
+
+        def update_from_output(self, scheduler_output, model_runner_output):
+            return {0: "outputs"}
+
+    class Engine:
+        def __init__(self):
+            self.scheduler = Scheduler()
+            self.model_executor = Executor()
+
+        def has_work(self):
+            return True
+
+        def _process_input_queue(self):
+            return None
+
+        def step(self):
+            scheduler_output = self.scheduler.schedule()
+            future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            model_output = future.result()
+            model_output = self.model_executor.sample_tokens(None)
+            return self.scheduler.update_from_output(scheduler_output, model_output), True
+
+        def _process_engine_step(self):
+            outputs, executed = self.step()
+            return executed
+
+    # API side
+    outputs = [NS(new_token_ids=[7], finish_reason=None) for _ in range(batch)]
+    req_stats = NS(num_generation_tokens=50, first_token_ts=1.0, last_token_ts=2.0)
+
+    class IterationStats:
+        def __init__(self):
+            self.num_generation_tokens = 0
+            self.time_to_first_tokens_iter = []
+            self.inter_token_latencies_iter = []
+            self.finished_requests = []
+            self.prompt_token_stats = NS(total=0)
+            self.num_prompt_tokens = 0
+
+        def update_from_output(self, output, engine_core_timestamp, is_prefilling, req_stats, lora_states=None,
+                               lora_name=None):
+            self.num_generation_tokens += 1
+            self.inter_token_latencies_iter.append(0.01)
+
+    class OutputProcessor:
+        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
+            for out in engine_core_outputs:
+                iteration_stats.update_from_output(out, 2.5, False, req_stats)
+            return None
+
+    class StatLoggerManager:
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            return None
+
+    patches = []
+    if "engine_core" in hooked:
+        patches += [
+            patch_method(Scheduler, "schedule", sched_handlers.Schedule(), SYNC),
+            patch_method(Scheduler, "update_from_output", sched_handlers.UpdateFromOutput(), SYNC),
+            patch_method(KV, "allocate_slots", kv_cache.AllocateSlots(), SYNC),
+            patch_method(Engine, "step", engine.EngineCoreStep(), SYNC_TIMER),
+            patch_method(Engine, "_process_engine_step", engine.ProcessEngineStep(), SYNC_TIMER),
+            patch_method(Engine, "_process_input_queue", engine.ProcessInputQueue(), SYNC),
+            patch_method(Executor, "collective_rpc", executor.CollectiveRpc(), FUTURE),
+        ]
+        patches += hook_future_class(Future, completes_later=True)
+        patches.append(model_runner.ProfilerScopes().install(ec_utils))
+    if "worker" in hooked:
+        patches += [
+            patch_method(Worker, "execute_model", memory.LateCapture(), SYNC),
+            patch_method(Runner, "execute_model", model_runner.ExecuteModel(), SYNC),
+            patch_method(Runner, "_prepare_inputs", model_runner.PrepareInputs(), SYNC_TIMER),
+            patch_method(Runner, "sample_tokens", model_runner.SampleTokens(), SYNC),
+        ]
+        patches.append(model_runner.ProfilerScopes().install(worker_utils))
+    if "api_server" in hooked:
+        patches += [
+            patch_method(IterationStats, "update_from_output", api.SecondTokenLatency(), SYNC),
+            patch_method(OutputProcessor, "process_outputs", api.ProcessOutputs(), SYNC),
+            patch_method(StatLoggerManager, "record", api.RecordStats(), SYNC_TIMER),
+        ]
+    core, processor, loggers = Engine(), OutputProcessor(), StatLoggerManager()
+    scheduler_stats = NS(num_running_reqs=batch, num_waiting_reqs=0, num_skipped_waiting_reqs=0,
+                         spec_decoding_stats=None)
+
+    def one_step():
+        core._process_input_queue()
+        core._process_engine_step()
+        stats = IterationStats()
+        processor.process_outputs(outputs, 2.5, stats)
+        loggers.record(scheduler_stats=scheduler_stats, iteration_stats=stats, engine_idx=0)
+
+    return one_step
+
+
+def whole_step_rows(repeat: int):
+    rows = []
+    context.set_process("engine_core", "0", "mixed")
+    variants = (("EngineCore hooks (incl. its scheduler scopes)", ("engine_core",)),
+                ("worker hooks (incl. its runner scopes)", ("worker",)),
+                ("API server hooks", ("api_server",)),
+                ("all hooks", PROCESSES))
+    for batch in (16, 256):
+        n = max(20, 4_000 // batch)
+        bare_runs = [r / n * 1e6 for r in timeit.repeat(build(batch, ()), number=n, repeat=repeat)]
+        b = statistics.median(bare_runs)
+        rows.append((f"batch {batch}: bare step (the three processes' code, no work)", bare_runs))
+        for label, hooked in variants:
+            runs = [r / n * 1e6 for r in timeit.repeat(build(batch, hooked), number=n, repeat=repeat)]
+            rows.append((f"batch {batch}: added by {label}", [o - b for o in runs]))
+    return rows
