@@ -278,7 +278,8 @@ def classification_rows(repeat):
         ids = [f"req-{i}" for i in range(batch)]
         sched = Sched({i: Req(500) for i in ids})
         for label, new in (("all decode", []), ("mixed: 1 new request", [NS(req_id="new")])):
-            so = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), scheduled_new_reqs=new,
+            so = NS(num_scheduled_tokens=dict.fromkeys(ids, 1) | {r.req_id: 1 for r in new},
+                    total_num_scheduled_tokens=batch + len(new), scheduled_new_reqs=new,
                     scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
                                              num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
             n = max(10, 20_000 // batch)
@@ -286,7 +287,7 @@ def classification_rows(repeat):
             rows.append((f"batch {batch}, {label}", runs))
         # A request of this scheduler is still recomputing after a preemption: the exact loop runs.
         context.mark_recomputing(sched, "recomputing-elsewhere")
-        so = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), scheduled_new_reqs=[],
+        so = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=batch, scheduled_new_reqs=[],
                 scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
                                          num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
         sched.requests["recomputing-elsewhere"] = NS(num_computed_tokens=10, num_tokens=600)
