@@ -35,7 +35,8 @@ sys.path.insert(0, HERE)
 import _targets  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers.common import Scope, StepTimer  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import ProfilerScopes  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.wrappers import (  # noqa: E402
     COROUTINE_TIMER,
@@ -66,6 +67,16 @@ class CountCalls(Handler):
 
     def after(self, state, args, kwargs, result):
         recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels(context.LAST_STEP_PHASE[0]))
+
+
+def scope_module():
+    """A stand-in for vllm.v1.utils with the package's scope factory installed, as the installer does."""
+    import types
+
+    module = types.ModuleType("bench_vllm_utils")
+    module._PROFILER_FUNC = contextlib.nullcontext
+    ProfilerScopes().install(module)
+    return module
 
 
 def setup_pipeline():
@@ -194,14 +205,14 @@ def per_call_rows(number, repeat):
 
     # vLLM's record_function_or_nullcontext(name) returns nullcontext() unless its profiler is on;
     # our replacement returns a timing scope instead (wrapping vLLM's own scope only when it is on).
-    scope_labels = ("0", "mixed", "decode", "gpu_model_runner: forward")
+    utils = scope_module()
 
     def scope_bare():
-        with contextlib.nullcontext():
+        with contextlib.nullcontext("gpu_model_runner: sample"):
             pass
 
-    def scope_ours():
-        with Scope(SCOPE, scope_labels):
+    def scope_ours(_factory=utils._PROFILER_FUNC):
+        with _factory("gpu_model_runner: sample"):
             pass
 
     sb, so = ns_runs(scope_bare, number, repeat), ns_runs(scope_ours, number, repeat)
@@ -452,6 +463,7 @@ def child_rss(steps):
 
     timer = wrap(_targets.Target.step, StepTimer(TIMER), SYNC_TIMER)[0]
     t = _targets.Target()
+    scopes = scope_module()
     phases = ("prefill", "decode", "mixed", "decode")
     out = {"rss_kib": {}}
     for step in range(1, steps + 1):
@@ -460,7 +472,7 @@ def child_rss(steps):
             timer(t, 1)
         labels = context.step_labels(context.LAST_STEP_PHASE[0])
         for i in range(8):
-            with Scope(SCOPE, labels + (f"scope {i}",)):
+            with scopes._PROFILER_FUNC(f"scope {i}"):
                 pass
         recording.add(catalogue.RUNNING_TO_WAITING, step % 2, labels)
         if step in (100, 1000, steps):

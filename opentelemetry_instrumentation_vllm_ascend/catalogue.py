@@ -207,7 +207,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "execute_model to the workers until their reply was read (through the non-blocking RPC's future).",
            _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
     _timer("executor:sample_tokens:duration", "Sampling as the engine sees it: from dispatching "
-           "sample_tokens until the workers' reply was read.", _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
+           "sample_tokens until the workers' reply was read.", _EC,
+           (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
     # -- worker / model runner ------------------------------------------------------------------------
     _timer("executor:model_runner_execute_model:duration", "Duration of the model runner's execute_model "
            "in the worker (input preparation, forward, post-processing; sampling follows in sample_tokens).",
@@ -240,19 +241,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "waiting requests included, as in vllm:num_requests_waiting).", _API,
            (_STATS,), REQUESTS, labels=_API_STEP),
     _sizes("num_spec_tokens", "{token}", "Draft tokens verified in one engine step (speculative decoding, after "
-           "grammar-invalidated drafts; nothing is recorded for a step without drafts).", _API, (_STATS,), TOKENS, labels=_API_STEP),
-    _sizes("total_tokens", "{token}", "Prompt plus generated tokens of one iteration, as vLLM's stats count them: the full prompts of the "
-           "requests that got their first token in it (prefix-cache hits and earlier chunks included) plus the "
-           "tokens generated.", _API,
-           (_STATS,), TOKENS, labels=_API_STEP),
-    _sizes("input", "{token}", "Full prompt lengths of the requests that got their first token in one iteration (prefix-cache hits "
-           "and earlier prefill chunks included).", _API, (_STATS,), TOKENS,
+           "grammar-invalidated drafts; nothing is recorded for a step without drafts).", _API, (_STATS,), TOKENS,
            labels=_API_STEP),
+    _sizes("total_tokens", "{token}", "Prompt plus generated tokens of one iteration, as vLLM's stats count "
+           "them: the full prompts of the requests that got their first token in it (prefix-cache hits and earlier "
+           "chunks included) plus the tokens generated.", _API, (_STATS,), TOKENS, labels=_API_STEP),
+    _sizes("input", "{token}", "Full prompt lengths of the requests that got their first token in one iteration "
+           "(prefix-cache hits and earlier prefill chunks included).", _API, (_STATS,), TOKENS, labels=_API_STEP),
     _sizes("output", "{token}", "Tokens generated in one iteration.", _API, (_STATS,), TOKENS, labels=_API_STEP),
     _timer("fine_grained_ttft", "Time to first token of each request (as vLLM's "
            "vllm:time_to_first_token_seconds, per request).", _API, (_STATS,), REQUEST_SECONDS, labels=_API_STEP),
     _timer("fine_grained_tpot", "Mean time per output token of each finished request with at least two "
-           "generated tokens (decode time / (generated tokens - 1)).", _API, (_STATS,), TOKEN_SECONDS, labels=_API_STEP),
+           "generated tokens (decode time / (generated tokens - 1)).", _API, (_STATS,), TOKEN_SECONDS,
+           labels=_API_STEP),
     _timer("second_token_latency", "Time from a request's first generated token to its second.", _API,
            ("vllm.v1.metrics.stats:IterationStats.update_from_output",), TOKEN_SECONDS, labels=_API_STEP),
     _counter("decode_over_1s_count", "{token}", "Inter-token latencies over 1 s (each token once).", _API,

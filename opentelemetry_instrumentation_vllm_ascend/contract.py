@@ -168,15 +168,22 @@ def _check_module_factory(module: ast.Module, target) -> list[str]:
     """``target.attribute`` is assigned at module level and some function of the module calls it
     through a ``global`` declaration (so replacing the module attribute reaches every caller)."""
     name = target.attribute
-    assigned = any(isinstance(node, (ast.Assign, ast.AnnAssign)) and any(
-        isinstance(t, ast.Name) and t.id == name for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))
-        for node in module.body)
+    def targets_of(node):
+        return node.targets if isinstance(node, ast.Assign) else [node.target]
+
+    assigned = any(isinstance(node, (ast.Assign, ast.AnnAssign))
+                   and any(isinstance(t, ast.Name) and t.id == name for t in targets_of(node))
+                   for node in module.body)
     if not assigned:
         return [f"{target.module}.{name} is not assigned at module level"]
     for node in module.body:
-        if isinstance(node, ast.FunctionDef) and any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(node)):
-            if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(node)):
-                return []
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        declares = any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(node))
+        calls = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
+                    for n in ast.walk(node))
+        if declares and calls:
+            return []
     return [f"no function of {target.module} calls the global {name}"]
 
 

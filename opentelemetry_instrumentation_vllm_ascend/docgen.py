@@ -51,8 +51,8 @@ def render_metrics_md() -> str:
     for spec in catalogue.CATALOGUE:
         hooked = "<br>".join(f"`{h}`" for h in spec.hooked)
         lines.append(
-            f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} | {spec.recorded_in} "
-            f"| {hooked} | {spec.description} |"
+            f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} "
+            f"| {spec.recorded_in} | {hooked} | {spec.description} |"
         )
     lines += [
         "",

@@ -12,7 +12,6 @@ then every catalogue metric that can fire on CPU must be on /metrics."""
 import http.client
 import json
 import math
-import os
 import time
 
 import pytest
