@@ -122,6 +122,8 @@ TARGETS: tuple[Target, ...] = (
     Target("vllm.v1.metrics.stats", "IterationStats.update_from_output", SYNC, "api:SecondTokenLatency",
            feeds=("second_token_latency",), params=("output", "engine_core_timestamp", "is_prefilling", "req_stats")),
     Target(_ALLM, "AsyncLLM.check_health", COROUTINE, "api:CheckHealth", feeds=("health_check_failed",)),
+    # The engine whose outputs the output loop processes next: the dp of output_processor_duration & co.
+    Target(_CC, "AsyncMPClient.get_output_async", COROUTINE, "api:GetOutput"),
     # DPLBAsyncMPClient's override does not call super(): the two rows never count one abort twice.
     Target(_CC, "AsyncMPClient.abort_requests_async", COROUTINE_TIMER, "api:AbortRequests",
            feeds=("async_llm:abort_requests:duration",)),
@@ -210,6 +212,7 @@ READS = tuple(
         ("vllm.v1.metrics.stats", "FinishedRequestStats", ("num_generation_tokens", "decode_time")),
         ("vllm.v1.metrics.stats", "RequestStateStats", ("num_generation_tokens", "first_token_ts")),
         ("vllm.v1.engine", "EngineCoreOutput", ("new_token_ids",)),
+        ("vllm.v1.engine", "EngineCoreOutputs", ("engine_index",)),
         ("vllm.v1.worker.gpu_worker", "Worker",
          ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "peak_activation_memory",
           "model_runner", "rank", "cache_config")),

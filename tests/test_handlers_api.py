@@ -472,3 +472,43 @@ def test_handlers_get_signature_preserving_wrappers(fn, handler, kind):
     wrapper = wrap(fn, handler, kind)[0]
     assert "_otel_a" not in wrapper.__code__.co_varnames  # not the generic (*args, **kwargs) form
     assert str(inspect.signature(wrapper)) == str(inspect.signature(fn))
+
+
+def test_output_loop_values_carry_the_engine_whose_outputs_are_processed(metrics):
+    """With several DP engines the API server's output loop labels output processing with the engine
+    index of the EngineCoreOutputs it received (not the process's own dp)."""
+    import asyncio
+    from types import SimpleNamespace as NS
+
+    from opentelemetry_instrumentation_vllm_ascend.handlers import api as api_handlers
+    from opentelemetry_instrumentation_vllm_ascend.wrappers import COROUTINE, SYNC, wrap
+
+    class Client:
+        def __init__(self, batches):
+            self.batches = list(batches)
+
+        async def get_output_async(self):
+            return self.batches.pop(0)
+
+    class OutputProcessor:
+        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None,
+                            weight_version=None):
+            return None
+
+    Client.get_output_async = wrap(Client.get_output_async, api_handlers.GetOutput(), COROUTINE)[0]
+    OutputProcessor.process_outputs = wrap(OutputProcessor.process_outputs, api_handlers.ProcessOutputs(), SYNC)[0]
+    client = Client([NS(engine_index=1, outputs=[1, 2, 3]), NS(engine_index=0, outputs=[4])])
+    processor = OutputProcessor()
+
+    async def loop():
+        for _ in range(2):
+            outputs = await client.get_output_async()
+            processor.process_outputs(outputs.outputs, 1.0, None)
+
+    try:
+        asyncio.run(loop())
+        series = metrics.points()["vllm_profiling_engine_core_outputs_len"]
+        by_engine = {dict(k)["engine"]: (dict(k)["dp"], v[0], v[1]) for k, v in series.items()}
+        assert by_engine == {"1": ("1", 1, 3), "0": ("0", 1, 1)}
+    finally:
+        api_handlers.CURRENT_ENGINE[0] = None

@@ -79,9 +79,30 @@ def iteration_phase(iteration_stats) -> str:
                   getattr(iteration_stats, "num_generation_tokens", 0) or 0)
 
 
+#: Index of the engine whose outputs the API server's output loop is processing: set when the loop
+#: receives an EngineCoreOutputs (``get_output_async``); it processes them (``process_outputs``, the
+#: per-request stats updates) before it asks for the next, in one task.
+CURRENT_ENGINE = [None]
+
+
 def _api_labels(phase: str) -> tuple:
-    """(dp, role, phase, engine) for a value whose engine is not known: this process's dp twice."""
-    return context.step_labels(phase) + (context.PROCESS.dp,)
+    """(dp, role, phase, engine) of a value from the output loop: the engine whose outputs are being
+    processed, or, before any arrived, this process's dp twice."""
+    engine = CURRENT_ENGINE[0]
+    if engine is None:
+        return context.step_labels(phase) + (context.PROCESS.dp,)
+    return (engine, context.PROCESS.role, phase, engine)
+
+
+class GetOutput(Handler):
+    """``AsyncMPClient.get_output_async`` (COROUTINE): the engine index of the outputs just received."""
+
+    name = "AsyncMPClient.get_output_async"
+    reads_args = 0
+
+    def after(self, state, args, kwargs, result):
+        index = getattr(result, "engine_index", None)
+        CURRENT_ENGINE[0] = str(index) if isinstance(index, int) else None
 
 
 # -- StatLoggerManager.record ---------------------------------------------------------------------
