@@ -12,6 +12,27 @@ from . import tiny_model
 from .server import Server, samples, total
 
 
+def summary(text: str) -> list[str]:
+    """One line per vllm_profiling_ series: counters and gauges with their value, histograms with
+    their count and mean."""
+    lines, histograms = [], {}
+    for name, labels, value in samples(text):
+        if not name.startswith("vllm_profiling_") or name.endswith("_bucket"):
+            continue
+        label_text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        for suffix in ("_count", "_sum"):
+            if name.endswith(suffix):
+                histograms.setdefault((name[: -len(suffix)], label_text), {})[suffix] = value
+                break
+        else:
+            lines.append(f"{name}{{{label_text}}} {value:g}")
+    for (name, label_text), parts in histograms.items():
+        count = parts.get("_count", 0)
+        mean = parts.get("_sum", 0) / count if count else 0
+        lines.append(f"{name}{{{label_text}}} count={count:g} mean={mean:.6g}")
+    return sorted(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
@@ -36,11 +57,9 @@ def main(argv=None) -> int:
         time.sleep(3)
         text = server.scrape()
         print()
-        print(f"vllm_profiling_ series on {server.url}/metrics:")
-        for name, labels, value in samples(text):
-            if name.startswith("vllm_profiling_"):
-                label_text = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-                print(f"  {name}{{{label_text}}} {value:g}")
+        print(f"vllm_profiling_ series on {server.url}/metrics (histograms as count and mean; buckets left out):")
+        for line in summary(text):
+            print("  " + line)
         print()
         print(f"vLLM's own vllm:num_preemptions_total = {total(text, 'vllm:num_preemptions_total'):g}")
         if args.keep_running:
