@@ -19,6 +19,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..wrappers import Handler
+from .common import AllPhaseTimer
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -221,32 +222,21 @@ class CheckHealth(Handler):
             recording.add(HEALTH_CHECK_FAILED, 1, context.step_labels(ALL))
 
 
-class _Timer(Handler):
-    """SYNC_TIMER / COROUTINE_TIMER: the (awaited) call's duration into ``spec``, labelled with this
-    process's dp and phase ``all``. Calls that raised are not timed."""
-
-    spec: catalogue.MetricSpec
-    reads_args = 0
-
-    def timed(self, seconds, args, kwargs, result):
-        recording.record(self.spec, seconds, context.step_labels(ALL))
-
-
-class AbortRequests(_Timer):
+class AbortRequests(AllPhaseTimer):
     """``abort_requests_async`` of the async engine clients (COROUTINE_TIMER)."""
 
     name = "EngineCoreClient.abort_requests_async"
     spec = ABORT
 
 
-class AddRequest(_Timer):
+class AddRequest(AllPhaseTimer):
     """``AsyncLLM.add_request`` (COROUTINE_TIMER): input processing and sending to the engine."""
 
     name = "AsyncLLM.add_request"
     spec = ADD_REQUEST
 
 
-class ProcessInputs(_Timer):
+class ProcessInputs(AllPhaseTimer):
     """``InputProcessor.process_inputs`` (SYNC_TIMER; also when run in the renderer's executor
     through ``process_inputs_async``, if the hook was installed before the InputProcessor was made)."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .. import catalogue, recording
+from .. import catalogue, context, recording
 from ..wrappers import Handler
 
 
@@ -19,3 +19,15 @@ class StepTimer(Handler):
 
     def timed(self, seconds, args, kwargs, result, _record=recording.record_in_step):
         _record(self.spec, seconds)
+
+
+class AllPhaseTimer(Handler):
+    """SYNC_TIMER / COROUTINE_TIMER: the (awaited) call's duration into the class's ``spec``, labelled
+    with this process's dp / role and phase ``all`` (work not tied to one step). Calls that raised are
+    not timed."""
+
+    spec: catalogue.MetricSpec
+    reads_args = 0
+
+    def timed(self, seconds, args, kwargs, result):
+        recording.record(self.spec, seconds, context.step_labels(catalogue.ALL))

@@ -33,6 +33,7 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..wrappers import Handler, report
+from .common import AllPhaseTimer
 
 _M = catalogue.M
 _ALL = catalogue.ALL
@@ -265,29 +266,16 @@ class UpdateExpertMapAndWeight(Handler):
                              context.step_labels(_ALL))
 
 
-class _AllPhaseTimer(Handler):
-    """SYNC_TIMER: the call's duration, labelled dp / role / phase=all."""
-
-    seed = ""
-    reads_args = 0
-
-    def __init__(self) -> None:
-        self.spec = _M[self.seed]
-
-    def timed(self, seconds, args, kwargs, result):
-        recording.record(self.spec, seconds, context.step_labels(_ALL))
-
-
-class UpdateExpertMap(_AllPhaseTimer):
+class UpdateExpertMap(AllPhaseTimer):
     name = "VllmEplbAdaptor.do_update_expert_map"
-    seed = "eplb:expert_map_update:duration"
+    spec = _M["eplb:expert_map_update:duration"]
 
 
-class UpdateLog2PhyMap(_AllPhaseTimer):
+class UpdateLog2PhyMap(AllPhaseTimer):
     name = "VllmEplbAdaptor.do_update_log2phy_map"
-    seed = "eplb:log2phy_map_update:duration"
+    spec = _M["eplb:log2phy_map_update:duration"]
 
 
-class UpdateExpertWeight(_AllPhaseTimer):
+class UpdateExpertWeight(AllPhaseTimer):
     name = "VllmEplbAdaptor.do_update_expert_weight"
-    seed = "eplb:expert_weight_replace:duration"
+    spec = _M["eplb:expert_weight_replace:duration"]

@@ -9,7 +9,7 @@ from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
 from ..wrappers import Handler, report
-from .common import StepTimer
+from .common import AllPhaseTimer
 
 _DURATION = M["scheduler:duration"]
 _BATCH = M["scheduler:batch_size"]
@@ -232,13 +232,8 @@ class UpdateFromOutput(Handler):
         recording.record(self.spec, seconds, context.step_labels(phase or LAST_STEP_PHASE[0]))
 
 
-class AddRequest(StepTimer):
+class AddRequest(AllPhaseTimer):
     """``Scheduler.add_request``: its duration (between steps: phase ``all``)."""
 
     name = "Scheduler.add_request"
-
-    def __init__(self) -> None:
-        super().__init__(M["scheduler:add_request:duration"])
-
-    def timed(self, seconds, args, kwargs, result):
-        recording.record(self.spec, seconds, context.step_labels(ALL))
+    spec = M["scheduler:add_request:duration"]
