@@ -181,7 +181,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "scheduled, by req_phase (prefill while the prompt is not yet computed).", _EC,
            (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
     _sizes("waiting_phase_batch_size", "{request}", "Requests in the waiting queue after a step was "
-           "scheduled, by req_phase (a waiting request has not computed its prompt: prefill).", _EC,
+           "scheduled (req_phase is always prefill: a waiting request has not computed its prompt, and "
+           "preemption resets what it had).", _EC,
            (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
     _gauge("total_kvcache_blocks", "{block}", "KV cache blocks of the engine (block_pool.num_gpu_blocks).",
            _EC, (_SCHED + ".schedule",)),
