@@ -21,6 +21,10 @@ PROMETHEUS_INTERVAL_MS = "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS"
 #: Which recorder sits behind the recording layer: ``fast`` (default; pre-aggregating, hands standard
 #: OTel MetricsData to the same readers) or ``sdk`` (the OTel SDK's own instruments and Views).
 RECORDER = "OTEL_VLLM_ASCEND_RECORDER"
+#: Comma-separated catalogue names or shell-style patterns (``record_function_or_nullcontext``,
+#: ``npu:*``, ``eplb:*``) of metrics not to record. A hook that feeds only disabled metrics is not
+#: installed at all (no cost); the rest of a hook's metrics are recorded as usual.
+DISABLED_METRICS = "OTEL_VLLM_ASCEND_DISABLED_METRICS"
 
 #: Internal, set by the first instrumented process for its children: where per-process metric files go
 #: when PROMETHEUS_MULTIPROC_DIR is unset, and which process created that directory.
@@ -105,3 +109,20 @@ def recorder() -> str:
         )
         return "fast"
     return value
+
+
+def disabled_metric_patterns() -> tuple[str, ...]:
+    return tuple(p.strip() for p in os.environ.get(DISABLED_METRICS, "").split(",") if p.strip())
+
+
+def metric_disabled(seed: str, patterns: tuple[str, ...] | None = None) -> bool:
+    """Whether the catalogue metric ``seed`` (with or without the ``vllm_profiling_`` prefix in the
+    pattern) is switched off by OTEL_VLLM_ASCEND_DISABLED_METRICS."""
+    import fnmatch
+
+    for pattern in disabled_metric_patterns() if patterns is None else patterns:
+        if pattern.startswith("vllm_profiling_"):
+            pattern = pattern[len("vllm_profiling_"):]
+        if fnmatch.fnmatchcase(seed, pattern):
+            return True
+    return False

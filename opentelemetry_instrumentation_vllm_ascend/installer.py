@@ -20,6 +20,7 @@ RESOLVED = "resolved"
 GATED = "gated off by version"
 NOT_INSTALLED = "dormant: vllm-ascend not installed"
 MISSING = "missing"
+DISABLED = "disabled by OTEL_VLLM_ASCEND_DISABLED_METRICS"
 PENDING = "waiting for import"
 
 
@@ -51,7 +52,13 @@ def in_range(version: Version | None, spec: str | None) -> bool:
 
 
 def gate_of(target, vllm: Version | None, ascend: Version | None) -> str | None:
-    """Why a target is not to be hooked with these installed versions, or None."""
+    """Why a target is not to be hooked with these installed versions and this configuration, or None."""
+    from .environment import disabled_metric_patterns, metric_disabled
+
+    patterns = disabled_metric_patterns()
+    if (patterns and target.feeds and not target.provides_context
+            and all(metric_disabled(seed, patterns) for seed in target.feeds)):
+        return DISABLED
     if target.vllm_ascend is not None:
         if ascend is None:
             return NOT_INSTALLED

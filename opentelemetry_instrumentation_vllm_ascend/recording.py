@@ -9,7 +9,7 @@ the pre-aggregating fast path (default) or the OTel SDK.
 
 from __future__ import annotations
 
-from . import catalogue, context, pipeline
+from . import catalogue, context, environment, pipeline
 
 _instruments: dict[str, object] = {}
 _process_labels: list = [None]
@@ -33,10 +33,24 @@ def _forget(_new_pipeline) -> None:
 pipeline._on_new_pipeline.append(_forget)
 
 
+class _Disabled:
+    """A metric switched off by configuration: every call is a no-op."""
+
+    __slots__ = ()
+
+    def add(self, value, labels) -> None:
+        pass
+
+    record = set = add
+
+
 def _instrument(spec: catalogue.MetricSpec):
     instrument = _instruments.get(spec.seed)
     if instrument is None:
-        instrument = _instruments[spec.seed] = pipeline.get().instrument(spec)
+        if environment.metric_disabled(spec.seed):
+            instrument = _instruments[spec.seed] = _Disabled()
+        else:
+            instrument = _instruments[spec.seed] = pipeline.get().instrument(spec)
     return instrument
 
 
@@ -96,6 +110,8 @@ def _safe(spec, callback):
 def observe(spec: catalogue.MetricSpec, callback) -> None:
     """Register an observable gauge for this process: ``callback()`` returns ``[(labels, value), …]``
     at each collection, in the collecting thread. It survives pipeline rebuilds (fork)."""
+    if environment.metric_disabled(spec.seed):
+        return
     entry = (spec, _safe(spec, callback))
     _observers.append(entry)
     current = pipeline.current()

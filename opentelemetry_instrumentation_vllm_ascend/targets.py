@@ -26,6 +26,9 @@ class Target:
     #: Names of the positional parameters (after self) the handler reads by position, in order:
     #: the contract test checks them against the source of every supported version.
     params: tuple[str, ...] = ()
+    #: Other hooks depend on what this one keeps (the step's phase, the process identity, requests
+    #: recomputing after preemption): installed even when every metric it feeds is disabled.
+    provides_context: bool = False
 
     @property
     def symbol(self) -> str:
@@ -61,14 +64,17 @@ _SCHEDULE_FEEDS = (
 )
 _RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
 _MEMORY = tuple(spec.seed for spec in c.CATALOGUE if spec.seed.startswith("engine:memory:"))
+#: What the end of a worker step records (sample_tokens ends it): the inference time and the timeline.
+_STEP_END_FEEDS = ("worker:model_inference:duration", "npu:forward_duration", "npu:kernel_launch",
+                   "npu:non_forward_duration")
 _RUNNER_FEEDS = ("executor:model_runner_execute_model:duration", "worker:model_inference:duration",
                  "npu:forward_duration", "npu:kernel_launch", "npu:non_forward_duration")
 
 TARGETS: tuple[Target, ...] = (
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
-    Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule", feeds=_SCHEDULE_FEEDS),
+    Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule", feeds=_SCHEDULE_FEEDS, provides_context=True),
     Target(_SCHED, "Scheduler._preempt_request", SYNC, "scheduler:PreemptRequest",
-           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed), params=("request",)),
+           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed), params=("request",), provides_context=True),
     Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache"),
     Target(_SCHED, "Scheduler.update_from_output", SYNC, "scheduler:UpdateFromOutput",
            feeds=("scheduler:update_from_output:duration",), params=("scheduler_output",)),
@@ -96,17 +102,17 @@ TARGETS: tuple[Target, ...] = (
            "executor:CollectiveRpc", feeds=_RPC_FEEDS, params=("method", "timeout", "args")),
     # -- worker: model runner V1 (GPU, CPU subclass) and V2 (default on CUDA from vLLM 0.32) ---------------
     Target(_MRV1, "GPUModelRunner.execute_model", SYNC, "model_runner:ExecuteModel", feeds=_RUNNER_FEEDS,
-           params=("scheduler_output",)),
+           params=("scheduler_output",), provides_context=True),
     Target(_MRV1, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens",
-           feeds=("worker:model_inference:duration",)),
+           feeds=_STEP_END_FEEDS),
     Target(_MRV1, "GPUModelRunner._prepare_inputs", SYNC_TIMER, "model_runner:PrepareInputs",
            feeds=("executor:prepare_inputs:duration",)),
     Target(_MRV1, "AsyncGPUModelRunnerOutput.get_output", SYNC_TIMER, "model_runner:GetOutput",
            feeds=("worker:model_runner_get_output:duration",)),
     Target(_MRV2, "GPUModelRunner.execute_model", SYNC, "model_runner:ExecuteModelV2", feeds=_RUNNER_FEEDS,
-           params=("scheduler_output", "intermediate_tensors", "dummy_run")),
+           params=("scheduler_output", "intermediate_tensors", "dummy_run"), provides_context=True),
     Target(_MRV2, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens",
-           feeds=("worker:model_inference:duration",)),
+           feeds=_STEP_END_FEEDS),
     Target(_MRV2, "GPUModelRunner.prepare_inputs", SYNC_TIMER, "model_runner:PrepareInputs",
            feeds=("executor:prepare_inputs:duration",)),
     # vLLM's profiling scopes, wherever record_function_or_nullcontext was imported (see model_runner.py).
@@ -159,15 +165,16 @@ TARGETS: tuple[Target, ...] = (
       )),
     # -- vllm-ascend: NPU model runner, Ascend schedulers, memory ------------------------------------------
     *(Target("vllm_ascend.worker.model_runner_v1", qualname, kind, handler, vllm_ascend=">=0.23.0", feeds=feeds,
-             params=params)
+             params=params, provides_context=handler == "ascend:NPUExecuteModel")
       for qualname, kind, handler, feeds, params in (
           ("NPUModelRunner.execute_model", SYNC, "ascend:NPUExecuteModel", _RUNNER_FEEDS, ("scheduler_output",)),
           ("NPUModelRunner._prepare_inputs", SYNC_TIMER, "ascend:NPUPrepareInputs",
            ("executor:prepare_inputs:duration",), ()),
-          ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", ("worker:model_inference:duration",), ()),
+          ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", _STEP_END_FEEDS, ()),
       )),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
-    *(Target(module, f"{cls}.schedule", SYNC, "scheduler:Schedule", vllm_ascend=">=0.23.0", feeds=_SCHEDULE_FEEDS)
+    *(Target(module, f"{cls}.schedule", SYNC, "scheduler:Schedule", vllm_ascend=">=0.23.0", feeds=_SCHEDULE_FEEDS,
+             provides_context=True)
       for module, cls in (("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
                           ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
                           ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
@@ -183,11 +190,12 @@ TARGETS: tuple[Target, ...] = (
            vllm_ascend=">=0.23.0", feeds=_MEMORY),
     # -- process identity -----------------------------------------------------------------------------
     Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", SYNC, "process:ApiServerInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",)),
+           feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",), provides_context=True),
     Target("vllm.v1.executor.abstract", "Executor.__init__", SYNC, "process:EngineCoreInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",)),
+           feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",), provides_context=True),
     Target("vllm.v1.worker.worker_base", "WorkerBase.__init__", SYNC, "process:WorkerInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config",)),
+           feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config",),
+           provides_context=True),
 )
 
 
