@@ -209,3 +209,34 @@ def test_device_utilization_is_observed_at_collection_and_absent_without_a_devic
     # No device (CPU): nothing is exported for the gauge, rather than a 0.
     monkeypatch.setitem(sys.modules, "torch", NS(npu=None, cuda=NS(is_available=lambda: False)))
     assert memory.utilization() == []
+
+
+@pytest.mark.parametrize("recorder", ["fast", "sdk"])
+def test_observable_gauges_work_with_both_recorders(monkeypatch, recorder):
+    """recording.observe: read at each collection, with the fast recorder and the OTel SDK alike, and
+    registered again when the pipeline is rebuilt (as after a fork)."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from conftest import Metrics
+    from opentelemetry_instrumentation_vllm_ascend import environment, pipeline
+    from opentelemetry_instrumentation_vllm_ascend.catalogue import M
+
+    for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(environment.RECORDER, recorder)
+    monkeypatch.setattr(recording, "_observers", [])
+    context.set_process("worker", "0", "mixed")
+    readings = iter([12.0, 34.0, 56.0])
+    key = (("device", "7"), ("dp", "0"), ("phase", "all"), ("role", "mixed"))
+    try:
+        reader = InMemoryMetricReader()
+        pipeline.reset(extra_readers=[reader])
+        recording.observe(M["npu:utilization"], lambda: [(("0", "mixed", "all", "7"), next(readings))])
+        assert Metrics(reader).points()["vllm_profiling_npu:utilization"][key] == 12.0
+        assert Metrics(reader).points()["vllm_profiling_npu:utilization"][key] == 34.0
+        reader = InMemoryMetricReader()
+        pipeline.reset(extra_readers=[reader])
+        pipeline.get()  # a new pipeline (as after a fork, on the process's first recording): observed too
+        assert Metrics(reader).points()["vllm_profiling_npu:utilization"][key] == 56.0
+    finally:
+        pipeline.reset()
