@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from .. import catalogue, context, recording
 from ..wrappers import Handler
 
@@ -31,3 +33,19 @@ class AllPhaseTimer(Handler):
 
     def timed(self, seconds, args, kwargs, result):
         recording.record(self.spec, seconds, context.step_labels(catalogue.ALL))
+
+
+def device_module():
+    """The torch device module this process computes on — ``torch.npu`` (torch_npu) or ``torch.cuda``,
+    available and initialised — or None (CPU, or torch not imported). Never imports torch."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    for name in ("npu", "cuda"):
+        module = getattr(torch, name, None)
+        try:
+            if module is not None and module.is_available() and module.is_initialized():
+                return module
+        except Exception:
+            continue
+    return None

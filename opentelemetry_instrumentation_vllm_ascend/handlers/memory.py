@@ -13,11 +13,11 @@ where no device exists or the API is unavailable.
 
 from __future__ import annotations
 
-import sys
 
 from .. import context, recording
 from ..catalogue import ALL, M
 from ..wrappers import Handler
+from .common import device_module
 
 GIB = float(1 << 30)
 
@@ -104,27 +104,15 @@ class LateCapture(Handler):
 
 # -- device utilization ---------------------------------------------------------------------------------
 
-def _device_api():
-    """(module, index) of the device this process computes on, or None."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    for name in ("npu", "cuda"):
-        module = getattr(torch, name, None)
-        try:
-            if module is not None and module.is_available() and module.is_initialized():
-                return module, module.current_device()
-        except Exception:
-            continue
-    return None
-
-
 def utilization():
     """[(labels, percent)] for this process's device; [] where there is none or no API answers."""
-    api = _device_api()
-    if api is None:
+    module = device_module()
+    if module is None:
         return []
-    module, index = api
+    try:
+        index = module.current_device()
+    except Exception:
+        return []
     read = getattr(module, "utilization", None)
     if read is None:
         return []

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import sys
 from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import M
 from ..context import CURRENT_STEP, LAST_STEP_PHASE, PHASE_ATTRIBUTE
 from ..wrappers import Handler, report
-from .common import StepTimer
+from .common import StepTimer, device_module
 
 _EXECUTE = M["executor:model_runner_execute_model:duration"]
 _INFERENCE = M["worker:model_inference:duration"]
@@ -101,17 +100,8 @@ _DEVICE = [False]  # False: not decided yet; None: no device events (host timeli
 def device_timeline():
     timeline = _DEVICE[0]
     if timeline is False:
-        timeline = None
-        torch = sys.modules.get("torch")
-        for name in ("npu", "cuda"):
-            module = getattr(torch, name, None) if torch is not None else None
-            try:
-                if module is not None and module.is_available() and module.is_initialized():
-                    timeline = DeviceTimeline(module.Event)
-                    break
-            except Exception:
-                continue
-        _DEVICE[0] = timeline
+        module = device_module()
+        timeline = _DEVICE[0] = DeviceTimeline(module.Event) if module is not None else None
     return timeline
 
 
