@@ -75,9 +75,13 @@ def iteration_phase(iteration_stats) -> str:
     further tokens, ``mixed`` both, ``idle`` neither."""
     if iteration_stats is None:
         return "idle"
-    first_tokens = len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ())
-    return _phase(first_tokens, _prompt_tokens(iteration_stats),
-                  getattr(iteration_stats, "num_generation_tokens", 0) or 0)
+    return _phase(*_token_counts(iteration_stats))
+
+
+def _token_counts(iteration_stats) -> tuple:
+    """(first tokens, prompt tokens, generated tokens) an ``IterationStats`` has counted so far."""
+    return (len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()),
+            _prompt_tokens(iteration_stats), getattr(iteration_stats, "num_generation_tokens", 0) or 0)
 
 
 #: Index of the engine whose outputs the API server's output loop is processing: set when the loop
@@ -287,7 +291,8 @@ class ProcessOutputs(Handler):
     chunks sharing one IterationStats). Records the call's duration (``output_processor_duration``)
     and ``len(engine_core_outputs)`` (``engine_core_outputs_len``), labelled with the phase of the
     work in this chunk — the change of ``iteration_stats`` over the call, by the rule of
-    :func:`iteration_phase` — or ``all`` without iteration_stats; dp/engine: this process's dp.
+    :func:`iteration_phase` — or ``all`` without iteration_stats; dp/engine: the engine whose
+    outputs the output loop is processing (see :class:`GetOutput`).
     A call that raised records nothing."""
 
     name = "OutputProcessor.process_outputs"
@@ -295,20 +300,15 @@ class ProcessOutputs(Handler):
 
     def before(self, args, kwargs):
         stats = args[3]
-        if stats is None:
-            return (perf_counter(), 0, 0, 0)
-        return (perf_counter(), len(getattr(stats, "time_to_first_tokens_iter", None) or ()),
-                _prompt_tokens(stats), getattr(stats, "num_generation_tokens", 0) or 0)
+        return perf_counter(), (None if stats is None else _token_counts(stats))
 
     def after(self, state, args, kwargs, result):
-        seconds = perf_counter() - state[0]
-        stats = args[3]
-        if stats is None:
+        start, counts = state
+        seconds = perf_counter() - start
+        if counts is None:
             phase = ALL
         else:
-            phase = _phase(len(getattr(stats, "time_to_first_tokens_iter", None) or ()) - state[1],
-                           _prompt_tokens(stats) - state[2],
-                           (getattr(stats, "num_generation_tokens", 0) or 0) - state[3])
+            phase = _phase(*(now - then for now, then in zip(_token_counts(args[3]), counts)))
         labels = _api_labels(phase)
         recording.record(OUTPUT_PROCESSOR, seconds, labels)
         outputs = args[1]

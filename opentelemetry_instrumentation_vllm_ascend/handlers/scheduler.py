@@ -91,7 +91,7 @@ def _record_queues(scheduler, labels, step_class) -> None:
     _BLOCKED[key] = blocked
 
 
-#: Per scheduler (by id): the (total, free) blocks last recorded; unchanged values are not set again.
+#: Per scheduler (by id): (total, free, pipeline generation) last recorded; unchanged values are not set again.
 _BLOCKS: dict[int, tuple] = {}
 
 
@@ -100,9 +100,10 @@ def _record_blocks(scheduler) -> None:
     total = pool.num_gpu_blocks
     free = pool.get_num_free_blocks()
     key = id(scheduler)
-    if _BLOCKS.get(key) == (total, free, recording.generation()):
+    state = (total, free, recording.generation())
+    if _BLOCKS.get(key) == state:
         return
-    _BLOCKS[key] = (total, free, recording.generation())
+    _BLOCKS[key] = state
     labels = context.step_labels(ALL)
     recording.set_gauge(_TOTAL_BLOCKS, total, labels)
     recording.set_gauge(_FREE_BLOCKS, free, labels)
