@@ -129,7 +129,8 @@ class Step:
         self.preemptions = 0
         self.recomputes = 0
         self.allocate_failures = 0
-        #: (scope name, seconds) of profiling scopes that ended inside the schedule() call.
+        #: {scope name: [seconds, …]} of profiling scopes that ended inside the schedule() call
+        #: (vLLM's per-request "schedule: allocate_slots" scope ends once per running request).
         self.scopes = None
 
 

@@ -102,12 +102,13 @@ class FastHistogram(_Instrument):
     """State per series: [count, sum, min, max, bucket_counts, window_min, window_max]. The window
     min/max (for delta readers) are only kept when the store has a delta reader."""
 
-    __slots__ = ("bounds", "record")
+    __slots__ = ("bounds", "record", "record_many")
 
     def __init__(self, spec: catalogue.MetricSpec, windows: bool = False) -> None:
         super().__init__(spec)
         self.bounds = tuple(float(b) for b in spec.buckets or ())
         self.record = self._record_with_window if windows else self._record
+        self.record_many = self._record_many_with_window if windows else self._record_many
 
     def _state(self, labels):
         try:
@@ -129,6 +130,36 @@ class FastHistogram(_Instrument):
         if value > state[3]:
             state[3] = value
         state[4][_bisect(self.bounds, value)] += 1
+
+    def _record_many(self, values, labels: tuple, _bisect=bisect_left) -> None:
+        """``record(value, labels)`` for each of ``values`` (the same state; the sum adds them in order)."""
+        try:
+            state = self._tls.shard[labels]
+        except (AttributeError, KeyError):
+            state = self._state(labels)
+        n, low, high = len(values), min(values), max(values)
+        bounds, buckets = self.bounds, state[4]
+        first = _bisect(bounds, low)
+        if first == _bisect(bounds, high):
+            buckets[first] += n  # all in one bucket (the common case: many short scopes of one step)
+        else:
+            for value in values:
+                buckets[_bisect(bounds, value)] += 1
+        state[1] = sum(values, state[1])
+        state[0] += n
+        if low < state[2]:
+            state[2] = low
+        if high > state[3]:
+            state[3] = high
+        return state
+
+    def _record_many_with_window(self, values, labels: tuple) -> None:
+        state = self._record_many(values, labels)
+        low, high = min(values), max(values)
+        if low < state[5]:
+            state[5] = low
+        if high > state[6]:
+            state[6] = high
 
     def _record_with_window(self, value, labels: tuple) -> None:
         self._record(value, labels)

@@ -45,6 +45,11 @@ class _SdkInstrument:
     def set(self, value, labels: tuple) -> None:
         self._instrument.set(value, dict(zip(self._labels, labels)))
 
+    def record_many(self, values, labels: tuple) -> None:
+        attributes = dict(zip(self._labels, labels))
+        for value in values:
+            self._instrument.record(value, attributes)
+
 
 class Pipeline:
     def __init__(self, extra_readers=(), recorder: str | None = None) -> None:

@@ -41,7 +41,7 @@ class _Disabled:
     def add(self, value, labels) -> None:
         pass
 
-    record = set = add
+    record = set = record_many = add
 
 
 def _instrument(spec: catalogue.MetricSpec):
@@ -69,6 +69,14 @@ def record(spec: catalogue.MetricSpec, value: float, labels: tuple, _get=_instru
     if instrument is None:
         instrument = _instrument(spec)
     instrument.record(value, labels)
+
+
+def record_many(spec: catalogue.MetricSpec, values: list, labels: tuple, _get=_instruments.get) -> None:
+    """One histogram observation per item of ``values`` (non-empty), all with the same labels."""
+    instrument = _get(spec.seed)
+    if instrument is None:
+        instrument = _instrument(spec)
+    instrument.record_many(values, labels)
 
 
 def record_in_step(spec: catalogue.MetricSpec, value: float, _get=_instruments.get,

@@ -19,7 +19,8 @@ from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesColl
 
 HIST = catalogue.MetricSpec(seed="test:step:duration", kind=catalogue.HISTOGRAM, unit="s",
                             description="A test timer.", buckets=(0.001, 0.01, 0.1, 1.0, 10.0))
-SPECS = [catalogue.RUNNING_TO_WAITING, catalogue.RPC_ERRORS, catalogue.INSTRUMENTED_PROCESSES, HIST]
+SPECS = [catalogue.RUNNING_TO_WAITING, catalogue.RPC_ERRORS, catalogue.INSTRUMENTED_PROCESSES, HIST, HIST]
+RECORD_MANY = 4  # the same histogram, several values at once (a scheduling step's per-request scopes)
 LABELS = {
     catalogue.RUNNING_TO_WAITING.seed: [("0", "mixed", "decode"), ("1", "decode", "prefill")],
     catalogue.RPC_ERRORS.seed: [("0", "mixed", "unknown", "timeout"), ("0", "mixed", "decode", "other")],
@@ -33,6 +34,7 @@ def ops(values):
         st.tuples(st.just(1), st.integers(0, 1), st.integers(1, 3)),
         st.tuples(st.just(2), st.integers(0, 1), st.integers(0, 4)),  # gauge set
         st.tuples(st.just(3), st.integers(0, 1), values),  # histogram record
+        st.tuples(st.just(RECORD_MANY), st.integers(0, 1), st.lists(values, min_size=1, max_size=40)),
     )
 
 
@@ -55,7 +57,9 @@ def apply(pipeline, ops):
         spec = SPECS[kind]
         inst = pipeline.instrument(spec)
         labels = LABELS[spec.seed][label_index]
-        if spec.kind == catalogue.COUNTER:
+        if kind == RECORD_MANY:
+            inst.record_many(value, labels)
+        elif spec.kind == catalogue.COUNTER:
             inst.add(value, labels)
         elif spec.kind == catalogue.GAUGE:
             inst.set(value, labels)
@@ -176,6 +180,21 @@ def test_histogram_bucket_edges_match_the_sdk():
     assert normalized(fast[0]) == normalized(sdk[0])
     (point,) = [p for p in normalized(fast[0]) if p[2] == HIST.exposed_name]
     assert point[-1][2] == (2, 1, 0, 0, 1, 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.sampled_from(HIST.buckets), EXACT), min_size=1, max_size=80))
+def test_record_many_is_record_once_per_value(values):
+    """Both of record_many's ways to count buckets (all in one bucket; per value) give the state that
+    one record() per value gives, values on bucket bounds included."""
+    from opentelemetry_instrumentation_vllm_ascend.fastpath import FastHistogram
+
+    for windows in (False, True):
+        one, many = FastHistogram(HIST, windows), FastHistogram(HIST, windows)
+        for value in values:
+            one.record(value, ("0", "mixed", "decode"))
+        many.record_many(values, ("0", "mixed", "decode"))
+        assert many.snapshot() == one.snapshot()
 
 
 def test_threads_recording_at_once_lose_nothing():

@@ -371,6 +371,23 @@ def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
     assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 5
 
 
+def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock, utils):
+    """vLLM's scheduler enters "schedule: allocate_slots" once per running request: a decode step of
+    three requests gives three observations of it (each its own duration), recorded at once when
+    schedule() returns, with the step's phase."""
+    requests = {rid: req(12, 13, prompt=10) for rid in ("a", "b", "c")}
+    out = output(requests, cached=[("a", 1), ("b", 1), ("c", 1)])
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)] * 3)
+    s.plan = [(out, 0.0, [("schedule: allocate_slots", 0.0625), ("schedule: allocate_slots", 0.125),
+                          ("schedule: allocate_slots", 0.0625), ("schedule: update_after_schedule", 0.25)])]
+    context.LAST_STEP_PHASE[0] = "prefill"
+
+    s.schedule()
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("decode", name="schedule: allocate_slots")): (3, 0.25, counts(S, b10=2, b11=1)),
+        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(S, b11=1))}
+
+
 def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clock, utils):
     s = instrumented()(clock, utils)
     s.plan = [(RuntimeError("scheduler bug"), 0.5, [("schedule: allocate_slots", 0.125)])]

@@ -146,11 +146,25 @@ class _Scope:
                     report(_SCOPE_HANDLER, "device event")
         return value
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type, exc, tb, _step=CURRENT_STEP.get):
         if exc_type is None:
             end = perf_counter()
             try:
-                _scope_ended(self, end)
+                step = _step()
+                if step is None:
+                    _scope_ended(self, end)
+                else:  # inside Scheduler.schedule: recorded with the step's phase when it returns
+                    scopes = step.scopes
+                    if scopes is None:
+                        scopes = step.scopes = {}
+                    name = self.name
+                    if name.__class__ is not str:
+                        name = _name_label(name)
+                    values = scopes.get(name)
+                    if values is None:
+                        scopes[name] = [end - self.start]
+                    else:
+                        values.append(end - self.start)
             except Exception:
                 report(_SCOPE_HANDLER, "scope")
         if self.inner is not None:
@@ -162,17 +176,11 @@ _scope_labels: dict[tuple, tuple] = {}  # (phase, name) → label tuple; emptied
 context.LABEL_CACHES.append(_scope_labels)
 
 
-def _scope_ended(scope: _Scope, end: float, _step=CURRENT_STEP.get, _phase=LAST_STEP_PHASE,
-                 _labels=_scope_labels, _record=recording.record, _forward=FORWARD_SCOPES,
-                 _post=POSTPROCESS_SCOPES) -> None:
+def _scope_ended(scope: _Scope, end: float, _phase=LAST_STEP_PHASE, _labels=_scope_labels,
+                 _record=recording.record, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES) -> None:
+    """A scope outside a scheduling step ended (a worker's, or the EngineCore's outside schedule())."""
     seconds = end - scope.start
     name = scope.name
-    step = _step()
-    if step is not None:  # inside Scheduler.schedule: recorded with the step's phase when it returns
-        if step.scopes is None:
-            step.scopes = []
-        step.scopes.append((_name_label(name), seconds))
-        return
     phase = _phase[0]
     labels = _labels.get((phase, name))
     if labels is None:
@@ -214,8 +222,12 @@ class ProfilerScopes:
             raise RuntimeError(f"{module.__name__}.{attribute} is not a scope factory ({inner!r})")
         plain = inner is contextlib.nullcontext
 
-        def factory(name, _inner=inner, _plain=plain, _scope=_Scope):
-            return _scope(name, None if _plain else _inner(name))
+        def factory(name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope):
+            scope = _new(_cls)  # no __init__ frame: this runs once per scope, per request in schedule()
+            scope.name = name
+            scope.inner = None if _plain else _inner(name)
+            scope.device = None
+            return scope
 
         factory._otel_vllm_ascend_factory = True
         setattr(module, attribute, factory)

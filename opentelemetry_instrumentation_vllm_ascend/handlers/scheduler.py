@@ -10,6 +10,7 @@ from ..catalogue import ALL, M
 from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
 from ..wrappers import Handler, report
 from .common import AllPhaseTimer
+from .model_runner import _name_label
 
 _DURATION = M["scheduler:duration"]
 _BATCH = M["scheduler:batch_size"]
@@ -31,8 +32,8 @@ _SCOPES = M["record_function_or_nullcontext"]
 def flush_step(step: Step, phase: str) -> None:
     """Record what one scheduling step saw, once, labelled with that step's phase."""
     if step.scopes:
-        for name, seconds in step.scopes:
-            recording.record(_SCOPES, seconds, context.step_labels_with(phase, name))
+        for name, values in step.scopes.items():
+            recording.record_many(_SCOPES, values, context.step_labels_with(phase, _name_label(name)))
     if not (step.preemptions or step.recomputes or step.allocate_failures):
         return
     labels = context.step_labels(phase)
