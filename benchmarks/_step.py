@@ -3,7 +3,8 @@ same step unhooked. Plain-Python stand-ins shaped like vLLM's classes (same meth
 call pattern per step) are wrapped by the real handlers with the real wrappers:
 
 - EngineCore: the busy loop's ``_process_input_queue`` (with work: no wait) and ``_process_engine_step``
-  → ``step`` → ``schedule`` (one ``allocate_slots`` per running request, 3 profiling scopes) →
+  → ``step`` → ``schedule`` (per running request one ``allocate_slots`` inside its own
+  "schedule: allocate_slots" profiling scope, as vLLM does; two more scopes per step) →
   non-blocking ``execute_model`` RPC (a FutureWrapper-like future completed in ``result()``) →
   blocking ``sample_tokens`` RPC → ``update_from_output``;
 - worker: the worker's ``execute_model`` (memory late-capture check) → the runner's ``execute_model``
@@ -130,8 +131,8 @@ def build(batch: int, hooked=PROCESSES):
 
         def schedule(self):
             kv = self.kv_cache_manager
-            with ec_scope(SCHED_SCOPES[0]):
-                for rid in ids:
+            for rid in ids:  # vLLM (0.32) enters this scope once per running request
+                with ec_scope(SCHED_SCOPES[0]):
                     kv.allocate_slots(rid, 1, num_lookahead_tokens=0)
             for name in SCHED_SCOPES[1:]:
                 with ec_scope(name):

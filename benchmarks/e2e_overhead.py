@@ -1,14 +1,21 @@
-"""End-to-end overhead on real vLLM (CPU build, tiny model): paired, alternating runs with and
-without instrumentation under the same load.
+"""End-to-end overhead on real vLLM (CPU build, tiny model): interleaved rounds of the same load on
+two resident servers, one instrumented and one not.
 
-    tox -e bench-e2e            (or: python benchmarks/e2e_overhead.py --pairs 5)
+    tox -e bench-e2e            (or: python benchmarks/e2e_overhead.py --server-pairs 2 --rounds 10)
 
-For each run: one fresh server, a warm-up request, then ``--requests`` concurrent completions of
-``--max-tokens`` tokens each (ignore_eos). Reported per variant: generated tokens per second
-(median, min–max over pairs), the instrumented/uninstrumented throughput ratio per pair, and the
-EngineCore + worker CPU seconds per generated token (from /proc, summed over both processes).
-The tiny model's steps take about a millisecond, so any per-step cost weighs far more here than on
-a real model: the overhead measured here is an upper bound.
+Both servers of a pair run at once with the same launcher (``opentelemetry-instrument``); only
+``OTEL_VLLM_ASCEND_ENABLED`` differs. An idle vLLM server uses ~1.5 % of a core here, so the other
+server's load is not disturbed. Each round sends the same load to one server and then to the other
+(which goes first alternates): ``--requests`` completions of ``--max-tokens`` tokens (ignore_eos) in
+one completion request, so that they reach the engine together; the next starts once the server
+is idle again (a vLLM worker spins for about a second after its last step). Rounds are seconds apart, so the
+machine's drift (a shared VM) cancels within a round's pair; fresh server pairs (``--server-pairs``)
+cover start-up effects such as memory placement.
+
+Reported: tokens per second per variant; the instrumented/uninstrumented throughput ratio per round
+(median, quartiles, min–max) and per server pair; CPU seconds per generated token of the API server,
+the EngineCore and the worker (from /proc). The tiny model's steps take a few milliseconds, so any
+per-step cost weighs 5–25x more here than on a real model.
 """
 
 from __future__ import annotations
@@ -46,10 +53,15 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def engine_cpu_seconds(server_pid: int) -> float:
-    """utime+stime of the EngineCore and worker processes (titles VLLM::EngineCore / VLLM::Worker)."""
-    seconds = 0.0
-    for pid in descendants(server_pid):
+PROCESS_KINDS = (("api_server", None), ("engine_core", b"EngineCore"), ("worker", b"Worker"))
+
+
+def cpu_seconds(server_pid: int) -> dict:
+    """utime+stime per process kind: the API server (the launched process and any child that is
+    neither an EngineCore nor a worker), the EngineCore and the worker (titled VLLM::EngineCore /
+    VLLM::Worker)."""
+    out = {kind: 0.0 for kind, _ in PROCESS_KINDS}
+    for pid in [server_pid] + descendants(server_pid):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ")
@@ -57,68 +69,138 @@ def engine_cpu_seconds(server_pid: int) -> float:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if b"EngineCore" in cmd or b"Worker" in cmd:
-            seconds += (int(fields[11]) + int(fields[12])) / CLK
-    return seconds
+        kind = next((k for k, title in PROCESS_KINDS if title and title in cmd), "api_server")
+        out[kind] += (int(fields[11]) + int(fields[12])) / CLK
+    return out
 
 
-def one_run(model: str, instrumented: bool, requests: int, max_tokens: int, log_dir: str, i: int) -> dict:
+def engine_cpu_seconds(server_pid: int) -> float:
+    """utime+stime of the EngineCore and worker processes."""
+    cpu = cpu_seconds(server_pid)
+    return cpu["engine_core"] + cpu["worker"]
+
+
+def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = "") -> Server:
     env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented else "false"}
+    if instrumented and disabled:
+        env["OTEL_VLLM_ASCEND_DISABLED_METRICS"] = disabled
     log = os.path.join(log_dir, f"{'on' if instrumented else 'off'}-{i}.log")
-    # Same launcher either way (opentelemetry-instrument), so only the instrumentation differs.
     extra = ("--num-gpu-blocks-override", "512", "--max-num-seqs", "64")  # room for the whole batch
-    with Server(model, env=env, log_path=log, extra_args=extra) as server:
-        server.complete(tiny_model.prompt(999), max_tokens=8)  # warm-up
-        cpu0 = engine_cpu_seconds(server.proc.pid)
-        start = time.perf_counter()
-        responses = server.burst([tiny_model.prompt(i) for i in range(requests)], max_tokens)
-        wall = time.perf_counter() - start
-        cpu = engine_cpu_seconds(server.proc.pid) - cpu0
-        tokens = sum(r["usage"]["completion_tokens"] for r in responses)
-        text = server.scrape()
-        hooked = total(text, "vllm_profiling_instrumented_processes")
-        steps = total(text, "vllm:iteration_tokens_total_count")  # vLLM's own count of engine steps
-    return {"tokens_per_s": tokens / wall, "cpu_per_token_ms": cpu / tokens * 1e3, "tokens": tokens,
-            "instrumented_processes": hooked, "steps": steps}
+    server = Server(model, env=env, log_path=log, extra_args=extra).start()
+    server.complete(tiny_model.prompt(999), max_tokens=8)  # warm-up
+    return server
+
+
+def instrumented_processes(servers: dict, timeout: float = 30.0) -> dict:
+    """Processes each server shows as instrumented on /metrics, once every process has exported
+    (each exports on its own interval)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        hooked = {k: total(s.scrape(), "vllm_profiling_instrumented_processes") for k, s in servers.items()}
+        if hooked == {True: 3, False: 0} or time.monotonic() > deadline:
+            return hooked
+        time.sleep(0.5)
+
+
+def wait_idle(server: Server, timeout: float = 10.0) -> None:
+    """Return once the server's processes are idle. After its last step a vLLM worker keeps spinning
+    on its message queue for about a second (measured: ~1 CPU-second over the next second): a round
+    started on the other server meanwhile would share the two cores with it."""
+    deadline = time.monotonic() + timeout
+    previous = sum(cpu_seconds(server.proc.pid).values())
+    while time.monotonic() < deadline:
+        time.sleep(0.25)
+        current = sum(cpu_seconds(server.proc.pid).values())
+        if current - previous < 0.03:
+            return
+        previous = current
+
+
+def one_round(server: Server, requests: int, max_tokens: int, round_no: int) -> dict:
+    prompts = [tiny_model.prompt(round_no * requests + k) for k in range(requests)]
+    cpu0 = cpu_seconds(server.proc.pid)
+    t0 = time.perf_counter()
+    response = server.batch(prompts, max_tokens)
+    wall = time.perf_counter() - t0
+    cpu1 = cpu_seconds(server.proc.pid)
+    tokens = response["usage"]["completion_tokens"]
+    assert tokens == requests * max_tokens, response["usage"]
+    return {"tokens_per_s": tokens / wall, "tokens": tokens,
+            **{f"{k}_cpu_ms_per_token": (cpu1[k] - cpu0[k]) / tokens * 1e3 for k, _ in PROCESS_KINDS}}
+
+
+def quantiles(values):
+    """median, (first quartile, third quartile), (min, max)."""
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return q[1], (q[0], q[2]), (min(values), max(values))
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--requests", type=int, default=256)
+    parser.add_argument("--server-pairs", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=10, help="rounds per server pair")
+    parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--disabled-metrics", default="",
+                        help="OTEL_VLLM_ASCEND_DISABLED_METRICS for the instrumented server (to find what costs)")
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
     args = parser.parse_args(argv)
     tiny_model.build(args.model_dir)
     log_dir = tempfile.mkdtemp(prefix="otel_vllm_e2e_overhead_")
-    results = {True: [], False: []}
-    for i in range(args.pairs):
-        order = (False, True) if i % 2 == 0 else (True, False)  # alternate which goes first
-        for instrumented in order:
-            r = one_run(args.model_dir, instrumented, args.requests, args.max_tokens, log_dir, i)
-            results[instrumented].append(r)
-            print(f"pair {i + 1}: {'instrumented  ' if instrumented else 'uninstrumented'} "
-                  f"{r['tokens_per_s']:8.0f} tok/s  {r['cpu_per_token_ms']:.3f} ms CPU/token "
-                  f"(instrumented processes on /metrics: {r['instrumented_processes']:g})", flush=True)
-        assert results[True][-1]["instrumented_processes"] == 3 and results[False][-1]["instrumented_processes"] == 0
-    ratios = [on["tokens_per_s"] / off["tokens_per_s"] for on, off in zip(results[True], results[False])]
-    cpu_ratios = [on["cpu_per_token_ms"] / off["cpu_per_token_ms"] for on, off in zip(results[True], results[False])]
+    rounds = []  # (server pair, on, off)
+    steps = None
+    for p in range(args.server_pairs):
+        servers = {}
+        try:
+            for instrumented in ((False, True) if p % 2 == 0 else (True, False)):
+                servers[instrumented] = start(args.model_dir, instrumented, log_dir, p, args.disabled_metrics)
+            hooked = instrumented_processes(servers)
+            assert hooked == {True: 3, False: 0}, hooked
+            for server in servers.values():
+                wait_idle(server)
+            for r in range(args.rounds):
+                result = {}
+                for instrumented in ((False, True) if r % 2 == 0 else (True, False)):
+                    result[instrumented] = one_round(servers[instrumented], args.requests, args.max_tokens, r)
+                    wait_idle(servers[instrumented])
+                rounds.append((p, result[True], result[False]))
+                on, off = result[True], result[False]
+                print(f"server pair {p + 1} round {r + 1:2d}: uninstrumented {off['tokens_per_s']:6.0f} tok/s, "
+                      f"instrumented {on['tokens_per_s']:6.0f} tok/s, ratio {on['tokens_per_s'] / off['tokens_per_s']:.3f}",
+                      flush=True)
+            text = servers[True].scrape()
+            steps = (total(text, "vllm:iteration_tokens_total_count"), total(text, "vllm:generation_tokens_total"))
+        finally:
+            for s in servers.values():
+                s.stop()
 
-    def summary(values, fmt):
-        return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+    def fmt(values, f="{:.3f}"):
+        med, (q1, q3), (lo, hi) = quantiles(values)
+        return f"{f.format(med)} ({f.format(q1)}–{f.format(q3)}; {f.format(lo)}–{f.format(hi)})"
 
-    print(f"\n### End-to-end overhead, {args.pairs} pairs, {args.requests} x {args.max_tokens} tokens per run\n")
-    print("| | tokens/s, median (min–max) | EngineCore+worker CPU ms per token |")
-    print("|---|---:|---:|")
-    for label, key in (("uninstrumented", False), ("instrumented", True)):
-        rs = results[key]
-        print(f"| {label} | {summary([r['tokens_per_s'] for r in rs], '{:.0f}')} "
-              f"| {summary([r['cpu_per_token_ms'] for r in rs], '{:.3f}')} |")
-    print(f"| ratio instrumented/uninstrumented (per pair) | {summary(ratios, '{:.3f}')} | {summary(cpu_ratios, '{:.3f}')} |")
-    print(f"\nThroughput loss, median over pairs: {(1 - statistics.median(ratios)) * 100:.1f} %")
-    on = results[True][-1]
-    print(f"Engine steps per run (vllm:iteration_tokens_total count, warm-up included): {on['steps']:.0f}; "
-          f"generated tokens: {on['tokens']}; tokens per step: {on['tokens'] / max(on['steps'], 1):.1f}")
+    ratios = [on["tokens_per_s"] / off["tokens_per_s"] for _, on, off in rounds]
+    print(f"\n### End-to-end overhead: {args.server_pairs} server pairs x {args.rounds} interleaved rounds, "
+          f"{args.requests} x {args.max_tokens} tokens per round"
+          + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "") + "\n")
+    print("Medians (quartiles; min–max) over rounds.\n")
+    print("| | uninstrumented | instrumented | ratio instrumented/uninstrumented (per round) |")
+    print("|---|---:|---:|---:|")
+    rows = [("tokens/s", "tokens_per_s", "{:.0f}")] + [
+        (f"{k} CPU ms per token", f"{k}_cpu_ms_per_token", "{:.4f}") for k, _ in PROCESS_KINDS]
+    for label, key, f in rows:
+        offs = [off[key] for _, _, off in rounds]
+        ons = [on[key] for _, on, _ in rounds]
+        per_round = [a / b for a, b in zip(ons, offs) if b]
+        print(f"| {label} | {fmt(offs, f)} | {fmt(ons, f)} | {fmt(per_round) if per_round else '–'} |")
+    for p in range(args.server_pairs):
+        mine = [r for q, r in zip((q for q, _, _ in rounds), ratios) if q == p]
+        print(f"\nServer pair {p + 1}: throughput ratio median {statistics.median(mine):.3f} over {len(mine)} rounds")
+    med = statistics.median(ratios)
+    print(f"\nThroughput change, median over all rounds: {(med - 1) * 100:+.1f} %; instrumented slower in "
+          f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds")
+    if steps:
+        print(f"Last instrumented server: {steps[0]:.0f} engine steps for {steps[1]:.0f} generated tokens "
+              f"(vllm:iteration_tokens_total count, warm-up included): {steps[1] / max(steps[0], 1):.1f} tokens per step")
     print(f"Server logs: {log_dir}")
     return 0
 

@@ -1,0 +1,118 @@
+"""Section G: the EngineCore's share of a step on real vLLM objects, in one process — a real vLLM
+``Scheduler`` (with its real KVCacheManager, requests and profiling scopes) scheduling decode steps
+and taking their outputs back (``schedule()`` + ``update_from_output()``), without and with
+instrumentation, alternating in blocks in the same process (``instrument()`` / ``uninstrument()``).
+
+    tox -e bench-e2e -- …      (runs this first)   or:   python benchmarks/real_scheduler.py
+
+Unlike section F's stand-ins, this has vLLM's own call pattern and data: one
+"schedule: allocate_slots" profiling scope and one ``allocate_slots`` call per running request, real
+SchedulerOutputs for the phase classification, real request objects for the queue states. No model
+runs: a step's model output is one sampled token per request. Each block builds a fresh scheduler
+with ``batch`` requests (10-token prompts), schedules 20 warm-up steps (prefill, then decode) and
+times 100 decode steps; the median step of each block is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+def build(model: str, batch: int, blocks: int = 8192):
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model_config = ModelConfig(model=model, dtype="float32", max_model_len=1024, skip_tokenizer_init=True)
+    scheduler_config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * 16),
+                                       max_model_len=1024, enable_chunked_prefill=True, is_encoder_decoder=False)
+    cache_config = CacheConfig(block_size=32, cache_dtype="auto", enable_prefix_caching=False)
+    cache_config.num_gpu_blocks = blocks
+    config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
+    spec = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, log_stats=True,
+                          structured_output_manager=StructuredOutputManager(config), block_size=32)
+    for i in range(batch):
+        scheduler.add_request(Request(
+            request_id=f"r{i}", prompt_token_ids=[(i * 7 + k) % 500 + 4 for k in range(10)],
+            sampling_params=SamplingParams(max_tokens=900, ignore_eos=True), pooling_params=None))
+    return scheduler
+
+
+def steps(scheduler, n: int) -> list[float]:
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = scheduler.schedule()
+        ids = list(out.num_scheduled_tokens)
+        model_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                         sampled_token_ids=[[7]] * len(ids))
+        scheduler.update_from_output(out, model_output)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def block(model: str, batch: int, timed: int = 100) -> float:
+    scheduler = build(model, batch)
+    steps(scheduler, 20)  # the prefill step, then decode
+    return statistics.median(steps(scheduler, timed)) * 1e6
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="16,64,256")
+    parser.add_argument("--blocks", type=int, default=6, help="blocks per variant and batch")
+    parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
+    args = parser.parse_args(argv)
+    # The in-process pipeline: the fast recorder and its /metrics files, no OTLP push.
+    os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")
+    os.environ.pop("OTEL_VLLM_ASCEND_ENABLED", None)
+    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context
+    from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model
+
+    tiny_model.build(args.model_dir)  # the scheduler's ModelConfig reads the model's config
+    instrumentor = VllmAscendInstrumentor()
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        results = {False: [], True: []}
+        block(args.model_dir, batch)  # warm-up
+        for i in range(args.blocks):
+            for instrumented in ((False, True) if i % 2 == 0 else (True, False)):
+                if instrumented:
+                    instrumentor.instrument()
+                    context.set_process("engine_core", "0", "mixed")
+                try:
+                    results[instrumented].append(block(args.model_dir, batch))
+                finally:
+                    if instrumented:
+                        instrumentor.uninstrument()
+        rows.append((batch, results))
+
+    def cell(values):
+        return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
+
+    print(f"\n### G. EngineCore step on a real vLLM Scheduler (schedule + update_from_output), µs per step\n")
+    print(f"Median step of each block of 100 decode steps; median (min–max) over {args.blocks} blocks per variant, "
+          "alternating in one process.\n")
+    print("| batch | uninstrumented | instrumented | added per step, µs | ratio |")
+    print("|---:|---:|---:|---:|---:|")
+    for batch, results in rows:
+        off, on = statistics.median(results[False]), statistics.median(results[True])
+        print(f"| {batch} | {cell(results[False])} | {cell(results[True])} | {on - off:.1f} | {on / off:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
