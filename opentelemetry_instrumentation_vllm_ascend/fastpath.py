@@ -131,8 +131,9 @@ class FastHistogram(_Instrument):
             state[3] = value
         state[4][_bisect(self.bounds, value)] += 1
 
-    def _record_many(self, values, labels: tuple, _bisect=bisect_left) -> None:
-        """``record(value, labels)`` for each of ``values`` (the same state; the sum adds them in order)."""
+    def _record_many(self, values, labels: tuple, _bisect=bisect_left) -> tuple:
+        """``record(value, labels)`` for each of ``values`` (the same state; the sum adds them in order).
+        Returns (state, min, max) for the window variant."""
         try:
             state = self._tls.shard[labels]
         except (AttributeError, KeyError):
@@ -151,11 +152,10 @@ class FastHistogram(_Instrument):
             state[2] = low
         if high > state[3]:
             state[3] = high
-        return state
+        return state, low, high
 
     def _record_many_with_window(self, values, labels: tuple) -> None:
-        state = self._record_many(values, labels)
-        low, high = min(values), max(values)
+        state, low, high = self._record_many(values, labels)
         if low < state[5]:
             state[5] = low
         if high > state[6]:

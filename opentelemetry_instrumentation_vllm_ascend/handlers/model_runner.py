@@ -122,14 +122,10 @@ def _name_label(name) -> str:
 
 class _Scope:
     """One ``with record_function_or_nullcontext(name):`` block: times it (after entering vLLM's own
-    scope, before leaving it) and, in a worker step, marks the step's forward / post-processing."""
+    scope, before leaving it) and, in a worker step, marks the step's forward / post-processing.
+    Built by the scope factory (``ProfilerScopes``), which sets ``name``, ``inner`` and ``device``."""
 
     __slots__ = ("name", "inner", "start", "device")
-
-    def __init__(self, name, inner) -> None:
-        self.name = name
-        self.inner = inner
-        self.device = None
 
     def __enter__(self):
         value = self.inner.__enter__() if self.inner is not None else None
