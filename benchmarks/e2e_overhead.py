@@ -74,12 +74,6 @@ def cpu_seconds(server_pid: int) -> dict:
     return out
 
 
-def engine_cpu_seconds(server_pid: int) -> float:
-    """utime+stime of the EngineCore and worker processes."""
-    cpu = cpu_seconds(server_pid)
-    return cpu["engine_core"] + cpu["worker"]
-
-
 def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = "") -> Server:
     env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented else "false"}
     if instrumented and disabled:

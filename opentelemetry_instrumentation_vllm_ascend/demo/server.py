@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,9 +125,10 @@ class Server:
 
     def batch(self, prompts, max_tokens: int = 150, timeout: float = 300.0) -> dict:
         """All prompts in one completion request (vLLM accepts a list): the API server hands them to the
-        engine together, so they compete for KV blocks however busy the machine is. Concurrent clients
-        (``burst``) do not guarantee that: on a loaded 2-core machine their requests were seen to arrive
-        one after another and a 16-request burst into 16 KV blocks then caused no preemption at all."""
+        engine together, so they compete for KV blocks however busy the machine is. Concurrent clients (one
+        thread per prompt, as this harness had before) do not guarantee that: on a loaded 2-core machine
+        their requests were seen to arrive one after another, and 16 of them into 16 KV blocks then caused
+        no preemption at all."""
         body = {"model": "tiny", "prompt": list(prompts), "max_tokens": max_tokens, "temperature": 0.0,
                 "ignore_eos": True}
         req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
@@ -137,26 +137,6 @@ class Server:
             response = json.loads(r.read())
         assert len(response["choices"]) == len(prompts), response
         return response
-
-    def burst(self, prompts, max_tokens: int = 150) -> list[dict]:
-        """All prompts at once, one thread each; returns responses in prompt order."""
-        results: list = [None] * len(prompts)
-        errors: list = []
-
-        def one(i, p):
-            try:
-                results[i] = self.complete(p, max_tokens)
-            except Exception as exc:  # surfaced below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=one, args=(i, p)) for i, p in enumerate(prompts)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return results
 
     def post(self, path: str, body: dict, timeout: float = 60.0) -> tuple[int, str]:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
