@@ -20,7 +20,7 @@ while another thread records may lag that thread's observation in flight by one 
 from __future__ import annotations
 
 import threading
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from time import time_ns
 
 from opentelemetry.sdk.metrics import Counter, Histogram as HistogramInstrument
@@ -99,75 +99,87 @@ class FastCounter(_Instrument):
 
 
 class FastHistogram(_Instrument):
-    """State per series: [count, sum, min, max, bucket_counts, window_min, window_max]. The window
-    min/max (for delta readers) are only kept when the store has a delta reader."""
+    """State per series: [sum, min, max, bucket_counts, window_min, window_max] (the count is the sum of
+    the bucket counts). The window min/max (for delta readers) are only kept when the store has a
+    delta reader. ``record`` / ``record_many`` are closures over this instrument's thread-local and
+    bounds (no attribute lookups on the hot path)."""
 
     __slots__ = ("bounds", "record", "record_many")
 
     def __init__(self, spec: catalogue.MetricSpec, windows: bool = False) -> None:
         super().__init__(spec)
         self.bounds = tuple(float(b) for b in spec.buckets or ())
-        self.record = self._record_with_window if windows else self._record
-        self.record_many = self._record_many_with_window if windows else self._record_many
+        self.record, self.record_many = self._recorders(windows)
 
     def _state(self, labels):
         try:
             shard = self._tls.shard
         except AttributeError:
             shard = self._new_shard()
-        state = shard[labels] = [0, 0, _INF, -_INF, [0] * (len(self.bounds) + 1), _INF, -_INF]
+        state = shard[labels] = [0, _INF, -_INF, [0] * (len(self.bounds) + 1), _INF, -_INF]
         return state
 
-    def _record(self, value, labels: tuple, _bisect=bisect_left) -> None:
-        try:
-            state = self._tls.shard[labels]
-        except (AttributeError, KeyError):
-            state = self._state(labels)
-        state[0] += 1
-        state[1] += value
-        if value < state[2]:
-            state[2] = value
-        if value > state[3]:
-            state[3] = value
-        state[4][_bisect(self.bounds, value)] += 1
+    def _recorders(self, windows: bool):
+        tls, bounds, new_state = self._tls, self.bounds, self._state
 
-    def _record_many(self, values, labels: tuple, _bisect=bisect_left) -> tuple:
-        """``record(value, labels)`` for each of ``values`` (the same state; the sum adds them in order).
-        Returns (state, min, max) for the window variant."""
-        try:
-            state = self._tls.shard[labels]
-        except (AttributeError, KeyError):
-            state = self._state(labels)
-        n, low, high = len(values), min(values), max(values)
-        bounds, buckets = self.bounds, state[4]
-        first = _bisect(bounds, low)
-        if first == _bisect(bounds, high):
-            buckets[first] += n  # all in one bucket (the common case: many short scopes of one step)
-        else:
-            for value in values:
-                buckets[_bisect(bounds, value)] += 1
-        state[1] = sum(values, state[1])
-        state[0] += n
-        if low < state[2]:
-            state[2] = low
-        if high > state[3]:
-            state[3] = high
-        return state, low, high
+        def record(value, labels: tuple, _bisect=bisect_left) -> None:
+            try:
+                state = tls.shard[labels]
+            except (AttributeError, KeyError):
+                state = new_state(labels)
+            state[0] += value
+            if value < state[1]:
+                state[1] = value
+            if value > state[2]:
+                state[2] = value
+            state[3][_bisect(bounds, value)] += 1
 
-    def _record_many_with_window(self, values, labels: tuple) -> None:
-        state, low, high = self._record_many(values, labels)
-        if low < state[5]:
-            state[5] = low
-        if high > state[6]:
-            state[6] = high
+        def record_many(values, labels: tuple, _bisect=bisect_left, _bisect_right=bisect_right) -> tuple:
+            """``record(value, labels)`` for each of ``values`` (the same state; the sum adds them in
+            order). Returns (state, min, max) for the window variant."""
+            try:
+                state = tls.shard[labels]
+            except (AttributeError, KeyError):
+                state = new_state(labels)
+            ordered = sorted(values)  # in C: min, max and the bucket counts by bisecting it
+            low, high = ordered[0], ordered[-1]
+            buckets = state[3]
+            first, last = _bisect(bounds, low), _bisect(bounds, high)
+            if first != last:
+                done = 0  # values counted so far: those <= bounds[i - 1]
+                for i in range(first, last):
+                    upto = _bisect_right(ordered, bounds[i], done)
+                    buckets[i] += upto - done
+                    done = upto
+                buckets[last] += len(ordered) - done
+            else:
+                buckets[first] += len(ordered)  # all in one bucket (many short scopes of one step)
+            state[0] = sum(values, state[0])
+            if low < state[1]:
+                state[1] = low
+            if high > state[2]:
+                state[2] = high
+            return state, low, high
 
-    def _record_with_window(self, value, labels: tuple) -> None:
-        self._record(value, labels)
-        state = self._tls.shard[labels]
-        if value < state[5]:
-            state[5] = value
-        if value > state[6]:
-            state[6] = value
+        if not windows:
+            return record, record_many
+
+        def record_with_window(value, labels: tuple) -> None:
+            record(value, labels)
+            state = tls.shard[labels]
+            if value < state[4]:
+                state[4] = value
+            if value > state[5]:
+                state[5] = value
+
+        def record_many_with_window(values, labels: tuple) -> None:
+            state, low, high = record_many(values, labels)
+            if low < state[4]:
+                state[4] = low
+            if high > state[5]:
+                state[5] = high
+
+        return record_with_window, record_many_with_window
 
     def snapshot(self, reset_window: bool = False) -> dict:
         total: dict = {}
@@ -177,10 +189,10 @@ class FastHistogram(_Instrument):
             for key, state in list(shard.items()):
                 # Buckets first, count from them: a snapshot taken while the owner thread records
                 # stays self-consistent (count == sum of buckets); the sum may lag one observation.
-                buckets = list(state[4])
-                count, sum_, mn, mx, wmin, wmax = sum(buckets), state[1], state[2], state[3], state[5], state[6]
+                buckets = list(state[3])
+                count, sum_, mn, mx, wmin, wmax = sum(buckets), state[0], state[1], state[2], state[4], state[5]
                 if reset_window:
-                    state[5], state[6] = _INF, -_INF
+                    state[4], state[5] = _INF, -_INF
                 merged = total.get(key)
                 if merged is None:
                     total[key] = [count, sum_, mn, mx, buckets, wmin, wmax]

@@ -78,6 +78,11 @@ class Handler:
     def future_done(self, state, args, kwargs, future):
         pass
 
+    def future_result(self, state, args, kwargs, future):
+        """A future of a FUTURE_CLASS-hooked class completed through ``set_result`` (it did not fail).
+        Default: ``future_done``; a handler may override it to skip checking the future."""
+        self.future_done(state, args, kwargs, future)
+
     def timed(self, seconds, args, kwargs, result):
         """Timer kinds only: the call returned after ``seconds`` (perf_counter)."""
 
@@ -353,18 +358,23 @@ def hook_future_class(cls, completes_later: bool = False) -> list:
     returned them has returned (vLLM's FutureWrapper: in ``result()``), so the hook need not check."""
     patches = []
     with _patch_lock:
-        for name in ("set_result", "set_exception"):
-            inherited = getattr(cls, name)
+        set_result, set_exception = cls.set_result, cls.set_exception
 
-            def completion(self, value, _inherited=inherited, _success=name == "set_result"):
-                _inherited(self, value)  # InvalidStateError passes through, nothing delivered
-                pending = self.__dict__.get(_PENDING)
-                if pending is not None:
-                    if _success and pending[0].failures_only:
-                        self.__dict__.pop(_PENDING, None)
-                    else:
-                        _deliver(self)
+        def completed(self, result, _inherited=set_result, _pending=_PENDING):
+            _inherited(self, result)  # InvalidStateError passes through, nothing delivered
+            pending = self.__dict__.pop(_pending, None)  # atomic: delivered at most once
+            if pending is not None and not pending[0].failures_only:
+                try:
+                    pending[0].future_result(pending[1], pending[2], pending[3], self)
+                except Exception:
+                    report(pending[0], "future_done")
 
+        def failed(self, exception, _inherited=set_exception):
+            _inherited(self, exception)
+            _deliver(self)
+
+        for name, inherited, completion in (("set_result", set_result, completed),
+                                            ("set_exception", set_exception, failed)):
             functools.update_wrapper(completion, inherited)
             original = cls.__dict__.get(name, _ABSENT)
             setattr(cls, name, completion)

@@ -7,7 +7,7 @@ from concurrent.futures import CancelledError
 from .. import catalogue, recording
 from time import perf_counter
 
-from ..context import EXEC_PHASE, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, step_labels
+from ..context import EXEC_PHASE, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, _step_labels, step_labels
 from ..wrappers import Handler
 
 #: RPCs that carry a scheduled step's work; their errors get that step's phase.
@@ -38,8 +38,8 @@ def exception_type(exc: BaseException | None) -> str:
     return "other"
 
 
-def _count(phase: str, exc: BaseException | None) -> None:
-    recording.add(catalogue.RPC_ERRORS, 1, step_labels(phase) + (exception_type(exc),))
+def _count(labels: tuple, exc: BaseException | None) -> None:
+    recording.add(catalogue.RPC_ERRORS, 1, labels + (exception_type(exc),))
 
 
 #: RPCs whose duration is measured (dispatch until the reply was read).
@@ -62,19 +62,24 @@ class CollectiveRpc(Handler):
     reads_args = 4  # self, method, timeout, args
 
     def before(self, args, kwargs, _step_methods=STEP_METHODS, _phase=LAST_STEP_PHASE, _exec=EXEC_PHASE,
-               _timed=TIMED.get):
-        method = args[1] if len(args) > 1 else (kwargs or {}).get("method")
+               _timed=TIMED.get, _cached=_step_labels.get, _labels=step_labels,
+               _execute=TIMED["execute_model"], _sample=TIMED["sample_tokens"]):
+        """State: (step labels, duration spec or None, start)."""
+        try:
+            method = args[1]
+        except IndexError:
+            method = (kwargs or {}).get("method")
+        if method == "execute_model":  # the two RPCs of every step first
+            rpc_args = args[3] if len(args) > 3 else None
+            phase = _exec[0] = (getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None) or _phase[0]
+            return _cached(phase) or _labels(phase), _execute, perf_counter()
+        if method == "sample_tokens":
+            phase = _exec[0]
+            return _cached(phase) or _labels(phase), _sample, perf_counter()
         if method.__class__ is not str:
             method = getattr(method, "__name__", "")
-        if method == "execute_model":
-            rpc_args = args[3] if len(args) > 3 else None
-            phase = getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None
-            phase = _exec[0] = phase or _phase[0]
-        elif method == "sample_tokens":
-            phase = _exec[0]
-        else:
-            phase = _phase[0] if method in _step_methods else UNKNOWN
-        return phase, _timed(method), perf_counter()
+        phase = _phase[0] if method in _step_methods else UNKNOWN
+        return _labels(phase), _timed(method), perf_counter()
 
     def error(self, state, args, kwargs, exc):
         _count(state[0], exc)
@@ -82,19 +87,19 @@ class CollectiveRpc(Handler):
     def after(self, state, args, kwargs, result):
         spec = state[1]
         if spec is not None:
-            recording.record(spec, perf_counter() - state[2], step_labels(state[0]))
+            recording.record(spec, perf_counter() - state[2], state[0])
+
+    def future_result(self, state, args, kwargs, future, _record=recording.record):
+        spec = state[1]
+        if spec is not None:
+            _record(spec, perf_counter() - state[2], state[0])
 
     def future_done(self, state, args, kwargs, future):
-        # Fast path for the common case, without taking the future's lock: a concurrent.futures
-        # Future that finished normally has _state FINISHED and _exception None.
-        if getattr(future, "_state", None) == "FINISHED" and getattr(future, "_exception", True) is None:
-            spec = state[1]
-            if spec is not None:
-                recording.record(spec, perf_counter() - state[2], step_labels(state[0]))
-            return
         if future.cancelled():
             _count(state[0], CancelledError())
             return
         exc = future.exception()
         if exc is not None:
             _count(state[0], exc)
+        else:
+            self.future_result(state, args, kwargs, future)

@@ -142,13 +142,18 @@ class _Scope:
                     report(_SCOPE_HANDLER, "device event")
         return value
 
-    def __exit__(self, exc_type, exc, tb, _step=CURRENT_STEP.get):
+    def __exit__(self, exc_type, exc, tb, _step=CURRENT_STEP.get, _phase=LAST_STEP_PHASE):
         if exc_type is None:
             end = perf_counter()
             try:
                 step = _step()
-                if step is None:
-                    _scope_ended(self, end)
+                if step is None:  # recorded now, with the phase of the step most recently scheduled
+                    labels = _scope_labels.get(_phase[0], _NO_LABELS).get(self.name)
+                    if labels is None:
+                        labels = _labels_of(_phase[0], self.name)
+                    _record(_SCOPES, end - self.start, labels)
+                    if CURRENT[0] is not None:
+                        _worker_scope_ended(self, end)
                 else:  # inside Scheduler.schedule: recorded with the step's phase when it returns
                     scopes = step.scopes
                     if scopes is None:
@@ -168,23 +173,25 @@ class _Scope:
         return False
 
 
-_scope_labels: dict[tuple, tuple] = {}  # (phase, name) → label tuple; emptied when the process context changes
+_record = recording.record
+_NO_LABELS: dict = {}
+#: phase → {scope name → label tuple}; emptied when the process context changes.
+_scope_labels: dict[str, dict] = {}
 context.LABEL_CACHES.append(_scope_labels)
 
 
-def _scope_ended(scope: _Scope, end: float, _phase=LAST_STEP_PHASE, _labels=_scope_labels,
-                 _record=recording.record, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES) -> None:
-    """A scope outside a scheduling step ended (a worker's, or the EngineCore's outside schedule())."""
-    seconds = end - scope.start
-    name = scope.name
-    phase = _phase[0]
-    labels = _labels.get((phase, name))
-    if labels is None:
-        labels = _labels[(phase, name)] = context.step_labels_with(phase, _name_label(name))
-    _record(_SCOPES, seconds, labels)
+def _labels_of(phase: str, name) -> tuple:
+    labels = context.step_labels_with(phase, _name_label(name))
+    by_name = _scope_labels.setdefault(phase, {})
+    if name.__class__ is str and len(by_name) < MAX_SCOPE_NAMES:  # bounded, whatever names come
+        by_name[name] = labels
+    return labels
+
+
+def _worker_scope_ended(scope: _Scope, end: float, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES) -> None:
+    """A scope ended inside a worker step: the forward / post-processing marks of its timeline."""
     worker_step = CURRENT[0]
-    if worker_step is None:
-        return
+    name = scope.name
     if name in _forward:
         worker_step.forward_end = end
         if scope.device is not None:
