@@ -15,3 +15,8 @@ def work(x):
 
 async def awork(x):
     return x
+
+
+async def agen(n):
+    for i in range(n):
+        yield i

@@ -39,6 +39,7 @@ from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer 
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import ProfilerScopes  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.wrappers import (  # noqa: E402
+    ASYNC_GENERATOR,
     COROUTINE_TIMER,
     FUTURE,
     SYNC,
@@ -218,6 +219,32 @@ def per_call_rows(number, repeat):
     sb, so = ns_runs(scope_bare, number, repeat), ns_runs(scope_ours, number, repeat)
     results.append(("ours: record_function scope (instead of nullcontext)",
                     [bare_med + o - statistics.median(sb) for o in so]))
+
+    # A stream (AsyncLLM.generate): the hook is paid once per call, then per item while it is
+    # consumed; this row is the added cost per item of a long stream.
+    gen_hook = wrap(_targets.agen, Handler(), ASYNC_GENERATOR)[0]
+    items = 1000
+
+    async def drain(f):
+        async for _ in f(items):
+            pass
+
+    def gen_runs(f):
+        loop = asyncio.new_event_loop()
+        try:
+            out = []
+            for _ in range(repeat):
+                start = perf_counter()
+                for _ in range(number // items):
+                    loop.run_until_complete(drain(f))
+                out.append((perf_counter() - start) / (number // items * items) * 1e9)
+            return out
+        finally:
+            loop.close()
+
+    gb, go = gen_runs(_targets.agen), gen_runs(gen_hook)
+    results.append(("ours: async generator (a stream), per item consumed",
+                    [bare_med + o - statistics.median(gb) for o in go]))
 
     # Processes of their own: prometheus_client multiprocess mode, ms-service-metric.
     mp = _child("prom_mp", number, repeat)

@@ -34,7 +34,7 @@ FUTURE_CLASS = "future_class"
 #: ``vllm.v1.utils._PROFILER_FUNC``, which ``record_function_or_nullcontext`` calls for every scope).
 SCOPE_FACTORY = "scope_factory"
 #: A coroutine that may return an async generator (a streaming HTTP response): awaited, then, when
-#: the result is an async generator, handed back inside a proxy that ends the measurement when the
+#: the result is an async generator, handed back inside a delegating async generator that ends the measurement when the
 #: stream ends (``after`` / ``error`` as for ASYNC_GENERATOR); any other result goes to ``after``.
 COROUTINE_STREAM = "coroutine_stream"
 
@@ -403,67 +403,55 @@ def _future(original, hook):
                      head=hook.handler.inner.reads_args, FAILED=_FAILED, completes_later=_COMPLETES_LATER)
 
 
-class _AsyncGeneratorProxy:
-    """Delegates every async-generator operation to the real generator and tells the handler when
-    it ends: exhausted (``after``), raised (``error``) or closed early (``error`` with GeneratorExit)."""
+def _end_stream(handler, state, args, kwargs, exc) -> None:
+    try:
+        if exc is None:
+            handler.after(state, args, kwargs, None)
+        else:
+            handler.error(state, args, kwargs, exc)
+    except Exception:
+        report(handler, "async generator end")
 
-    __slots__ = ("_agen", "_handler", "_state", "_args", "_kwargs", "_ended")
 
-    def __init__(self, agen, handler, state, args, kwargs) -> None:
-        self._agen = agen
-        self._handler = handler
-        self._state = state
-        self._args = args
-        self._kwargs = kwargs
-        self._ended = False
-
-    def _end(self, exc) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        handler = self._handler
+async def _delegate(agen, handler, state, args, kwargs):
+    """An async generator that yields what ``agen`` yields (``asend`` values and ``athrow``
+    exceptions are passed on to it) and tells the handler, once, how iteration ended: exhausted
+    (``after``), raised (``error``), or closed early (``error`` with GeneratorExit; the real generator
+    is closed first). Being an async generator itself, it is cheaper per item than a proxy object
+    with a coroutine per ``__anext__`` (~65 ns against ~185 ns), and the event loop's finalizer
+    closes it (ending the measurement) if it is dropped unfinished."""
+    value = None
+    thrown = None
+    try:
+        while True:
+            try:
+                if thrown is None:
+                    item = await agen.asend(value)  # asend(None) is __anext__()
+                else:
+                    exc, thrown = thrown, None
+                    item = await agen.athrow(exc)
+            except StopAsyncIteration:
+                _end_stream(handler, state, args, kwargs, None)
+                return
+            try:
+                value = yield item
+            except GeneratorExit:
+                raise
+            except BaseException as exc:  # athrow() into us: on to the real generator
+                thrown, value = exc, None
+    except GeneratorExit:
         try:
-            if exc is None:
-                handler.after(self._state, self._args, self._kwargs, None)
-            else:
-                handler.error(self._state, self._args, self._kwargs, exc)
-        except Exception:
-            report(handler, "async generator end")
-
-    async def _drive(self, awaitable):
-        try:
-            return await awaitable
-        except StopAsyncIteration:
-            self._end(None)
-            raise
-        except BaseException as exc:
-            self._end(exc)
-            raise
-
-    def __aiter__(self):
-        return self
-
-    def __anext__(self):
-        return self._drive(self._agen.__anext__())
-
-    def asend(self, value):
-        return self._drive(self._agen.asend(value))
-
-    def athrow(self, *args):
-        return self._drive(self._agen.athrow(*args))
-
-    async def aclose(self):
-        try:
-            await self._agen.aclose()
+            await agen.aclose()
         finally:
-            self._end(GeneratorExit())
-
-    def __getattr__(self, name):  # ag_running, ag_frame, ag_code, ag_await …
-        return getattr(self._agen, name)
+            _end_stream(handler, state, args, kwargs, GeneratorExit())
+        raise
+    except BaseException as exc:
+        _end_stream(handler, state, args, kwargs, exc)
+        raise
 
 
 #: The async-generator shape: the generator object (its creation is the call) is handed back inside
-#: a proxy that ends the measurement when iteration ends.
+#: a delegating async generator that ends the measurement when iteration ends.
 _ASYNC_GENERATOR_RESULT = """\
         _otel_result = _otel_proxy(_otel_result, _otel_handler, _otel_state, _otel_args, _otel_kwargs)"""
 
@@ -479,13 +467,13 @@ def _coroutine_stream(original, hook):
     import inspect
 
     return _generate(original, hook, _FULL_BODY.replace("{on_result}", _STREAM_RESULT), is_async=True,
-                     head=hook.handler.reads_args, FAILED=_FAILED, proxy=_AsyncGeneratorProxy,
+                     head=hook.handler.reads_args, FAILED=_FAILED, proxy=_delegate,
                      isasyncgen=inspect.isasyncgen)
 
 
 def _async_generator(original, hook):
     return _generate(original, hook, _FULL_BODY.replace("{on_result}", _ASYNC_GENERATOR_RESULT), is_async=False,
-                     head=hook.handler.reads_args, FAILED=_FAILED, proxy=_AsyncGeneratorProxy)
+                     head=hook.handler.reads_args, FAILED=_FAILED, proxy=_delegate)
 
 
 # --------------------------------------------------------------------------------------------

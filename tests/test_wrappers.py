@@ -164,6 +164,32 @@ def test_async_generator_asend_athrow_aclose_are_delegated():
     assert handler.seen == ["before", "error"]
 
 
+def test_async_generator_dropped_unfinished_ends_once_as_closed():
+    """A stream its consumer abandons without closing is closed by the event loop's async-generator
+    finalizer (here at loop shutdown): the real generator runs its cleanup, the handler sees one
+    early end."""
+    log, kept = [], []
+
+    async def original():
+        try:
+            yield 1
+            yield 2
+        finally:
+            log.append("finally")
+
+    handler = RaisingHandler("none")
+    wrapped, _ = wrappers.wrap(original, handler, ASYNC_GENERATOR)
+
+    async def take_one():
+        agen = wrapped()
+        assert await agen.__anext__() == 1
+        kept.append(agen)
+
+    asyncio.run(take_one())
+    assert log == ["finally"]
+    assert handler.seen == ["before", "error"]
+
+
 def test_async_generator_times_to_exhaustion():
     """The handler's end comes after the last item, not when the generator object is created."""
     events = []
