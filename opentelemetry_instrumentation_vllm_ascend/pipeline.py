@@ -101,10 +101,17 @@ class Pipeline:
                 metric_readers=readers, resource=resource, views=catalogue.views(), shutdown_on_exit=False
             )
             self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
+
+            def run_hooks(_options):  # an observable instrument that observes nothing: exports nothing
+                _before_collect()
+                return []
+
+            self.meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
         else:
             from .fastpath import Store
 
             self.store = Store(resource, catalogue.SCOPE_NAME, __version__)
+            self.store.before_collect.append(_before_collect)
             for reader in readers:
                 self.store.attach(reader)
         self._closed = False
@@ -182,6 +189,16 @@ _lock = threading.Lock()
 _pipeline: Pipeline | None = None
 _extra_readers: tuple = ()
 _on_new_pipeline = []  # callbacks(meter) run when a pipeline is built (recording layer's caches)
+#: Run at the start of every collection, in the collecting thread (the recording layer's deferred records).
+before_collect_hooks: list = []
+
+
+def _before_collect() -> None:
+    for hook in list(before_collect_hooks):
+        try:
+            hook()
+        except Exception:
+            logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
 
 def get() -> Pipeline:

@@ -9,6 +9,8 @@ the pre-aggregating fast path (default) or the OTel SDK.
 
 from __future__ import annotations
 
+from collections import deque
+
 from . import catalogue, context, environment, pipeline
 
 _instruments: dict[str, object] = {}
@@ -24,10 +26,45 @@ def generation() -> int:
     return _generation[0]
 
 
-def _forget(_new_pipeline) -> None:
+def _forget(new_pipeline) -> None:
     _instruments.clear()
     _process_labels[0] = None
     _generation[0] += 1
+    if new_pipeline is None:  # reset (after its final export) or fork: a parent's pending records are not ours
+        _deferred.clear()
+
+
+#: Records a hook left for later: (function, arguments), oldest first.
+_deferred: deque = deque()
+
+
+def defer(function, *args) -> None:
+    """Call ``function(*args)`` (which records) at the next ``run_deferred()`` instead of now: for a
+    hook on the engine's critical path whose values can wait until the engine waits (the EngineCore
+    runs its scheduler hook's records after it has sent the step to the workers). Every collection
+    and ``flush()`` run what is pending first, so nothing is exported late by more than that wait."""
+    _deferred.append((function, args))
+    if pipeline.current() is None:
+        pipeline.get()  # its collections run what is pending: it must exist before the first one
+
+
+def run_deferred(_popleft=_deferred.popleft) -> None:
+    """Run the pending deferred records, oldest first (any thread; each runs once)."""
+    while _deferred:
+        try:
+            function, args = _popleft()
+        except IndexError:
+            return
+        try:
+            function(*args)
+        except Exception:
+            from .wrappers import report
+
+            report(_DeferredRecords, getattr(function, "__name__", "deferred"))
+
+
+class _DeferredRecords:
+    name = "deferred records"
 
 
 pipeline._on_new_pipeline.append(_forget)
@@ -152,7 +189,11 @@ def process_started() -> None:
     _process_labels[0] = labels
 
 
+pipeline.before_collect_hooks.append(run_deferred)
+
+
 def flush() -> None:
+    run_deferred()
     current = pipeline.current()
     if current is not None:
         current.flush()

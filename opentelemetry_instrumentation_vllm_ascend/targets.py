@@ -76,6 +76,8 @@ TARGETS: tuple[Target, ...] = (
     Target(_SCHED, "Scheduler._preempt_request", SYNC, "scheduler:PreemptRequest",
            feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed), params=("request",), provides_context=True),
     Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache"),
+    # Right after the step's execute_model RPC was sent: the scheduler hook's deferred records run here.
+    Target(_SCHED, "Scheduler.get_grammar_bitmask", SYNC, "scheduler:GrammarBitmask", provides_context=True),
     Target(_SCHED, "Scheduler.update_from_output", SYNC, "scheduler:UpdateFromOutput",
            feeds=("scheduler:update_from_output:duration",), params=("scheduler_output",)),
     Target(_SCHED, "Scheduler.add_request", SYNC_TIMER, "scheduler:AddRequest",

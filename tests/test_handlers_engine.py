@@ -11,7 +11,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, wrappers
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, pipeline, recording, wrappers
 from opentelemetry_instrumentation_vllm_ascend.context import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
@@ -300,6 +300,51 @@ def test_schedule_zero_tokens_add_nothing_to_the_counter(metrics, clock, utils):
     assert m.value(name("scheduler:seqlen:avg"), **step("decode")) == 18
     assert m.value(name("scheduler:seqlen:sum"), **step("prefill")) == 8
     assert m.value(name("scheduler:seqlen:avg"), **step("prefill")) == 8
+
+
+def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, utils):
+    """schedule() only classifies the step and reads the states it left; its records run when the
+    engine asks for the step's grammar bitmask (right after sending execute_model), with the values
+    of the moment schedule() returned even if the scheduler changed since."""
+    requests = {"decode": req(12, 13, prompt=10)}
+    out = output(requests, cached=[("decode", 1)])
+    cls = instrumented()
+    cls.get_grammar_bitmask = wrap(lambda self, so: None, scheduler.GrammarBitmask(), SYNC)[0]
+    s = cls(clock, utils, requests, running=[req(13, 14, prompt=10)], waiting=[req(0, 3)], blocks=(100, 37))
+    s.plan = [(out, 0.125, [("schedule: allocate_slots", 0.0625)])]
+
+    assert s.schedule() is out
+    assert getattr(out, PHASE_ATTRIBUTE) == "decode"  # known at once: it travels with the RPC
+    assert len(recording._deferred) == 1  # nothing recorded yet
+    s.running.append(req(0, 5))  # what happens after schedule() returned is not this step's state
+    s.waiting.clear()
+    s.kv_cache_manager.block_pool.free = 3
+    s.get_grammar_bitmask(out)
+    assert len(recording._deferred) == 0
+
+    dec = step("decode")
+    assert metrics.value(name("scheduler:duration"), **dec) == (1, 0.1875, counts(S, b11=1))
+    assert metrics.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert metrics.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
+        1, 1, counts(R, b1=1))
+    assert metrics.value(name("free_kvcache_blocks"), **step("all")) == 37
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(S, b10=1))}
+
+
+def test_deferred_records_run_at_collection_and_are_dropped_by_reset(metrics, clock, utils):
+    requests = {"decode": req(12, 13, prompt=10)}
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
+    s.plan = [(output(requests, cached=[("decode", 1)]), 0.125, []),
+              (output(requests, cached=[("decode", 1)]), 0.125, [])]
+    s.schedule()
+    # A collection (the periodic export, a scrape's files, OTLP) runs what is pending first.
+    assert metrics.value(name("scheduler:duration"), **step("decode"))[0] == 1
+    assert not recording._deferred
+    s.schedule()
+    assert len(recording._deferred) == 1
+    pipeline.reset()  # its final export ran it; nothing is left over
+    assert not recording._deferred
 
 
 def test_schedule_prefill_pending_counted_once_per_episode(metrics, clock, utils):

@@ -46,7 +46,7 @@ def flush_step(step: Step, phase: str) -> None:
 _BLOCKED: dict[int, bool] = {}
 
 
-def _record_step(scheduler, output, step_class, labels) -> None:
+def _record_step(output, step_class, labels) -> None:
     """The step's batch shape (requests and tokens per req_phase, context lengths)."""
     phase, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
     scheduled = output.num_scheduled_tokens
@@ -67,11 +67,9 @@ def _record_step(scheduler, output, step_class, labels) -> None:
         recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
 
 
-def _record_queues(scheduler, labels, step_class) -> None:
-    """Queue states after the step (every step, idle ones included)."""
+def _queue_state(scheduler, phase: str, step_class) -> tuple:
+    """(running, of which prefill, waiting, running limit) right after the step was scheduled."""
     running = scheduler.running
-    recording.record(_RUNNING, len(running), labels)
-    phase = labels[2]
     if phase == "decode" and step_class[3] == len(running):
         prefill = 0  # every running request was scheduled, and all of them decoded
     else:
@@ -79,14 +77,21 @@ def _record_queues(scheduler, labels, step_class) -> None:
         for request in running:
             if request.num_computed_tokens < request.num_prompt_tokens:
                 prefill += 1
-    with_phase = context.step_labels_with
-    recording.record(_RUNNING_PHASE, prefill, with_phase(phase, "prefill"))
-    recording.record(_RUNNING_PHASE, len(running) - prefill, with_phase(phase, "decode"))
     # A waiting request has not computed its prompt (preemption resets it): all are prefill.
     waiting = len(scheduler.waiting) + len(getattr(scheduler, "skipped_waiting", ()))
+    return len(running), prefill, waiting, scheduler.max_num_running_reqs
+
+
+def _record_queues(key: int, labels, state) -> None:
+    """Queue states after the step (every step, idle ones included)."""
+    running, prefill, waiting, limit = state
+    recording.record(_RUNNING, running, labels)
+    phase = labels[2]
+    with_phase = context.step_labels_with
+    recording.record(_RUNNING_PHASE, prefill, with_phase(phase, "prefill"))
+    recording.record(_RUNNING_PHASE, running - prefill, with_phase(phase, "decode"))
     recording.record(_WAITING_PHASE, waiting, with_phase(phase, "prefill"))
-    blocked = waiting > 0 and len(running) >= scheduler.max_num_running_reqs
-    key = id(scheduler)
+    blocked = waiting > 0 and running >= limit
     if blocked and not _BLOCKED.get(key):
         recording.add(_PENDING, 1, labels)
     _BLOCKED[key] = blocked
@@ -96,11 +101,13 @@ def _record_queues(scheduler, labels, step_class) -> None:
 _BLOCKS: dict[int, tuple] = {}
 
 
-def _record_blocks(scheduler) -> None:
+def _block_state(scheduler) -> tuple:
     pool = scheduler.kv_cache_manager.block_pool
-    total = pool.num_gpu_blocks
-    free = pool.get_num_free_blocks()
-    key = id(scheduler)
+    return pool.num_gpu_blocks, pool.get_num_free_blocks()
+
+
+def _record_blocks(key: int, blocks: tuple) -> None:
+    total, free = blocks
     state = (total, free, recording.generation())
     if _BLOCKS.get(key) == state:
         return
@@ -109,6 +116,22 @@ def _record_blocks(scheduler) -> None:
     recording.set_gauge(_TOTAL_BLOCKS, total, labels)
     recording.set_gauge(_FREE_BLOCKS, free, labels)
     recording.set_gauge(_ALLOCATED_BLOCKS, total - free - 1, labels)  # the null block is never free
+
+
+def _record_schedule(handler, key, step, phase, seconds, output, step_class, queues, blocks) -> None:
+    """Everything one ``schedule()`` call measured (deferred: see ``Schedule``)."""
+    labels = context.step_labels(phase)
+    recording.record(_DURATION, seconds, labels)
+    flush_step(step, phase)
+    # One part's drift must not cost the others.
+    try:
+        _record_step(output, step_class, labels)
+    except Exception:
+        report(handler, "_record_step")
+    if queues is not None:
+        _record_queues(key, labels, queues)
+    if blocks is not None:
+        _record_blocks(key, blocks)
 
 
 class Schedule(Handler):
@@ -120,9 +143,11 @@ class Schedule(Handler):
     name = "Scheduler.schedule"
     reads_args = 1  # self
 
-    def before(self, args, kwargs):
+    def before(self, args, kwargs, _pending=recording._deferred):
         if CURRENT_STEP.get() is not None:
             return None  # a subclass's schedule() calling the base's: the outermost hook measures
+        if _pending:
+            recording.run_deferred()
         step = Step()
         return step, CURRENT_STEP.set(step), perf_counter()
 
@@ -144,22 +169,21 @@ class Schedule(Handler):
             setattr(result, PHASE_ATTRIBUTE, phase)
         except (AttributeError, TypeError):
             pass  # the workers classify the step themselves
-        labels = context.step_labels(phase)
-        recording.record(_DURATION, end - start, labels)
-        flush_step(step, phase)
-        # One part's drift must not cost the others.
+        # The states the step left are read now; recording waits until the engine waits for the
+        # workers (GrammarBitmask, right after the step's execute_model RPC was sent) or the next
+        # scheduler call, whichever comes first — off the critical path of a synchronous engine step.
         try:
-            _record_step(scheduler, result, step_class, labels)
+            queues = _queue_state(scheduler, phase, step_class)
         except Exception:
-            report(self, "_record_step")
-        try:
-            _record_queues(scheduler, labels, step_class)
-        except Exception:
+            queues = None
             report(self, "_record_queues")
         try:
-            _record_blocks(scheduler)
+            blocks = _block_state(scheduler)
         except Exception:
+            blocks = None
             report(self, "_record_blocks")
+        recording.defer(_record_schedule, self, id(scheduler), step, phase, end - start, result, step_class,
+                        queues, blocks)
 
     def error(self, state, args, kwargs, exc):
         if state is None:
@@ -217,6 +241,19 @@ class ResetPrefixCache(Handler):
         IN_PREFIX_CACHE_RESET.reset(state)
 
 
+class GrammarBitmask(Handler):
+    """``Scheduler.get_grammar_bitmask``: the EngineCore calls it right after sending a step's
+    ``execute_model`` RPC, before it waits for the reply — the moment to run the records the
+    scheduler hook deferred, while the workers compute (no measurement of its own)."""
+
+    name = "Scheduler.get_grammar_bitmask"
+    reads_args = 0
+
+    def before(self, args, kwargs, _pending=recording._deferred):
+        if _pending:
+            recording.run_deferred()
+
+
 class UpdateFromOutput(Handler):
     """``Scheduler.update_from_output(scheduler_output, model_runner_output)``: its duration, with the
     phase of the step whose output it processes (read from that step's SchedulerOutput)."""
@@ -225,7 +262,9 @@ class UpdateFromOutput(Handler):
     reads_args = 2  # self, scheduler_output
     spec = M["scheduler:update_from_output:duration"]
 
-    def before(self, args, kwargs):
+    def before(self, args, kwargs, _pending=recording._deferred):
+        if _pending:
+            recording.run_deferred()  # a step whose engine did not ask for its grammar bitmask
         return perf_counter()
 
     def after(self, state, args, kwargs, result):
