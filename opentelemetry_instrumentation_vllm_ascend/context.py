@@ -123,7 +123,7 @@ def reset_after_fork() -> None:
 class Step:
     """Events seen while one ``schedule()`` call runs; recorded once, with the step's phase, when it returns."""
 
-    __slots__ = ("preemptions", "recomputes", "allocate_failures", "scopes")
+    __slots__ = ("preemptions", "recomputes", "allocate_failures", "scopes", "timers")
 
     def __init__(self) -> None:
         self.preemptions = 0
@@ -132,6 +132,9 @@ class Step:
         #: {scope name: [seconds, …]} of profiling scopes that ended inside the schedule() call
         #: (vLLM's per-request "schedule: allocate_slots" scope ends once per running request).
         self.scopes = None
+        #: {scope name: the one timing context manager the scope factory hands out for that name in
+        #: this step} (handlers.model_runner._InStepScope).
+        self.timers = None
 
 
 CURRENT_STEP: ContextVar[Step | None] = ContextVar("otel_vllm_ascend_step", default=None)

@@ -433,6 +433,33 @@ def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock
         key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(S, b11=1))}
 
 
+def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
+    """Inside schedule(), blocks of one name share one timer: a block nested in another of the same
+    name and a block left by an exception still give each block its own duration (the exception's
+    none: it is not recorded, as outside a step)."""
+    rf = utils.record_function_or_nullcontext
+
+    class Nested(FakeScheduler):
+        def schedule(self):
+            with rf("schedule: allocate_slots"):
+                self.clock.t += 0.0625
+                with rf("schedule: allocate_slots"):  # nested, same name
+                    self.clock.t += 0.125
+                self.clock.t += 0.0625
+            with pytest.raises(KeyError):
+                with rf("schedule: allocate_slots"):
+                    self.clock.t += 1.0
+                    raise KeyError("inside a scope")
+            with rf("schedule: allocate_slots"):
+                self.clock.t += 0.0625
+            return output({})
+
+    s = instrumented(Nested)(clock, utils)
+    s.schedule()
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(S, b10=1, b11=2))}
+
+
 def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clock, utils):
     s = instrumented()(clock, utils)
     s.plan = [(RuntimeError("scheduler bug"), 0.5, [("schedule: allocate_slots", 0.125)])]

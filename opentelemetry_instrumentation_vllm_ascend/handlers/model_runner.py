@@ -20,7 +20,7 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import M
-from ..context import CURRENT_STEP, LAST_STEP_PHASE, PHASE_ATTRIBUTE
+from ..context import CURRENT_STEP, LAST_STEP_PHASE, PHASE_ATTRIBUTE, Step
 from ..wrappers import Handler, report
 from .common import StepTimer, device_module
 
@@ -173,6 +173,45 @@ class _Scope:
         return False
 
 
+class _InStepScope:
+    """Every ``with record_function_or_nullcontext(name):`` block of one name inside one
+    ``Scheduler.schedule`` call (vLLM's profiler off): one shared object, no object per block —
+    vLLM enters "schedule: allocate_slots" once per running request. Each block that ends normally
+    adds its duration to the step's list for that name (recorded with the step's phase when the step
+    is); starts are kept on a stack, so nested blocks of one name pair up correctly."""
+
+    __slots__ = ("starts", "values")
+
+    def __enter__(self):
+        self.starts.append(perf_counter())
+
+    def __exit__(self, exc_type, exc, tb):
+        end = perf_counter()
+        start = self.starts.pop()
+        if exc_type is None:
+            self.values.append(end - start)
+        return False
+
+
+def _in_step_scope(step: Step, name) -> _InStepScope:
+    """The step's shared scope for ``name`` (made on its first block in this step)."""
+    timers = step.timers
+    if timers is None:
+        timers = step.timers = {}
+    scopes = step.scopes
+    if scopes is None:
+        scopes = step.scopes = {}
+    label = name if name.__class__ is str else _name_label(name)
+    timer = _InStepScope()
+    timer.starts = []
+    values = scopes.get(label)
+    if values is None:
+        values = scopes[label] = []
+    timer.values = values
+    timers[name] = timer
+    return timer
+
+
 _record = recording.record
 _NO_LABELS: dict = {}
 #: phase → {scope name → label tuple}; emptied when the process context changes.
@@ -225,8 +264,18 @@ class ProfilerScopes:
             raise RuntimeError(f"{module.__name__}.{attribute} is not a scope factory ({inner!r})")
         plain = inner is contextlib.nullcontext
 
-        def factory(name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope):
-            scope = _new(_cls)  # no __init__ frame: this runs once per scope, per request in schedule()
+        def factory(name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope, _step=CURRENT_STEP.get):
+            if _plain:
+                step = _step()
+                if step is not None:  # inside Scheduler.schedule: once per running request
+                    try:
+                        return step.timers[name]
+                    except Exception:  # the first block of this name in this step (or a strange name)
+                        try:
+                            return _in_step_scope(step, name)
+                        except Exception:
+                            report(_SCOPE_HANDLER, "scope")
+            scope = _new(_cls)  # no __init__ frame
             scope.name = name
             scope.inner = None if _plain else _inner(name)
             scope.device = None
