@@ -59,6 +59,12 @@ class Handler:
     #: Sync hooks only: call ``after`` only when the result is None (vLLM's "no room" answer),
     #: sparing the call on every successful result.
     after_only_on_none = False
+    #: Sync hooks without ``before`` only: a Python expression over the target's parameter names (and
+    #: ``_otel_result``), evaluated in the wrapper after the call; ``after`` is called only when it is
+    #: true (or when it raises). Sparing the call on the common case of a hook that runs per request
+    #: per iteration. Needs ``reads_args`` (the wrapper with the target's own signature); the
+    #: contract test checks the names it reads through ``Target.params``.
+    after_if: str | None = None
     #: How many leading arguments the handler reads (``args[0]`` is ``self`` for methods); None: all
     #: of ``args`` and ``kwargs``. With a number, the hook's wrapper has the target's own signature,
     #: ``args`` is the tuple of exactly those leading parameters (whether the caller passed them by
@@ -151,7 +157,7 @@ def _build(original, hook, is_async: bool):
     inner = handler.inner if isinstance(handler, _FutureAdapter) else handler
     if not is_async and not isinstance(handler, _FutureAdapter) and type(handler).before is Handler.before:
         return _generate(original, hook, _OUTCOME_BODY, is_async=False, head=inner.reads_args,
-                         none_only=handler.after_only_on_none)
+                         guard=handler.after_if, none_only=handler.after_only_on_none)
     return _generate(original, hook, _FULL_BODY.replace("{on_result}", _AFTER), is_async=is_async,
                      head=inner.reads_args, FAILED=_FAILED)
 
@@ -177,7 +183,7 @@ def {name}({params}):
         except Exception:
             _otel_report(_otel_handler, "error")
         raise
-    if _otel_result is None or not _otel_none_only:
+{guard}    if _otel_result is None or not _otel_none_only:
         try:
             _otel_handler.after(None, {args}, {kwargs}, _otel_result)
         except Exception:
@@ -278,7 +284,17 @@ def _signature(original, head):
     return ", ".join(params), ", ".join(call), args, namespace
 
 
-def _generate(original, hook, body: str, *, is_async: bool, head, **extra):
+_GUARD = """\
+    try:
+        _otel_go = {guard}
+    except Exception:
+        _otel_go = True  # the handler decides (and reports its own failure)
+    if not _otel_go:
+        return _otel_result
+"""
+
+
+def _generate(original, hook, body: str, *, is_async: bool, head, guard: str | None = None, **extra):
     namespace = {"_otel_hook": hook, "_otel_original": original, "_otel_report": report,
                  "_otel_clock": perf_counter, **{"_otel_" + k: v for k, v in extra.items()}}
     signature = _signature(original, head)
@@ -289,7 +305,9 @@ def _generate(original, hook, body: str, *, is_async: bool, head, **extra):
     else:
         params = call = _GENERIC
         args, kwargs = "_otel_a", "_otel_k"
-    source = body.format(name="_otel_vllm_ascend_wrapper", params=params, call=call, args=args, kwargs=kwargs,
+    # A handler's after_if needs the target's parameter names: only in the signature form.
+    guard = _GUARD.format(guard=guard) if guard and signature is not None else ""
+    source = body.format(name="_otel_vllm_ascend_wrapper", params=params, call=call, args=args, kwargs=kwargs, guard=guard,
                          def_="async def" if is_async else "def", await_="await " if is_async else "")
     exec(compile(source, f"<otel-vllm-ascend wrapper of {getattr(original, '__qualname__', original)}>", "exec"),
          namespace)

@@ -492,6 +492,36 @@ def test_after_only_on_none_and_varargs_fallback():
     assert generic(1, x=2) == ((1,), {"x": 2})
 
 
+def test_after_if_spares_the_after_call_unless_true_or_failing():
+    class Guarded(Handler):
+        reads_args = 2  # self, n
+        after_if = "n.bit_length() == 2 and _otel_result > 0"
+
+        def __init__(self):
+            self.seen = []
+
+        def after(self, state, args, kwargs, result):
+            self.seen.append(args[1])
+
+    h = Guarded()
+
+    def target(self, n, extra=0):
+        return n
+
+    wrapped, _ = wrappers.wrap(target, h, SYNC)
+    assert [wrapped(None, n) for n in (1, 2, 3, 4)] == [1, 2, 3, 4]
+    assert wrapped(None, "x") == "x"  # the guard raises (no bit_length): after decides, the call is unaffected
+    assert h.seen == [2, 3, "x"]
+
+    class Unguarded(Guarded):
+        reads_args = None  # generic wrapper: no parameter names, so no guard: after sees every call
+
+    u = Unguarded()
+    generic, _ = wrappers.wrap(target, u, SYNC)
+    assert [generic(None, n) for n in (1, 2)] == [1, 2]
+    assert u.seen == [1, 2]
+
+
 def test_signature_preserving_coroutine_timer():
     handler = NoArgs()
 

@@ -195,6 +195,8 @@ class SecondTokenLatency(Handler):
 
     name = "IterationStats.update_from_output"
     reads_args = 5  # self, output, engine_core_timestamp, is_prefilling, req_stats
+    #: In the wrapper: only an output that brought the request's second generated token reaches after().
+    after_if = "not is_prefilling and req_stats.num_generation_tokens - len(output.new_token_ids) == 1"
 
     def after(self, state, args, kwargs, result, _record=recording.record):
         if args[3]:  # is_prefilling: the first token (or none yet)
