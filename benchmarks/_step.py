@@ -139,6 +139,9 @@ def build(batch: int, hooked=PROCESSES):
                     pass
             return output
 
+        def get_grammar_bitmask(self, scheduler_output):
+            return None
+
         def update_from_output(self, scheduler_output, model_runner_output):
             return {0: "outputs"}
 
@@ -156,8 +159,9 @@ def build(batch: int, hooked=PROCESSES):
         def step(self):
             scheduler_output = self.scheduler.schedule()
             future = self.model_executor.execute_model(scheduler_output, non_block=True)
+            grammar_output = self.scheduler.get_grammar_bitmask(scheduler_output)
             model_output = future.result()
-            model_output = self.model_executor.sample_tokens(None)
+            model_output = self.model_executor.sample_tokens(grammar_output)
             return self.scheduler.update_from_output(scheduler_output, model_output), True
 
         def _process_engine_step(self):
@@ -196,6 +200,7 @@ def build(batch: int, hooked=PROCESSES):
     if "engine_core" in hooked:
         patches += [
             patch_method(Scheduler, "schedule", sched_handlers.Schedule(), SYNC),
+            patch_method(Scheduler, "get_grammar_bitmask", sched_handlers.GrammarBitmask(), SYNC),
             patch_method(Scheduler, "update_from_output", sched_handlers.UpdateFromOutput(), SYNC),
             patch_method(KV, "allocate_slots", kv_cache.AllocateSlots(), SYNC),
             patch_method(Engine, "step", engine.EngineCoreStep(), SYNC_TIMER),
