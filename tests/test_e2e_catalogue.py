@@ -3,8 +3,8 @@
 
 1. three sequential 100-word completions (chunked prefill, then decode; no preemption) — step counts,
    token counts and per-request latencies checked against vLLM's own counters and hand-computed numbers;
-2. a streaming chat completion (timed to the end of its stream) and a streaming completion the client
-   abandons (vLLM aborts it);
+2. a streaming chat completion (timed to the end of its stream), a streaming completion the client
+   abandons, and a completion finished by a stop string (vLLM's frontend aborts it in the engine);
 3. a burst of 12 210-token completions in one request on 16 KV blocks (preemptions, a full running queue);
 
 then every catalogue metric that can fire on CPU must be on /metrics."""
@@ -80,7 +80,8 @@ def server(tmp_path_factory):
     template = root / "chat.jinja"
     template.write_text("{% for m in messages %}{{ m['content'] }} {% endfor %}")
     # At most 4 running requests: a burst fills the running queue while requests wait.
-    # 448 tokens per request (14 of the 16 blocks): the abandoned stream runs long enough to be aborted.
+    # 448 tokens per request (14 of the 16 blocks): the abandoned stream runs long enough to be aborted
+    # on an unloaded machine.
     args = ["--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "4", "--max-model-len", "448",
             "--chat-template", str(template)]
     log = str(root / "server.log")
@@ -141,9 +142,16 @@ def run(server):
     post_chat = server.scrape()  # vLLM's own request metrics are updated before the stream's last chunk
     seen["chat_requests"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_count")
     seen["chat_e2e_seconds"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_sum")
-    # A long generation from a short prompt, abandoned after its first chunk: vLLM aborts it.
+    # A long generation from a short prompt, abandoned after its first chunk. vLLM aborts it once the server
+    # has noticed the disconnect and the response's stream is dropped; under CPU load that was seen to come
+    # after all 440 tokens were generated (no abort): not relied on.
     stream(server, "/v1/completions", {"model": "tiny", "prompt": tiny_model.prompt(400, words=5), "max_tokens": 440,
                                         "ignore_eos": True, "stream": True}, keep_reading=False)
+    # A stop string the first generated word contains (the tiny model's words are w0, w1, …): vLLM's frontend
+    # finishes the request and aborts it in the EngineCore (abort_requests_async) on any machine.
+    status, body = server.post("/v1/completions", {"model": "tiny", "prompt": tiny_model.prompt(410, words=5),
+                                                   "max_tokens": 40, "ignore_eos": True, "stop": ["w"]})
+    seen["stopped"] = (status, json.loads(body)["choices"][0]["finish_reason"] if status == 200 else body)
     # 3. a burst: preemptions, a full running queue (12 requests in one, 4 running at most).
     server.batch([tiny_model.prompt(300 + i, words=60) for i in range(12)])
     # 4. a worker RPC that fails (a method workers do not have); vLLM serves on.
@@ -218,7 +226,8 @@ def test_streams_are_timed_to_their_end(run):
     # (the call → its stream's end); a creation-only timing would be far shorter.
     assert seen["chat_requests"] == 1 and seen["chat_e2e_seconds"] > 0
     assert value(final, P + "server:create_chat_completion:duration_sum") >= seen["chat_e2e_seconds"]
-    assert value(final, P + "async_llm:abort_requests:duration_count") >= 1
+    assert seen["stopped"] == (200, "stop")
+    assert value(final, P + "async_llm:abort_requests:duration_count") >= 1  # at least the stopped request's
 
 
 def test_preemptions_and_a_full_queue_under_the_burst(run):
