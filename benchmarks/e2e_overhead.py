@@ -74,8 +74,8 @@ def cpu_seconds(server_pid: int) -> dict:
     return out
 
 
-def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = "") -> Server:
-    env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented else "false"}
+def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = "", control: bool = False) -> Server:
+    env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented and not control else "false"}
     if instrumented and disabled:
         env["OTEL_VLLM_ASCEND_DISABLED_METRICS"] = disabled
     log = os.path.join(log_dir, f"{'on' if instrumented else 'off'}-{i}.log")
@@ -85,13 +85,13 @@ def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = 
     return server
 
 
-def instrumented_processes(servers: dict, timeout: float = 30.0) -> dict:
+def instrumented_processes(servers: dict, expected: dict, timeout: float = 30.0) -> dict:
     """Processes each server shows as instrumented on /metrics, once every process has exported
     (each exports on its own interval)."""
     deadline = time.monotonic() + timeout
     while True:
         hooked = {k: total(s.scrape(), "vllm_profiling_instrumented_processes") for k, s in servers.items()}
-        if hooked == {True: 3, False: 0} or time.monotonic() > deadline:
+        if hooked == expected or time.monotonic() > deadline:
             return hooked
         time.sleep(0.5)
 
@@ -137,6 +137,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--disabled-metrics", default="",
                         help="OTEL_VLLM_ASCEND_DISABLED_METRICS for the instrumented server (to find what costs)")
+    parser.add_argument("--control", action="store_true",
+                        help="A/A control: the 'instrumented' server is started uninstrumented too, to see what "
+                             "ratio the method itself reports when nothing differs")
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
     args = parser.parse_args(argv)
     tiny_model.build(args.model_dir)
@@ -147,9 +150,11 @@ def main(argv=None) -> int:
         servers = {}
         try:
             for instrumented in ((False, True) if p % 2 == 0 else (True, False)):
-                servers[instrumented] = start(args.model_dir, instrumented, log_dir, p, args.disabled_metrics)
-            hooked = instrumented_processes(servers)
-            assert hooked == {True: 3, False: 0}, hooked
+                servers[instrumented] = start(args.model_dir, instrumented, log_dir, p, args.disabled_metrics,
+                                              args.control)
+            expected = {True: 0 if args.control else 3, False: 0}
+            hooked = instrumented_processes(servers, expected)
+            assert hooked == expected, hooked
             for server in servers.values():
                 wait_idle(server)
             for r in range(args.rounds):
@@ -175,7 +180,8 @@ def main(argv=None) -> int:
     ratios = [on["tokens_per_s"] / off["tokens_per_s"] for _, on, off in rounds]
     print(f"\n### End-to-end overhead: {args.server_pairs} server pairs x {args.rounds} interleaved rounds, "
           f"{args.requests} x {args.max_tokens} tokens per round"
-          + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "") + "\n")
+          + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
+          + ("; A/A CONTROL: both servers uninstrumented" if args.control else "") + "\n")
     print("Medians (quartiles; min–max) over rounds.\n")
     print("| | uninstrumented | instrumented | ratio instrumented/uninstrumented (per round) |")
     print("|---|---:|---:|---:|")

@@ -184,24 +184,25 @@ def per_call_rows(number, repeat):
     bare_med = statistics.median(results[0][1])
     coro_timer = wrap(_targets.awork, StepTimer(TIMER), COROUTINE_TIMER)[0]
 
-    async def loop_of(f, n):
-        for _ in range(n):
-            await f(1)
-
-    def coro_runs(f):
+    def async_runs(drive, calls):
+        """ns per call, per repeat: ``drive()`` is a coroutine making ``calls`` calls, run on one loop."""
         loop = asyncio.new_event_loop()
         try:
             out = []
             for _ in range(repeat):
                 start = perf_counter()
-                loop.run_until_complete(loop_of(f, number))
-                out.append((perf_counter() - start) / number * 1e9)
+                loop.run_until_complete(drive())
+                out.append((perf_counter() - start) / calls * 1e9)
             return out
         finally:
             loop.close()
 
-    coro_bare = coro_runs(_targets.awork)
-    coro_ours = coro_runs(coro_timer)
+    async def awaits(f):
+        for _ in range(number):
+            await f(1)
+
+    coro_bare = async_runs(lambda: awaits(_targets.awork), number)
+    coro_ours = async_runs(lambda: awaits(coro_timer), number)
     results.append(("ours: coroutine timer", [bare_med + o - statistics.median(coro_bare) for o in coro_ours]))
 
     # vLLM's record_function_or_nullcontext(name) returns nullcontext() unless its profiler is on;
@@ -223,26 +224,15 @@ def per_call_rows(number, repeat):
     # A stream (AsyncLLM.generate): the hook is paid once per call, then per item while it is
     # consumed; this row is the added cost per item of a long stream.
     gen_hook = wrap(_targets.agen, Handler(), ASYNC_GENERATOR)[0]
-    items = 1000
+    items, streams = 1000, max(1, number // 1000)
 
     async def drain(f):
-        async for _ in f(items):
-            pass
+        for _ in range(streams):
+            async for _ in f(items):
+                pass
 
-    def gen_runs(f):
-        loop = asyncio.new_event_loop()
-        try:
-            out = []
-            for _ in range(repeat):
-                start = perf_counter()
-                for _ in range(number // items):
-                    loop.run_until_complete(drain(f))
-                out.append((perf_counter() - start) / (number // items * items) * 1e9)
-            return out
-        finally:
-            loop.close()
-
-    gb, go = gen_runs(_targets.agen), gen_runs(gen_hook)
+    gb = async_runs(lambda: drain(_targets.agen), streams * items)
+    go = async_runs(lambda: drain(gen_hook), streams * items)
     results.append(("ours: async generator (a stream), per item consumed",
                     [bare_med + o - statistics.median(gb) for o in go]))
 
