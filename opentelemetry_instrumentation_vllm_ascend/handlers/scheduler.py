@@ -137,8 +137,10 @@ def _record_schedule(handler, key, step, phase, seconds, output, step_class, que
 class Schedule(Handler):
     """``Scheduler.schedule``: the step's phase is computed once, from its SchedulerOutput, stored on
     that output (it travels with it to the workers) and used for every value of the step: its
-    duration, its batch shape, the events and profiling scopes seen inside the call (recorded when
-    it returns), the queue and KV cache states after it."""
+    duration, its batch shape, the events and profiling scopes seen inside the call, the queue and
+    KV cache states after it (read when it returns). Those values are recorded later, through
+    ``recording.defer``: once the EngineCore has sent the step to the workers (``GrammarBitmask``),
+    or at the next scheduler call or collection, whichever comes first."""
 
     name = "Scheduler.schedule"
     reads_args = 1  # self
