@@ -34,8 +34,9 @@ FUTURE_CLASS = "future_class"
 #: ``vllm.v1.utils._PROFILER_FUNC``, which ``record_function_or_nullcontext`` calls for every scope).
 SCOPE_FACTORY = "scope_factory"
 #: A coroutine that may return an async generator (a streaming HTTP response): awaited, then, when
-#: the result is an async generator, handed back inside a delegating async generator that ends the measurement when the
-#: stream ends (``after`` / ``error`` as for ASYNC_GENERATOR); any other result goes to ``after``.
+#: the result is an async generator, handed back inside a delegating async generator that ends the
+#: measurement when the stream ends (``after`` / ``error`` as for ASYNC_GENERATOR); any other result
+#: goes to ``after``.
 COROUTINE_STREAM = "coroutine_stream"
 
 _FAILED = object()
@@ -307,8 +308,8 @@ def _generate(original, hook, body: str, *, is_async: bool, head, guard: str | N
         args, kwargs = "_otel_a", "_otel_k"
     # A handler's after_if needs the target's parameter names: only in the signature form.
     guard = _GUARD.format(guard=guard) if guard and signature is not None else ""
-    source = body.format(name="_otel_vllm_ascend_wrapper", params=params, call=call, args=args, kwargs=kwargs, guard=guard,
-                         def_="async def" if is_async else "def", await_="await " if is_async else "")
+    source = body.format(name="_otel_vllm_ascend_wrapper", params=params, call=call, args=args, kwargs=kwargs,
+                         guard=guard, def_="async def" if is_async else "def", await_="await " if is_async else "")
     exec(compile(source, f"<otel-vllm-ascend wrapper of {getattr(original, '__qualname__', original)}>", "exec"),
          namespace)
     wrapper = namespace["_otel_vllm_ascend_wrapper"]

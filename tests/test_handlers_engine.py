@@ -1003,6 +1003,25 @@ def test_scope_that_raises_is_not_recorded_and_the_inner_scope_still_runs(metric
     assert isinstance(module.record_function_or_nullcontext("x"), record_function)
 
 
+def test_scope_in_a_step_with_vllms_profiler_on_is_recorded_with_the_step(metrics, clock):
+    """With vLLM's profiler on, a scope in schedule() wraps vLLM's own record_function (not the shared
+    in-step timer) and is still recorded with the step's phase, when the step's records run."""
+    log = []
+    module = fake_utils(type("RF", (RecordFunction,), {"log": log}))
+    patch = model_runner.ProfilerScopes().install(module)
+    try:
+        requests = {"decode": req(12, 13, prompt=10)}
+        s = instrumented()(clock, module, requests, running=[req(13, 14, prompt=10)])
+        s.plan = [(output(requests, cached=[("decode", 1)]), 0.0, [("schedule: allocate_slots", 0.0625)] * 2)]
+        context.LAST_STEP_PHASE[0] = "prefill"
+        s.schedule()
+        assert [entry[0] for entry in log] == ["enter", "exit", "enter", "exit"]
+        assert metrics.points()[SCOPES] == {
+            key(**step("decode", name="schedule: allocate_slots")): (2, 0.125, counts(S, b10=2))}
+    finally:
+        patch.remove()
+
+
 def test_install_lets_vllm_choose_its_factory_and_remove_restores_it():
     module = fake_utils()
     assert module._PROFILER_FUNC is None

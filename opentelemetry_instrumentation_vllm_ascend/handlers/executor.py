@@ -84,15 +84,12 @@ class CollectiveRpc(Handler):
     def error(self, state, args, kwargs, exc):
         _count(state[0], exc)
 
-    def after(self, state, args, kwargs, result):
-        spec = state[1]
-        if spec is not None:
-            recording.record(spec, perf_counter() - state[2], state[0])
-
     def future_result(self, state, args, kwargs, future, _record=recording.record):
         spec = state[1]
         if spec is not None:
             _record(spec, perf_counter() - state[2], state[0])
+
+    after = future_result  # a blocking RPC returned: the same measurement, ended now
 
     def future_done(self, state, args, kwargs, future):
         if future.cancelled():

@@ -154,18 +154,8 @@ class _Scope:
                     _record(_SCOPES, end - self.start, labels)
                     if CURRENT[0] is not None:
                         _worker_scope_ended(self, end)
-                else:  # inside Scheduler.schedule: recorded with the step's phase when it returns
-                    scopes = step.scopes
-                    if scopes is None:
-                        scopes = step.scopes = {}
-                    name = self.name
-                    if name.__class__ is not str:
-                        name = _name_label(name)
-                    values = scopes.get(name)
-                    if values is None:
-                        scopes[name] = [end - self.start]
-                    else:
-                        values.append(end - self.start)
+                else:  # inside Scheduler.schedule (vLLM's profiler on): recorded with the step's records
+                    _step_values(step, self.name).append(end - self.start)
             except Exception:
                 report(_SCOPE_HANDLER, "scope")
         if self.inner is not None:
@@ -193,21 +183,26 @@ class _InStepScope:
         return False
 
 
+def _step_values(step: Step, name) -> list:
+    """The step's list of durations of scopes named ``name`` (made on first use)."""
+    scopes = step.scopes
+    if scopes is None:
+        scopes = step.scopes = {}
+    label = name if name.__class__ is str else _name_label(name)
+    values = scopes.get(label)
+    if values is None:
+        values = scopes[label] = []
+    return values
+
+
 def _in_step_scope(step: Step, name) -> _InStepScope:
     """The step's shared scope for ``name`` (made on its first block in this step)."""
     timers = step.timers
     if timers is None:
         timers = step.timers = {}
-    scopes = step.scopes
-    if scopes is None:
-        scopes = step.scopes = {}
-    label = name if name.__class__ is str else _name_label(name)
     timer = _InStepScope()
     timer.starts = []
-    values = scopes.get(label)
-    if values is None:
-        values = scopes[label] = []
-    timer.values = values
+    timer.values = _step_values(step, name)
     timers[name] = timer
     return timer
 
