@@ -1,46 +1,29 @@
 """Contract with vllm-ascend's source: every target gated by vllm-ascend's version exists with the
 parameters its handler reads, every attribute handlers read from vllm-ascend objects is defined, and
 the fakes the handler tests use have the real classes' shape. The 0.23.0.post1 sdist is downloaded
-at test time (``pip download --no-deps --no-binary :all: --no-build-isolation``: its metadata step
-needs setuptools_scm and SOC_VERSION), cached, parsed and never imported."""
-
-import os
-import subprocess
-import sys
+at test time (``source_archives``, cached), parsed and never imported."""
 
 import pytest
+from packaging.version import Version
+from source_archives import sdist
 
 from opentelemetry_instrumentation_vllm_ascend import targets
-from opentelemetry_instrumentation_vllm_ascend.contract import SourceTree, check_read, check_target
+from opentelemetry_instrumentation_vllm_ascend.contract import (
+    SourceTree,
+    check_read,
+    check_target,
+)
 from opentelemetry_instrumentation_vllm_ascend.installer import in_range
 
-from packaging.version import Version
-
 VERSION = "0.23.0.post1"
-CACHE = os.environ.get("OTEL_VLLM_ASCEND_WHEEL_CACHE",
-                       os.path.join(os.path.expanduser("~"), ".cache", "otel-vllm-ascend-wheels"))
-
-
-def sdist() -> str:
-    os.makedirs(CACHE, exist_ok=True)
-    name = f"vllm_ascend-{VERSION}.tar.gz"
-    path = os.path.join(CACHE, name)
-    if not os.path.exists(path):
-        env = dict(os.environ, SOC_VERSION=os.environ.get("SOC_VERSION", "ascend910b1"))
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        "--no-build-isolation", "-q", "-d", CACHE, f"vllm-ascend=={VERSION}"],
-                       check=True, timeout=1200, env=env)
-    return path
 
 
 @pytest.fixture(scope="module")
 def tree():
     """vllm-ascend's source together with the vLLM it runs on (0.23.0): its classes subclass vLLM's, and
     attributes they inherit are looked up in the bases."""
-    from test_contract_vllm import wheel
-
-    ascend = SourceTree.from_archive(sdist(), strip_prefix=True)
-    vllm = SourceTree.from_archive(wheel("0.23.0"))
+    ascend = SourceTree.from_archive(sdist("vllm-ascend", VERSION), strip_prefix=True)
+    vllm = SourceTree.from_archive(sdist("vllm", "0.23.0"), strip_prefix=True)
     return SourceTree({**vllm.files, **ascend.files})
 
 

