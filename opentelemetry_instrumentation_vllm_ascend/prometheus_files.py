@@ -88,8 +88,8 @@ class FilesExporter(MetricExporter):
             s.exposed_name: s.gauge_mode for s in catalogue.CATALOGUE
         }
         self._files: dict[str, object] = {}
-        self._keys: dict[tuple, str] = {}
-        self._last: dict[tuple[str, str], float] = {}
+        #: Per series (kind, OTel name, attribute items): its file keys and the values last written.
+        self._series: dict[tuple, list] = {}
         self._closed = False
         self._failed_once = False
 
@@ -104,14 +104,6 @@ class FilesExporter(MetricExporter):
 
             f = self._files[typ] = MmapedDict(self._path(typ))
         return f
-
-    def _write(self, typ: str, cache_key: tuple, make_key, value: float, timestamp: float = 0.0) -> None:
-        key = self._keys.get(cache_key)
-        if key is None:
-            key = self._keys[cache_key] = make_key()
-        if typ.startswith("gauge") or self._last.get((typ, key)) != value:
-            self._file(typ).write_value(key, value, timestamp)
-            self._last[(typ, key)] = value
 
     # -- export -----------------------------------------------------------------------------
     def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
@@ -133,50 +125,86 @@ class FilesExporter(MetricExporter):
         return MetricExportResult.SUCCESS
 
     def _export(self, metrics_data) -> None:
-        from prometheus_client.mmap_dict import mmap_key
-
+        """Writes what changed since the last export: a counter or a histogram series whose values are
+        those already written is skipped (a histogram compares its bucket counts and sum at once),
+        and only the buckets that changed are rewritten. Gauges are always written (their timestamp
+        decides between processes). File keys are built once per series."""
         now = time.time()
+        series_of = self._series
         for resource_metrics in metrics_data.resource_metrics:
             for scope_metrics in resource_metrics.scope_metrics:
                 for metric in scope_metrics.metrics:
                     data = metric.data
-                    name = metric_name(metric.name)
-                    help_text = _help(metric.description or "", metric.unit or "")
-                    if isinstance(data, Sum) and data.is_monotonic:
-                        base = name[:-6] if name.endswith("_total") else name
-                        for point in data.data_points:
-                            keys, values = self._labels(point.attributes)
-                            self._write(
-                                "counter", ("c", base, tuple(values)),
-                                lambda: mmap_key(base, base + "_total", keys, values, help_text),
-                                float(point.value),
-                            )
+                    if isinstance(data, Histogram):
+                        kind = "h"
+                    elif isinstance(data, Sum) and data.is_monotonic:
+                        kind = "c"
                     elif isinstance(data, (Sum, Gauge)):
-                        typ = "gauge_" + self._gauge_modes.get(metric.name, "livemostrecent")
-                        for point in data.data_points:
-                            keys, values = self._labels(point.attributes)
-                            self._write(
-                                typ, ("g", name, tuple(values)),
-                                lambda: mmap_key(name, name, keys, values, help_text),
-                                float(point.value), now,
-                            )
-                    elif isinstance(data, Histogram):
-                        for point in data.data_points:
-                            keys, values = self._labels(point.attributes)
-                            bounds = list(point.explicit_bounds) + [math.inf]
-                            for bound, count in zip(bounds, point.bucket_counts):
-                                le = _go_float(bound)
-                                self._write(
-                                    "histogram", ("h", name, tuple(values), le),
-                                    lambda: mmap_key(name, name + "_bucket", keys + ["le"], values + [le], help_text),
-                                    float(count),
-                                )
-                            self._write(
-                                "histogram", ("hs", name, tuple(values)),
-                                lambda: mmap_key(name, name + "_sum", keys, values, help_text),
-                                float(point.sum),
-                            )
-                    # Exponential histograms never reach this exporter: Views fix explicit buckets.
+                        kind = "g"
+                    else:  # exponential histograms never reach this exporter: Views fix explicit buckets
+                        continue
+                    for point in data.data_points:
+                        attributes = point.attributes
+                        series_key = (kind, metric.name, tuple(attributes.items()) if attributes else ())
+                        series = series_of.get(series_key)
+                        if kind == "h":
+                            counts = tuple(point.bucket_counts)
+                            if series is None or series[2] != tuple(point.explicit_bounds):
+                                series = series_of[series_key] = self._new_histogram(metric, point)
+                            elif series[3] == counts and series[4] == point.sum:
+                                continue
+                            self._write_histogram(series, counts, float(point.sum))
+                        elif kind == "c":
+                            if series is None:
+                                series = series_of[series_key] = self._new_counter(metric, point)
+                            value = float(point.value)
+                            if series[1] != value:
+                                self._file("counter").write_value(series[0], value, 0.0)
+                                series[1] = value
+                        else:
+                            if series is None:
+                                series = series_of[series_key] = self._new_gauge(metric, point)
+                            self._file(series[1]).write_value(series[0], float(point.value), now)
+
+    def _new_histogram(self, metric, point) -> list:
+        """[bucket keys, sum key, bounds, counts written, sum written]"""
+        from prometheus_client.mmap_dict import mmap_key
+
+        name, help_text = metric_name(metric.name), _help(metric.description or "", metric.unit or "")
+        keys, values = self._labels(point.attributes)
+        bounds = tuple(point.explicit_bounds)
+        bucket_keys = [mmap_key(name, name + "_bucket", keys + ["le"], values + [_go_float(bound)], help_text)
+                       for bound in bounds + (math.inf,)]
+        return [bucket_keys, mmap_key(name, name + "_sum", keys, values, help_text), bounds, None, None]
+
+    def _write_histogram(self, series: list, counts: tuple, sum_: float) -> None:
+        f = self._file("histogram")
+        written = series[3]
+        for i, (key, count) in enumerate(zip(series[0], counts)):
+            if written is None or written[i] != count:
+                f.write_value(key, float(count), 0.0)
+        if series[4] != sum_:
+            f.write_value(series[1], sum_, 0.0)
+        series[3], series[4] = counts, sum_
+
+    def _new_counter(self, metric, point) -> list:
+        """[key, value written]"""
+        from prometheus_client.mmap_dict import mmap_key
+
+        name = metric_name(metric.name)
+        base = name[:-6] if name.endswith("_total") else name
+        keys, values = self._labels(point.attributes)
+        return [mmap_key(base, base + "_total", keys, values, _help(metric.description or "", metric.unit or "")),
+                None]
+
+    def _new_gauge(self, metric, point) -> tuple:
+        """(key, file type)"""
+        from prometheus_client.mmap_dict import mmap_key
+
+        name = metric_name(metric.name)
+        keys, values = self._labels(point.attributes)
+        return (mmap_key(name, name, keys, values, _help(metric.description or "", metric.unit or "")),
+                "gauge_" + self._gauge_modes.get(metric.name, "livemostrecent"))
 
     @staticmethod
     def _labels(attributes) -> tuple[list, list]:

@@ -181,3 +181,65 @@ def test_files_collector_merges_exactly_like_prometheus_client(tmp_path):
     MultiProcessCollector(theirs, path=str(tmp_path))
     for _ in range(2):  # the second scrape uses the cached keys
         assert sorted(generate_latest(ours).decode().splitlines()) == sorted(generate_latest(theirs).decode().splitlines())
+
+
+def test_incremental_exports_write_what_one_full_export_writes(tmp_path, monkeypatch):
+    """The exporter rewrites only series and buckets that changed since its last export: after
+    several exports with partial changes (a new series, a bucket moving, a counter unchanged, a
+    gauge set again) the files read the same as one export of the final data into a fresh directory,
+    and every value is the hand-computed one."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesExporter
+
+    spec = catalogue.MetricSpec(seed="test:duration", kind=catalogue.HISTOGRAM, unit="s",
+                                description="test histogram", buckets=(0.01, 0.1, 1.0))
+    monkeypatch.setattr(catalogue, "CATALOGUE", catalogue.CATALOGUE + (spec,))
+    monkeypatch.delenv(environment.FILES_DIR, raising=False)
+    monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
+    reader = InMemoryMetricReader()
+    pipeline.reset(extra_readers=[reader])
+    context.set_process("engine_core", "0", "decode")
+    try:
+        incremental = FilesExporter(str(tmp_path / "incremental"))
+        os.makedirs(tmp_path / "incremental")
+        decode, prefill = context.step_labels("decode"), context.step_labels("prefill")
+        rounds = [
+            [(spec, 0.005, decode), (spec, 0.05, decode), (catalogue.RUNNING_TO_WAITING, 2, decode)],
+            [(spec, 0.5, decode), (spec, 0.05, prefill)],  # a bucket of a known series; a new series
+            [],  # nothing changed
+            [(catalogue.RUNNING_TO_WAITING, 1, decode), (spec, 5.0, prefill)],
+        ]
+        for records in rounds:
+            for metric, value, labels in records:
+                if metric.kind == catalogue.COUNTER:
+                    recording.add(metric, value, labels)
+                else:
+                    recording.record(metric, value, labels)
+            recording.process_started()  # the instrumented_processes gauge, set again each round
+            incremental.export(reader.get_metrics_data())
+        full = FilesExporter(str(tmp_path / "full"))
+        os.makedirs(tmp_path / "full")
+        full.export(reader.get_metrics_data())
+        incremental.shutdown()
+        full.shutdown()
+        text = exposition(str(tmp_path / "incremental"))
+        assert sample_lines(text) == sample_lines(exposition(str(tmp_path / "full")))
+        assert sample_lines(text, "vllm_profiling_test") == sorted([
+            'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="decode",role="decode"} 1.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="decode",role="decode"} 2.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="decode",role="decode"} 3.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="decode",role="decode"} 3.0',
+            'vllm_profiling_test:duration_count{dp="0",phase="decode",role="decode"} 3.0',
+            'vllm_profiling_test:duration_sum{dp="0",phase="decode",role="decode"} 0.555',
+            'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="prefill",role="decode"} 0.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="prefill",role="decode"} 1.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="prefill",role="decode"} 1.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="prefill",role="decode"} 2.0',
+            'vllm_profiling_test:duration_count{dp="0",phase="prefill",role="decode"} 2.0',
+            'vllm_profiling_test:duration_sum{dp="0",phase="prefill",role="decode"} 5.05',
+        ])
+        assert ('vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="decode"} 3.0'
+                in sample_lines(text))
+    finally:
+        pipeline.reset()
