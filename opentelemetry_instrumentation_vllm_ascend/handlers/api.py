@@ -310,7 +310,8 @@ class ProcessOutputs(Handler):
         if counts is None:
             phase = ALL
         else:
-            phase = _phase(*(now - then for now, then in zip(_token_counts(args[3]), counts)))
+            first, prompt, generated = _token_counts(args[3])
+            phase = _phase(first - counts[0], prompt - counts[1], generated - counts[2])
         labels = _api_labels(phase)
         recording.record(OUTPUT_PROCESSOR, seconds, labels)
         outputs = args[1]
