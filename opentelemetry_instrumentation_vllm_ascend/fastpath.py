@@ -104,12 +104,12 @@ class FastHistogram(_Instrument):
     delta reader. ``record`` / ``record_many`` are closures over this instrument's thread-local and
     bounds (no attribute lookups on the hot path)."""
 
-    __slots__ = ("bounds", "record", "record_many")
+    __slots__ = ("bounds", "record", "record_many", "record_n")
 
     def __init__(self, spec: catalogue.MetricSpec, windows: bool = False) -> None:
         super().__init__(spec)
         self.bounds = tuple(float(b) for b in spec.buckets or ())
-        self.record, self.record_many = self._recorders(windows)
+        self.record, self.record_many, self.record_n = self._recorders(windows)
 
     def _state(self, labels):
         try:
@@ -161,8 +161,23 @@ class FastHistogram(_Instrument):
                 state[2] = high
             return state, low, high
 
+        def record_n(value, n: int, labels: tuple, _bisect=bisect_left) -> tuple:
+            """``record(value, labels)`` ``n`` (> 0) times; the sum adds ``value * n`` (exact for the
+            integer values it is used for). Returns the state for the window variant."""
+            try:
+                state = tls.shard[labels]
+            except (AttributeError, KeyError):
+                state = new_state(labels)
+            state[0] += value * n
+            if value < state[1]:
+                state[1] = value
+            if value > state[2]:
+                state[2] = value
+            state[3][_bisect(bounds, value)] += n
+            return state
+
         if not windows:
-            return record, record_many
+            return record, record_many, record_n
 
         def record_with_window(value, labels: tuple) -> None:
             record(value, labels)
@@ -179,7 +194,14 @@ class FastHistogram(_Instrument):
             if high > state[5]:
                 state[5] = high
 
-        return record_with_window, record_many_with_window
+        def record_n_with_window(value, n: int, labels: tuple) -> None:
+            state = record_n(value, n, labels)
+            if value < state[4]:
+                state[4] = value
+            if value > state[5]:
+                state[5] = value
+
+        return record_with_window, record_many_with_window, record_n_with_window
 
     def snapshot(self, reset_window: bool = False) -> dict:
         total: dict = {}

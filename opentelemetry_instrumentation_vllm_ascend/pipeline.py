@@ -50,6 +50,11 @@ class _SdkInstrument:
         for value in values:
             self._instrument.record(value, attributes)
 
+    def record_n(self, value, n: int, labels: tuple) -> None:
+        attributes = dict(zip(self._labels, labels))
+        for _ in range(n):
+            self._instrument.record(value, attributes)
+
 
 class Pipeline:
     def __init__(self, extra_readers=(), recorder: str | None = None) -> None:
@@ -167,6 +172,9 @@ class Pipeline:
             return
         self._closed = True
         try:
+            # Values a hook still holds (deferred records) go in before the final export (at exit;
+            # reset() has run them already), and are there for a reader read after the close.
+            _before_collect()
             if self.provider is not None:
                 self.provider.shutdown(timeout_millis=timeout_millis)
             else:
@@ -244,6 +252,9 @@ def _register_exit(pipeline: Pipeline) -> None:
 def reset(extra_readers=()) -> None:
     """Close this process's pipeline; the next recording builds a new one (tests, uninstrument)."""
     global _pipeline, _extra_readers
+    current = _pipeline
+    if current is not None and current.pid == os.getpid() and not current._closed:
+        _before_collect()  # held values go in while it is still the current pipeline
     with _lock:
         old, _pipeline = _pipeline, None
         _extra_readers = tuple(extra_readers)

@@ -42,7 +42,10 @@ def defer(function, *args) -> None:
     """Call ``function(*args)`` (which records) at the next ``run_deferred()`` instead of now: for a
     hook on the engine's critical path whose values can wait until the engine waits (the EngineCore
     runs its scheduler hook's records after it has sent the step to the workers). Every collection
-    and ``flush()`` run what is pending first, so nothing is exported late by more than that wait."""
+    and ``flush()`` run what is pending first, so nothing is exported late by more than that wait.
+
+    A function with a ``many`` attribute is handed consecutive pending calls of its own at once:
+    ``function.many([args, …])`` records them together (oldest first)."""
     _deferred.append((function, args))
     if pipeline.current() is None:
         pipeline.get()  # its collections run what is pending: it must exist before the first one
@@ -50,17 +53,39 @@ def defer(function, *args) -> None:
 
 def run_deferred(_popleft=_deferred.popleft) -> None:
     """Run the pending deferred records, oldest first (any thread; each runs once)."""
+    batch: list = []
+    batch_function = None
     while _deferred:
         try:
             function, args = _popleft()
         except IndexError:
-            return
-        try:
-            function(*args)
-        except Exception:
-            from .wrappers import report
+            break
+        if function is batch_function:
+            batch.append(args)
+            continue
+        if batch:
+            _run(batch_function, batch)
+            batch = []
+            batch_function = None
+        if getattr(function, "many", None) is not None:
+            batch_function = function
+            batch.append(args)
+        else:
+            _run(function, [args])
+    if batch:
+        _run(batch_function, batch)
 
-            report(_DeferredRecords, getattr(function, "__name__", "deferred"))
+
+def _run(function, calls: list) -> None:
+    try:
+        if len(calls) > 1:
+            function.many(calls)
+        else:
+            function(*calls[0])
+    except Exception:
+        from .wrappers import report
+
+        report(_DeferredRecords, getattr(function, "__name__", "deferred"))
 
 
 class _DeferredRecords:
@@ -79,6 +104,9 @@ class _Disabled:
         pass
 
     record = set = record_many = add
+
+    def record_n(self, value, n, labels) -> None:
+        pass
 
 
 def _instrument(spec: catalogue.MetricSpec):
@@ -114,6 +142,15 @@ def record_many(spec: catalogue.MetricSpec, values: list, labels: tuple, _get=_i
     if instrument is None:
         instrument = _instrument(spec)
     instrument.record_many(values, labels)
+
+
+def record_n(spec: catalogue.MetricSpec, value: float, n: int, labels: tuple, _get=_instruments.get) -> None:
+    """``n`` (> 0) histogram observations of the same value with the same labels (values that
+    repeat over many steps, counted at once)."""
+    instrument = _get(spec.seed)
+    if instrument is None:
+        instrument = _instrument(spec)
+    instrument.record_n(value, n, labels)
 
 
 def record_in_step(spec: catalogue.MetricSpec, value: float, _get=_instruments.get,

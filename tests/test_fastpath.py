@@ -19,8 +19,9 @@ from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesColl
 
 HIST = catalogue.MetricSpec(seed="test:step:duration", kind=catalogue.HISTOGRAM, unit="s",
                             description="A test timer.", buckets=(0.001, 0.01, 0.1, 1.0, 10.0))
-SPECS = [catalogue.RUNNING_TO_WAITING, catalogue.RPC_ERRORS, catalogue.INSTRUMENTED_PROCESSES, HIST, HIST]
+SPECS = [catalogue.RUNNING_TO_WAITING, catalogue.RPC_ERRORS, catalogue.INSTRUMENTED_PROCESSES, HIST, HIST, HIST]
 RECORD_MANY = 4  # the same histogram, several values at once (a scheduling step's per-request scopes)
+RECORD_N = 5  # the same histogram, one value n times (equal batch sizes of several steps)
 LABELS = {
     catalogue.RUNNING_TO_WAITING.seed: [("0", "mixed", "decode"), ("1", "decode", "prefill")],
     catalogue.RPC_ERRORS.seed: [("0", "mixed", "unknown", "timeout"), ("0", "mixed", "decode", "other")],
@@ -35,6 +36,7 @@ def ops(values):
         st.tuples(st.just(2), st.integers(0, 1), st.integers(0, 4)),  # gauge set
         st.tuples(st.just(3), st.integers(0, 1), values),  # histogram record
         st.tuples(st.just(RECORD_MANY), st.integers(0, 1), st.lists(values, min_size=1, max_size=40)),
+        st.tuples(st.just(RECORD_N), st.integers(0, 1), st.tuples(values, st.integers(1, 40))),
     )
 
 
@@ -59,6 +61,8 @@ def apply(pipeline, ops):
         labels = LABELS[spec.seed][label_index]
         if kind == RECORD_MANY:
             inst.record_many(value, labels)
+        elif kind == RECORD_N:
+            inst.record_n(value[0], value[1], labels)
         elif spec.kind == catalogue.COUNTER:
             inst.add(value, labels)
         elif spec.kind == catalogue.GAUGE:
@@ -195,6 +199,28 @@ def test_record_many_is_record_once_per_value(values):
             one.record(value, ("0", "mixed", "decode"))
         many.record_many(values, ("0", "mixed", "decode"))
         assert many.snapshot() == one.snapshot()
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.one_of(st.sampled_from(HIST.buckets), st.integers(0, 100), EXACT), n=st.integers(1, 1000))
+def test_record_n_is_n_records(value, n):
+    """record_n(value, n) gives the state that n record(value) give, on bucket bounds too; its sum
+    adds value * n, which equals n additions for the integer values it is used for (and any exact
+    binary fraction), and may differ in the last bits otherwise (a bound such as 0.001)."""
+    from opentelemetry_instrumentation_vllm_ascend.fastpath import FastHistogram
+
+    for windows in (False, True):
+        one, at_once = FastHistogram(HIST, windows), FastHistogram(HIST, windows)
+        one.record(0.5, ("0", "mixed", "decode"))
+        at_once.record(0.5, ("0", "mixed", "decode"))
+        for _ in range(n):
+            one.record(value, ("0", "mixed", "decode"))
+        at_once.record_n(value, n, ("0", "mixed", "decode"))
+        (expected,), (got,) = one.snapshot().values(), at_once.snapshot().values()
+        if value in HIST.buckets:
+            assert got[1] == pytest.approx(expected[1], rel=1e-12)
+            got[1] = expected[1]
+        assert got == expected
 
 
 def test_threads_recording_at_once_lose_nothing():

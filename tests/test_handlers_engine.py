@@ -302,34 +302,116 @@ def test_schedule_zero_tokens_add_nothing_to_the_counter(metrics, clock, utils):
     assert m.value(name("scheduler:seqlen:avg"), **step("prefill")) == 8
 
 
-def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, utils):
-    """schedule() only classifies the step and reads the states it left; its records run when the
-    engine asks for the step's grammar bitmask (right after sending execute_model), with the values
-    of the moment schedule() returned even if the scheduler changed since."""
+def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, utils, monkeypatch):
+    """schedule() only classifies the step and reads the states it left; its records wait until
+    FLUSH_STEPS steps do, and run when the engine asks for a step's grammar bitmask (right after
+    sending execute_model), each with the values of the moment its schedule() returned even if the
+    scheduler changed since."""
+    monkeypatch.setattr(scheduler, "FLUSH_STEPS", 2)
     requests = {"decode": req(12, 13, prompt=10)}
     out = output(requests, cached=[("decode", 1)])
     cls = instrumented()
     cls.get_grammar_bitmask = wrap(lambda self, so: None, scheduler.GrammarBitmask(), SYNC)[0]
     s = cls(clock, utils, requests, running=[req(13, 14, prompt=10)], waiting=[req(0, 3)], blocks=(100, 37))
-    s.plan = [(out, 0.125, [("schedule: allocate_slots", 0.0625)])]
+    s.plan = [(out, 0.125, [("schedule: allocate_slots", 0.0625)]), (out, 0.25, [])]
 
     assert s.schedule() is out
     assert getattr(out, PHASE_ATTRIBUTE) == "decode"  # known at once: it travels with the RPC
     assert len(recording._deferred) == 1  # nothing recorded yet
+    s.get_grammar_bitmask(out)
+    assert len(recording._deferred) == 1  # one step waits: not yet
     s.running.append(req(0, 5))  # what happens after schedule() returned is not this step's state
     s.waiting.clear()
     s.kv_cache_manager.block_pool.free = 3
+    s.schedule()
+    assert len(recording._deferred) == 2
     s.get_grammar_bitmask(out)
     assert len(recording._deferred) == 0
 
     dec = step("decode")
-    assert metrics.value(name("scheduler:duration"), **dec) == (1, 0.1875, counts(S, b11=1))
-    assert metrics.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(S, b11=2))  # 0.1875, 0.25
+    assert metrics.value(name("scheduler:running_queue_size"), **dec) == (2, 3, counts(R, b1=1, b2=1))
     assert metrics.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
-        1, 1, counts(R, b1=1))
-    assert metrics.value(name("free_kvcache_blocks"), **step("all")) == 37
+        2, 1, counts(R, b0=1, b1=1))
+    assert metrics.value(name("free_kvcache_blocks"), **step("all")) == 3
     assert metrics.points()[name("record_function_or_nullcontext")] == {
         key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(S, b10=1))}
+
+
+def _varied_steps(clock, utils):
+    """A scheduler and eight steps of every kind: prefill, mixed, decode (repeated: equal shapes),
+    idle, one that preempts, a queue that fills up and drains (prefill-pending edges), blocks that
+    change and stay, scopes in some steps."""
+    requests = {"a": req(12, 13, prompt=10), "b": req(4, 10), "c": req(20, 21, prompt=10)}
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)], waiting=[req(0, 3)],
+                       max_num_running_reqs=2, blocks=(100, 37))
+    decode = output(requests, cached=[("a", 1), ("c", 1)])
+    slots = [("schedule: allocate_slots", 0.0625), ("schedule: allocate_slots", 0.125)]
+    s.plan = [
+        (output(requests, new=[("n", 8, 0)]), 0.125, [("schedule: allocate_slots", 0.0625)]),
+        (output(requests, new=[("m", 6, 2)], cached=[("a", 1), ("b", 4)]), 0.25, slots),
+        (decode, 0.125, slots),
+        (decode, 0.125, slots),
+        (idle_output(), 0.0, []),
+        (decode, 0.5, []),
+        (decode, 0.125, slots),
+        (output(requests, cached=[("b", 4)]), 0.0625, []),
+    ]
+    queues = [  # (running, waiting) left by each step; at most 2 run
+        ([req(8, 8)], [req(0, 3)]),
+        ([req(8, 8), req(9, 10)], []),
+        ([req(8, 9), req(10, 11)], [req(0, 3)]),  # full with one waiting: an edge (decode)
+        ([req(8, 9)], []),
+        ([req(8, 9)], [req(0, 2)]),
+        ([req(8, 9), req(5, 5)], [req(0, 2), req(0, 1)]),  # blocked again: a second edge (decode)
+        ([req(8, 9), req(5, 9)], [req(0, 2)]),  # still blocked: no edge
+        ([req(8, 9)], []),
+    ]
+    free = [37, 30, 30, 30, 28, 28, 28, 40]
+    calls = iter(range(len(s.plan)))
+
+    def after_each():
+        i = next(calls)
+        s.running[:], s.waiting[:] = queues[i]
+        s.kv_cache_manager.block_pool.free = free[i]
+        if i == 5:  # as the preemption hook counts them, inside schedule()
+            context.CURRENT_STEP.get().preemptions += 1
+            context.CURRENT_STEP.get().recomputes += 1
+
+    s.during = after_each
+    return s
+
+
+def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock, utils):
+    """The batched path (_record_schedules: equal values counted at once, the last gauge values, the
+    pending edges in order) records exactly what the per-step path (_record_schedule) records, step
+    by step, for the same steps."""
+    from conftest import Metrics
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    def run(collect_each):
+        scheduler._BLOCKED.clear()
+        scheduler._BLOCKS.clear()
+        reader = Metrics(InMemoryMetricReader())
+        pipeline.reset(extra_readers=[reader.reader])
+        context.set_process("engine_core", "0", "mixed")
+        s = _varied_steps(clock, utils)
+        for _ in range(len(s.plan)):
+            s.schedule()
+            if collect_each:
+                assert len(recording._deferred) == 1
+                reader.points()  # a collection records the one pending step: the per-step path
+        points = reader.points()
+        assert not recording._deferred
+        return points
+
+    one_by_one = run(True)
+    together = run(False)
+    assert together == one_by_one
+    # …and the values are the hand-computed ones (a sample of them)
+    assert one_by_one[name("request_prefill_pending_nums")] == {key(**step("decode")): 2}
+    assert one_by_one[name("scheduler:batch_size")][key(**step("decode"))] == (4, 8, counts(R, b2=4))
+    assert one_by_one[name("free_kvcache_blocks")][key(**ALL_LABELS)] == 40
 
 
 def test_deferred_records_run_at_collection_and_are_dropped_by_reset(metrics, clock, utils):

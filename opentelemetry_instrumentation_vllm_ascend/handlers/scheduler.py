@@ -42,6 +42,10 @@ def flush_step(step: Step, phase: str) -> None:
     recording.add(catalogue.BLOCK_ALLOCATE_FAILURES, step.allocate_failures, labels)
 
 
+#: Steps whose records wait (``recording.defer``) until they are recorded together, in the window
+#: where the engine waits for the workers (``GrammarBitmask``) — or at any collection or ``flush()``.
+FLUSH_STEPS = 32
+
 #: Per scheduler (by id; one per EngineCore): was it blocked on capacity after its last step?
 _BLOCKED: dict[int, bool] = {}
 
@@ -60,11 +64,16 @@ def _record_step(output, step_class, labels) -> None:
             recording.record(_PHASE_BATCH, reqs, phase_labels)
             recording.record(_PHASE_TOKENS, tokens, phase_labels)
             recording.add(_PHASE_COUNTER, tokens, phase_labels)
-        cached = output.scheduled_cached_reqs
-        seqlen = sum([r.num_computed_tokens for r in output.scheduled_new_reqs])
-        seqlen += sum(cached.num_computed_tokens) + output.total_num_scheduled_tokens
-        recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
-        recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
+        _record_seqlen(output, n, labels)
+
+
+def _record_seqlen(output, n: int, labels) -> None:
+    """Context lengths after the step (gauges: the step's sum and mean over its requests)."""
+    cached = output.scheduled_cached_reqs
+    seqlen = sum([r.num_computed_tokens for r in output.scheduled_new_reqs])
+    seqlen += sum(cached.num_computed_tokens) + output.total_num_scheduled_tokens
+    recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
+    recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
 
 
 def _queue_state(scheduler, phase: str, step_class) -> tuple:
@@ -134,13 +143,87 @@ def _record_schedule(handler, key, step, phase, seconds, output, step_class, que
         _record_blocks(key, blocks)
 
 
+def _record_schedules(calls: list) -> None:
+    """What several ``schedule()`` calls measured (each call's ``_record_schedule`` arguments, oldest
+    first), recorded together with the same values as ``_record_schedule`` once per call: equal
+    values of a histogram series are counted at once (``record_n``: a steady batch repeats the same
+    sizes step after step), durations and scopes go per series in one ``record_many``, counters add
+    their totals, gauges take the last step's value, and the prefill-pending edges are found in order."""
+    durations: dict = {}  # phase -> [seconds]
+    shapes: dict = {}  # (phase, step_class, scheduled requests) -> steps
+    queue_shapes: dict = {}  # (phase, running, prefill, waiting) -> steps
+    pending: dict = {}  # phase -> prefill-pending edges
+    last_output: dict = {}  # phase -> (output, scheduled requests) of its last step that scheduled any
+    last_blocks: dict = {}  # scheduler key -> blocks
+    for handler, key, step, phase, seconds, output, step_class, queues, blocks in calls:
+        values = durations.get(phase)
+        if values is None:
+            durations[phase] = [seconds]
+        else:
+            values.append(seconds)
+        if step.scopes or step.preemptions or step.recomputes or step.allocate_failures:
+            flush_step(step, phase)
+        try:
+            n = len(output.num_scheduled_tokens)
+            shape = (phase, step_class, n)
+            shapes[shape] = shapes.get(shape, 0) + 1
+            if n:
+                last_output[phase] = (output, n)
+        except Exception:
+            report(handler, "_record_step")
+        if queues is not None:
+            running, prefill, waiting, limit = queues
+            shape = (phase, running, prefill, waiting)
+            queue_shapes[shape] = queue_shapes.get(shape, 0) + 1
+            blocked = waiting > 0 and running >= limit
+            if blocked and not _BLOCKED.get(key):
+                pending[phase] = pending.get(phase, 0) + 1
+            _BLOCKED[key] = blocked
+        if blocks is not None:
+            last_blocks[key] = blocks
+    record_n = recording.record_n
+    with_phase = context.step_labels_with
+    for phase, values in durations.items():
+        recording.record_many(_DURATION, values, context.step_labels(phase))
+    for (phase, step_class, n), steps in shapes.items():
+        labels = context.step_labels(phase)
+        record_n(_BATCH, n, steps, labels)
+        if n:
+            _, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
+            for req_phase, reqs, tokens in (("prefill", prefill_reqs, prefill_tokens),
+                                            ("decode", decode_reqs, decode_tokens)):
+                phase_labels = with_phase(phase, req_phase)
+                record_n(_PHASE_BATCH, reqs, steps, phase_labels)
+                record_n(_PHASE_TOKENS, tokens, steps, phase_labels)
+                recording.add(_PHASE_COUNTER, tokens * steps, phase_labels)
+    for phase, (output, n) in last_output.items():
+        try:
+            _record_seqlen(output, n, context.step_labels(phase))
+        except Exception:
+            report(calls[-1][0], "_record_step")
+    for (phase, running, prefill, waiting), steps in queue_shapes.items():
+        record_n(_RUNNING, running, steps, context.step_labels(phase))
+        record_n(_RUNNING_PHASE, prefill, steps, with_phase(phase, "prefill"))
+        record_n(_RUNNING_PHASE, running - prefill, steps, with_phase(phase, "decode"))
+        record_n(_WAITING_PHASE, waiting, steps, with_phase(phase, "prefill"))
+    for phase, edges in pending.items():
+        recording.add(_PENDING, edges, context.step_labels(phase))
+    for key, blocks in last_blocks.items():
+        _record_blocks(key, blocks)
+
+
+_record_schedule.many = _record_schedules
+
+
 class Schedule(Handler):
     """``Scheduler.schedule``: the step's phase is computed once, from its SchedulerOutput, stored on
     that output (it travels with it to the workers) and used for every value of the step: its
     duration, its batch shape, the events and profiling scopes seen inside the call, the queue and
     KV cache states after it (read when it returns). Those values are recorded later, through
-    ``recording.defer``: once the EngineCore has sent the step to the workers (``GrammarBitmask``),
-    or at the next scheduler call or collection, whichever comes first."""
+    ``recording.defer``, ``FLUSH_STEPS`` steps together (``_record_schedules``): once that many wait,
+    when the EngineCore has sent a step to the workers (``GrammarBitmask``) — or at the next
+    ``schedule()`` for an engine that never asks for grammar bitmasks — and always before a
+    collection or ``flush()``, so no export misses a step."""
 
     name = "Scheduler.schedule"
     reads_args = 1  # self
@@ -148,7 +231,7 @@ class Schedule(Handler):
     def before(self, args, kwargs, _pending=recording._deferred):
         if CURRENT_STEP.get() is not None:
             return None  # a subclass's schedule() calling the base's: the outermost hook measures
-        if _pending:
+        if len(_pending) >= FLUSH_STEPS:  # an engine that never asks for grammar bitmasks
             recording.run_deferred()
         step = Step()
         return step, CURRENT_STEP.set(step), perf_counter()
@@ -246,13 +329,14 @@ class ResetPrefixCache(Handler):
 class GrammarBitmask(Handler):
     """``Scheduler.get_grammar_bitmask``: the EngineCore calls it right after sending a step's
     ``execute_model`` RPC, before it waits for the reply — the moment to run the records the
-    scheduler hook deferred, while the workers compute (no measurement of its own)."""
+    scheduler hook deferred (once ``FLUSH_STEPS`` steps wait), while the workers compute (no
+    measurement of its own)."""
 
     name = "Scheduler.get_grammar_bitmask"
     reads_args = 0
 
     def before(self, args, kwargs, _pending=recording._deferred):
-        if _pending:
+        if len(_pending) >= FLUSH_STEPS:
             recording.run_deferred()
 
 
@@ -264,9 +348,7 @@ class UpdateFromOutput(Handler):
     reads_args = 2  # self, scheduler_output
     spec = M["scheduler:update_from_output:duration"]
 
-    def before(self, args, kwargs, _pending=recording._deferred):
-        if _pending:
-            recording.run_deferred()  # a step whose engine did not ask for its grammar bitmask
+    def before(self, args, kwargs):
         return perf_counter()
 
     def after(self, state, args, kwargs, result):
