@@ -26,6 +26,7 @@ from types import SimpleNamespace as NS
 from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
+from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import FLUSH_STEPS
 from opentelemetry_instrumentation_vllm_ascend.wrappers import (
     FUTURE, SYNC, SYNC_TIMER, hook_future_class, patch_method,
 )
@@ -246,7 +247,9 @@ def whole_step_rows(repeat: int):
                 ("API server hooks", ("api_server",)),
                 ("all hooks", PROCESSES))
     for batch in (16, 256):
-        n = max(20, 4_000 // batch)
+        # Whole batches of the scheduler hook's 32 steps recorded at once (FLUSH_STEPS): every repeat
+        # pays for the same number of them.
+        n = FLUSH_STEPS * max(1, 4_000 // batch // FLUSH_STEPS)
         bare_runs = [r / n * 1e6 for r in timeit.repeat(build(batch, ()), number=n, repeat=repeat)]
         b = statistics.median(bare_runs)
         rows.append((f"batch {batch}: bare step (the three processes' code, no work)", bare_runs))
