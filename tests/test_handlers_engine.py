@@ -338,6 +338,26 @@ def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, ut
         key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(S, b10=1))}
 
 
+def test_deferred_records_do_not_keep_the_step_output(metrics, clock, utils):
+    """What a step's deferred records need is read when schedule() returns; its SchedulerOutput is
+    not kept until they run (32 steps' outputs held back would keep their objects alive, and the
+    garbage collector, idle on an uninstrumented scheduler, would start running)."""
+    import gc
+    import weakref
+
+    class Output(NS):  # weakref-able
+        pass
+
+    requests = {"decode": req(12, 13, prompt=10)}
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
+    s.plan = [(Output(**vars(output(requests, cached=[("decode", 1)]))), 0.125, [])]
+    gone = weakref.ref(s.schedule())
+    gc.collect()
+    assert len(recording._deferred) == 1  # not recorded yet…
+    assert gone() is None  # …and the output is not held for it
+    assert metrics.value(name("scheduler:seqlen:sum"), **step("decode")) == 13
+
+
 def _varied_steps(clock, utils):
     """A scheduler and eight steps of every kind: prefill, mixed, decode (repeated: equal shapes),
     idle, one that preempts, a queue that fills up and drains (prefill-pending edges), blocks that

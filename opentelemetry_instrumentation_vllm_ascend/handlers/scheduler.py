@@ -50,11 +50,23 @@ FLUSH_STEPS = 32
 _BLOCKED: dict[int, bool] = {}
 
 
-def _record_step(output, step_class, labels) -> None:
+def _step_sizes(output) -> tuple:
+    """(requests scheduled, their context length after the step) of a SchedulerOutput, read when
+    ``schedule()`` returns (the output itself is not kept for the deferred records: holding 32 steps'
+    outputs would delay their release, and the garbage collector would start running); the length
+    is None when nothing was scheduled."""
+    n = len(output.num_scheduled_tokens)
+    if not n:
+        return 0, None
+    cached = output.scheduled_cached_reqs
+    seqlen = sum([r.num_computed_tokens for r in output.scheduled_new_reqs])
+    return n, seqlen + sum(cached.num_computed_tokens) + output.total_num_scheduled_tokens
+
+
+def _record_step(sizes, step_class, labels) -> None:
     """The step's batch shape (requests and tokens per req_phase, context lengths)."""
     phase, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
-    scheduled = output.num_scheduled_tokens
-    n = len(scheduled)
+    n, seqlen = sizes
     recording.record(_BATCH, n, labels)
     if n:
         with_phase = context.step_labels_with
@@ -64,14 +76,11 @@ def _record_step(output, step_class, labels) -> None:
             recording.record(_PHASE_BATCH, reqs, phase_labels)
             recording.record(_PHASE_TOKENS, tokens, phase_labels)
             recording.add(_PHASE_COUNTER, tokens, phase_labels)
-        _record_seqlen(output, n, labels)
+        _record_seqlen(n, seqlen, labels)
 
 
-def _record_seqlen(output, n: int, labels) -> None:
+def _record_seqlen(n: int, seqlen: int, labels) -> None:
     """Context lengths after the step (gauges: the step's sum and mean over its requests)."""
-    cached = output.scheduled_cached_reqs
-    seqlen = sum([r.num_computed_tokens for r in output.scheduled_new_reqs])
-    seqlen += sum(cached.num_computed_tokens) + output.total_num_scheduled_tokens
     recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
     recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
 
@@ -127,16 +136,13 @@ def _record_blocks(key: int, blocks: tuple) -> None:
     recording.set_gauge(_ALLOCATED_BLOCKS, total - free - 1, labels)  # the null block is never free
 
 
-def _record_schedule(handler, key, step, phase, seconds, output, step_class, queues, blocks) -> None:
+def _record_schedule(handler, key, step, phase, seconds, sizes, step_class, queues, blocks) -> None:
     """Everything one ``schedule()`` call measured (deferred: see ``Schedule``)."""
     labels = context.step_labels(phase)
     recording.record(_DURATION, seconds, labels)
     flush_step(step, phase)
-    # One part's drift must not cost the others.
-    try:
-        _record_step(output, step_class, labels)
-    except Exception:
-        report(handler, "_record_step")
+    if sizes is not None:
+        _record_step(sizes, step_class, labels)
     if queues is not None:
         _record_queues(key, labels, queues)
     if blocks is not None:
@@ -153,9 +159,9 @@ def _record_schedules(calls: list) -> None:
     shapes: dict = {}  # (phase, step_class, scheduled requests) -> steps
     queue_shapes: dict = {}  # (phase, running, prefill, waiting) -> steps
     pending: dict = {}  # phase -> prefill-pending edges
-    last_output: dict = {}  # phase -> (output, scheduled requests) of its last step that scheduled any
+    last_sizes: dict = {}  # phase -> (requests, context length) of its last step that scheduled any
     last_blocks: dict = {}  # scheduler key -> blocks
-    for handler, key, step, phase, seconds, output, step_class, queues, blocks in calls:
+    for _handler, key, step, phase, seconds, sizes, step_class, queues, blocks in calls:
         values = durations.get(phase)
         if values is None:
             durations[phase] = [seconds]
@@ -163,14 +169,11 @@ def _record_schedules(calls: list) -> None:
             values.append(seconds)
         if step.scopes or step.preemptions or step.recomputes or step.allocate_failures:
             flush_step(step, phase)
-        try:
-            n = len(output.num_scheduled_tokens)
-            shape = (phase, step_class, n)
+        if sizes is not None:
+            shape = (phase, step_class, sizes[0])
             shapes[shape] = shapes.get(shape, 0) + 1
-            if n:
-                last_output[phase] = (output, n)
-        except Exception:
-            report(handler, "_record_step")
+            if sizes[0]:
+                last_sizes[phase] = sizes
         if queues is not None:
             running, prefill, waiting, limit = queues
             shape = (phase, running, prefill, waiting)
@@ -196,11 +199,8 @@ def _record_schedules(calls: list) -> None:
                 record_n(_PHASE_BATCH, reqs, steps, phase_labels)
                 record_n(_PHASE_TOKENS, tokens, steps, phase_labels)
                 recording.add(_PHASE_COUNTER, tokens * steps, phase_labels)
-    for phase, (output, n) in last_output.items():
-        try:
-            _record_seqlen(output, n, context.step_labels(phase))
-        except Exception:
-            report(calls[-1][0], "_record_step")
+    for phase, (n, seqlen) in last_sizes.items():
+        _record_seqlen(n, seqlen, context.step_labels(phase))
     for (phase, running, prefill, waiting), steps in queue_shapes.items():
         record_n(_RUNNING, running, steps, context.step_labels(phase))
         record_n(_RUNNING_PHASE, prefill, steps, with_phase(phase, "prefill"))
@@ -267,7 +267,13 @@ class Schedule(Handler):
         except Exception:
             blocks = None
             report(self, "_record_blocks")
-        recording.defer(_record_schedule, self, id(scheduler), step, phase, end - start, result, step_class,
+        try:
+            sizes = _step_sizes(result)
+        except Exception:
+            sizes = None
+            report(self, "_record_step")
+        step.timers = None  # the step's shared scope timers are done with
+        recording.defer(_record_schedule, self, id(scheduler), step, phase, end - start, sizes, step_class,
                         queues, blocks)
 
     def error(self, state, args, kwargs, exc):
