@@ -141,9 +141,10 @@ def main(argv=None) -> int:
     print(f"\n### Where the instrumented server's time goes (py-spy --gil, {args.rate} Hz, {args.seconds} s)\n")
     print(f"Load: rounds of {args.requests} x {args.max_tokens} tokens; in the window {steps:.0f} engine steps, "
           f"{tokens:.0f} generated tokens ({tokens / max(steps, 1):.1f} per step).\n")
-    print("Our share is the stable figure: the absolute column assumes py-spy took every sample it was asked for, "
-          "and the number of GIL samples varied between runs of the same code by up to 2x here (three samplers "
-          "and the server on two cores; the cause is not pinned down), so read it as an order of magnitude.\n")
+    print("Our share is the steadier figure: the absolute column assumes py-spy took every sample it was asked "
+          "for, and the number of GIL samples varied between runs of the same code by up to 2x here (three "
+          "samplers and the server on two cores; the cause is not pinned down), so read it as an order of "
+          "magnitude. Shares vary too (a few dozen samples of ours per process): compare runs, not single rows.\n")
     print("| process | GIL samples | of them in our code | our share | our CPU per engine step, µs |")
     print("|---|---:|---:|---:|---:|")
     results = []
