@@ -10,6 +10,8 @@ the pre-aggregating fast path (default) or the OTel SDK.
 from __future__ import annotations
 
 from collections import deque
+from itertools import groupby
+from operator import itemgetter
 
 from . import catalogue, context, environment, pipeline
 
@@ -53,35 +55,25 @@ def defer(function, *args) -> None:
 
 def run_deferred(_popleft=_deferred.popleft) -> None:
     """Run the pending deferred records, oldest first (any thread; each runs once)."""
-    batch: list = []
-    batch_function = None
+    taken = []
     while _deferred:
         try:
-            function, args = _popleft()
-        except IndexError:
+            taken.append(_popleft())
+        except IndexError:  # another thread took the last one
             break
-        if function is batch_function:
-            batch.append(args)
-            continue
-        if batch:
-            _run(batch_function, batch)
-            batch = []
-            batch_function = None
-        if getattr(function, "many", None) is not None:
-            batch_function = function
-            batch.append(args)
+    for function, group in groupby(taken, key=itemgetter(0)):  # consecutive calls of one function
+        calls = [args for _, args in group]
+        many = getattr(function, "many", None)
+        if many is not None and len(calls) > 1:
+            _guarded(function, many, calls)
         else:
-            _run(function, [args])
-    if batch:
-        _run(batch_function, batch)
+            for args in calls:
+                _guarded(function, function, *args)
 
 
-def _run(function, calls: list) -> None:
+def _guarded(function, call, *args) -> None:
     try:
-        if len(calls) > 1:
-            function.many(calls)
-        else:
-            function(*calls[0])
+        call(*args)
     except Exception:
         from .wrappers import report
 

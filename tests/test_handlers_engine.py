@@ -403,9 +403,9 @@ def _varied_steps(clock, utils):
 
 
 def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock, utils):
-    """The batched path (_record_schedules: equal values counted at once, the last gauge values, the
-    pending edges in order) records exactly what the per-step path (_record_schedule) records, step
-    by step, for the same steps."""
+    """Eight steps recorded together (_record_schedules: equal values counted at once, the last gauge
+    values, the pending edges in order) record exactly what the same steps record one at a time (a
+    collection after each); the per-step values themselves are checked by hand in the tests above."""
     from conftest import Metrics
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 

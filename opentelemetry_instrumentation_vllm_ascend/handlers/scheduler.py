@@ -63,28 +63,6 @@ def _step_sizes(output) -> tuple:
     return n, seqlen + sum(cached.num_computed_tokens) + output.total_num_scheduled_tokens
 
 
-def _record_step(sizes, step_class, labels) -> None:
-    """The step's batch shape (requests and tokens per req_phase, context lengths)."""
-    phase, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
-    n, seqlen = sizes
-    recording.record(_BATCH, n, labels)
-    if n:
-        with_phase = context.step_labels_with
-        for req_phase, reqs, tokens in (("prefill", prefill_reqs, prefill_tokens),
-                                        ("decode", decode_reqs, decode_tokens)):
-            phase_labels = with_phase(phase, req_phase)
-            recording.record(_PHASE_BATCH, reqs, phase_labels)
-            recording.record(_PHASE_TOKENS, tokens, phase_labels)
-            recording.add(_PHASE_COUNTER, tokens, phase_labels)
-        _record_seqlen(n, seqlen, labels)
-
-
-def _record_seqlen(n: int, seqlen: int, labels) -> None:
-    """Context lengths after the step (gauges: the step's sum and mean over its requests)."""
-    recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
-    recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
-
-
 def _queue_state(scheduler, phase: str, step_class) -> tuple:
     """(running, of which prefill, waiting, running limit) right after the step was scheduled."""
     running = scheduler.running
@@ -98,21 +76,6 @@ def _queue_state(scheduler, phase: str, step_class) -> tuple:
     # A waiting request has not computed its prompt (preemption resets it): all are prefill.
     waiting = len(scheduler.waiting) + len(getattr(scheduler, "skipped_waiting", ()))
     return len(running), prefill, waiting, scheduler.max_num_running_reqs
-
-
-def _record_queues(key: int, labels, state) -> None:
-    """Queue states after the step (every step, idle ones included)."""
-    running, prefill, waiting, limit = state
-    recording.record(_RUNNING, running, labels)
-    phase = labels[2]
-    with_phase = context.step_labels_with
-    recording.record(_RUNNING_PHASE, prefill, with_phase(phase, "prefill"))
-    recording.record(_RUNNING_PHASE, running - prefill, with_phase(phase, "decode"))
-    recording.record(_WAITING_PHASE, waiting, with_phase(phase, "prefill"))
-    blocked = waiting > 0 and running >= limit
-    if blocked and not _BLOCKED.get(key):
-        recording.add(_PENDING, 1, labels)
-    _BLOCKED[key] = blocked
 
 
 #: Per scheduler (by id): (total, free, pipeline generation) last recorded; unchanged values are not set again.
@@ -136,32 +99,28 @@ def _record_blocks(key: int, blocks: tuple) -> None:
     recording.set_gauge(_ALLOCATED_BLOCKS, total - free - 1, labels)  # the null block is never free
 
 
-def _record_schedule(handler, key, step, phase, seconds, sizes, step_class, queues, blocks) -> None:
-    """Everything one ``schedule()`` call measured (deferred: see ``Schedule``)."""
-    labels = context.step_labels(phase)
-    recording.record(_DURATION, seconds, labels)
-    flush_step(step, phase)
-    if sizes is not None:
-        _record_step(sizes, step_class, labels)
-    if queues is not None:
-        _record_queues(key, labels, queues)
-    if blocks is not None:
-        _record_blocks(key, blocks)
+def _record_schedule(*step) -> None:
+    """Everything one ``schedule()`` call measured (deferred: see ``Schedule``): ``(scheduler key,
+    Step, phase, seconds, sizes, step class, queue state, block state)``."""
+    _record_schedules([step])
 
 
-def _record_schedules(calls: list) -> None:
-    """What several ``schedule()`` calls measured (each call's ``_record_schedule`` arguments, oldest
-    first), recorded together with the same values as ``_record_schedule`` once per call: equal
-    values of a histogram series are counted at once (``record_n``: a steady batch repeats the same
-    sizes step after step), durations and scopes go per series in one ``record_many``, counters add
-    their totals, gauges take the last step's value, and the prefill-pending edges are found in order."""
+def _record_schedules(steps: list) -> None:
+    """What ``schedule()`` calls measured (``_record_schedule``'s arguments, oldest first), recorded
+    together with the values each step would record alone: equal values of a histogram series are
+    counted at once (``record_n``: a steady batch repeats the same sizes step after step), durations
+    and scopes go per series in one ``record_many``, counters add their totals, gauges take the last
+    step's value, and the prefill-pending edges are found in order. Each step records its duration,
+    scopes and events; its batch shape and context length (when ``sizes`` could be read; phase
+    metrics and context length only when it scheduled requests); its queue states (also idle steps)
+    and block gauges (unchanged values are not set again)."""
     durations: dict = {}  # phase -> [seconds]
-    shapes: dict = {}  # (phase, step_class, scheduled requests) -> steps
-    queue_shapes: dict = {}  # (phase, running, prefill, waiting) -> steps
+    shapes: dict = {}  # (phase, step_class, scheduled requests) -> how many steps
+    queue_shapes: dict = {}  # (phase, running, prefill, waiting) -> how many steps
     pending: dict = {}  # phase -> prefill-pending edges
     last_sizes: dict = {}  # phase -> (requests, context length) of its last step that scheduled any
     last_blocks: dict = {}  # scheduler key -> blocks
-    for _handler, key, step, phase, seconds, sizes, step_class, queues, blocks in calls:
+    for key, step, phase, seconds, sizes, step_class, queues, blocks in steps:
         values = durations.get(phase)
         if values is None:
             durations[phase] = [seconds]
@@ -188,24 +147,26 @@ def _record_schedules(calls: list) -> None:
     with_phase = context.step_labels_with
     for phase, values in durations.items():
         recording.record_many(_DURATION, values, context.step_labels(phase))
-    for (phase, step_class, n), steps in shapes.items():
+    for (phase, step_class, n), count in shapes.items():
         labels = context.step_labels(phase)
-        record_n(_BATCH, n, steps, labels)
+        record_n(_BATCH, n, count, labels)
         if n:
             _, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
             for req_phase, reqs, tokens in (("prefill", prefill_reqs, prefill_tokens),
                                             ("decode", decode_reqs, decode_tokens)):
                 phase_labels = with_phase(phase, req_phase)
-                record_n(_PHASE_BATCH, reqs, steps, phase_labels)
-                record_n(_PHASE_TOKENS, tokens, steps, phase_labels)
-                recording.add(_PHASE_COUNTER, tokens * steps, phase_labels)
-    for phase, (n, seqlen) in last_sizes.items():
-        _record_seqlen(n, seqlen, context.step_labels(phase))
-    for (phase, running, prefill, waiting), steps in queue_shapes.items():
-        record_n(_RUNNING, running, steps, context.step_labels(phase))
-        record_n(_RUNNING_PHASE, prefill, steps, with_phase(phase, "prefill"))
-        record_n(_RUNNING_PHASE, running - prefill, steps, with_phase(phase, "decode"))
-        record_n(_WAITING_PHASE, waiting, steps, with_phase(phase, "prefill"))
+                record_n(_PHASE_BATCH, reqs, count, phase_labels)
+                record_n(_PHASE_TOKENS, tokens, count, phase_labels)
+                recording.add(_PHASE_COUNTER, tokens * count, phase_labels)
+    for phase, (n, seqlen) in last_sizes.items():  # context lengths after the step: sum and mean
+        labels = context.step_labels(phase)
+        recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
+        recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
+    for (phase, running, prefill, waiting), count in queue_shapes.items():
+        record_n(_RUNNING, running, count, context.step_labels(phase))
+        record_n(_RUNNING_PHASE, prefill, count, with_phase(phase, "prefill"))
+        record_n(_RUNNING_PHASE, running - prefill, count, with_phase(phase, "decode"))
+        record_n(_WAITING_PHASE, waiting, count, with_phase(phase, "prefill"))
     for phase, edges in pending.items():
         recording.add(_PENDING, edges, context.step_labels(phase))
     for key, blocks in last_blocks.items():
@@ -254,27 +215,26 @@ class Schedule(Handler):
             setattr(result, PHASE_ATTRIBUTE, phase)
         except (AttributeError, TypeError):
             pass  # the workers classify the step themselves
-        # The states the step left are read now; recording waits until the engine waits for the
-        # workers (GrammarBitmask, right after the step's execute_model RPC was sent) or the next
-        # scheduler call, whichever comes first — off the critical path of a synchronous engine step.
+        # The states the step left are read now; recording waits (FLUSH_STEPS steps at a time) until
+        # the engine waits for the workers (GrammarBitmask, right after a step's execute_model RPC was
+        # sent) — off the critical path of a synchronous engine step.
         try:
             queues = _queue_state(scheduler, phase, step_class)
         except Exception:
             queues = None
-            report(self, "_record_queues")
+            report(self, "_queue_state")
         try:
             blocks = _block_state(scheduler)
         except Exception:
             blocks = None
-            report(self, "_record_blocks")
+            report(self, "_block_state")
         try:
             sizes = _step_sizes(result)
         except Exception:
             sizes = None
-            report(self, "_record_step")
+            report(self, "_step_sizes")
         step.timers = None  # the step's shared scope timers are done with
-        recording.defer(_record_schedule, self, id(scheduler), step, phase, end - start, sizes, step_class,
-                        queues, blocks)
+        recording.defer(_record_schedule, id(scheduler), step, phase, end - start, sizes, step_class, queues, blocks)
 
     def error(self, state, args, kwargs, exc):
         if state is None:
