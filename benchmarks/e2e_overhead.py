@@ -56,21 +56,30 @@ def descendants(pid: int) -> list[int]:
 PROCESS_KINDS = (("api_server", None), ("engine_core", b"EngineCore"), ("worker", b"Worker"))
 
 
+def process_kind(pid: int) -> str | None:
+    """The kind of a server process: EngineCore and worker by their titles (VLLM::EngineCore /
+    VLLM::Worker), anything else the API server's; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return None
+    return next((kind for kind, title in PROCESS_KINDS if title and title in cmd), "api_server")
+
+
 def cpu_seconds(server_pid: int) -> dict:
     """utime+stime per process kind: the API server (the launched process and any child that is
-    neither an EngineCore nor a worker), the EngineCore and the worker (titled VLLM::EngineCore /
-    VLLM::Worker)."""
+    neither an EngineCore nor a worker), the EngineCore and the worker."""
     out = {kind: 0.0 for kind, _ in PROCESS_KINDS}
     for pid in [server_pid] + descendants(server_pid):
+        kind = process_kind(pid)
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ")
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        kind = next((k for k, title in PROCESS_KINDS if title and title in cmd), "api_server")
-        out[kind] += (int(fields[11]) + int(fields[12])) / CLK
+        if kind is not None:
+            out[kind] += (int(fields[11]) + int(fields[12])) / CLK
     return out
 
 

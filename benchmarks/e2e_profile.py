@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from e2e_overhead import descendants, one_round, start  # noqa: E402
+from e2e_overhead import descendants, one_round, process_kind, start  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.demo.server import total  # noqa: E402
@@ -71,15 +71,6 @@ def attribute(path: str) -> tuple[int, int, collections.Counter]:
     return samples, mine, hooks
 
 
-def kind_of(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read()
-    except OSError:
-        return None
-    return "engine_core" if b"EngineCore" in cmd else "worker" if b"Worker" in cmd else None
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=60, help="sampling window")
@@ -101,8 +92,8 @@ def main(argv=None) -> int:
     try:
         processes = {server.proc.pid: "api_server"}
         for pid in descendants(server.proc.pid):
-            kind = kind_of(pid)
-            if kind:
+            kind = process_kind(pid)
+            if kind in ("engine_core", "worker"):  # other children (e.g. a resource tracker) are not sampled
                 processes[pid] = kind
 
         def load():
