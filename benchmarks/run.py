@@ -121,13 +121,20 @@ def per_call_rows(number, repeat):
 
     hook_future_class(RpcFuture, completes_later=True)
 
-    def rpc_bare(self, method, non_block=False):
+    # vLLM's MultiprocExecutor.collective_rpc signature (our wrapper takes the target's own), called as
+    # the EngineCore calls it for a step: the SchedulerOutput (carrying the phase the scheduler hook
+    # stored on it) in ``args``.
+    def rpc_bare(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None,
+                 kv_output_aggregator=None, ec_output_aggregator=None):
         return PlainFuture()
 
-    def rpc_target(self, method, non_block=False):
+    def rpc_target(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None,
+                   kv_output_aggregator=None, ec_output_aggregator=None):
         return RpcFuture()
 
     rpc = wrap(rpc_target, CollectiveRpc(), FUTURE)[0]
+    step_output = NS(**{context.PHASE_ATTRIBUTE: "decode"})
+    rpc_args = (step_output,)
 
     # The same timer measurement straight through the OTel SDK (MeterProvider + the View, 1 reader).
     from opentelemetry.sdk.metrics import MeterProvider
@@ -171,9 +178,10 @@ def per_call_rows(number, repeat):
         ("wrapt.FunctionWrapper", lambda: wrapt_w(t, 1)),
         ("ours: sync timer -> histogram {dp,role,phase}", lambda: timer(t, 1)),
         ("ours: counter hook", lambda: counter(t, 1)),
-        ("bare non-blocking RPC (future created, completed)", lambda: rpc_bare(t, "execute_model").set_result(1)),
+        ("bare non-blocking RPC (future created, completed)",
+         lambda: rpc_bare(t, "execute_model", None, rpc_args, non_block=True).set_result(1)),
         ("ours: non-blocking RPC (future created, completed)",
-         lambda: rpc(t, "execute_model", non_block=True).set_result(1)),
+         lambda: rpc(t, "execute_model", None, rpc_args, non_block=True).set_result(1)),
         ("OTel SDK: same timer, Histogram.record", lambda: sdk_timer(t, 1)),
         ("prometheus_client: labels().observe()", lambda: prom_timer(t, 1)),
     ]

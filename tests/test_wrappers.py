@@ -407,6 +407,7 @@ def test_future_class_delivers_completion_once(where, outcome, completes_later):
     with pytest.raises(concurrent.futures.InvalidStateError):
         f.set_result("again")  # the inherited behaviour is untouched
     assert handler.seen.count("future_done") == 1 and calls == [1]
+    assert wrappers._PENDING not in vars(f)  # taken off the future when delivered
     for p in patches:
         p.remove()
     assert dict(Fut.__dict__) == before
