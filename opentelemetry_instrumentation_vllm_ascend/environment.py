@@ -25,6 +25,10 @@ RECORDER = "OTEL_VLLM_ASCEND_RECORDER"
 #: ``npu:*``, ``eplb:*``) of metrics not to record. A hook that feeds only disabled metrics is not
 #: installed at all (no cost); the rest of a hook's metrics are recorded as usual.
 DISABLED_METRICS = "OTEL_VLLM_ASCEND_DISABLED_METRICS"
+#: Comma-separated names or shell-style patterns of vLLM profiling scopes
+#: (``record_function_or_nullcontext(name)``) not to time: such a scope runs exactly as without us.
+#: For the hot ones, e.g. the scheduler's per-request "schedule: allocate_slots".
+DISABLED_SCOPES = "OTEL_VLLM_ASCEND_DISABLED_SCOPES"
 
 #: Internal, set by the first instrumented process for its children: where per-process metric files go
 #: when PROMETHEUS_MULTIPROC_DIR is unset, and which process created that directory.
@@ -113,6 +117,10 @@ def recorder() -> str:
 
 def disabled_metric_patterns() -> tuple[str, ...]:
     return tuple(p.strip() for p in os.environ.get(DISABLED_METRICS, "").split(",") if p.strip())
+
+
+def disabled_scope_patterns() -> tuple[str, ...]:
+    return tuple(p.strip() for p in os.environ.get(DISABLED_SCOPES, "").split(",") if p.strip())
 
 
 def metric_disabled(seed: str, patterns: tuple[str, ...] | None = None) -> bool:

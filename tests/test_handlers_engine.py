@@ -1124,6 +1124,65 @@ def test_scope_in_a_step_with_vllms_profiler_on_is_recorded_with_the_step(metric
         patch.remove()
 
 
+def test_disabled_scopes_run_as_without_us_and_the_others_are_still_timed(metrics, clock, monkeypatch):
+    """OTEL_VLLM_ASCEND_DISABLED_SCOPES (names or patterns): inside schedule() a disabled scope is one
+    shared nullcontext (its blocks still run, once each, untimed); outside, with vLLM's profiler on,
+    it is vLLM's own record_function and nothing else; the other scopes are recorded as usual."""
+    monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_SCOPES", " schedule: alloc*, gpu_model_runner: sample ")
+    utils = fake_utils()
+    patch = model_runner.ProfilerScopes().install(utils)
+    try:
+        rf = utils.record_function_or_nullcontext
+        seen, ran = [], []
+
+        class Steps(FakeScheduler):
+            def schedule(self):
+                for _ in range(3):
+                    scope = rf("schedule: allocate_slots")
+                    seen.append(scope)
+                    with scope:
+                        ran.append(1)
+                        self.clock.t += 0.0625
+                with rf("schedule: update_after_schedule"):
+                    self.clock.t += 0.25
+                return output({})
+
+        instrumented(Steps)(clock, utils).schedule()
+        assert ran == [1, 1, 1] and seen[0] is seen[1] is seen[2] is model_runner._UNTIMED
+        assert isinstance(seen[0], contextlib.nullcontext)
+        assert metrics.points()[SCOPES] == {
+            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(S, b11=1))}
+    finally:
+        patch.remove()
+
+    log = []
+    record_function = type("RF", (RecordFunction,), {"log": log})
+    module = fake_utils(record_function)
+    patch = model_runner.ProfilerScopes().install(module)
+    try:
+        with module.record_function_or_nullcontext("gpu_model_runner: sample") as value:
+            clock.t += 0.5
+        assert type(value) is record_function  # vLLM's own scope, not ours around it
+        with module.record_function_or_nullcontext("gpu_model_runner: bookkeep"):
+            clock.t += 0.125
+        assert log == [("enter", "gpu_model_runner: sample"), ("exit", "gpu_model_runner: sample", None),
+                       ("enter", "gpu_model_runner: bookkeep"), ("exit", "gpu_model_runner: bookkeep", None)]
+        assert metrics.points()[SCOPES] == {
+            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(S, b11=1)),
+            key(**step("idle", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(S, b11=1))}  # last step: idle
+    finally:
+        patch.remove()
+
+
+def test_untimed_scopes_match_names_and_patterns_and_stay_bounded():
+    assert model_runner.untimed_scopes(()) is None  # nothing disabled: the factory checks nothing
+    untimed = model_runner.untimed_scopes(("schedule: *", "forward"))
+    assert untimed("schedule: allocate_slots") and untimed("forward")
+    assert not untimed("gpu_model_runner: forward") and not untimed(None) and not untimed(b"forward")
+    for i in range(10 * model_runner.MAX_SCOPE_NAMES):
+        assert untimed(f"schedule: {i}") and not untimed(f"other {i}")  # decided each time past the bound
+
+
 def test_install_lets_vllm_choose_its_factory_and_remove_restores_it():
     module = fake_utils()
     assert module._PROFILER_FUNC is None

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fnmatch
 from time import perf_counter
 
-from .. import context, recording
+from .. import context, environment, recording
 from ..catalogue import M
 from ..context import CURRENT_STEP, LAST_STEP_PHASE, PHASE_ATTRIBUTE, Step
 from ..wrappers import Handler, report
@@ -195,11 +196,20 @@ def _step_values(step: Step, name) -> list:
     return values
 
 
-def _in_step_scope(step: Step, name) -> _InStepScope:
-    """The step's shared scope for ``name`` (made on its first block in this step)."""
+#: What an untimed scope (OTEL_VLLM_ASCEND_DISABLED_SCOPES) is inside a scheduling step when vLLM's
+#: own choice is nullcontext: one shared instance (nullcontext is reusable and reentrant).
+_UNTIMED = contextlib.nullcontext()
+
+
+def _in_step_scope(step: Step, name, untimed=None):
+    """The step's shared scope for ``name`` (made on its first block in this step): its timer, or,
+    for a scope ``untimed(name)`` switches off, the shared nullcontext."""
     timers = step.timers
     if timers is None:
         timers = step.timers = {}
+    if untimed is not None and untimed(name):
+        timers[name] = _UNTIMED
+        return _UNTIMED
     timer = _InStepScope()
     timer.starts = []
     timer.values = _step_values(step, name)
@@ -242,8 +252,28 @@ class _ScopeHandler(Handler):
 _SCOPE_HANDLER = _ScopeHandler()
 
 
+def untimed_scopes(patterns: tuple[str, ...]):
+    """None when ``patterns`` is empty, else ``untimed(name)``: whether a scope name matches one of
+    them (shell-style; decided once per name, for a bounded number of names)."""
+    if not patterns:
+        return None
+    decided: dict = {}
+
+    def untimed(name) -> bool:
+        off = decided.get(name)
+        if off is None:
+            off = isinstance(name, str) and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+            if len(decided) < 4 * MAX_SCOPE_NAMES:
+                decided[name] = off
+        return off
+
+    return untimed
+
+
 class ProfilerScopes:
-    """Installs the scope factory as ``vllm.v1.utils._PROFILER_FUNC`` (target kind SCOPE_FACTORY)."""
+    """Installs the scope factory as ``vllm.v1.utils._PROFILER_FUNC`` (target kind SCOPE_FACTORY).
+    Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES get vLLM's own choice (outside a scheduling
+    step: ``inner(name)``; inside one with nullcontext: one shared nullcontext), untimed."""
 
     name = "record_function_or_nullcontext"
     attribute = "_PROFILER_FUNC"
@@ -258,8 +288,10 @@ class ProfilerScopes:
         if inner is None or getattr(inner, "_otel_vllm_ascend_factory", False):
             raise RuntimeError(f"{module.__name__}.{attribute} is not a scope factory ({inner!r})")
         plain = inner is contextlib.nullcontext
+        untimed = untimed_scopes(environment.disabled_scope_patterns())
 
-        def factory(name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope, _step=CURRENT_STEP.get):
+        def factory(name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope, _step=CURRENT_STEP.get,
+                    _untimed=untimed):
             if _plain:
                 step = _step()
                 if step is not None:  # inside Scheduler.schedule: once per running request
@@ -267,9 +299,11 @@ class ProfilerScopes:
                         return step.timers[name]
                     except Exception:  # the first block of this name in this step (or a strange name)
                         try:
-                            return _in_step_scope(step, name)
+                            return _in_step_scope(step, name, _untimed)
                         except Exception:
                             report(_SCOPE_HANDLER, "scope")
+            if _untimed is not None and _untimed(name):
+                return _inner(name)
             scope = _new(_cls)  # no __init__ frame
             scope.name = name
             scope.inner = None if _plain else _inner(name)
