@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -83,10 +84,13 @@ def cpu_seconds(server_pid: int) -> dict:
     return out
 
 
-def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = "", control: bool = False) -> Server:
+def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = "", control: bool = False,
+          disabled_scopes: str = "") -> Server:
     env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented and not control else "false"}
     if instrumented and disabled:
         env["OTEL_VLLM_ASCEND_DISABLED_METRICS"] = disabled
+    if instrumented and disabled_scopes:
+        env["OTEL_VLLM_ASCEND_DISABLED_SCOPES"] = disabled_scopes
     log = os.path.join(log_dir, f"{'on' if instrumented else 'off'}-{i}.log")
     extra = ("--num-gpu-blocks-override", "512", "--max-num-seqs", "64")  # room for the whole batch
     server = Server(model, env=env, log_path=log, extra_args=extra).start()
@@ -132,6 +136,15 @@ def one_round(server: Server, requests: int, max_tokens: int, round_no: int) -> 
             **{f"{k}_cpu_ms_per_token": (cpu1[k] - cpu0[k]) / tokens * 1e3 for k, _ in PROCESS_KINDS}}
 
 
+def bootstrap_median(values, resamples: int = 4000, seed: int = 1) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the median of ``values`` (rounds resampled with
+    replacement; a fixed seed, so a run's printout is reproducible from its ratios)."""
+    rng = random.Random(seed)
+    n = len(values)
+    medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
 def quantiles(values):
     """median, (first quartile, third quartile), (min, max)."""
     q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
@@ -146,6 +159,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--disabled-metrics", default="",
                         help="OTEL_VLLM_ASCEND_DISABLED_METRICS for the instrumented server (to find what costs)")
+    parser.add_argument("--disabled-scopes", default="",
+                        help="OTEL_VLLM_ASCEND_DISABLED_SCOPES for the instrumented server (e.g. 'schedule: allocate_slots')")
     parser.add_argument("--control", action="store_true",
                         help="A/A control: the 'instrumented' server is started uninstrumented too, to see what "
                              "ratio the method itself reports when nothing differs")
@@ -160,7 +175,7 @@ def main(argv=None) -> int:
         try:
             for instrumented in ((False, True) if p % 2 == 0 else (True, False)):
                 servers[instrumented] = start(args.model_dir, instrumented, log_dir, p, args.disabled_metrics,
-                                              args.control)
+                                              args.control, args.disabled_scopes)
             expected = {True: 0 if args.control else 3, False: 0}
             hooked = instrumented_processes(servers, expected)
             assert hooked == expected, hooked
@@ -190,6 +205,7 @@ def main(argv=None) -> int:
     print(f"\n### End-to-end overhead: {args.server_pairs} server pairs x {args.rounds} interleaved rounds, "
           f"{args.requests} x {args.max_tokens} tokens per round"
           + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
+          + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
           + ("; A/A CONTROL: both servers uninstrumented" if args.control else "") + "\n")
     print("Medians (quartiles; min–max) over rounds.\n")
     print("| | uninstrumented | instrumented | ratio instrumented/uninstrumented (per round) |")
@@ -205,8 +221,11 @@ def main(argv=None) -> int:
         mine = [r for q, r in zip((q for q, _, _ in rounds), ratios) if q == p]
         print(f"\nServer pair {p + 1}: throughput ratio median {statistics.median(mine):.3f} over {len(mine)} rounds")
     med = statistics.median(ratios)
-    print(f"\nThroughput change, median over all rounds: {(med - 1) * 100:+.1f} %; instrumented slower in "
+    low, high = bootstrap_median(ratios)
+    print(f"\nThroughput change, median over all rounds: {(med - 1) * 100:+.1f} % (ratio {med:.3f}; bootstrap 95 % "
+          f"interval of the median {low:.3f}–{high:.3f}); instrumented slower in "
           f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds")
+    print("Per-round ratios (to pool runs): " + " ".join(f"{r:.4f}" for r in ratios))
     if steps:
         print(f"Last instrumented server: {steps[0]:.0f} engine steps for {steps[1]:.0f} generated tokens "
               f"(vllm:iteration_tokens_total count, warm-up included): {steps[1] / max(steps[0], 1):.1f} tokens per step")

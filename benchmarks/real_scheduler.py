@@ -1,7 +1,9 @@
 """Section G: the EngineCore's share of a step on real vLLM objects, in one process — a real vLLM
 ``Scheduler`` (with its real KVCacheManager, requests and profiling scopes) scheduling decode steps
 and taking their outputs back (``schedule()`` + ``update_from_output()``), without and with
-instrumentation, alternating in blocks in the same process (``instrument()`` / ``uninstrument()``).
+instrumentation, alternating in blocks in the same process (``instrument()`` / ``uninstrument()``) —
+and instrumented with vLLM's per-request "schedule: allocate_slots" scope untimed
+(OTEL_VLLM_ASCEND_DISABLED_SCOPES), the largest single item of the EngineCore's share.
 
     tox -e bench-e2e -- …      (runs this first)   or:   python benchmarks/real_scheduler.py
 
@@ -112,6 +114,26 @@ def collections(model: str, batch: int, timed: int) -> int:
     return count[0]
 
 
+OFF, ON, UNTIMED = "uninstrumented", "instrumented", "scope untimed"
+UNTIMED_SCOPE = "schedule: allocate_slots"
+
+
+def run_block(instrumentor, context, variant: str, model: str, batch: int) -> tuple[float, float]:
+    """One block of ``variant``: the hooks installed for it only (and the variable set only while
+    they are installed)."""
+    if variant == OFF:
+        return block(model, batch)
+    if variant == UNTIMED:
+        os.environ["OTEL_VLLM_ASCEND_DISABLED_SCOPES"] = UNTIMED_SCOPE
+    instrumentor.instrument()
+    context.set_process("engine_core", "0", "mixed")
+    try:
+        return block(model, batch)
+    finally:
+        instrumentor.uninstrument()
+        os.environ.pop("OTEL_VLLM_ASCEND_DISABLED_SCOPES", None)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="16,64,256")
@@ -121,48 +143,49 @@ def main(argv=None) -> int:
     # The in-process pipeline: the fast recorder and its /metrics files, no OTLP push.
     os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")
     os.environ.pop("OTEL_VLLM_ASCEND_ENABLED", None)
+    os.environ.pop("OTEL_VLLM_ASCEND_DISABLED_SCOPES", None)
     from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context
     from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model
 
     tiny_model.build(args.model_dir)  # the scheduler's ModelConfig reads the model's config
     instrumentor = VllmAscendInstrumentor()
+    # Variants, rotated per block: uninstrumented, instrumented (the default metric set), and
+    # instrumented with vLLM's per-request "schedule: allocate_slots" scope untimed
+    # (OTEL_VLLM_ASCEND_DISABLED_SCOPES, read when the hooks are installed).
+    variants = (OFF, ON, UNTIMED)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        results = {False: [], True: []}
+        results = {v: [] for v in variants}
         block(args.model_dir, batch)  # warm-up
         for i in range(args.blocks):
-            for instrumented in ((False, True) if i % 2 == 0 else (True, False)):
-                if instrumented:
-                    instrumentor.instrument()
-                    context.set_process("engine_core", "0", "mixed")
-                try:
-                    results[instrumented].append(block(args.model_dir, batch))
-                finally:
-                    if instrumented:
-                        instrumentor.uninstrument()
+            for variant in variants[i % 3:] + variants[:i % 3]:
+                results[variant].append(run_block(instrumentor, context, variant, args.model_dir, batch))
         rows.append((batch, results))
 
     def cell(values):
         return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
-    print(f"\n### G. EngineCore step on a real vLLM Scheduler, µs per step\n")
+    def added(results, variant):
+        return statistics.median(c for c, _ in results[variant]) - statistics.median(c for c, _ in results[OFF])
+
+    print("\n### G. EngineCore step on a real vLLM Scheduler, µs per step\n")
     print("Per block of 128 decode steps: the median step's critical path and the mean overlapped part; "
-          f"median (min–max) over {args.blocks} blocks per variant, alternating in one process. Critical "
-          "path: `schedule()` + `update_from_output()`, the EngineCore's work while the workers wait for it. "
-          "Overlapped: `get_grammar_bitmask()`, called right after the step's `execute_model` RPC is sent, "
-          "while the workers compute — where the scheduler hook's records run, 32 steps at a time (hence "
-          "the mean).\n")
-    print("| batch | critical path, uninstrumented | critical path, instrumented | added on the critical path | "
-          "ratio | overlapped, uninstrumented | overlapped, instrumented |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+          f"median (min–max) over {args.blocks} blocks per variant, the three variants rotating in one process. "
+          "Critical path: `schedule()` + `update_from_output()`, the EngineCore's work while the workers wait for "
+          "it. Overlapped: `get_grammar_bitmask()`, called right after the step's `execute_model` RPC is sent, "
+          "while the workers compute — where the scheduler hook's records run, 32 steps at a time (hence the "
+          f"mean). Untimed: instrumented with `{UNTIMED_SCOPE}` (vLLM enters it once per running request) in "
+          "OTEL_VLLM_ASCEND_DISABLED_SCOPES.\n")
+    print("| batch | critical path, uninstrumented | critical path, instrumented | added | ratio | "
+          "critical path, scope untimed | added | overlapped, uninstrumented | overlapped, instrumented | "
+          "overlapped, scope untimed |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch, results in rows:
-        off = [c for c, _ in results[False]]
-        on = [c for c, _ in results[True]]
-        off_o = [o for _, o in results[False]]
-        on_o = [o for _, o in results[True]]
-        added = statistics.median(on) - statistics.median(off)
-        print(f"| {batch} | {cell(off)} | {cell(on)} | {added:.1f} | "
-              f"{statistics.median(on) / statistics.median(off):.3f} | {cell(off_o)} | {cell(on_o)} |")
+        crit = {v: [c for c, _ in results[v]] for v in variants}
+        over = {v: [o for _, o in results[v]] for v in variants}
+        print(f"| {batch} | {cell(crit[OFF])} | {cell(crit[ON])} | {added(results, ON):.1f} | "
+              f"{statistics.median(crit[ON]) / statistics.median(crit[OFF]):.3f} | {cell(crit[UNTIMED])} | "
+              f"{added(results, UNTIMED):.1f} | {cell(over[OFF])} | {cell(over[ON])} | {cell(over[UNTIMED])} |")
     batch, timed = 64, 2048
     counted = {}
     for instrumented in (False, True):
