@@ -21,6 +21,7 @@ RECOMPUTE = "vllm_profiling_scheduler:recompute_events_total"
 ALLOC = "vllm_profiling_block_allocate_failures_total"
 PROCS = "vllm_profiling_instrumented_processes"
 RPC = "vllm_profiling_rpc_errors_total"
+SCOPE_COUNT = "vllm_profiling_record_function_or_nullcontext_count"
 GREEDY_PROMPTS = [tiny_model.prompt(100 + i, words=5 + i) for i in range(4)]
 
 
@@ -138,11 +139,22 @@ def check(text, otlp_by_role, resources, log):
     return preemptions
 
 
+def scope_counts(text) -> dict:
+    counts: dict = {}
+    for labels, value in series(text, SCOPE_COUNT):
+        counts[labels["name"]] = counts.get(labels["name"], 0) + value
+    return counts
+
+
 def test_default_registry_cumulative_otlp(model, tmp_path, greedy_reference):
     log = str(tmp_path / "server.log")
     text, outputs, otlp, resources = run_scenario(model, log, {}, "cumulative")
     check(text, otlp, resources, log)
     assert outputs == greedy_reference  # instrumentation changes nothing vLLM computes
+    # vLLM enters "schedule: allocate_slots" once per running request per step ("schedule:
+    # update_after_schedule" once per step): with up to 16 requests per step, many more blocks than steps.
+    scopes = scope_counts(text)
+    assert scopes["schedule: allocate_slots"] > 2 * scopes["schedule: update_after_schedule"]
 
 
 def test_prometheus_multiproc_dir_delta_otlp(model, tmp_path, greedy_reference):
@@ -157,10 +169,14 @@ def test_prometheus_multiproc_dir_delta_otlp(model, tmp_path, greedy_reference):
 
 def test_plugin_alone_without_opentelemetry_instrument(model, tmp_path, greedy_reference):
     """``OTEL_VLLM_ASCEND_ENABLED=true vllm serve …``: the vllm.general_plugins entry point alone
-    instruments the API server, the EngineCore and the worker."""
+    instruments the API server, the EngineCore and the worker; here with the per-request scheduler scope
+    untimed (OTEL_VLLM_ASCEND_DISABLED_SCOPES)."""
     log = str(tmp_path / "server.log")
-    text, outputs, otlp, resources = run_scenario(
-        model, log, {"OTEL_VLLM_ASCEND_ENABLED": "true"}, "cumulative", instrument=False
-    )
+    env = {"OTEL_VLLM_ASCEND_ENABLED": "true", "OTEL_VLLM_ASCEND_DISABLED_SCOPES": "schedule: allocate_slots"}
+    text, outputs, otlp, resources = run_scenario(model, log, env, "cumulative", instrument=False)
     check(text, otlp, resources, log)
     assert outputs == greedy_reference
+    # The untimed scope has no series; the step's other scopes and the worker's are still timed.
+    scopes = scope_counts(text)
+    assert "schedule: allocate_slots" not in scopes
+    assert scopes["schedule: update_after_schedule"] > 0 and scopes["gpu_model_runner: forward"] > 0
