@@ -225,7 +225,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            (_MRV1 + ".execute_model", _MRV1 + ".sample_tokens", _MRV2 + ".execute_model", _MRV2 + ".sample_tokens")),
     _timer("record_function_or_nullcontext", "Duration of one vLLM profiling scope (the with-block of "
            "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
-           "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled.",
+           "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled. "
+           "Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES are not timed.",
            "worker, engine_core", (_WORKER_SCOPES,), labels=STEP_LABELS + ("name",)),
     _timer("npu:forward_duration", "Forward time of one step: the model runner's forward scope, on the "
            "device timeline (device events, read without synchronising) where the device offers events, "
