@@ -115,12 +115,16 @@ def recorder() -> str:
     return value
 
 
+def _comma_list(variable: str) -> tuple[str, ...]:
+    return tuple(p.strip() for p in os.environ.get(variable, "").split(",") if p.strip())
+
+
 def disabled_metric_patterns() -> tuple[str, ...]:
-    return tuple(p.strip() for p in os.environ.get(DISABLED_METRICS, "").split(",") if p.strip())
+    return _comma_list(DISABLED_METRICS)
 
 
 def disabled_scope_patterns() -> tuple[str, ...]:
-    return tuple(p.strip() for p in os.environ.get(DISABLED_SCOPES, "").split(",") if p.strip())
+    return _comma_list(DISABLED_SCOPES)
 
 
 def metric_disabled(seed: str, patterns: tuple[str, ...] | None = None) -> bool:
