@@ -99,8 +99,7 @@ def metrics_files_dir() -> str | None:
 def otlp_exporter_names() -> list[str]:
     """Names from OTEL_METRICS_EXPORTER that need a push exporter. ``prometheus`` is served through
     vLLM's /metrics instead (never a second HTTP server per process), ``none`` means nothing."""
-    names = [n.strip() for n in os.environ.get(METRICS_EXPORTER, "").split(",") if n.strip()]
-    return [n for n in names if n not in ("none", "prometheus")]
+    return [n for n in _comma_list(METRICS_EXPORTER) if n not in ("none", "prometheus")]
 
 
 def recorder() -> str:
