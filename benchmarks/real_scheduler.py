@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 
 
 def build(model: str, batch: int, blocks: int = 8192):
@@ -118,17 +119,17 @@ OFF, ON, UNTIMED = "uninstrumented", "instrumented", "scope untimed"
 UNTIMED_SCOPE = "schedule: allocate_slots"
 
 
-def run_block(instrumentor, context, variant: str, model: str, batch: int) -> tuple[float, float]:
-    """One block of ``variant``: the hooks installed for it only (and the variable set only while
+def run_as(instrumentor, context, variant: str, measure):
+    """``measure()`` as ``variant``: the hooks installed for it only (and the variable set only while
     they are installed)."""
     if variant == OFF:
-        return block(model, batch)
+        return measure()
     if variant == UNTIMED:
         os.environ["OTEL_VLLM_ASCEND_DISABLED_SCOPES"] = UNTIMED_SCOPE
     instrumentor.instrument()
     context.set_process("engine_core", "0", "mixed")
     try:
-        return block(model, batch)
+        return measure()
     finally:
         instrumentor.uninstrument()
         os.environ.pop("OTEL_VLLM_ASCEND_DISABLED_SCOPES", None)
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
         block(args.model_dir, batch)  # warm-up
         for i in range(args.blocks):
             for variant in variants[i % 3:] + variants[:i % 3]:
-                results[variant].append(run_block(instrumentor, context, variant, args.model_dir, batch))
+                results[variant].append(run_as(instrumentor, context, variant, partial(block, args.model_dir, batch)))
         rows.append((batch, results))
 
     def cell(values):
@@ -187,18 +188,10 @@ def main(argv=None) -> int:
               f"{statistics.median(crit[ON]) / statistics.median(crit[OFF]):.3f} | {cell(crit[UNTIMED])} | "
               f"{added(results, UNTIMED):.1f} | {cell(over[OFF])} | {cell(over[ON])} | {cell(over[UNTIMED])} |")
     batch, timed = 64, 2048
-    counted = {}
-    for instrumented in (False, True):
-        if instrumented:
-            instrumentor.instrument()
-            context.set_process("engine_core", "0", "mixed")
-        try:
-            counted[instrumented] = collections(args.model_dir, batch, timed)
-        finally:
-            if instrumented:
-                instrumentor.uninstrument()
+    counted = {v: run_as(instrumentor, context, v, partial(collections, args.model_dir, batch, timed))
+               for v in (OFF, ON)}
     print(f"\nGarbage collections in {timed} decode steps at batch {batch} (after 32 warm-up steps): "
-          f"uninstrumented {counted[False]}, instrumented {counted[True]}.")
+          f"uninstrumented {counted[OFF]}, instrumented {counted[ON]}.")
     return 0
 
 

@@ -396,6 +396,7 @@ def hook_future_class(cls, completes_later: bool = False) -> list:
 
         def completed(self, result, _inherited=set_result):
             _inherited(self, result)  # InvalidStateError passes through, nothing delivered
+            # _take(self), inlined: this runs on every successful non-blocking RPC.
             pending = self._otel_vllm_ascend_pending  # the class's None unless a hook is pending
             if pending is None:
                 return
