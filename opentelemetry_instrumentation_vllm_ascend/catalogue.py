@@ -323,13 +323,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     # the work per layer is alike (same expert shapes) and a label would multiply each histogram's series
     # by the MoE layer count (60 layers x ~20 buckets x 3 metrics per worker); eplb:layer_load shows
     # which layer is hot.
-    _timer("eplb:expert_weight_update:duration", "Duration of a D2DExpertWeightLoader.update_expert_map_and_"
-           "weight call that applied one MoE layer of a new expert placement (waiting for the D2D weight "
-           "transfers, then updating the expert map, the log2phy map and the received experts' weights); "
-           "calls that found no transfer in flight do nothing and are not recorded. phase=all.", _W,
+    _timer("eplb:expert_weight_update:duration", "Host time of a D2DExpertWeightLoader.update_expert_map_and_"
+           "weight call that applied one MoE layer of a new expert placement (req.wait() on the D2D transfers' "
+           "work handles, then updating the expert map, the log2phy map and the received experts' weights). "
+           "Host time, not device time: on device streams wait() makes the stream wait and copy_() is "
+           "enqueued, so the call can return before the transfers and copies ran (not measured on NPU). "
+           "Calls that found no transfer in flight do nothing and are not recorded. phase=all.", _W,
            ("vllm_ascend.eplb.core.eplb_device_transfer_loader:D2DExpertWeightLoader.update_expert_map_and_weight",)),
     *(
-        _timer(seed, f"Duration of VllmEplbAdaptor.{method} ({meaning}). phase=all.", _W,
+        _timer(seed, f"Host time of VllmEplbAdaptor.{method} ({meaning}; a device tensor's copy_() is only "
+               "enqueued on its stream). phase=all.", _W,
                (f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}",))
         for seed, method, meaning in (
             ("eplb:expert_map_update:duration", "do_update_expert_map", "one MoE layer's expert map replaced"),

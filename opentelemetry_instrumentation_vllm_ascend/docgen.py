@@ -6,7 +6,7 @@ the committed file differs from this output.
 
 from __future__ import annotations
 
-from . import catalogue, targets
+from . import catalogue, paths, targets
 
 
 def _labels(spec: catalogue.MetricSpec) -> str:
@@ -54,6 +54,32 @@ def render_metrics_md() -> str:
             f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} "
             f"| {spec.recorded_in} | {hooked} | {spec.description} |"
         )
+    lines += [
+        "",
+        "## By execution path",
+        "",
+        "vLLM runs one of several paths on each axis below; the live tests run vLLM's CPU build (sync, MRV1, one",
+        "or several API servers), the others are replayed in process with vLLM's real classes or checked against",
+        "the source of every supported version. A metric not listed under a path is fed there with the meaning",
+        "above (where its process runs at all); the exceptions follow. `python -m opentelemetry_instrumentation_vllm_ascend",
+        "check` says which paths a server started from an environment takes and which metrics it will feed.",
+        "",
+        "| Axis | Path | Taken when |",
+        "|---|---|---|",
+    ]
+    for path in paths.PATHS:
+        lines.append(f"| {path.axis} | {path.title} | {path.when} |")
+    lines += [
+        "",
+        "| Metric | Path | On that path |",
+        "|---|---|---|",
+    ]
+    for spec in catalogue.CATALOGUE:
+        for path in paths.PATHS:
+            truth = paths.TRUTH.get(spec.seed, {}).get(path.key)
+            if truth is not None:
+                what = ("fed: " if truth.fed else "**absent**: ") + truth.note
+                lines.append(f"| `{spec.exposed_name}` | {path.title} | {what} |")
     lines += [
         "",
         "## Buckets",

