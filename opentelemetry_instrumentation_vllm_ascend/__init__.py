@@ -60,6 +60,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
     _installer = None
     _exposition = None
     _set_enabled = False
+    _replaced_enabled: str | None = None
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
@@ -78,11 +79,13 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         from .exposition import Exposition
         from .installer import Installer
 
-        if environment.flag(environment.ENABLED) is False:
+        enabled = environment.flag(environment.ENABLED)
+        if enabled is False:
             logger.info("%s=false: not instrumenting vLLM", environment.ENABLED)
             return
-        if environment.ENABLED not in os.environ:
+        if enabled is None:  # unset (or a value flag() warned about, treated as unset)
             # Processes vLLM spawns load our plugin; this tells it to instrument them too.
+            VllmAscendInstrumentor._replaced_enabled = os.environ.get(environment.ENABLED)
             os.environ[environment.ENABLED] = "true"
             VllmAscendInstrumentor._set_enabled = True
         readers = kwargs.get("metric_readers")
@@ -104,8 +107,11 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         exposition, VllmAscendInstrumentor._exposition = VllmAscendInstrumentor._exposition, None
         if exposition is not None:
             exposition.teardown()
-        if VllmAscendInstrumentor._set_enabled:
-            os.environ.pop(environment.ENABLED, None)
+        if VllmAscendInstrumentor._set_enabled:  # the variable as it was before instrument()
+            if VllmAscendInstrumentor._replaced_enabled is None:
+                os.environ.pop(environment.ENABLED, None)
+            else:
+                os.environ[environment.ENABLED] = VllmAscendInstrumentor._replaced_enabled
             VllmAscendInstrumentor._set_enabled = False
         pipeline.reset()
 

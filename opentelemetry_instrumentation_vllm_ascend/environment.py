@@ -50,16 +50,29 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
+#: (variable, value) pairs already warned about: one log line per bad value, not one per read.
+_WARNED: set = set()
+
+
 def flag(name: str) -> bool | None:
-    """``True``/``False`` for a recognised boolean value, ``None`` when unset or unrecognised."""
-    value = os.environ.get(name)
-    if value is None:
+    """``True``/``False`` for a recognised boolean value, ``None`` when unset or unrecognised (an
+    unrecognised value — ``2``, ``enabled``, an empty string — is treated as unset, with one warning
+    naming the accepted values)."""
+    raw = os.environ.get(name)
+    if raw is None:
         return None
-    value = value.strip().lower()
+    value = raw.strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
         return False
+    if (name, raw) not in _WARNED:
+        _WARNED.add((name, raw))
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a boolean (accepted: %s / %s); treated as "
+            "unset", name, raw, ", ".join(sorted(_TRUE)), ", ".join(sorted(_FALSE)))
     return None
 
 

@@ -209,3 +209,35 @@ def test_check_flags_missing_and_keeps_ascend_rows_dormant():
     ])
     assert [r["status"] for r in rows] == [MISSING, NOT_INSTALLED]
     assert "Scheduler.gone is not defined" in rows[0]["detail"]
+
+
+@pytest.mark.parametrize("value", ["2", "enabled", "", " yes please "])
+def test_unrecognised_enabled_value_is_one_warning_and_counts_as_unset(clean_env, monkeypatch, caplog, value):
+    """A value of OTEL_VLLM_ASCEND_ENABLED that is neither true nor false once instrumented the API server
+    (under opentelemetry-instrument) but none of its children, silently: now it is treated as unset —
+    the children are told to instrument (the variable says true while instrumented) — with one warning
+    naming the accepted values, and uninstrument() puts the operator's value back."""
+    monkeypatch.setenv(environment.ENABLED, value)
+    environment._WARNED.clear()
+    inst = VllmAscendInstrumentor()
+    with caplog.at_level(logging.WARNING):
+        inst.instrument()
+        plugin.register()  # a child reads the variable as the parent left it
+    assert inst.is_instrumented_by_opentelemetry
+    assert os.environ[environment.ENABLED] == "true"
+    warnings = [r.getMessage() for r in caplog.records if environment.ENABLED in r.getMessage()]
+    assert warnings == [f"opentelemetry-instrumentation-vllm-ascend: {environment.ENABLED}={value!r} is not a "
+                        "boolean (accepted: 1, on, true, yes / 0, false, no, off); treated as unset"]
+    inst.uninstrument()
+    assert os.environ[environment.ENABLED] == value
+
+
+def test_unrecognised_prometheus_value_is_one_warning_and_keeps_the_default(monkeypatch, caplog):
+    monkeypatch.setenv(environment.PROMETHEUS, "bogus")
+    environment._WARNED.clear()
+    with caplog.at_level(logging.WARNING):
+        assert environment.prometheus_enabled() is True
+        assert environment.prometheus_enabled() is True
+    assert len([r for r in caplog.records if "OTEL_VLLM_ASCEND_PROMETHEUS='bogus'" in r.getMessage()]) == 1
+    monkeypatch.setenv(environment.PROMETHEUS, "off")
+    assert environment.prometheus_enabled() is False
