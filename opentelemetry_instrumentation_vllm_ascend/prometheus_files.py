@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import re
+import struct
 import time
 
 from opentelemetry.sdk.metrics.export import (
@@ -229,11 +230,30 @@ class FilesExporter(MetricExporter):
         """Called at process exit: this process no longer contributes to ``live*`` gauges."""
         if os.getpid() != self._pid:
             return
-        for path in glob.glob(os.path.join(self._dir, f"gauge_live*_{FILE_TOKEN}{self._pid}.db")):
+        for path in _files(self._dir, f"gauge_live*_{FILE_TOKEN}{self._pid}.db"):
             try:
                 os.remove(path)
             except OSError:
                 pass
+
+
+def _files(directory: str, pattern: str) -> list[str]:
+    """Files of ``directory`` matching ``pattern``; the directory's own name is taken literally (a
+    ``[1]`` or ``*`` in TMPDIR or PROMETHEUS_MULTIPROC_DIR is not a glob pattern)."""
+    return glob.glob(os.path.join(glob.escape(directory), pattern))
+
+
+def _check_header(path: str) -> None:
+    """A multiprocess file starts with the number of bytes in use (at least its 8-byte header, at
+    most the file's size): anything else is not such a file, or a damaged one."""
+    with open(path, "rb") as f:
+        header = f.read(8)
+        size = os.fstat(f.fileno()).st_size
+    if len(header) < 8:
+        raise ValueError(f"{size}-byte file, shorter than the header")
+    used = struct.unpack_from("i", header)[0]  # native order, as prometheus_client writes it
+    if not 8 <= used <= size:
+        raise ValueError(f"header says {used} bytes in use, the file has {size}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -264,9 +284,18 @@ class FilesCollector:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._keys: dict[str, tuple] = {}
+        self._skipped: set[str] = set()
 
     def describe(self):
         return []
+
+    def _unreadable(self, path: str, exc: Exception) -> None:
+        """One warning per unreadable file (each scrape skips it again, silently)."""
+        if path in self._skipped:
+            return
+        self._skipped.add(path)
+        logger.warning("opentelemetry-instrumentation-vllm-ascend: skipping unreadable metrics file %s (%s: %s); "
+                       "the rest of /metrics is served", path, type(exc).__name__, exc)
 
     def _parse(self, key: str) -> tuple:
         parsed = self._keys.get(key)
@@ -289,7 +318,7 @@ class FilesCollector:
         from prometheus_client.utils import floatToGoString
 
         families: dict[str, list] = {}  # name -> [type, help, mode, values {(sample, labels): v}, buckets]
-        for path in glob.glob(os.path.join(self.directory, "*.db")):
+        for path in _files(self.directory, "*.db"):
             parts = os.path.basename(path).split("_")
             typ = parts[0]
             mode = parts[1] if typ == "gauge" else None
@@ -298,11 +327,18 @@ class FilesCollector:
                 if pid is not None and not _pid_alive(pid):
                     continue
             try:
-                values = MmapedDict.read_all_values_from_file(path)
+                # Read and parse the whole file before merging any of it: a file that cannot be read
+                # (truncated, overwritten, a 0-byte file left by a process killed while creating it)
+                # is left out whole, and the rest of /metrics — vLLM's own metrics too — is served.
+                _check_header(path)
+                values = [(self._parse(key), value, timestamp)
+                          for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path)]
             except FileNotFoundError:  # a live gauge file removed since the glob
                 continue
-            for key, value, timestamp, _ in values:
-                name, sample, labels, help_text, bucket = self._parse(key)
+            except Exception as exc:
+                self._unreadable(path, exc)
+                continue
+            for (name, sample, labels, help_text, bucket), value, timestamp in values:
                 family = families.get(name)
                 if family is None:
                     family = families[name] = [typ, help_text, mode, {}, {}]
@@ -355,7 +391,7 @@ class FilesCollector:
 
 def remove_dead_files(directory: str) -> None:
     """Drop our files left by processes of an earlier run (PROMETHEUS_MULTIPROC_DIR reused)."""
-    for path in glob.glob(os.path.join(directory, f"*_{FILE_TOKEN}*.db")):
+    for path in _files(directory, f"*_{FILE_TOKEN}*.db"):
         pid = _file_pid(path)
         if pid is not None and not _pid_alive(pid):
             try:
