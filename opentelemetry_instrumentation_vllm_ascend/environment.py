@@ -85,7 +85,17 @@ def prometheus_enabled() -> bool:
     return flag(PROMETHEUS) is not False
 
 
-def positive_int(name: str, default: int) -> int:
+#: The range every export interval is clamped to (ms): at least 100 ms (an exporter writing more often
+#: only burns CPU), at most one day (threading.TIMEOUT_MAX is far above, but a reader thread waiting
+#: longer than that exports nothing an operator would wait for).
+MIN_INTERVAL_MS = 100
+MAX_INTERVAL_MS = 86_400_000
+DEFAULT_METRIC_EXPORT_INTERVAL_MS = 60_000  # the OTel SDK's default for OTEL_METRIC_EXPORT_INTERVAL
+
+
+def interval_ms(name: str, default: int) -> int:
+    """An export interval in milliseconds from ``name``: ``default`` when unset, or (with one warning)
+    when not a positive integer; clamped, with one warning, to [MIN_INTERVAL_MS, MAX_INTERVAL_MS]."""
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -94,13 +104,20 @@ def positive_int(name: str, default: int) -> int:
     except ValueError:
         value = 0
     if value <= 0:
+        using, why = default, "is not a positive integer"
+    elif value < MIN_INTERVAL_MS:
+        using, why = MIN_INTERVAL_MS, f"is below {MIN_INTERVAL_MS} ms"
+    elif value > MAX_INTERVAL_MS:
+        using, why = MAX_INTERVAL_MS, f"is above {MAX_INTERVAL_MS} ms (one day)"
+    else:
+        return value
+    if (name, raw) not in _WARNED:
+        _WARNED.add((name, raw))
         import logging
 
         logging.getLogger(__name__).warning(
-            "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a positive integer; using %d", name, raw, default
-        )
-        return default
-    return value
+            "opentelemetry-instrumentation-vllm-ascend: %s=%r %s; using %d", name, raw, why, using)
+    return using
 
 
 def metrics_files_dir() -> str | None:

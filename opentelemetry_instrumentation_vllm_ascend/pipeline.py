@@ -73,16 +73,19 @@ class Pipeline:
             readers.append(
                 PeriodicExportingMetricReader(
                     self.files_exporter,
-                    export_interval_millis=environment.positive_int(
+                    export_interval_millis=environment.interval_ms(
                         environment.PROMETHEUS_INTERVAL_MS, environment.DEFAULT_PROMETHEUS_INTERVAL_MS
                     ),
                 )
             )
         from .exporters import push_exporters
 
-        for exporter in push_exporters():
-            # Interval from OTEL_METRIC_EXPORT_INTERVAL (SDK default 60 s).
-            readers.append(PeriodicExportingMetricReader(exporter))
+        exporters = push_exporters()
+        if exporters:  # OTEL_METRIC_EXPORT_INTERVAL, read once and clamped (0 made the SDK's reader raise)
+            push_interval = environment.interval_ms(environment.METRIC_EXPORT_INTERVAL,
+                                                    environment.DEFAULT_METRIC_EXPORT_INTERVAL_MS)
+        for exporter in exporters:
+            readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=push_interval))
         readers.extend(extra_readers)
         self.readers = readers
 

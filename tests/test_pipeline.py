@@ -106,5 +106,35 @@ def test_unknown_exporter_name_is_a_log_line_not_a_failure(monkeypatch, tmp_path
 
 def test_bad_interval_is_a_log_line_and_the_default(monkeypatch, caplog):
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "soon")
-    assert environment.positive_int(environment.PROMETHEUS_INTERVAL_MS, 2000) == 2000
+    assert environment.interval_ms(environment.PROMETHEUS_INTERVAL_MS, 2000) == 2000
     assert "is not a positive integer" in caplog.text
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("0", 2000), ("-5", 2000), ("1.5", 2000), ("", 2000), ("50", 100), ("100", 100), ("2500", 2500),
+    ("86400000", 86_400_000), ("86400001", 86_400_000), (str(10 ** 12), 86_400_000),
+])
+def test_intervals_are_clamped_to_a_documented_range(monkeypatch, caplog, raw, expected):
+    """Above threading.TIMEOUT_MAX (~9.2e12 ms here) the SDK's reader thread died with an OverflowError and
+    nothing was ever exported; 0 or a negative value made its constructor raise."""
+    monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, raw)
+    environment._WARNED.clear()
+    with caplog.at_level("WARNING"):
+        assert environment.interval_ms(environment.PROMETHEUS_INTERVAL_MS, 2000) == expected
+        assert environment.interval_ms(environment.PROMETHEUS_INTERVAL_MS, 2000) == expected
+    warned = [r for r in caplog.records if environment.PROMETHEUS_INTERVAL_MS in r.getMessage()]
+    assert len(warned) == (0 if raw in ("100", "2500", "86400000") else 1)
+
+
+@pytest.mark.parametrize("raw, expected", [("0", 60_000), ("50", 100), (str(10 ** 13), 86_400_000)])
+def test_push_interval_is_read_once_and_clamped(monkeypatch, tmp_path, raw, expected):
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.METRICS_EXPORTER, "console")
+    monkeypatch.setenv(environment.METRIC_EXPORT_INTERVAL, raw)
+    pipeline.reset()
+    try:
+        recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
+        readers = pipeline.current().readers
+        assert [r._export_interval_millis for r in readers] == [2000, expected]
+    finally:
+        pipeline.reset()
