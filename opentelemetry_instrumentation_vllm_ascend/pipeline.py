@@ -57,35 +57,16 @@ class _SdkInstrument:
 
 
 class Pipeline:
-    def __init__(self, extra_readers=(), recorder: str | None = None) -> None:
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    def __init__(self, extra_readers=(), recorder: str | None = None, disabled: bool = False) -> None:
+        """``disabled``: no reader of its own (what a process records goes nowhere): the fallback when
+        building the configured pipeline failed."""
         from opentelemetry.sdk.resources import Resource
 
         self.pid = os.getpid()
         self.recorder = recorder or environment.recorder()
         self.files_exporter = None
-        readers = []
-        directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
-        if directory:
-            from .prometheus_files import FilesExporter
-
-            self.files_exporter = FilesExporter(directory)
-            readers.append(
-                PeriodicExportingMetricReader(
-                    self.files_exporter,
-                    export_interval_millis=environment.interval_ms(
-                        environment.PROMETHEUS_INTERVAL_MS, environment.DEFAULT_PROMETHEUS_INTERVAL_MS
-                    ),
-                )
-            )
-        from .exporters import push_exporters
-
-        exporters = push_exporters()
-        if exporters:  # OTEL_METRIC_EXPORT_INTERVAL, read once and clamped (0 made the SDK's reader raise)
-            push_interval = environment.interval_ms(environment.METRIC_EXPORT_INTERVAL,
-                                                    environment.DEFAULT_METRIC_EXPORT_INTERVAL_MS)
-        for exporter in exporters:
-            readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=push_interval))
+        self.disabled = disabled
+        readers = [] if disabled else self._readers()
         readers.extend(extra_readers)
         self.readers = readers
 
@@ -123,6 +104,46 @@ class Pipeline:
             for reader in readers:
                 self.store.attach(reader)
         self._closed = False
+
+    def _readers(self) -> list:
+        """The readers the environment asks for. Each starts its export thread when it is built: if a
+        later one fails, those already started are shut down before the failure propagates."""
+        readers: list = []
+        try:
+            self._add_readers(readers)
+        except BaseException:
+            for reader in readers:
+                try:
+                    reader.shutdown(timeout_millis=1_000)
+                except Exception:
+                    pass
+            raise
+        return readers
+
+    def _add_readers(self, readers: list) -> None:
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
+        if directory:
+            from .prometheus_files import FilesExporter
+
+            self.files_exporter = FilesExporter(directory)
+            readers.append(
+                PeriodicExportingMetricReader(
+                    self.files_exporter,
+                    export_interval_millis=environment.interval_ms(
+                        environment.PROMETHEUS_INTERVAL_MS, environment.DEFAULT_PROMETHEUS_INTERVAL_MS
+                    ),
+                )
+            )
+        from .exporters import push_exporters
+
+        exporters = push_exporters()
+        if exporters:  # OTEL_METRIC_EXPORT_INTERVAL, read once and clamped (0 made the SDK's reader raise)
+            push_interval = environment.interval_ms(environment.METRIC_EXPORT_INTERVAL,
+                                                    environment.DEFAULT_METRIC_EXPORT_INTERVAL_MS)
+        for exporter in exporters:
+            readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=push_interval))
 
     def instrument(self, spec: catalogue.MetricSpec):
         """An instrument with the recording layer's interface: add/record/set(value, label tuple)."""
@@ -227,7 +248,15 @@ def _build() -> Pipeline:
     global _pipeline
     with _lock:
         if _pipeline is None:
-            _pipeline = Pipeline(extra_readers=_extra_readers)
+            try:
+                _pipeline = Pipeline(extra_readers=_extra_readers)
+            except Exception as exc:
+                # Never a retry per record (each would start reader threads again): this process
+                # records into a pipeline without readers of its own until the next reset().
+                logger.error("opentelemetry-instrumentation-vllm-ascend: cannot build the metrics pipeline "
+                             "(%s: %s); this process's metrics are not exported, vLLM runs on",
+                             type(exc).__name__, exc)
+                _pipeline = Pipeline(extra_readers=_extra_readers, disabled=True)
             _register_exit(_pipeline)
             for callback in _on_new_pipeline:
                 callback(_pipeline)

@@ -138,3 +138,26 @@ def test_push_interval_is_read_once_and_clamped(monkeypatch, tmp_path, raw, expe
         assert [r._export_interval_millis for r in readers] == [2000, expected]
     finally:
         pipeline.reset()
+
+
+def test_a_pipeline_that_cannot_be_built_is_one_log_line_and_no_leak(monkeypatch, tmp_path, caplog):
+    """The files reader starts its thread, then the push reader fails: the started reader is shut down,
+    the process records into a pipeline without readers, and later records never try again (each try
+    started a reader thread: thousands of leaked threads after a few hundred requests)."""
+    import threading
+
+    from opentelemetry_instrumentation_vllm_ascend import exporters
+
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setattr(exporters, "push_exporters", lambda: [object()])  # not an exporter: the reader raises
+    pipeline.reset()
+    before = threading.active_count()
+    with caplog.at_level("ERROR"):
+        for i in range(1000):
+            recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
+            recording.record(catalogue.M["scheduler:duration"], 0.001 * i, context.step_labels("decode"))
+    errors = [r for r in caplog.records if "cannot build the metrics pipeline" in r.getMessage()]
+    assert len(errors) == 1
+    assert pipeline.current().disabled and pipeline.current().readers == []
+    assert threading.active_count() == before  # the files reader's thread was stopped again
+    pipeline.reset()
