@@ -60,6 +60,7 @@ def reset_state():
         scheduler._BLOCKED.clear()
         engine.CURRENT_PASS[0] = None
         context.EXEC_PHASE[0] = context.UNKNOWN
+        executor.LAST_EXECUTE[0] = None
 
     reset()
     yield
@@ -640,7 +641,6 @@ EXEC, SAMPLE, RPC = (name("executor:execute_model:duration"), name("executor:sam
 
 def test_blocking_rpcs_are_timed_to_the_moments_the_worker_stamped(metrics, clock):
     ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
-    executor.LAST_EXECUTE[0] = None
     context.LAST_STEP_PHASE[0] = "decode"  # async scheduling: the next step is already scheduled
     so = NS(**{PHASE_ATTRIBUTE: "prefill"})
     assert rpc(ex, "execute_model", args=(so,)) is None  # sampling follows: its reply will say

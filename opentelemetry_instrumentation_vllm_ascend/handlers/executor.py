@@ -136,8 +136,10 @@ class CollectiveRpc(Handler):
             record_reply(state, future._result)
 
     def future_done(self, state, args, kwargs, future, _plain=Future):
-        """Any other future (UniProcExecutor's): done at once (a plain Future), or when the engine
-        asked for its result (AsyncOutputFuture: lazy)."""
+        """Any other future (UniProcExecutor's): a plain Future is done at once (the worker ran in
+        this thread); any other class is taken as completed when the engine asked for its result
+        (UniProcExecutor's AsyncOutputFuture runs get_output then: lazy). A FutureWrapper comes
+        through ``future_result``."""
         if future.cancelled():
             _count(state[0], CancelledError())
             return

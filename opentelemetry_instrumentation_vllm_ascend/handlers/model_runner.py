@@ -363,39 +363,44 @@ def _phase_of(runner, scheduler_output) -> str:
     return phase
 
 
-_OUTPUTS = [None]  # (vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput), once vLLM is imported
+_EMPTY = [None]  # vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT, once vllm.v1.outputs is imported
 
 
 def _shared_empty():
-    outputs = _OUTPUTS[0]
-    if outputs is None:
+    empty = _EMPTY[0]
+    if empty is None:
         module = sys.modules.get("vllm.v1.outputs")
-        if module is None:
-            return None
-        outputs = _OUTPUTS[0] = getattr(module, "EMPTY_MODEL_RUNNER_OUTPUT", None)
-    return outputs
+        empty = _EMPTY[0] = getattr(module, "EMPTY_MODEL_RUNNER_OUTPUT", None) if module is not None else None
+    return empty
+
+
+def _stamp(output, returned, ready) -> None:
+    """Stamp the ModelRunnerOutput the worker replies with: (this process's clock, execute_model
+    returned, the reply was ready). It travels to the EngineCore pickled with the instance dict (or
+    in-process as is). vLLM's shared empty output (vLLM copies it into other replies) and objects
+    that take no attributes are left alone."""
+    if output is None or output is _shared_empty():
+        return
+    try:
+        setattr(output, READY_ATTRIBUTE, (HOST_CLOCK, returned, ready))
+    except Exception:
+        pass
 
 
 def reply(output, step: WorkerStep | None, now: float) -> None:
-    """``output`` is what the worker will send for an RPC that ends a step: stamp it.
-
-    - an async output (async scheduling: it has ``get_output``, which vLLM's output thread — or the
-      in-process executor, when the engine reads it — calls later): carries the step's phase and the
-      moment its execute_model returned, for ``GetOutput``;
-    - a ModelRunnerOutput: carries (this process's clock, execute_model returned, ``now``), the
-      moment the reply was ready, read by the EngineCore's RPC hook (pickled with the instance dict).
-    vLLM's shared empty output (copied by vLLM for other replies) and objects that take no attributes
-    are left alone."""
-    if output is None or output is _shared_empty():
-        return
+    """``output`` is what the worker returns for an RPC that ends a step (``now``: it returned).
+    An async output (async scheduling: it has ``get_output``, which vLLM's output thread — or the
+    in-process executor, when the engine reads it — calls later) carries the step's phase and the
+    moment its execute_model returned on to ``GetOutput``, which stamps the output it builds; any
+    other output is stamped now."""
     returned = step.returned if step is not None else None
-    try:
-        if hasattr(output.__class__, "get_output"):
+    if output is not None and hasattr(output.__class__, "get_output"):
+        try:
             setattr(output, STEP_ATTRIBUTE, (step.phase if step is not None else UNKNOWN, returned))
-        else:
-            setattr(output, READY_ATTRIBUTE, (HOST_CLOCK, returned, now))
-    except (AttributeError, TypeError):
-        pass
+        except Exception:
+            pass
+    else:
+        _stamp(output, returned, now)
 
 
 class ExecuteModel(Handler):
@@ -488,11 +493,7 @@ class GetOutput(Handler):
             step = CURRENT[0]
             phase, returned = (step.phase, step.returned) if step is not None else (UNKNOWN, None)
         recording.record(_GET_OUTPUT, seconds, context.step_labels(phase))
-        if result is not None and result is not _shared_empty():
-            try:
-                setattr(result, READY_ATTRIBUTE, (HOST_CLOCK, returned, end))
-            except (AttributeError, TypeError):
-                pass
+        _stamp(result, returned, end)
 
 
 class ExecuteModelV2(ExecuteModel):
