@@ -204,11 +204,21 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "(EngineCoreProc._process_input_queue), excluding the time it blocked idle waiting for the first one.",
            _EC, (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request")),
     # -- executor (EngineCore side) -------------------------------------------------------------------
-    _timer("executor:execute_model:duration", "The model step as the engine sees it: from dispatching "
-           "execute_model to the workers until their reply was read (through the non-blocking RPC's future).",
+    _timer("executor:execute_model:duration", "From dispatching a step's execute_model RPC until the "
+           "replying worker's model runner returned from execute_model: the RPC's transfer, the wait behind "
+           "the worker's earlier work, and execute_model's host work (input preparation, launching the forward; "
+           "the device may still be computing). The worker stamps that moment on its reply; the value does not "
+           "depend on when the engine reads the reply (with async scheduling a step later). One host clock "
+           "(CLOCK_MONOTONIC); absent for a worker on another machine, for steps that scheduled no tokens, and "
+           "where the worker is not instrumented.",
            _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
-    _timer("executor:sample_tokens:duration", "Sampling as the engine sees it: from dispatching "
-           "sample_tokens until the workers' reply was read.", _EC,
+    _timer("executor:sample_tokens:duration", "From dispatching a step's sample_tokens RPC until its sampled "
+           "tokens were on the worker's host, ready to send: without async scheduling, sample_tokens returned "
+           "(it waits for the device); with async scheduling and worker processes (MultiprocExecutor), vLLM's "
+           "output thread finished get_output (the device-to-host copy was done). Stamped by the worker, "
+           "independent of when the engine reads the reply. Absent with async scheduling on the in-process "
+           "executor (UniProcExecutor), which fetches the tokens only when the engine reads them, and where "
+           "execute_model is absent.", _EC,
            (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
     # -- worker / model runner ------------------------------------------------------------------------
     _timer("executor:model_runner_execute_model:duration", "Duration of the model runner's execute_model "
@@ -216,12 +226,18 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            _W, (_MRV1 + ".execute_model", _MRV2 + ".execute_model")),
     _timer("executor:prepare_inputs:duration", "Duration of the model runner's input preparation.", _W,
            (_MRV1 + "._prepare_inputs", _MRV2 + ".prepare_inputs")),
-    _timer("worker:model_runner_get_output:duration", "Duration of AsyncGPUModelRunnerOutput.get_output "
-           "(async scheduling: waiting for the sampled tokens to reach the host).", _W,
-           ("vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",)),
-    _timer("worker:model_inference:duration", "Target inference time: the model runner's own work for one "
-           "step, execute_model plus sample_tokens in the worker (forward pass, sampling and their host-side "
-           "preparation), without scheduling, RPC or output processing.", _W,
+    _timer("worker:model_runner_get_output:duration", "Duration of an async model runner output's "
+           "get_output (async scheduling: waiting for the sampled tokens to reach the host, then building the "
+           "output; model runner V1 and the NPU runner: AsyncGPUModelRunnerOutput, V2: AsyncOutput). It runs in "
+           "vLLM's output thread while later steps run; phase: the step whose output it is.", _W,
+           ("vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",
+            "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output")),
+    _timer("worker:model_inference:duration", "Target inference time of one step, the model runner's own "
+           "work without scheduling, RPC or output processing. On a device with events (torch.npu / torch.cuda): "
+           "device time from an event at the start of execute_model to one at the end of the step (sample_tokens "
+           "returned, or execute_model returned the output), read without synchronising — the launched work "
+           "itself, also with async scheduling where the host only launches. Without events (CPU): host time of "
+           "execute_model plus sample_tokens, which compute synchronously there.", _W,
            (_MRV1 + ".execute_model", _MRV1 + ".sample_tokens", _MRV2 + ".execute_model", _MRV2 + ".sample_tokens")),
     _timer("record_function_or_nullcontext", "Duration of one vLLM profiling scope (the with-block of "
            "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
@@ -230,12 +246,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "worker, engine_core", (_WORKER_SCOPES,), labels=STEP_LABELS + ("name",)),
     _timer("npu:forward_duration", "Forward time of one step: the model runner's forward scope, on the "
            "device timeline (device events, read without synchronising) where the device offers events, "
-           "otherwise on the host (CPU: the forward computation itself).", _W, (_WORKER_SCOPES,)),
+           "otherwise on the host (CPU: the forward computation itself). Model runners with the scope: V1 "
+           "(GPU, CPU) and the NPU runner; model runner V2 has none, so it is absent there.", _W,
+           (_WORKER_SCOPES,)),
     _timer("npu:kernel_launch", "Host time from the start of a step's forward scope to the end of its "
-           "post-processing scope: launching the forward and post-processing work.", _W, (_WORKER_SCOPES,)),
-    _timer("npu:non_forward_duration", "worker:model_inference:duration minus npu:forward_duration for "
-           "the same step: the step's time outside the forward pass (steps without a forward scope are skipped).",
-           _W, (_WORKER_SCOPES,)),
+           "post-processing scope: launching the forward and post-processing work (absent on model runner V2, "
+           "which has no such scopes).", _W, (_WORKER_SCOPES,)),
+    _timer("npu:non_forward_duration", "worker:model_inference:duration minus npu:forward_duration of the "
+           "same step, both on one clock (device events where the device offers them, else the host): the step's "
+           "time outside the forward pass. Steps without a forward scope are skipped (so it is absent on model "
+           "runner V2).", _W, (_WORKER_SCOPES,)),
     # -- API server -----------------------------------------------------------------------------------
     _sizes("batch_size", "{request}", "Running requests of an engine, per stats update it sends.", _API,
            (_STATS,), REQUESTS, labels=_API_STEP),

@@ -149,6 +149,38 @@ EXEC_PHASE = [UNKNOWN]
 #: Attribute the EngineCore sets on each SchedulerOutput it scheduled: the step's phase travels with
 #: the step's arguments to the workers (SchedulerOutput is pickled with its instance dict).
 PHASE_ATTRIBUTE = "_otel_vllm_ascend_phase"
+#: Attribute the worker sets on the ModelRunnerOutput it replies with (travelling to the EngineCore
+#: pickled with the output's instance dict, or handed over in-process):
+#: ``(HOST_CLOCK, execute_model returned, reply ready)``, perf_counter seconds of the worker's clock.
+READY_ATTRIBUTE = "_otel_vllm_ascend_ready"
+#: Attribute the worker sets on an async model runner output (async scheduling) when sample_tokens /
+#: execute_model returns it: ``(phase, execute_model returned)`` of the step whose output it is.
+STEP_ATTRIBUTE = "_otel_vllm_ascend_step"
+
+
+def _host_clock() -> str:
+    """Which monotonic clock this process's ``perf_counter`` reads: on Linux CPython's perf_counter is
+    ``clock_gettime(CLOCK_MONOTONIC)``, one clock for every process of a machine (boot id) and time
+    namespace (an offset may differ between namespaces). Two processes with the same value can
+    subtract each other's perf_counter readings."""
+    parts = []
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+    except OSError:
+        import socket
+
+        parts.append(socket.gethostname())
+    try:
+        import os
+
+        parts.append(os.readlink("/proc/self/ns/time"))
+    except OSError:
+        pass
+    return "/".join(parts)
+
+
+HOST_CLOCK = _host_clock()
 
 
 

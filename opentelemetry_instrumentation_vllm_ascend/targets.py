@@ -117,6 +117,9 @@ TARGETS: tuple[Target, ...] = (
            feeds=_STEP_END_FEEDS),
     Target(_MRV2, "GPUModelRunner.prepare_inputs", SYNC_TIMER, "model_runner:PrepareInputs",
            feeds=("executor:prepare_inputs:duration",)),
+    # MRV2's own async output (vllm/v1/worker/gpu/async_utils.py, the same get_output in 0.23-0.33).
+    Target("vllm.v1.worker.gpu.async_utils", "AsyncOutput.get_output", SYNC_TIMER, "model_runner:GetOutput",
+           feeds=("worker:model_runner_get_output:duration",)),
     # vLLM's profiling scopes, wherever record_function_or_nullcontext was imported (see model_runner.py).
     Target("vllm.v1.utils", "_PROFILER_FUNC", SCOPE_FACTORY, "model_runner:ProfilerScopes",
            feeds=("record_function_or_nullcontext", "npu:forward_duration", "npu:kernel_launch",

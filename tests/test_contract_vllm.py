@@ -65,6 +65,32 @@ def test_future_wrapper_completes_through_set_result_and_set_exception(version_t
     assert "self.set_result(" in source and "self.set_exception(" in source
 
 
+def test_the_worker_reply_can_carry_the_workers_stamp(version_tree):
+    """What executor:execute_model / sample_tokens rely on (handlers.model_runner.reply): vLLM's
+    ModelRunnerOutput is a dataclass with an instance dict (no slots), so an attribute set in the
+    worker travels pickled with it; the shared empty output the worker must not stamp is
+    ``EMPTY_MODEL_RUNNER_OUTPUT``; the worker process turns an async output into its reply by calling
+    ``get_output()`` right before sending it (so get_output's return is the reply's ready moment); and
+    UniProcExecutor's AsyncOutputFuture calls get_output only inside ``result()`` (the engine's read)."""
+    import ast
+
+    version, tree = version_tree
+    module = tree.module("vllm.v1.outputs")
+    (cls,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunnerOutput"]
+    decorators = [d for d in cls.decorator_list if "dataclass" in ast.unparse(d)]
+    assert decorators and all("slots=True" not in ast.unparse(d) for d in decorators), version
+    assert not any(isinstance(n, ast.Assign) and "__slots__" in ast.unparse(n) for n in cls.body), version
+    assert any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "EMPTY_MODEL_RUNNER_OUTPUT"
+               for n in module.body), version
+    _, worker = tree.find_class("vllm.v1.executor.multiproc_executor", "WorkerProc")
+    (enqueue,) = [n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "enqueue_output"]
+    body = ast.unparse(enqueue)
+    assert body.index("output.get_output()") < body.index("response_mq.enqueue(result)"), version
+    _, future = tree.find_class("vllm.v1.executor.uniproc_executor", "AsyncOutputFuture")
+    (result,) = [n for n in future.body if isinstance(n, ast.FunctionDef) and n.name == "result"]
+    assert "self.async_output.get_output()" in ast.unparse(result), version
+
+
 def test_the_checker_catches_drift():
     """The contract is not vacuous: a renamed parameter or a missing attribute is reported."""
     tree = SourceTree({"m.py": "class A:\n    def f(self, req, x):\n        self.y = 1\n"})

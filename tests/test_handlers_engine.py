@@ -5,6 +5,7 @@ count, sum and bucket below is hand-computed and asserted exactly."""
 
 import concurrent.futures
 import contextlib
+import threading
 import types
 from collections import deque
 from types import SimpleNamespace as NS
@@ -59,6 +60,7 @@ def reset_state():
         scheduler._BLOCKED.clear()
         engine.CURRENT_PASS[0] = None
         context.EXEC_PHASE[0] = context.UNKNOWN
+        executor.LAST_EXECUTE[0] = None
 
     reset()
     yield
@@ -603,11 +605,15 @@ def test_add_request_phase_all(metrics, clock):
 # -- executor RPC timing ----------------------------------------------------------------------------------
 
 class FakeExecutor:
+    """collective_rpc taking ``cost`` seconds to dispatch; it replies ``replies[method]`` (a blocking
+    call) or a plain Future the test completes."""
+
     def __init__(self, clock, cost):
         self.clock = clock
         self.cost = cost
         self.futures = []
         self.fail = None
+        self.replies = {}
 
     def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None):
         self.clock.t += self.cost
@@ -617,47 +623,85 @@ class FakeExecutor:
             future = concurrent.futures.Future()
             self.futures.append(future)
             return future
-        return ("reply", method)
+        return self.replies.get(method)
 
 
 def rpc_fn():
     return wrap(FakeExecutor.collective_rpc, executor.CollectiveRpc(), FUTURE)[0]
 
 
+def stamped(returned, ready, host=context.HOST_CLOCK):
+    """A worker's reply that ends a step: stamped by the worker's hooks (see model_runner.reply)."""
+    return NS(**{context.READY_ATTRIBUTE: (host, returned, ready)})
+
+
 EXEC, SAMPLE, RPC = (name("executor:execute_model:duration"), name("executor:sample_tokens:duration"),
                      name("rpc_errors"))
 
 
-def test_blocking_rpcs_are_timed_with_the_phase_of_their_step(metrics, clock):
+def test_blocking_rpcs_are_timed_to_the_moments_the_worker_stamped(metrics, clock):
     ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
     context.LAST_STEP_PHASE[0] = "decode"  # async scheduling: the next step is already scheduled
     so = NS(**{PHASE_ATTRIBUTE: "prefill"})
-    assert rpc(ex, "execute_model", args=(so,)) == ("reply", "execute_model")
+    assert rpc(ex, "execute_model", args=(so,)) is None  # sampling follows: its reply will say
+    assert EXEC not in metrics.points()
     ex.cost = 0.125
     context.LAST_STEP_PHASE[0] = "mixed"
-    assert rpc(ex, "sample_tokens", None, (None,)) == ("reply", "sample_tokens")  # follows its execute_model
+    ex.replies["sample_tokens"] = reply = stamped(100.1875, 100.3125)  # dispatched at 100.0 and 100.25
+    assert rpc(ex, "sample_tokens", None, (None,)) is reply  # follows its execute_model
     ex.cost = 0.5
+    ex.replies["execute_model"] = stamped(100.625, 100.625)  # the step's output itself (dispatched at 100.375)
     rpc(ex, "execute_model", args=(NS(),))  # no phase stored: the step most recently scheduled
+    ex.replies["execute_model"] = stamped(100.9375, 100.9375, host="another machine")  # another clock
+    rpc(ex, "execute_model", args=(NS(),))
+    ex.replies["execute_model"] = stamped(100.625, 100.625)  # stale: before this dispatch (vLLM reused it)
+    rpc(ex, "execute_model", args=(NS(),))
+    ex.replies["sample_tokens"] = stamped(None, 102.0)  # a step whose execute_model the worker did not see
+    rpc(ex, "sample_tokens", args=(None,))
     rpc(ex, "get_kv_cache_spec")  # not timed
-    assert metrics.points()[EXEC] == {key(**step("prefill")): (1, 0.25, counts(S, b11=1)),
-                                      key(**step("mixed")): (1, 0.5, counts(S, b12=1))}
-    assert metrics.points()[SAMPLE] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
+    assert metrics.points()[EXEC] == {key(**step("prefill")): (1, 0.1875, counts(S, b11=1)),
+                                      key(**step("mixed")): (1, 0.25, counts(S, b11=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("prefill")): (1, 0.0625, counts(S, b10=1)),
+                                        key(**step("mixed")): (1, 0.125, counts(S, b11=1))}  # 101.875 → 102
     assert RPC not in metrics.points()
 
 
-def test_non_blocking_rpc_is_timed_to_the_completion_of_its_future(metrics, clock):
+def test_non_blocking_rpc_records_the_workers_moments_whenever_it_is_read(metrics, clock):
     ex, rpc = FakeExecutor(clock, 0.0078125), rpc_fn()
     so = NS(**{PHASE_ATTRIBUTE: "decode"})
-    f1 = rpc(ex, "execute_model", args=(so,), non_block=True)  # returns at 100.0078125
+    f1 = rpc(ex, "execute_model", args=(so,), non_block=True)  # dispatched at 100.0
     f2 = rpc(ex, "sample_tokens", args=(None,), non_block=True)  # dispatched at 100.0078125
-    assert EXEC not in metrics.points() and SAMPLE not in metrics.points()  # nothing completed yet
     clock.t = 100.5
-    f1.set_result("model output")  # the reply was read now
+    f1.set_result(None)  # read now: sampling follows, nothing to record yet
+    assert EXEC not in metrics.points() and SAMPLE not in metrics.points()
     clock.t = 101.0
-    f2.set_result("sampled")
-    assert f1.result() == "model output" and f2.result() == "sampled"
-    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.5, counts(S, b12=1))}
-    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.9921875, counts(S, b13=1))}
+    f2.set_result(stamped(100.25, 100.375))  # read a whole step after it was ready
+    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.25, counts(S, b11=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.3671875, counts(S, b12=1))}
+
+    class AsyncOutputFuture(concurrent.futures.Future):
+        """UniProcExecutor's: get_output runs when the engine reads it, so its ready moment is the read."""
+
+    ex.futures = []
+    ex.fail = None
+    rpc(ex, "execute_model", args=(NS(**{PHASE_ATTRIBUTE: "prefill"}),), non_block=True).set_result(None)
+    clock.t = 102.0
+    lazy = AsyncOutputFuture()
+    original = ex.collective_rpc
+
+    def returns_lazy(*args, **kwargs):
+        clock.t += 0.0078125
+        return lazy
+
+    ex.collective_rpc = returns_lazy
+    rpc_wrapped = wrap(lambda self, method, timeout=None, args=(): self.collective_rpc(method),
+                       executor.CollectiveRpc(), FUTURE)[0]
+    assert rpc_wrapped(ex, "sample_tokens", None, (None,)) is lazy
+    ex.collective_rpc = original
+    clock.t = 103.0
+    lazy.set_result(stamped(101.5, 103.0))  # execute_model returned at 101.5 (dispatched at 101.0)
+    assert metrics.points()[EXEC][key(**step("prefill"))] == (1, 0.5, counts(S, b12=1))
+    assert key(**step("prefill")) not in metrics.points()[SAMPLE]
 
 
 def test_failed_rpcs_count_once_and_record_no_duration(metrics, clock):
@@ -681,10 +725,10 @@ def test_failed_rpcs_count_once_and_record_no_duration(metrics, clock):
     assert EXEC not in metrics.points() and SAMPLE not in metrics.points()
 
 
-def test_real_future_wrapper_completion_time(metrics, clock):
+def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(metrics, clock):
     """vLLM's MultiprocExecutor.collective_rpc and FutureWrapper, with scripted reply queues whose
-    dequeue takes device time: a non-blocking RPC ends when vLLM reads its reply (possibly while
-    draining the queue for a later future), not when the call returns."""
+    dequeue takes time: a non-blocking RPC completes when vLLM reads its reply (possibly while
+    draining the queue for a later future); the durations are the worker's stamps minus dispatch."""
     mp = pytest.importorskip("vllm.v1.executor.multiproc_executor")
     ok, failure = mp.WorkerProc.ResponseStatus.SUCCESS, mp.WorkerProc.ResponseStatus.FAILURE
 
@@ -703,8 +747,8 @@ def test_real_future_wrapper_completion_time(metrics, clock):
             "collective_rpc": wrap(mp.MultiprocExecutor.collective_rpc, executor.CollectiveRpc(), FUTURE)[0]})
         ex = cls.__new__(cls)
         ex.rpc_broadcast_mq = NS(enqueue=lambda item: None)
-        ex.response_mqs = [Replies([(0.5, (ok, "executed")), (0.125, (ok, "sampled")), (0.25, (ok, "blocking")),
-                                    (0.0625, (failure, "oom"))])]
+        ex.response_mqs = [Replies([(0.5, (ok, None)), (0.125, (ok, stamped(100.125, 100.5))),
+                                    (0.25, (ok, stamped(101.75, 101.75))), (0.0625, (failure, "oom"))])]
         ex.futures_queue = deque()
         ex.is_failed = False
 
@@ -713,13 +757,11 @@ def test_real_future_wrapper_completion_time(metrics, clock):
         clock.t = 100.25
         f2 = ex.collective_rpc("sample_tokens", args=(None,), non_block=True, unique_reply_rank=0)
         assert type(f1) is mp.FutureWrapper
-        assert EXEC not in metrics.points() and SAMPLE not in metrics.points()
         clock.t = 101.0
-        assert f2.result() == "sampled"  # reads f1's reply at 101.5, then its own at 101.625
-        assert f1.result() == "executed"
-        # blocking: the FutureWrapper stays inside vLLM; the call's return ends it (101.625 → 101.875)
-        assert ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "prefill"}),),
-                                 unique_reply_rank=0) == "blocking"
+        assert f2.result().__dict__  # reads f1's reply at 101.5, then its own at 101.625
+        assert f1.result() is None
+        # blocking: the FutureWrapper stays inside vLLM; the call returns the reply (101.625 → 101.875)
+        ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "prefill"}),), unique_reply_rank=0)
         f3 = ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "mixed"}),), non_block=True,
                                unique_reply_rank=0)
         with pytest.raises(RuntimeError, match="Worker failed with error 'oom'"):
@@ -727,9 +769,9 @@ def test_real_future_wrapper_completion_time(metrics, clock):
     finally:
         for patch in reversed(patches):
             patch.remove()
-    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 1.5, counts(S, b14=1)),  # (1, 2.5]
-                                      key(**step("prefill")): (1, 0.25, counts(S, b11=1))}
-    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 1.375, counts(S, b14=1))}
+    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.125, counts(S, b11=1)),
+                                      key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.25, counts(S, b11=1))}
     assert metrics.points()[RPC] == {key(**step("mixed", exception_type="worker_failed")): 1}
 
 
@@ -878,7 +920,9 @@ class FakeRunner:
     def sample_tokens(self, grammar_output):
         with self.utils.record_function_or_nullcontext("gpu_model_runner: sample"):
             self.clock.t += self.plan["sample"]
-        return "sampled"
+            if self.event is not None:
+                self.event.device_ms += self.plan.get("device_sample_ms", 0.0)
+        return self.plan.get("sampled", "sampled")
 
 
 def instrumented_runner():
@@ -988,29 +1032,32 @@ def make_event_class():
     return FakeEvent
 
 
-def test_forward_time_from_device_events_recorded_once_they_are_done(metrics, clock, utils):
+def test_step_times_from_device_events_recorded_once_they_are_done(metrics, clock, utils):
+    """Where the device offers events, a step's inference, forward and non-forward times all come
+    from the device timeline (events at execute_model's start, around the forward scope and at the
+    step's end), read once the device has passed them; npu:kernel_launch stays host time."""
     Event = make_event_class()
     timeline = model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)  # reset by reset_state
     runner = instrumented_runner()(clock, utils, event=Event)
 
-    # Step 1 (prefill): host forward 0.25 s, device forward 125 ms; the device is not there yet.
+    # Step 1 (prefill): device forward 125 ms, device sampling 62.5 ms; the device is not there yet.
     runner.plan = {"prepare": 0.0625, "forward": 0.25, "device_ms": 125.0, "post": 0.125, "tail": 0.0625,
-                   "result": None, "sample": 0.25}
+                   "result": None, "sample": 0.25, "device_sample_ms": 62.5}
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))
     runner.sample_tokens(None)
     m = metrics.points()
-    assert m[INFERENCE] == {key(**step("prefill")): (1, 0.75, counts(S, b13=1))}
     assert m[LAUNCH] == {key(**step("prefill")): (1, 0.375, counts(S, b12=1))}  # host timeline
-    assert NPU_FORWARD not in m and NON_FORWARD not in m  # not waited for
-    assert len(timeline.pending) == 1 and Event.created == 2
+    assert INFERENCE not in m and NPU_FORWARD not in m and NON_FORWARD not in m  # not waited for
+    assert len(timeline.pending) == 1 and Event.created == 4
 
-    # Step 2 (decode): the device finished step 1's forward, not step 2's (2000 → 2250 ms).
-    Event.reached, Event.device_ms = 1125.0, 2000.0
+    # Step 2 (decode): the device finished step 1 (1000 → 1187.5 ms), not step 2 (2000 → 2250 ms).
+    Event.reached, Event.device_ms = 1187.5, 2000.0
     runner.plan = {"forward": 0.5, "device_ms": 250.0, "result": "output"}
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
     m = metrics.points()
-    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}  # from the events
-    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.625, counts(S, b13=1))}  # 0.75 - 0.125
+    assert m[INFERENCE] == {key(**step("prefill")): (1, 0.1875, counts(S, b11=1))}  # device: 1000 → 1187.5
+    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
+    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.0625, counts(S, b10=1))}  # sampling, on the device
     assert len(timeline.pending) == 1
 
     # Step 3 (mixed): the device is past both (3000 → 3062.5 ms).
@@ -1023,19 +1070,41 @@ def test_forward_time_from_device_events_recorded_once_they_are_done(metrics, cl
         key(**step("decode")): (1, 0.25, counts(S, b11=1)),
         key(**step("mixed")): (1, 0.0625, counts(S, b10=1)),
     }
-    assert m[NON_FORWARD] == {
-        key(**step("prefill")): (1, 0.625, counts(S, b13=1)),
-        key(**step("decode")): (1, 0.25, counts(S, b11=1)),  # 0.5 - 0.25
-        key(**step("mixed")): (1, 0.0625, counts(S, b10=1)),  # 0.125 - 0.0625
+    assert m[INFERENCE] == {
+        key(**step("prefill")): (1, 0.1875, counts(S, b11=1)),
+        key(**step("decode")): (1, 0.25, counts(S, b11=1)),
+        key(**step("mixed")): (1, 0.0625, counts(S, b10=1)),
     }
-    assert m[INFERENCE][key(**step("decode"))] == (1, 0.5, counts(S, b12=1))
+    assert m[NON_FORWARD] == {
+        key(**step("prefill")): (1, 0.0625, counts(S, b10=1)),
+        key(**step("decode")): (1, 0.0, counts(S, b0=1)),
+        key(**step("mixed")): (1, 0.0, counts(S, b0=1)),
+    }
     assert not timeline.pending
 
 
-def test_pending_device_forward_is_recorded_at_the_end_of_a_later_step_without_forward(metrics, clock, utils):
-    """A step without a forward scope (KV connector without forward) still ends a step: forward
-    times of earlier steps that the device has finished are recorded then, not held back until the
-    next forward step."""
+def test_non_forward_time_is_on_one_clock_when_the_host_only_launches(metrics, clock, utils):
+    """Async scheduling on a device: execute_model and sample_tokens return at once (they only launch
+    work); the device computes the forward for 20 ms and samples for 10 ms. Inference is the device's
+    30 ms and non-forward its 10 ms — not host launch time minus device forward time (clamped to 0)."""
+    Event = make_event_class()
+    model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)
+    runner = instrumented_runner()(clock, utils, event=Event)
+    runner.plan = {"forward": 0.0, "device_ms": 20.0, "result": None, "sample": 0.0, "device_sample_ms": 10.0}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+    runner.sample_tokens(None)
+    Event.reached = 1030.0
+    runner.plan = {"no_forward": True, "result": "output"}  # a later step end reads the finished one
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))
+    m, dec = metrics.points(), key(**step("decode"))
+    assert m[INFERENCE][dec][:2] == (1, pytest.approx(0.030))
+    assert m[NPU_FORWARD][dec][:2] == (1, pytest.approx(0.020))
+    assert m[NON_FORWARD][dec][:2] == (1, pytest.approx(0.010))
+
+
+def test_pending_device_step_is_recorded_at_the_end_of_a_later_step_without_forward(metrics, clock, utils):
+    """A step without a forward scope (KV connector without forward) still ends a step: earlier steps
+    that the device has finished are recorded then, not held back until the next forward step."""
     Event = make_event_class()
     timeline = model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)
     runner = instrumented_runner()(clock, utils, event=Event)
@@ -1047,10 +1116,54 @@ def test_pending_device_forward_is_recorded_at_the_end_of_a_later_step_without_f
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
     m = metrics.points()
     assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
-    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}  # 0.25 - 0.125
-    assert m[INFERENCE][key(**step("decode"))] == (1, 0.0625, counts(S, b10=1))
+    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.0, counts(S, b0=1))}  # the step was its forward
+    assert m[INFERENCE] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
+                            key(**step("decode")): (1, 0.0, counts(S, b0=1))}  # no device work
     assert LAUNCH not in m or key(**step("decode")) not in m[LAUNCH]
     assert not timeline.pending
+
+
+class AsyncOutput:
+    """An async model runner output (async scheduling): get_output() waits for the sampled tokens."""
+
+    def __init__(self, clock, wait, output):
+        self.clock, self.wait, self.output = clock, wait, output
+
+    def get_output(self):
+        self.clock.t += self.wait
+        return self.output
+
+
+def test_get_output_in_the_output_thread_gets_its_own_steps_phase_and_stamps_the_reply(metrics, clock, utils):
+    """vLLM's worker process runs get_output() in its output thread while the main thread already
+    runs the next step: a prefill step's get_output that ends after the decode step's execute_model
+    began is labelled prefill, and the reply it returns carries the prefill step's moments."""
+    model_runner._DEVICE[0] = None
+    runner = instrumented_runner()(clock, utils)
+    get_output = wrap(AsyncOutput.get_output, model_runner.GetOutput(), SYNC_TIMER)[0]
+    reply = NS()
+    runner.plan = {"forward": 0.25, "result": None, "sample": 0.125, "sampled": AsyncOutput(clock, 0.5, reply)}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))  # returns at 100.25
+    pending = runner.sample_tokens(None)  # 100.375: handed to the output thread
+    started = threading.Event()
+    decoding = threading.Event()
+
+    def output_thread():
+        started.set()
+        decoding.wait(10)  # the main thread is in the decode step now
+        assert get_output(pending) is reply
+
+    thread = threading.Thread(target=output_thread)
+    thread.start()
+    started.wait(10)
+    runner.plan = {"forward": 0.0625, "result": None, "sample": 0.0, "sampled": None}
+    step_before = model_runner.ExecuteModel().before((runner, NS(**{PHASE_ATTRIBUTE: "decode"})), None)
+    assert model_runner.CURRENT[0] is step_before and context.LAST_STEP_PHASE[0] == "decode"
+    decoding.set()
+    thread.join(10)
+    m = metrics.points()
+    assert m[name("worker:model_runner_get_output:duration")] == {key(**step("prefill")): (1, 0.5, counts(S, b12=1))}
+    assert getattr(reply, context.READY_ATTRIBUTE) == (context.HOST_CLOCK, 100.25, 100.875)
 
 
 # -- profiling scopes ---------------------------------------------------------------------------------

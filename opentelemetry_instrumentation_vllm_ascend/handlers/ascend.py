@@ -47,8 +47,7 @@ class NPUExecuteModel(ExecuteModel):
     def before(self, args, kwargs):
         phase = getattr(args[1], PHASE_ATTRIBUTE, None)
         LAST_STEP_PHASE[0] = phase or context.UNKNOWN
-        step = CURRENT[0] = model_runner.WorkerStep(phase or _PENDING, model_runner.perf_counter())
-        return step
+        return model_runner._begin(phase or _PENDING)
 
     def after(self, step, args, kwargs, result):
         if step.phase == _PENDING:

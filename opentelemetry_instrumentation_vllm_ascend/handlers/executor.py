@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from concurrent.futures import CancelledError
-
-from .. import catalogue, recording
+from concurrent.futures import CancelledError, Future
 from time import perf_counter
 
-from ..context import EXEC_PHASE, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, _step_labels, step_labels
+from .. import catalogue, recording
+from ..context import (
+    EXEC_PHASE, HOST_CLOCK, LAST_STEP_PHASE, PHASE_ATTRIBUTE, READY_ATTRIBUTE, UNKNOWN, _step_labels, step_labels,
+)
 from ..wrappers import Handler
 
 #: RPCs that carry a scheduled step's work; their errors get that step's phase.
@@ -42,18 +43,55 @@ def _count(labels: tuple, exc: BaseException | None) -> None:
     recording.add(catalogue.RPC_ERRORS, 1, labels + (exception_type(exc),))
 
 
-#: RPCs whose duration is measured (dispatch until the reply was read).
+#: RPCs whose duration is measured.
 TIMED = {"execute_model": catalogue.M["executor:execute_model:duration"],
          "sample_tokens": catalogue.M["executor:sample_tokens:duration"]}
+_EXECUTE, _SAMPLE = TIMED["execute_model"], TIMED["sample_tokens"]
+
+#: The state of the execute_model RPC dispatched last (EngineCore): the sample_tokens that follows
+#: belongs to the same step, and its reply carries that step's execute_model time when the
+#: execute_model reply itself carried nothing (it was None: sampling follows).
+LAST_EXECUTE = [None]
+
+
+def record_reply(state, reply, lazy: bool = False, _get=getattr, _host=HOST_CLOCK, _record=recording.record) -> None:
+    """A timed RPC's reply arrived: record what the worker's stamp on it says.
+
+    The worker stamps the ModelRunnerOutput that ends a step with (its clock, the moment its
+    execute_model returned, the moment the reply was ready: sample_tokens returned, or its async
+    output's get_output did). Durations run from this RPC's dispatch to those moments, on one
+    monotonic clock (see ``context.HOST_CLOCK``), whenever the engine reads the reply. No stamp (a
+    None reply, an uninstrumented worker, vLLM's shared empty output), another clock (a worker on
+    another machine), or a moment outside [dispatch, now]: nothing is recorded. ``lazy``: the reply
+    was produced only when the engine asked for it (UniProcExecutor's AsyncOutputFuture runs
+    get_output then), so its ready moment says nothing about the worker: sample_tokens is not
+    recorded."""
+    stamp = _get(reply, READY_ATTRIBUTE, None)
+    if stamp is None or stamp[0] != _host:
+        return
+    labels, spec, start, execute = state
+    now = perf_counter()
+    if spec is _SAMPLE:
+        ready = stamp[2]
+        if not lazy and start <= ready <= now:
+            _record(_SAMPLE, ready - start, labels)
+    elif spec is _EXECUTE:
+        execute = state
+    else:
+        return
+    returned = stamp[1]
+    if execute is not None and returned is not None and execute[2] <= returned <= now:
+        _record(_EXECUTE, returned - execute[2], execute[0])
 
 
 class CollectiveRpc(Handler):
     """``collective_rpc(method, timeout, args, …, non_block=…)`` of the multiprocess and in-process
     executors: +1 ``rpc_errors`` per failed call, and the duration of ``execute_model`` /
     ``sample_tokens`` RPCs. A blocking call ends when it returns or raises. A non-blocking one
-    returns a future that vLLM completes when it reads the workers' reply: the future's completion
-    ends the measurement (a failure is counted then, once), so the duration is the model step as the
-    engine sees it, not the time to enqueue the request.
+    returns a future that vLLM completes when it reads the workers' reply: a failure is counted then,
+    once. Durations are not "until the engine read the reply" (with the batch queue the engine reads
+    step N's replies only after scheduling and dispatching step N+1): they run from the dispatch to
+    the moments the worker stamped on its reply (``record_reply``).
 
     Phase: an ``execute_model`` RPC carries its step's SchedulerOutput, on which the scheduler hook
     stored the step's phase; ``sample_tokens`` follows the ``execute_model`` of the same step."""
@@ -62,9 +100,9 @@ class CollectiveRpc(Handler):
     reads_args = 4  # self, method, timeout, args
 
     def before(self, args, kwargs, _step_methods=STEP_METHODS, _phase=LAST_STEP_PHASE, _exec=EXEC_PHASE,
-               _timed=TIMED.get, _cached=_step_labels.get, _labels=step_labels,
-               _execute=TIMED["execute_model"], _sample=TIMED["sample_tokens"]):
-        """State: (step labels, duration spec or None, start)."""
+               _timed=TIMED.get, _cached=_step_labels.get, _labels=step_labels, _last=LAST_EXECUTE,
+               _execute=_EXECUTE, _sample=_SAMPLE):
+        """State: (step labels, duration spec or None, dispatch time, the step's execute_model state)."""
         try:
             method = args[1]
         except IndexError:
@@ -72,31 +110,41 @@ class CollectiveRpc(Handler):
         if method == "execute_model":  # the two RPCs of every step first
             rpc_args = args[3] if len(args) > 3 else None
             phase = _exec[0] = (getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None) or _phase[0]
-            return _cached(phase) or _labels(phase), _execute, perf_counter()
+            state = _last[0] = (_cached(phase) or _labels(phase), _execute, perf_counter(), None)
+            return state
         if method == "sample_tokens":
             phase = _exec[0]
-            return _cached(phase) or _labels(phase), _sample, perf_counter()
+            execute = _last[0]
+            _last[0] = None
+            return _cached(phase) or _labels(phase), _sample, perf_counter(), execute
         if method.__class__ is not str:
             method = getattr(method, "__name__", "")
         phase = _phase[0] if method in _step_methods else UNKNOWN
-        return _labels(phase), _timed(method), perf_counter()
+        return _labels(phase), _timed(method), perf_counter(), None
 
     def error(self, state, args, kwargs, exc):
         _count(state[0], exc)
 
-    def future_result(self, state, args, kwargs, future, _record=recording.record):
-        spec = state[1]
-        if spec is not None:
-            _record(spec, perf_counter() - state[2], state[0])
+    def after(self, state, args, kwargs, result):
+        """A blocking RPC returned its reply."""
+        if state[1] is not None:
+            record_reply(state, result)
 
-    after = future_result  # a blocking RPC returned: the same measurement, ended now
+    def future_result(self, state, args, kwargs, future):
+        """vLLM's FutureWrapper completed with the reply (whenever the engine read it)."""
+        if state[1] is not None:
+            record_reply(state, future._result)
 
-    def future_done(self, state, args, kwargs, future):
+    def future_done(self, state, args, kwargs, future, _plain=Future):
+        """Any other future (UniProcExecutor's): a plain Future is done at once (the worker ran in
+        this thread); any other class is taken as completed when the engine asked for its result
+        (UniProcExecutor's AsyncOutputFuture runs get_output then: lazy). A FutureWrapper comes
+        through ``future_result``."""
         if future.cancelled():
             _count(state[0], CancelledError())
             return
         exc = future.exception()
         if exc is not None:
             _count(state[0], exc)
-        else:
-            self.future_result(state, args, kwargs, future)
+        elif state[1] is not None:
+            record_reply(state, future.result(), lazy=future.__class__ is not _plain)

@@ -17,11 +17,14 @@ from __future__ import annotations
 import collections
 import contextlib
 import fnmatch
+import sys
 from time import perf_counter
 
 from .. import context, environment, recording
 from ..catalogue import M
-from ..context import CURRENT_STEP, LAST_STEP_PHASE, PHASE_ATTRIBUTE, Step
+from ..context import (
+    CURRENT_STEP, HOST_CLOCK, LAST_STEP_PHASE, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, UNKNOWN, Step,
+)
 from ..wrappers import Handler, report
 from .common import StepTimer, device_module
 
@@ -31,6 +34,7 @@ _SCOPES = M["record_function_or_nullcontext"]
 _FORWARD = M["npu:forward_duration"]
 _LAUNCH = M["npu:kernel_launch"]
 _NON_FORWARD = M["npu:non_forward_duration"]
+_GET_OUTPUT = M["worker:model_runner_get_output:duration"]
 
 #: Scope names that open a step's forward pass / close its post-processing (vLLM GPU/CPU runner,
 #: vllm-ascend NPU runner).
@@ -43,16 +47,18 @@ MAX_SCOPE_NAMES = 64
 class WorkerStep:
     """The timeline of the step the worker is running (one at a time per worker)."""
 
-    __slots__ = ("phase", "start", "execute_seconds", "forward_start", "forward_end", "post_end", "device",
-                 "inference")
+    __slots__ = ("phase", "start", "execute_seconds", "returned", "forward_start", "forward_end", "post_end",
+                 "device", "start_event", "end_event")
 
     def __init__(self, phase: str, start: float) -> None:
         self.phase = phase
         self.start = start
         self.execute_seconds = 0.0
-        self.inference = None
+        self.returned = None  # perf_counter when execute_model returned
         self.forward_start = self.forward_end = self.post_end = None
         self.device = None  # (start event, end event) of the forward pass on the device
+        # Device events at the start of execute_model and the end of the step (device timeline only).
+        self.start_event = self.end_event = None
 
 
 CURRENT = [None]  # the WorkerStep in progress
@@ -61,9 +67,11 @@ CURRENT = [None]  # the WorkerStep in progress
 # -- device events ------------------------------------------------------------------------------------
 
 class DeviceTimeline:
-    """Forward time on the device: an event pair around the forward scope, read once the device has
-    passed the end event (``query()``), never waiting for it. Pairs not yet done are kept (at most
-    ``limit``; the oldest is dropped beyond that)."""
+    """A step's times on the device: an event recorded when execute_model starts, a pair around the
+    forward scope, and one when the step ends (sample_tokens, or an execute_model that returned the
+    output), all on the stream the runner computes on. A step is read once the device has passed its
+    end event (``query()``), never waiting for it; steps not yet done are kept (at most ``limit``;
+    the oldest is dropped beyond that)."""
 
     def __init__(self, event_class, limit: int = 64) -> None:
         self.event_class = event_class
@@ -75,24 +83,25 @@ class DeviceTimeline:
         event.record()
         return event
 
-    def end(self, start_event, step: "WorkerStep") -> None:
-        event = self.event_class(enable_timing=True)
-        event.record()
+    def step_ended(self, step: "WorkerStep") -> None:
+        step.end_event = self.start()
         if len(self.pending) >= self.limit:
             self.pending.popleft()
-        self.pending.append((start_event, event, step))
+        self.pending.append(step)
 
     def poll(self) -> None:
-        """Record the forward time (and the rest of the step's inference time) of every step whose
-        forward pass the device has finished."""
+        """Record every step the device has finished: its inference time (device time from the start
+        of execute_model to the end of the step), its forward time, and their difference; one clock."""
         pending = self.pending
-        while pending and pending[0][1].query():
-            start_event, end_event, step = pending.popleft()
-            forward = start_event.elapsed_time(end_event) / 1000.0
+        while pending and pending[0].end_event.query():
+            step = pending.popleft()
             labels = context.step_labels(step.phase)
-            recording.record(_FORWARD, forward, labels)
-            if step.inference is not None:
-                recording.record(_NON_FORWARD, max(step.inference - forward, 0.0), labels)
+            inference = step.start_event.elapsed_time(step.end_event) / 1000.0
+            recording.record(_INFERENCE, inference, labels)
+            if step.device is not None:
+                forward = step.device[0].elapsed_time(step.device[1]) / 1000.0
+                recording.record(_FORWARD, forward, labels)
+                recording.record(_NON_FORWARD, max(inference - forward, 0.0), labels)
 
 
 _DEVICE = [False]  # False: not decided yet; None: no device events (host timeline)
@@ -135,12 +144,11 @@ class _Scope:
             step = CURRENT[0]
             if step is not None:
                 step.forward_start = self.start
-                try:
-                    timeline = device_timeline()
-                    if timeline is not None:
-                        self.device = timeline.start()
-                except Exception:
-                    report(_SCOPE_HANDLER, "device event")
+                if step.start_event is not None:  # the step is on the device timeline
+                    try:
+                        self.device = device_timeline().start()
+                    except Exception:
+                        report(_SCOPE_HANDLER, "device event")
         return value
 
     def __exit__(self, exc_type, exc, tb, _step=CURRENT_STEP.get, _phase=LAST_STEP_PHASE):
@@ -238,9 +246,8 @@ def _worker_scope_ended(scope: _Scope, end: float, _forward=FORWARD_SCOPES, _pos
     name = scope.name
     if name in _forward:
         worker_step.forward_end = end
-        if scope.device is not None:
-            device_timeline().end(scope.device, worker_step)
-            worker_step.device = True
+        if scope.device is not None and worker_step.start_event is not None:
+            worker_step.device = (scope.device, device_timeline().start())
     elif name in _post:
         worker_step.post_end = end
 
@@ -329,25 +336,24 @@ class _ModuleGlobalPatch:
 # -- the worker's step ----------------------------------------------------------------------------------
 
 def _finish(step: WorkerStep, seconds: float) -> None:
-    """The step's inference time is known: record it and its timeline."""
+    """The step ended in the worker (``seconds``: its host time, execute_model + sample_tokens):
+    record its inference time and timeline — on the device timeline where the step has device
+    events (once the device has passed them), otherwise on the host (CPU: the host time is the
+    computation itself). npu:kernel_launch is host time either way."""
     CURRENT[0] = None
-    step.inference = seconds
     labels = context.step_labels(step.phase)
-    recording.record(_INFERENCE, seconds, labels)
-    if step.forward_start is None or step.forward_end is None:
-        timeline = _DEVICE[0]
-        if timeline and timeline.pending:  # earlier steps' forward passes the device may have finished
-            timeline.poll()
-        return
-    if step.post_end is not None:
+    if step.post_end is not None and step.forward_start is not None:
         recording.record(_LAUNCH, step.post_end - step.forward_start, labels)
-    if step.device is not None:
-        # Forward time comes from the device events, once the device has passed them.
-        device_timeline().poll()
+    if step.start_event is not None:
+        timeline = device_timeline()
+        timeline.step_ended(step)
+        timeline.poll()
         return
-    forward = step.forward_end - step.forward_start
-    recording.record(_FORWARD, forward, labels)
-    recording.record(_NON_FORWARD, max(seconds - forward, 0.0), labels)
+    recording.record(_INFERENCE, seconds, labels)
+    if step.forward_start is not None and step.forward_end is not None:
+        forward = step.forward_end - step.forward_start
+        recording.record(_FORWARD, forward, labels)
+        recording.record(_NON_FORWARD, max(seconds - forward, 0.0), labels)
 
 
 def _phase_of(runner, scheduler_output) -> str:
@@ -355,6 +361,46 @@ def _phase_of(runner, scheduler_output) -> str:
     if phase is None:
         phase = context.classify_step(runner, scheduler_output)[0]
     return phase
+
+
+_EMPTY = [None]  # vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT, once vllm.v1.outputs is imported
+
+
+def _shared_empty():
+    empty = _EMPTY[0]
+    if empty is None:
+        module = sys.modules.get("vllm.v1.outputs")
+        empty = _EMPTY[0] = getattr(module, "EMPTY_MODEL_RUNNER_OUTPUT", None) if module is not None else None
+    return empty
+
+
+def _stamp(output, returned, ready) -> None:
+    """Stamp the ModelRunnerOutput the worker replies with: (this process's clock, execute_model
+    returned, the reply was ready). It travels to the EngineCore pickled with the instance dict (or
+    in-process as is). vLLM's shared empty output (vLLM copies it into other replies) and objects
+    that take no attributes are left alone."""
+    if output is None or output is _shared_empty():
+        return
+    try:
+        setattr(output, READY_ATTRIBUTE, (HOST_CLOCK, returned, ready))
+    except Exception:
+        pass
+
+
+def reply(output, step: WorkerStep | None, now: float) -> None:
+    """``output`` is what the worker returns for an RPC that ends a step (``now``: it returned).
+    An async output (async scheduling: it has ``get_output``, which vLLM's output thread — or the
+    in-process executor, when the engine reads it — calls later) carries the step's phase and the
+    moment its execute_model returned on to ``GetOutput``, which stamps the output it builds; any
+    other output is stamped now."""
+    returned = step.returned if step is not None else None
+    if output is not None and hasattr(output.__class__, "get_output"):
+        try:
+            setattr(output, STEP_ATTRIBUTE, (step.phase if step is not None else UNKNOWN, returned))
+        except Exception:
+            pass
+    else:
+        _stamp(output, returned, now)
 
 
 class ExecuteModel(Handler):
@@ -367,22 +413,39 @@ class ExecuteModel(Handler):
 
     def before(self, args, kwargs):
         phase = LAST_STEP_PHASE[0] = _phase_of(args[0], args[1])
-        step = CURRENT[0] = WorkerStep(phase, perf_counter())
-        return step
+        return _begin(phase)
 
     def after(self, step, args, kwargs, result):
-        seconds = perf_counter() - step.start
+        end = step.returned = perf_counter()
+        seconds = end - step.start
         recording.record(_EXECUTE, seconds, context.step_labels(step.phase))
         step.execute_seconds = seconds
         if result is not None:
+            reply(result, step, end)
             _finish(step, seconds)
 
     def error(self, step, args, kwargs, exc):
         CURRENT[0] = None
 
 
+def _begin(phase: str) -> WorkerStep:
+    """A worker step starts (execute_model was called): its timeline, with a device event at its
+    start where the device offers events."""
+    step = CURRENT[0] = WorkerStep(phase, perf_counter())
+    timeline = _DEVICE[0]
+    if timeline is False:
+        timeline = device_timeline()
+    if timeline is not None:
+        try:
+            step.start_event = timeline.start()
+        except Exception:
+            report(_SCOPE_HANDLER, "device event")
+    return step
+
+
 class SampleTokens(Handler):
-    """The model runner's ``sample_tokens(grammar_output)``: ends the step that execute_model began."""
+    """The model runner's ``sample_tokens(grammar_output)``: ends the step that execute_model began,
+    and stamps its reply (``reply``)."""
 
     name = "GPUModelRunner.sample_tokens"
     reads_args = 0
@@ -391,9 +454,11 @@ class SampleTokens(Handler):
         return perf_counter()
 
     def after(self, start, args, kwargs, result):
+        end = perf_counter()
         step = CURRENT[0]
+        reply(result, step, end)
         if step is not None:
-            _finish(step, step.execute_seconds + perf_counter() - start)
+            _finish(step, step.execute_seconds + end - start)
 
     def error(self, start, args, kwargs, exc):
         CURRENT[0] = None
@@ -408,13 +473,27 @@ class PrepareInputs(StepTimer):
         super().__init__(M["executor:prepare_inputs:duration"])
 
 
-class GetOutput(StepTimer):
-    """``AsyncGPUModelRunnerOutput.get_output`` (async scheduling)."""
+class GetOutput(Handler):
+    """An async model runner output's ``get_output()`` (MRV1 ``AsyncGPUModelRunnerOutput``, which the
+    NPU runner uses too; MRV2 ``AsyncOutput``): waits for the sampled tokens to reach the host and
+    builds the ModelRunnerOutput. vLLM's worker process calls it in its output thread while the main
+    thread runs later steps, so the phase is the one ``reply`` carried on the object (the step whose
+    output it is), not the step running now. The output it returns is stamped as the reply (ready
+    now). Called inside sample_tokens (MRV2 without async scheduling): the step still running there."""
 
-    name = "AsyncGPUModelRunnerOutput.get_output"
+    name = "AsyncModelRunnerOutput.get_output"
+    reads_args = 1  # self
 
-    def __init__(self) -> None:
-        super().__init__(M["worker:model_runner_get_output:duration"])
+    def timed(self, seconds, args, kwargs, result):
+        end = perf_counter()
+        carried = getattr(args[0], STEP_ATTRIBUTE, None)
+        if carried is not None:
+            phase, returned = carried
+        else:
+            step = CURRENT[0]
+            phase, returned = (step.phase, step.returned) if step is not None else (UNKNOWN, None)
+        recording.record(_GET_OUTPUT, seconds, context.step_labels(phase))
+        _stamp(result, returned, end)
 
 
 class ExecuteModelV2(ExecuteModel):
