@@ -174,6 +174,11 @@ TARGETS: tuple[Target, ...] = (
            ("executor:prepare_inputs:duration",), ()),
           ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", _STEP_END_FEEDS, ()),
       )),
+    # 310P's runner and the NPU model runner V2 re-implement input preparation without the base's.
+    Target("vllm_ascend._310p.model_runner_310p", "NPUModelRunner310._prepare_inputs", SYNC_TIMER,
+           "ascend:NPUPrepareInputs", vllm_ascend=">=0.23.0", feeds=("executor:prepare_inputs:duration",)),
+    Target("vllm_ascend.worker.v2.model_runner", "NPUModelRunner.prepare_inputs", SYNC_TIMER,
+           "model_runner:PrepareInputs", vllm_ascend=">=0.23.0", feeds=("executor:prepare_inputs:duration",)),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
     *(Target(module, f"{cls}.schedule", SYNC, "scheduler:Schedule", vllm_ascend=">=0.23.0", feeds=_SCHEDULE_FEEDS,
              provides_context=True)
@@ -181,6 +186,12 @@ TARGETS: tuple[Target, ...] = (
                           ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
                           ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
                           ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"))),
+    # RecomputeScheduler (PD decode nodes) re-implements these two without calling the base's.
+    Target("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler.update_from_output", SYNC,
+           "scheduler:UpdateFromOutput", vllm_ascend=">=0.23.0", feeds=("scheduler:update_from_output:duration",),
+           params=("scheduler_output",)),
+    Target("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler.add_request", SYNC_TIMER,
+           "scheduler:AddRequest", vllm_ascend=">=0.23.0", feeds=("scheduler:add_request:duration",)),
     # Memory after warm-up (and, when instrumented late, at the first step), vLLM's workers and vllm-ascend's.
     Target("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model", SYNC, "memory:WarmUp", feeds=_MEMORY),
     Target("vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp",
@@ -198,6 +209,31 @@ TARGETS: tuple[Target, ...] = (
     Target("vllm.v1.worker.worker_base", "WorkerBase.__init__", SYNC, "process:WorkerInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config",),
            provides_context=True),
+)
+
+
+@dataclass(frozen=True)
+class UncoveredOverride:
+    """A class that overrides a hooked method without calling the base's (so the hook on the base
+    never sees its calls) and has no row of its own: the metrics the hooked row feeds are absent
+    wherever this class runs. The override contract test finds every such class in the source of
+    each supported version; each must have a row or an entry here."""
+
+    symbol: str  # "module:Class.method" of the override
+    hooked: str  # the target row's symbol it bypasses
+    reason: str
+    vllm: str = ">=0.23.0"  # versions whose source has the override
+    vllm_ascend: str | None = None
+
+
+UNCOVERED_OVERRIDES: tuple[UncoveredOverride, ...] = (
+    UncoveredOverride(
+        "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.execute_model",
+        f"{_MRV2}:GPUModelRunner.execute_model",
+        "Encoder-only instances of a disaggregated multimodal deployment (vllm_config.is_mm_encoder_only, "
+        "model runner V2) run the multimodal encoder and no language-model step: there is no model step, "
+        "sampling or forward scope to measure; the worker step metrics are absent there.",
+        vllm=">=0.32.0"),
 )
 
 
