@@ -56,7 +56,7 @@ _MRV2 = "vllm.v1.worker.gpu.model_runner"
 _ALLM, _CC = "vllm.v1.engine.async_llm", "vllm.v1.engine.core_client"
 
 _SCHEDULE_FEEDS = (
-    c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.BLOCK_ALLOCATE_FAILURES.seed, "scheduler:duration",
+    c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed, c.BLOCK_ALLOCATE_FAILURES.seed, "scheduler:duration",
     "scheduler:batch_size", "scheduler:running_queue_size", "scheduler:seqlen:sum", "scheduler:seqlen:avg",
     "scheduler:phase_batch_size", "scheduler:phase_scheduled_tokens", "scheduler:phase_scheduled_token_counter",
     "running_phase_batch_size", "waiting_phase_batch_size", "total_kvcache_blocks", "free_kvcache_blocks",
@@ -74,7 +74,8 @@ TARGETS: tuple[Target, ...] = (
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
     Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule", feeds=_SCHEDULE_FEEDS, provides_context=True),
     Target(_SCHED, "Scheduler._preempt_request", SYNC, "scheduler:PreemptRequest",
-           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed), params=("request",), provides_context=True),
+           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed), params=("request",),
+           provides_context=True),
     Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache"),
     # Right after the step's execute_model RPC was sent: the scheduler hook's deferred records run here.
     Target(_SCHED, "Scheduler.get_grammar_bitmask", SYNC, "scheduler:GrammarBitmask", provides_context=True),
@@ -277,9 +278,11 @@ READS = tuple(
         ("vllm_ascend.worker.worker", "NPUWorker",
          ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "non_torch_memory",
           "peak_activation_memory", "npugraph_memory_bytes", "model_runner", "rank", "cache_config")),
-        ("vllm.v1.request", "Request", ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens")),
+        ("vllm.v1.request", "Request",
+         ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens", "status")),
         ("vllm.v1.core.sched.output", "SchedulerOutput",
-         ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")),
+         ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs",
+          "preempted_req_ids")),
         ("vllm.v1.core.sched.output", "CachedRequestData",
          ("req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens")),
         ("vllm.config", "VllmConfig", ("parallel_config", "kv_transfer_config", "model_config")),
