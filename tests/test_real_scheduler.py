@@ -33,7 +33,6 @@ def metrics(monkeypatch):
     instrumentor.instrument(metric_readers=[reader])
     context.set_process("engine_core", "0", "mixed")
     scheduler_handlers._BLOCKED.clear()
-    getattr(scheduler_handlers, "_PREEMPTED", {}).clear()
     try:
         yield Metrics(reader)
     finally:
@@ -256,3 +255,27 @@ def test_allocate_slots_scopes_fall_mostly_above_the_first_bucket(model, metrics
                 counts[i] += n
     assert observations >= 100
     assert counts[0] < observations / 2
+
+
+def test_reset_prefix_cache_preemptions_are_not_counted_when_the_next_step_reports_them(model, metrics):
+    """reset_prefix_cache(reset_running_requests=True) preempts every running request between steps;
+    vLLM 0.32+ reports those in the next step's preempted_req_ids (and counts them in
+    num_preemptions): they are bookkeeping, not memory pressure, and are counted nowhere."""
+    scheduler = build(model, blocks=64, max_num_seqs=4, budget=128, prefix_caching=True)
+    requests = [request(f"r{i}", 20, 10, seed=i, hashed=True) for i in range(3)]
+    for r in requests:
+        scheduler.add_request(r)
+    for _ in range(3):
+        finish_step(scheduler, scheduler.schedule())
+    assert scheduler.reset_prefix_cache(reset_running_requests=True)
+    output = scheduler.schedule()
+    reported = output.preempted_req_ids or set()
+    finish_step(scheduler, output)
+    run_until_done(scheduler, [])
+    assert sum(r.num_preemptions for r in requests) == 3
+    if hasattr(scheduler, "reset_preempted_req_ids"):  # 0.32+: the next step reports them
+        assert len(reported) == 3
+    points = metrics.points()
+    assert total(points, "running_to_waiting_count") == 0
+    assert total(points, "scheduler:recompute_events") == 0
+    assert total(points, "scheduler:recomputed_tokens") == 0

@@ -192,10 +192,21 @@ def _record_schedules(steps: list) -> None:
 _record_schedule.many = _record_schedules
 
 
-#: Per scheduler (by id): {request id: tokens it had computed when it was preempted (None: preempted by
-#: reset_prefix_cache)} for requests preempted and not yet resumed. Entries leave when the request is
-#: scheduled again (its resume) or has left the scheduler.
-_PREEMPTED: dict[int, dict] = {}
+#: Attribute of each scheduler: {request id: tokens it had computed when it was preempted (None:
+#: preempted by reset_prefix_cache)} for its requests preempted and not yet resumed. Entries leave when
+#: the request is scheduled again (its resume) or has left the scheduler.
+_PREEMPTED = "_otel_vllm_ascend_preempted"
+
+
+def _preempted_of(scheduler) -> dict:
+    pending = getattr(scheduler, _PREEMPTED, None)
+    if pending is None:
+        pending = {}
+        try:
+            setattr(scheduler, _PREEMPTED, pending)
+        except (AttributeError, TypeError):
+            pass  # a scheduler that takes no attributes: each step sees only its own preemptions
+    return pending
 _STATUS_PREEMPTED = [None]  # vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen
 
 
@@ -210,7 +221,7 @@ def _preempted_status():
 
 def _count_preemptions(scheduler, result, step: Step) -> None:
     """Preemptions made in this ``schedule()`` call without ``_preempt_request`` (whose hook counts its
-    own and records them in ``_PREEMPTED``), and the resumes of preempted requests: the tokens they
+    own and records them, ``_preempted_of``), and the resumes of preempted requests: the tokens they
     compute again.
 
     A scheduler that preempts inline (vllm-ascend's ``SchedulerDynamicBatch``: it frees the request,
@@ -219,13 +230,11 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     Ascend schedulers: this call's preemptions; vLLM 0.32+: every ``_preempt_request`` since the last
     step, reset_prefix_cache's included), and at the head of a FCFS ``waiting`` queue, where a
     preempted request is put back (a priority queue is searched whole, only for a scheduler that does
-    not fill ``preempted_req_ids``). A preemption already in ``_PREEMPTED`` is not counted again. A
+    not fill ``preempted_req_ids``). A preemption already recorded (``_preempted_of``) is not counted
+    again. A
     request preempted inline had computed its tokens but the one it last sampled (exact for a
     decoding request: its computed count was reset before it could be read)."""
-    key = id(scheduler)
-    pending = _PREEMPTED.get(key)
-    if pending is None:
-        pending = _PREEMPTED[key] = {}
+    pending = _preempted_of(scheduler)
     found = {}  # request id -> request, preempted in this call without _preempt_request
     ids = getattr(result, "preempted_req_ids", None)
     if ids:
@@ -342,9 +351,9 @@ class Schedule(Handler):
 class PreemptRequest(Handler):
     """``Scheduler._preempt_request(request, timestamp, …)``: +1 preemption when it returns normally;
     +1 recompute event when the request had computed tokens (they are dropped: redone at its resume
-    unless the prefix cache still has them). The tokens it had computed wait in ``_PREEMPTED`` for its
-    resume (``scheduler:recomputed_tokens``); reset_prefix_cache's preemptions are only noted there,
-    so that vLLM 0.32+'s ``preempted_req_ids`` does not count them."""
+    unless the prefix cache still has them). The tokens it had computed wait for its resume
+    (``scheduler:recomputed_tokens``) in ``_preempted_of``; reset_prefix_cache's preemptions are only
+    noted there, so that vLLM 0.32+'s ``preempted_req_ids`` does not count them."""
 
     name = "Scheduler._preempt_request"
     reads_args = 2  # self, request
@@ -355,7 +364,7 @@ class PreemptRequest(Handler):
         # Whatever the reason, the request will recompute its tokens when it resumes.
         context.mark_recomputing(scheduler, req_id)
         if IN_PREFIX_CACHE_RESET.get():
-            _PREEMPTED.setdefault(id(scheduler), {})[req_id] = None
+            _preempted_of(scheduler)[req_id] = None
             return None
         return req_id, request.num_computed_tokens or 0
 
@@ -363,7 +372,7 @@ class PreemptRequest(Handler):
         if state is None:
             return
         req_id, computed = state
-        _PREEMPTED.setdefault(id(args[0]), {})[req_id] = computed
+        _preempted_of(args[0])[req_id] = computed
         step = CURRENT_STEP.get()
         if step is not None:
             step.preemptions += 1
