@@ -4,6 +4,7 @@ preemptions and recompute events."""
 from __future__ import annotations
 
 import sys
+from collections import deque
 from time import perf_counter
 
 from .. import catalogue, context, recording
@@ -199,7 +200,10 @@ _PREEMPTED = "_otel_vllm_ascend_preempted"
 
 
 def _preempted_of(scheduler) -> dict:
-    pending = getattr(scheduler, _PREEMPTED, None)
+    try:
+        return scheduler.__dict__[_PREEMPTED]  # no AttributeError raised and caught on every step
+    except (KeyError, AttributeError):
+        pending = getattr(scheduler, _PREEMPTED, None)
     if pending is None:
         pending = {}
         try:
@@ -207,6 +211,7 @@ def _preempted_of(scheduler) -> dict:
         except (AttributeError, TypeError):
             pass  # a scheduler that takes no attributes: each step sees only its own preemptions
     return pending
+_deque_len, _deque_iter = deque.__len__, deque.__iter__
 _STATUS_PREEMPTED = [None]  # vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen
 
 
@@ -235,30 +240,41 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     request preempted inline had computed its tokens but the one it last sampled (exact for a
     decoding request: its computed count was reset before it could be read)."""
     pending = _preempted_of(scheduler)
-    found = {}  # request id -> request, preempted in this call without _preempt_request
+    found = None  # {request id: request} preempted in this call without _preempt_request
     ids = getattr(result, "preempted_req_ids", None)
     if ids:
         for req_id in ids:
             if req_id not in pending:
                 request = scheduler.requests.get(req_id)
                 if request is not None:
+                    found = found or {}
                     found[req_id] = request
     waiting = scheduler.waiting
-    fcfs = hasattr(waiting, "appendleft")  # a deque: preempted requests are put back at its head
-    preempted = _preempted_status()
-    if waiting and (fcfs or ids is None) and preempted is not None:
+    # FCFS (vLLM's deque subclass, whose len() and bool() are Python calls: the deque's own are used):
+    # preempted requests are put back at its head.
+    if isinstance(waiting, deque):
+        if _deque_len(waiting):
+            preempted = _STATUS_PREEMPTED[0] or _preempted_status()
+            if getattr(waiting[0], "status", None) is preempted:
+                for request in _deque_iter(waiting):
+                    if request.status is not preempted:
+                        break
+                    if request.request_id not in pending:
+                        found = found or {}
+                        found[request.request_id] = request
+    elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
+        preempted = _preempted_status()
         for request in waiting:
-            if getattr(request, "status", None) is not preempted:
-                if fcfs:
-                    break
-                continue
-            if request.request_id not in pending:
+            if preempted is not None and getattr(request, "status", None) is preempted \
+                    and request.request_id not in pending:
+                found = found or {}
                 found[request.request_id] = request
-    for req_id, request in found.items():
-        context.mark_recomputing(scheduler, req_id)
-        pending[req_id] = max(request.num_tokens - 1, 0)
-        step.preemptions += 1
-        step.recomputes += 1  # a running request has computed tokens
+    if found:
+        for req_id, request in found.items():
+            context.mark_recomputing(scheduler, req_id)
+            pending[req_id] = max(request.num_tokens - 1, 0)
+            step.preemptions += 1
+            step.recomputes += 1  # a running request has computed tokens
     if pending:
         scheduled = result.num_scheduled_tokens
         requests = scheduler.requests
