@@ -218,12 +218,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            (_SCHED + ".add_request",), FINE_SECONDS),
     # -- engine core loop -----------------------------------------------------------------------------
     _timer("engine_core:engine_core_step:duration", "One engine step: schedule, execute, update "
-           "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism).", _EC,
+           "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism), with the "
+           "phase of the step it scheduled; phase idle when it scheduled nothing (an idle DP rank's step returns "
+           "before scheduling; a batch-queue call with a full queue only waits for its oldest batch).", _EC,
            (_CORE + ":EngineCore.step", _CORE + ":EngineCore.step_with_batch_queue")),
     _timer("engine_core:process_engine_step:duration", "One busy-loop engine step including queueing its "
-           "outputs (EngineCoreProc._process_engine_step).", _EC, (_CORE + ":EngineCoreProc._process_engine_step",)),
+           "outputs (EngineCoreProc._process_engine_step); phase as engine_core:engine_core_step:duration "
+           "(idle when nothing was scheduled in it).", _EC, (_CORE + ":EngineCoreProc._process_engine_step",)),
     _timer("engine_core:process_input_queue:duration", "Time one busy-loop pass spent on client requests "
-           "(EngineCoreProc._process_input_queue), excluding the time it blocked idle waiting for the first one.",
+           "(EngineCoreProc._process_input_queue), excluding the time it blocked idle: waiting for the first "
+           "request, and again after each request that left the engine without work (a utility call, an abort).",
            _EC, (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request"),
            FINE_SECONDS),
     # -- executor (EngineCore side) -------------------------------------------------------------------
