@@ -31,12 +31,14 @@ def metrics(monkeypatch):
     reader = InMemoryMetricReader()
     instrumentor = VllmAscendInstrumentor()
     instrumentor.instrument(metric_readers=[reader])
+    saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
     context.set_process("engine_core", "0", "mixed")
     scheduler_handlers._BLOCKED.clear()
     try:
         yield Metrics(reader)
     finally:
         instrumentor.uninstrument()
+        context.set_process(*saved)
 
 
 def build(model_path, *, blocks=64, max_num_seqs=4, max_num_active_seqs=None, prefix_caching=False,
