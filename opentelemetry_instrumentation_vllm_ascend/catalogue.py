@@ -75,6 +75,10 @@ class MetricSpec:
 #: Engine-internal durations (a scheduler call, an RPC, a model step): 50 µs … 10 s.
 STEP_SECONDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 1.0, 2.5, 5.0, 10.0)
+#: Microsecond-scale engine work (vLLM's profiling scopes, a scheduler call, adding or aborting a request,
+#: an EPLB map update): 1 µs … 10 s, the step-seconds bounds with five below 50 µs (where most of these
+#: values fall: a "schedule: allocate_slots" scope takes ~8 µs).
+FINE_SECONDS = (0.000001, 0.0000025, 0.000005, 0.00001, 0.000025) + STEP_SECONDS
 #: Per-token latencies (inter-token, time per output token, second token): 1 ms … 5 s.
 TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
                  2.5, 5.0)
@@ -127,13 +131,18 @@ _EC, _W, _API = "engine_core", "worker", "api_server"
 CATALOGUE: tuple[MetricSpec, ...] = (
     # -- exception monitoring ------------------------------------------------------------------------
     _counter("running_to_waiting_count", "{preemption}",
-             "Running requests the scheduler preempted back to the waiting queue "
-             "(+1 per Scheduler._preempt_request call while scheduling; reset_prefix_cache is not counted).",
-             _EC, (_SCHED + "._preempt_request",)),
+             "Running requests the scheduler preempted back to the waiting queue: +1 per "
+             "Scheduler._preempt_request call, and per request a scheduler preempts without it (vllm-ascend's "
+             "SchedulerDynamicBatch preempts inline), found in SchedulerOutput.preempted_req_ids or at the head of "
+             "the waiting queue with status PREEMPTED; each preemption once. reset_prefix_cache's preemptions are "
+             "not counted.", _EC, (_SCHED + "._preempt_request", _SCHED + ".schedule")),
     _counter("scheduler:recompute_events", "{event}",
-             "Preemptions that threw away computed KV cache, so the request's tokens must be computed "
-             "again when it resumes (vLLM v1 has no swap: every preemption of a request with computed tokens).",
-             _EC, (_SCHED + "._preempt_request",)),
+             "Requests whose KV cache was dropped, so that they must redo their prefill: preemptions of requests "
+             "with computed tokens (as running_to_waiting_count counts them), and requests vllm-ascend's "
+             "RecomputeScheduler hands back to be recomputed elsewhere (PD decode nodes). An upper bound on "
+             "recomputation: a preempted request's blocks go to the prefix cache, and with prefix caching (vLLM's "
+             "default) its resume often finds most of them; scheduler:recomputed_tokens counts what is computed "
+             "again.", _EC, (_SCHED + "._preempt_request", _SCHED + ".schedule")),
     _counter("block_allocate_failures", "{failure}",
              "KVCacheManager.allocate_slots calls that found no room (returned None) or raised. Each failed "
              "call counts once, retries after a preemption included.",
@@ -147,8 +156,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
              "Health checks (GET /health) that found the engine dead: AsyncLLM.check_health raised.",
              _API, ("vllm.v1.engine.async_llm:AsyncLLM.check_health",)),
     _counter("request_prefill_pending_nums", "{event}",
-             "Times the scheduler became blocked on capacity: after a step the running queue is full "
-             "(max_num_seqs) while requests wait. Counted once per episode (on the edge into that state).",
+             "Times the scheduler became blocked on capacity: after a step no waiting request can be admitted "
+             "(running requests at the admission limit: max_num_seqs on vLLM 0.23; on 0.32+ max_num_active_seqs "
+             "(default max_num_seqs), paused streaming sessions counting against it) while requests wait (as "
+             "waiting_phase_batch_size counts them). Counted once per episode (on the edge into that state).",
              _EC, (_SCHED + ".schedule",)),
     MetricSpec(
         seed="instrumented_processes", kind=GAUGE, unit="{process}",
@@ -159,7 +170,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
                 "vllm.v1.worker.worker_base:WorkerBase.__init__"),
     ),
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
-    _timer("scheduler:duration", "Duration of one Scheduler.schedule call.", _EC, (_SCHED + ".schedule",)),
+    _timer("scheduler:duration", "Duration of one Scheduler.schedule call.", _EC, (_SCHED + ".schedule",),
+           FINE_SECONDS),
     _sizes("scheduler:batch_size", "{request}", "Requests scheduled in one step (entries of "
            "SchedulerOutput.num_scheduled_tokens).", _EC, (_SCHED + ".schedule",), REQUESTS),
     _sizes("scheduler:running_queue_size", "{request}", "Requests in the running queue after a step was "
@@ -177,12 +189,22 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _counter("scheduler:phase_scheduled_token_counter", "{token}", "Tokens scheduled, by req_phase "
              "(cumulative; a step adds exactly what it scheduled).", _EC, (_SCHED + ".schedule",),
              labels=STEP_LABELS + ("req_phase",)),
+    _counter("scheduler:recomputed_tokens", "{token}",
+             "Tokens computed again after a preemption: at each resume of a preempted request, the tokens it had "
+             "computed (or scheduled) before the preemption minus those its resume found already computed (prefix "
+             "cache hits). For a request preempted without Scheduler._preempt_request (vllm-ascend's "
+             "SchedulerDynamicBatch), the tokens computed before are taken as all of its tokens but the last "
+             "sampled one (exact for a decoding request). reset_prefix_cache's preemptions and RecomputeScheduler "
+             "hand-backs are not counted. phase: the step the request resumed in.",
+             _EC, (_SCHED + "._preempt_request", _SCHED + ".schedule")),
     _sizes("running_phase_batch_size", "{request}", "Requests in the running queue after a step was "
            "scheduled, by req_phase (prefill while the prompt is not yet computed).", _EC,
            (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
-    _sizes("waiting_phase_batch_size", "{request}", "Requests in the waiting queue after a step was "
-           "scheduled (req_phase is always prefill: a waiting request has not computed its prompt, and "
-           "preemption resets what it had).", _EC,
+    _sizes("waiting_phase_batch_size", "{request}", "Waiting requests after a step was scheduled: the "
+           "queues vLLM's Scheduler.get_request_counts() counts (waiting plus skipped_waiting on 0.23, plus "
+           "kv_holding_waiting on 0.32+: requests waiting with KV blocks, e.g. P/D decode requests waiting for "
+           "remote KV, streaming sessions waiting for input). req_phase is always prefill: a waiting request "
+           "has not computed its prompt (preemption resets what it had) or waits for its KV.", _EC,
            (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
     _gauge("total_kvcache_blocks", "{block}", "KV cache blocks of the engine (block_pool.num_gpu_blocks).",
            _EC, (_SCHED + ".schedule",)),
@@ -191,18 +213,23 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _gauge("allocated_kvcache_blocks", "{block}", "Allocated KV cache blocks after the last step was "
            "scheduled (total - free - the null block).", _EC, (_SCHED + ".schedule",)),
     _timer("scheduler:update_from_output:duration", "Duration of Scheduler.update_from_output (turning a "
-           "step's model output into request outputs).", _EC, (_SCHED + ".update_from_output",)),
+           "step's model output into request outputs).", _EC, (_SCHED + ".update_from_output",), FINE_SECONDS),
     _timer("scheduler:add_request:duration", "Duration of Scheduler.add_request.", _EC,
-           (_SCHED + ".add_request",)),
+           (_SCHED + ".add_request",), FINE_SECONDS),
     # -- engine core loop -----------------------------------------------------------------------------
     _timer("engine_core:engine_core_step:duration", "One engine step: schedule, execute, update "
-           "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism).", _EC,
+           "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism), with the "
+           "phase of the step it scheduled; phase idle when it scheduled nothing (an idle DP rank's step returns "
+           "before scheduling; a batch-queue call with a full queue only waits for its oldest batch).", _EC,
            (_CORE + ":EngineCore.step", _CORE + ":EngineCore.step_with_batch_queue")),
     _timer("engine_core:process_engine_step:duration", "One busy-loop engine step including queueing its "
-           "outputs (EngineCoreProc._process_engine_step).", _EC, (_CORE + ":EngineCoreProc._process_engine_step",)),
+           "outputs (EngineCoreProc._process_engine_step); phase as engine_core:engine_core_step:duration "
+           "(idle when nothing was scheduled in it).", _EC, (_CORE + ":EngineCoreProc._process_engine_step",)),
     _timer("engine_core:process_input_queue:duration", "Time one busy-loop pass spent on client requests "
-           "(EngineCoreProc._process_input_queue), excluding the time it blocked idle waiting for the first one.",
-           _EC, (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request")),
+           "(EngineCoreProc._process_input_queue), excluding the time it blocked idle: waiting for the first "
+           "request, and again after each request that left the engine without work (a utility call, an abort).",
+           _EC, (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request"),
+           FINE_SECONDS),
     # -- executor (EngineCore side) -------------------------------------------------------------------
     _timer("executor:execute_model:duration", "From dispatching a step's execute_model RPC until the "
            "replying worker's model runner returned from execute_model: the RPC's transfer, the wait behind "
@@ -243,7 +270,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
            "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled. "
            "Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES are not timed.",
-           "worker, engine_core", (_WORKER_SCOPES,), labels=STEP_LABELS + ("name",)),
+           "worker, engine_core", (_WORKER_SCOPES,), FINE_SECONDS, labels=STEP_LABELS + ("name",)),
     _timer("npu:forward_duration", "Forward time of one step: the model runner's forward scope, on the "
            "device timeline (device events, read without synchronising) where the device offers events, "
            "otherwise on the host (CPU: the forward computation itself). Model runners with the scope: V1 "
@@ -278,7 +305,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            labels=_API_STEP),
     _timer("second_token_latency", "Time from a request's first generated token to its second.", _API,
            ("vllm.v1.metrics.stats:IterationStats.update_from_output",), TOKEN_SECONDS, labels=_API_STEP),
-    _counter("decode_over_1s_count", "{token}", "Inter-token latencies over 1 s (each token once).", _API,
+    _counter("decode_over_1s_count", "{output}", "Inter-token latencies over 1 s: vLLM takes one per request "
+             "output after the first (the time since the request's previous output), so a speculative-decoding "
+             "output carrying several tokens counts once; each latency counts once.", _API,
              (_STATS,), labels=_API_STEP),
     _counter("prefill_over_threshold_count", "{request}", "Requests whose time to first token exceeded "
              "threshold (5s, 10s, 20s; a request counts once under each threshold it exceeded).", _API,
@@ -288,7 +317,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     _timer("async_llm:abort_requests:duration", "Duration of aborting requests in the engine client "
            "(abort_requests_async, awaited).", _API,
            ("vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async",
-            "vllm.v1.engine.core_client:DPLBAsyncMPClient.abort_requests_async")),
+            "vllm.v1.engine.core_client:DPLBAsyncMPClient.abort_requests_async"), FINE_SECONDS),
     _timer("engine:async_add_request:duration", "Duration of AsyncLLM.add_request (awaited: input "
            "processing and sending the request to the engine).", _API,
            ("vllm.v1.engine.async_llm:AsyncLLM.add_request",)),
@@ -353,7 +382,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     *(
         _timer(seed, f"Host time of VllmEplbAdaptor.{method} ({meaning}; a device tensor's copy_() is only "
                "enqueued on its stream). phase=all.", _W,
-               (f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}",))
+               (f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}",), FINE_SECONDS)
         for seed, method, meaning in (
             ("eplb:expert_map_update:duration", "do_update_expert_map", "one MoE layer's expert map replaced"),
             ("eplb:log2phy_map_update:duration", "do_update_log2phy_map",
@@ -393,6 +422,7 @@ BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 
 RUNNING_TO_WAITING = BY_SEED["running_to_waiting_count"]
 RECOMPUTE_EVENTS = BY_SEED["scheduler:recompute_events"]
+RECOMPUTED_TOKENS = BY_SEED["scheduler:recomputed_tokens"]
 BLOCK_ALLOCATE_FAILURES = BY_SEED["block_allocate_failures"]
 RPC_ERRORS = BY_SEED["rpc_errors"]
 INSTRUMENTED_PROCESSES = BY_SEED["instrumented_processes"]

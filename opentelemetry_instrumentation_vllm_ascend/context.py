@@ -123,11 +123,13 @@ def reset_after_fork() -> None:
 class Step:
     """Events seen while one ``schedule()`` call runs; recorded once, with the step's phase, when it returns."""
 
-    __slots__ = ("preemptions", "recomputes", "allocate_failures", "scopes", "timers")
+    __slots__ = ("preemptions", "recomputes", "recomputed_tokens", "allocate_failures", "scopes", "timers")
 
     def __init__(self) -> None:
         self.preemptions = 0
         self.recomputes = 0
+        #: Tokens computed again by requests that resumed in this step after a preemption.
+        self.recomputed_tokens = 0
         self.allocate_failures = 0
         #: {scope name: [seconds, …]} of profiling scopes that ended inside the schedule() call
         #: (vLLM's per-request "schedule: allocate_slots" scope ends once per running request).
@@ -144,6 +146,9 @@ IN_PREFIX_CACHE_RESET: ContextVar[bool] = ContextVar("otel_vllm_ascend_reset", d
 #: Phase of the step most recently scheduled in this process (read by executor RPC handlers, which
 #: dispatch that step's work right after ``schedule()`` returned).
 LAST_STEP_PHASE = [UNKNOWN]
+#: ``schedule()`` calls so far in this process (outermost calls, raised ones included): an engine step
+#: during which it did not change scheduled nothing (phase ``idle``).
+SCHEDULE_CALLS = [0]
 #: Phase of the step whose execute_model RPC was dispatched last (EngineCore): its sample_tokens follows.
 EXEC_PHASE = [UNKNOWN]
 #: Attribute the EngineCore sets on each SchedulerOutput it scheduled: the step's phase travels with

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import zipfile
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ class SourceTree:
     def __init__(self, files: dict[str, str]) -> None:
         self.files = files  # "vllm/v1/request.py" -> source
         self._asts: dict[str, ast.Module | None] = {}
+        self._base_words: dict[str, set[str]] | None = None
 
     @classmethod
     def from_archive(cls, path: str, strip_prefix: bool = False) -> "SourceTree":
@@ -78,7 +80,7 @@ class SourceTree:
         if node is not None:
             return module, node
         # Imported into the module under that name: follow the import (relative ones too).
-        for n in tree.body:
+        for n in _top_level(tree.body):
             if isinstance(n, ast.ImportFrom):
                 for alias in n.names:
                     if (alias.asname or alias.name) == qualname:
@@ -95,6 +97,94 @@ class SourceTree:
         if node.level > 1:
             parts = parts[: len(parts) - (node.level - 1)]
         return ".".join(parts + ([node.module] if node.module else []))
+
+    # -- the class hierarchy over the whole tree ----------------------------------------------------
+
+    def resolve_base(self, module: str, base: ast.expr) -> tuple[str, ast.ClassDef] | None:
+        """The class a base-class expression of a class in ``module`` names: ``Name`` (defined there or
+        imported, ``from … import``), ``alias.Name`` / ``package.module.Name`` (``import …``), or either
+        subscripted (``Generic[…]``)."""
+        if isinstance(base, ast.Subscript):
+            base = base.value
+        if isinstance(base, ast.Name):
+            return self.find_class(module, base.id)
+        if not isinstance(base, ast.Attribute):
+            return None
+        parts = []
+        node = base
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        parts.append(node.id)
+        dotted = ".".join(reversed(parts))  # e.g. "sched.Scheduler" or "vllm.v1.core.sched.scheduler.Scheduler"
+        head, _, cls = dotted.rpartition(".")
+        tree = self.module(module)
+        for stmt in _top_level(tree.body if tree is not None else []):
+            if isinstance(stmt, ast.Import):
+                for alias in stmt.names:
+                    name = alias.asname or alias.name
+                    if head == name or head.startswith(name + "."):
+                        target = alias.name if alias.asname else name
+                        return self.find_class(target + head[len(name):], cls)
+            elif isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    name = alias.asname or alias.name
+                    if head == name or head.startswith(name + "."):  # ``from pkg import module``
+                        sub = self._absolute(module, stmt) + "." + alias.name + head[len(name):]
+                        return self.find_class(sub, cls)
+        return None
+
+    def classes(self, names: set[str] | None = None) -> list[tuple[str, ast.ClassDef]]:
+        """Every top-level class of the tree's packages (``PACKAGES``: an sdist's tests, examples and
+        benchmarks are not what runs), as ``(module, ClassDef)``; with ``names``, only those in files
+        whose text has a class statement naming one of them among its bases (a cheap filter before
+        parsing)."""
+        if self._base_words is None:  # per file: the words of its class statements' base lists
+            self._base_words = {path: set(re.findall(r"\w+", " ".join(m.group(1) for m in
+                                                                      _CLASS_STATEMENT.finditer(source))))
+                                for path, source in self.files.items()
+                                if path.split("/", 1)[0] in PACKAGES and "class " in source}
+        out = []
+        for path in self._base_words:
+            if names is not None and self._base_words[path].isdisjoint(names):
+                continue
+            module = _module_name(path)
+            try:
+                tree = self.module(module)
+            except SyntaxError:
+                continue
+            if tree is None:
+                continue
+            out.extend((module, node) for node in tree.body if isinstance(node, ast.ClassDef))
+        return out
+
+    def subclasses(self, module: str, qualname: str) -> list[tuple[str, ast.ClassDef]]:
+        """Every class of the tree that subclasses ``module:qualname``, directly or through other
+        classes of the tree, as ``(defining module, ClassDef)``."""
+        found = self.find_class(module, qualname)
+        if found is None:
+            return []
+        known = {(found[0], found[1].name)}
+        names = {found[1].name}
+        result: dict[tuple[str, str], tuple[str, ast.ClassDef]] = {}
+        while True:
+            added = False
+            for where, node in self.classes(names):
+                key = (where, node.name)
+                if key in known:
+                    continue
+                for base in node.bases:
+                    resolved = self.resolve_base(where, base)
+                    if resolved is not None and (resolved[0], resolved[1].name) in known:
+                        known.add(key)
+                        names.add(node.name)
+                        result[key] = (where, node)
+                        added = True
+                        break
+            if not added:
+                return list(result.values())
 
     def members(self, module: str, qualname: str, _depth: int = 0) -> dict[str, ast.AST]:
         """Names defined by the class or its bases: methods, class-level fields, ``self.x = …``."""
@@ -126,6 +216,58 @@ class SourceTree:
                     if isinstance(t, ast.Name):
                         out[t.id] = item
         return out
+
+
+#: Top-level packages whose classes count as subclasses of hooked ones.
+PACKAGES = ("vllm", "vllm_ascend")
+_CLASS_STATEMENT = re.compile(r"^[ \t]*class\s+\w+\s*\(([^)]*)\)", re.M)
+
+
+def _module_name(path: str) -> str:
+    name = path[:-3].replace("/", ".")
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _top_level(body):
+    """Module-level statements, also inside ``if`` / ``try`` blocks (``if TYPE_CHECKING:``, optional imports)."""
+    for stmt in body:
+        yield stmt
+        if isinstance(stmt, ast.If):
+            yield from _top_level(stmt.body + stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            yield from _top_level(stmt.body + stmt.orelse + stmt.finalbody
+                                  + [s for h in stmt.handlers for s in h.body])
+
+
+def calls_base(func: ast.FunctionDef | ast.AsyncFunctionDef, method: str) -> bool:
+    """Whether ``func`` calls the method it overrides: ``super().method(…)``, ``super(C, self).method(…)``
+    or ``Base.method(self, …)``."""
+    for node in ast.walk(func):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method):
+            continue
+        owner = node.func.value
+        if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+            return True
+        if (isinstance(owner, (ast.Name, ast.Attribute)) and node.args and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == "self"):
+            return True
+    return False
+
+
+def overrides_without_base_call(tree: SourceTree, module: str, qualname: str, method: str) -> list[str]:
+    """``module:Class.method`` of every class of ``tree`` that subclasses ``module:qualname``
+    (transitively) and defines ``method`` itself — a ``def`` that never calls the base's, or a
+    class-level assignment — so a hook on the base never sees its calls."""
+    out = []
+    for where, node in tree.subclasses(module, qualname):
+        for item in node.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
+                if not calls_base(item, method):
+                    out.append(f"{where}:{node.name}.{method}")
+            elif isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == method
+                                                      for t in item.targets):
+                out.append(f"{where}:{node.name}.{method}")
+    return sorted(set(out))
 
 
 def positional_params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:

@@ -16,6 +16,7 @@ def _labels(spec: catalogue.MetricSpec) -> str:
 #: Named bucket sets of the catalogue (docs column and section).
 BUCKET_SETS = {
     "step seconds": catalogue.STEP_SECONDS,
+    "fine seconds": catalogue.FINE_SECONDS,
     "token seconds": catalogue.TOKEN_SECONDS,
     "request seconds": catalogue.REQUEST_SECONDS,
     "requests": catalogue.REQUESTS,

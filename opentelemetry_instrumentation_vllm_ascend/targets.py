@@ -56,7 +56,7 @@ _MRV2 = "vllm.v1.worker.gpu.model_runner"
 _ALLM, _CC = "vllm.v1.engine.async_llm", "vllm.v1.engine.core_client"
 
 _SCHEDULE_FEEDS = (
-    c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.BLOCK_ALLOCATE_FAILURES.seed, "scheduler:duration",
+    c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed, c.BLOCK_ALLOCATE_FAILURES.seed, "scheduler:duration",
     "scheduler:batch_size", "scheduler:running_queue_size", "scheduler:seqlen:sum", "scheduler:seqlen:avg",
     "scheduler:phase_batch_size", "scheduler:phase_scheduled_tokens", "scheduler:phase_scheduled_token_counter",
     "running_phase_batch_size", "waiting_phase_batch_size", "total_kvcache_blocks", "free_kvcache_blocks",
@@ -74,7 +74,8 @@ TARGETS: tuple[Target, ...] = (
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
     Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule", feeds=_SCHEDULE_FEEDS, provides_context=True),
     Target(_SCHED, "Scheduler._preempt_request", SYNC, "scheduler:PreemptRequest",
-           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed), params=("request",), provides_context=True),
+           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed), params=("request",),
+           provides_context=True),
     Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache"),
     # Right after the step's execute_model RPC was sent: the scheduler hook's deferred records run here.
     Target(_SCHED, "Scheduler.get_grammar_bitmask", SYNC, "scheduler:GrammarBitmask", provides_context=True),
@@ -177,6 +178,11 @@ TARGETS: tuple[Target, ...] = (
            ("executor:prepare_inputs:duration",), ()),
           ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", _STEP_END_FEEDS, ()),
       )),
+    # 310P's runner and the NPU model runner V2 re-implement input preparation without the base's.
+    Target("vllm_ascend._310p.model_runner_310p", "NPUModelRunner310._prepare_inputs", SYNC_TIMER,
+           "ascend:NPUPrepareInputs", vllm_ascend=">=0.23.0", feeds=("executor:prepare_inputs:duration",)),
+    Target("vllm_ascend.worker.v2.model_runner", "NPUModelRunner.prepare_inputs", SYNC_TIMER,
+           "model_runner:PrepareInputs", vllm_ascend=">=0.23.0", feeds=("executor:prepare_inputs:duration",)),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
     *(Target(module, f"{cls}.schedule", SYNC, "scheduler:Schedule", vllm_ascend=">=0.23.0", feeds=_SCHEDULE_FEEDS,
              provides_context=True)
@@ -184,6 +190,12 @@ TARGETS: tuple[Target, ...] = (
                           ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
                           ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
                           ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"))),
+    # RecomputeScheduler (PD decode nodes) re-implements these two without calling the base's.
+    Target("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler.update_from_output", SYNC,
+           "scheduler:UpdateFromOutput", vllm_ascend=">=0.23.0", feeds=("scheduler:update_from_output:duration",),
+           params=("scheduler_output",)),
+    Target("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler.add_request", SYNC_TIMER,
+           "scheduler:AddRequest", vllm_ascend=">=0.23.0", feeds=("scheduler:add_request:duration",)),
     # Memory after warm-up (and, when instrumented late, at the first step), vLLM's workers and vllm-ascend's.
     Target("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model", SYNC, "memory:WarmUp", feeds=_MEMORY),
     Target("vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp",
@@ -201,6 +213,31 @@ TARGETS: tuple[Target, ...] = (
     Target("vllm.v1.worker.worker_base", "WorkerBase.__init__", SYNC, "process:WorkerInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config",),
            provides_context=True),
+)
+
+
+@dataclass(frozen=True)
+class UncoveredOverride:
+    """A class that overrides a hooked method without calling the base's (so the hook on the base
+    never sees its calls) and has no row of its own: the metrics the hooked row feeds are absent
+    wherever this class runs. The override contract test finds every such class in the source of
+    each supported version; each must have a row or an entry here."""
+
+    symbol: str  # "module:Class.method" of the override
+    hooked: str  # the target row's symbol it bypasses
+    reason: str
+    vllm: str = ">=0.23.0"  # versions whose source has the override
+    vllm_ascend: str | None = None
+
+
+UNCOVERED_OVERRIDES: tuple[UncoveredOverride, ...] = (
+    UncoveredOverride(
+        "vllm.v1.worker.mm_encoder_model_runner:MMEncoderModelRunner.execute_model",
+        f"{_MRV2}:GPUModelRunner.execute_model",
+        "Encoder-only instances of a disaggregated multimodal deployment (vllm_config.is_mm_encoder_only, "
+        "model runner V2) run the multimodal encoder and no language-model step: there is no model step, "
+        "sampling or forward scope to measure; the worker step metrics are absent there.",
+        vllm=">=0.32.0"),
 )
 
 
@@ -244,9 +281,11 @@ READS = tuple(
         ("vllm_ascend.worker.worker", "NPUWorker",
          ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "non_torch_memory",
           "peak_activation_memory", "npugraph_memory_bytes", "model_runner", "rank", "cache_config")),
-        ("vllm.v1.request", "Request", ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens")),
+        ("vllm.v1.request", "Request",
+         ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens", "status")),
         ("vllm.v1.core.sched.output", "SchedulerOutput",
-         ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs")),
+         ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs",
+          "preempted_req_ids")),
         ("vllm.v1.core.sched.output", "CachedRequestData",
          ("req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens")),
         ("vllm.config", "VllmConfig", ("parallel_config", "kv_transfer_config", "model_config")),

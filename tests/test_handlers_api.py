@@ -327,7 +327,8 @@ def test_add_request_and_abort_are_timed_awaited(api_process, clock):
     labels = {"dp": "0", "role": "decode", "phase": "all"}
     STEP = catalogue.STEP_SECONDS
     assert m.value(name("engine:async_add_request:duration"), **labels) == (1, 0.25, counts(STEP, b11=1))
-    assert m.value(name("async_llm:abort_requests:duration"), **labels) == (1, 0.015625, counts(STEP, b8=1))
+    assert m.value(name("async_llm:abort_requests:duration"), **labels) == (
+        1, 0.015625, counts(catalogue.FINE_SECONDS, b13=1))  # (0.01, 0.025]
 
 
 def test_generate_is_timed_to_exhaustion_not_creation(api_process, clock):
@@ -512,3 +513,21 @@ def test_output_loop_values_carry_the_engine_whose_outputs_are_processed(metrics
         assert by_engine == {"1": ("1", 1, 3), "0": ("0", 1, 1)}
     finally:
         api_handlers.CURRENT_ENGINE[0] = None
+
+
+def test_a_slow_multi_token_output_counts_once(api_process, clock):
+    """vLLM appends one inter-token latency per request output, and a speculative-decoding output
+    carries several tokens: a slow 3-token output adds 1 to decode_over_1s_count, whose unit is
+    outputs (real IterationStats.update_from_output)."""
+    stats = pytest.importorskip("vllm.v1.metrics.stats")
+    from vllm.v1.engine import EngineCoreOutput
+
+    it = stats.IterationStats()
+    req_stats = stats.RequestStateStats(first_token_ts=100.0, last_token_ts=100.0)
+    it.update_from_output(EngineCoreOutput(request_id="r", new_token_ids=[11, 12, 13]), 101.5, False, req_stats,
+                          stats.LoRARequestStates(), None)
+    assert it.num_generation_tokens == 3 and it.inter_token_latencies_iter == [1.5]
+    record_fn()(StatLoggerManager(clock), None, it, engine_idx=0)
+    req = {"dp": "0", "engine": "0", "role": "decode", "phase": "all"}
+    assert api_process.value(name("decode_over_1s_count"), **req) == 1
+    assert catalogue.M["decode_over_1s_count"].unit == "{output}"

@@ -18,6 +18,7 @@ from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor,
 from opentelemetry_instrumentation_vllm_ascend.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
 
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
+F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, scopes, add_request, the input queue
 ALL_LABELS = {"dp": "0", "role": "mixed", "phase": "all"}
 
 
@@ -255,9 +256,9 @@ def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils
 
     m, mixed = metrics, step("mixed")
     pre, dec = step("mixed", req_phase="prefill"), step("mixed", req_phase="decode")
-    assert m.value(name("scheduler:duration"), **mixed) == (1, 0.125, counts(S, b11=1))  # (0.1, 0.25]
+    assert m.value(name("scheduler:duration"), **mixed) == (1, 0.125, counts(F, b16=1))  # (0.1, 0.25]
     assert m.points()[name("record_function_or_nullcontext")] == {  # with this step's phase
-        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(S, b10=1))}  # (0.05, 0.1]
+        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))}  # (0.05, 0.1]
     assert m.value(name("scheduler:batch_size"), **mixed) == (1, 4, counts(R, b3=1))  # (2, 4]
     assert m.value(name("scheduler:phase_batch_size"), **pre) == (1, 3, counts(R, b3=1))
     assert m.value(name("scheduler:phase_batch_size"), **dec) == (1, 1, counts(R, b1=1))
@@ -331,13 +332,13 @@ def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, ut
     assert len(recording._deferred) == 0
 
     dec = step("decode")
-    assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(S, b11=2))  # 0.1875, 0.25
+    assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(F, b16=2))  # 0.1875, 0.25
     assert metrics.value(name("scheduler:running_queue_size"), **dec) == (2, 3, counts(R, b1=1, b2=1))
     assert metrics.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
         2, 1, counts(R, b0=1, b1=1))
     assert metrics.value(name("free_kvcache_blocks"), **step("all")) == 3
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(S, b10=1))}
+        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))}
 
 
 def test_deferred_records_do_not_keep_the_step_output(metrics, clock, utils):
@@ -499,7 +500,7 @@ def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
     no_kv.plan = [(out, 0.25, [])]
     assert no_kv.schedule() is out
     m, dec = metrics, step("decode")
-    assert m.value(name("scheduler:duration"), **dec) == (1, 0.25, counts(S, b11=1))
+    assert m.value(name("scheduler:duration"), **dec) == (1, 0.25, counts(F, b16=1))
     assert m.value(name("scheduler:batch_size"), **dec) == (1, 1, counts(R, b1=1))
     assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))
     assert m.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
@@ -514,7 +515,7 @@ def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
     out2 = output(requests, cached=[("decode", 1)])
     no_queues.plan = [(out2, 0.5, [])]
     assert no_queues.schedule() is out2
-    assert m.value(name("scheduler:duration"), **dec) == (2, 0.75, counts(S, b11=1, b12=1))
+    assert m.value(name("scheduler:duration"), **dec) == (2, 0.75, counts(F, b16=1, b17=1))
     assert m.value(name("scheduler:batch_size"), **dec) == (2, 2, counts(R, b1=2))
     assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))  # unchanged
     assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 5
@@ -533,8 +534,8 @@ def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock
 
     s.schedule()
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("decode", name="schedule: allocate_slots")): (3, 0.25, counts(S, b10=2, b11=1)),
-        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(S, b11=1))}
+        key(**step("decode", name="schedule: allocate_slots")): (3, 0.25, counts(F, b15=2, b16=1)),
+        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1))}
 
 
 def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
@@ -561,7 +562,7 @@ def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
     s = instrumented(Nested)(clock, utils)
     s.schedule()
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(S, b10=1, b11=2))}
+        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(F, b15=1, b16=2))}
 
 
 def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clock, utils):
@@ -572,7 +573,7 @@ def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clo
         s.schedule()
     assert context.LAST_STEP_PHASE[0] == "unknown"
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(S, b11=1))}
+        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(F, b16=1))}
     assert name("scheduler:duration") not in metrics.points()
 
 
@@ -586,8 +587,8 @@ def test_update_from_output_phase_from_the_scheduler_output(metrics, clock):
         s.update_from_output(so, -1.0)  # failed: not timed
     spec = name("scheduler:update_from_output:duration")
     assert metrics.points()[spec] == {
-        key(**step("prefill")): (1, 0.25, counts(S, b11=1)),
-        key(**step("decode")): (1, 0.5, counts(S, b12=1)),
+        key(**step("prefill")): (1, 0.25, counts(F, b16=1)),
+        key(**step("decode")): (1, 0.5, counts(F, b17=1)),
     }
 
 
@@ -599,7 +600,7 @@ def test_add_request_phase_all(metrics, clock):
     with pytest.raises(ValueError, match="bad request"):
         s.add_request(-1.0)
     assert metrics.points()[name("scheduler:add_request:duration")] == {
-        key(**ALL_LABELS): (2, 0.00390625, counts(S, b5=2))}  # (0.001, 0.0025]
+        key(**ALL_LABELS): (2, 0.00390625, counts(F, b10=2))}  # (0.001, 0.0025]
 
 
 # -- executor RPC timing ----------------------------------------------------------------------------------
@@ -777,6 +778,12 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
 
 # -- engine core loop ---------------------------------------------------------------------------------
 
+def scheduled(phase):
+    """What the scheduler hook leaves behind when schedule() ran: one more call, and its step's phase."""
+    context.SCHEDULE_CALLS[0] += 1
+    context.LAST_STEP_PHASE[0] = phase
+
+
 class FakeEngineCore:
     def __init__(self, clock):
         self.clock = clock
@@ -786,12 +793,12 @@ class FakeEngineCore:
 
     def step(self):
         self.clock.t += 0.25
-        context.LAST_STEP_PHASE[0] = "prefill"  # the scheduler hook, during the call
+        scheduled("prefill")  # the scheduler hook, during the call
         return {}, True
 
     def step_with_batch_queue(self):
         self.clock.t += 0.5
-        context.LAST_STEP_PHASE[0] = "mixed"
+        scheduled("mixed")
         return None, True
 
     def _process_engine_step(self):
@@ -848,6 +855,97 @@ def test_engine_steps_get_the_phase_set_during_the_call(metrics, clock):
         key(**step("prefill")): (1, 0.375, counts(S, b12=1))}  # 0.25 + 0.125
 
 
+def _real_engine_loop():
+    """vLLM's own EngineCore.step and EngineCoreProc._process_engine_step (and _process_input_queue),
+    instrumented, on a stand-in engine: a scheduler with no requests (an idle DP rank's), a real
+    input queue."""
+    import queue
+
+    core = pytest.importorskip("vllm.v1.engine.core")
+
+    class IdleEngine:
+        def __init__(self):
+            self.scheduler = NS(has_requests=lambda: False)
+            self.output_queue = queue.Queue()
+            self.input_queue = queue.Queue()
+            self.aborts_queue = queue.Queue()
+            self.process_input_queue_block = True
+            self._idle_state_callbacks = []
+            self.work = False
+            self.handled = []
+
+        @property
+        def step_fn(self):
+            return self.step
+
+        def post_step(self, model_executed):
+            pass
+
+        def has_work(self):
+            return self.work
+
+        def is_running(self):
+            return True
+
+        def _notify_idle_state_callbacks(self):
+            pass
+
+        def _handle_client_request(self, request_type, request):
+            self.handled.append(request_type)
+            if request_type == "ADD":
+                self.work = True
+
+    IdleEngine._handle_client_request = wrap(IdleEngine._handle_client_request, engine.HandleClientRequest(),
+                                             SYNC)[0]
+    IdleEngine.step = wrap(core.EngineCore.step, engine.EngineCoreStep(), SYNC_TIMER)[0]
+    IdleEngine._process_engine_step = wrap(core.EngineCoreProc._process_engine_step, engine.ProcessEngineStep(),
+                                           SYNC_TIMER)[0]
+    IdleEngine._process_input_queue = wrap(core.EngineCoreProc._process_input_queue, engine.ProcessInputQueue(),
+                                           SYNC)[0]
+    return IdleEngine()
+
+
+def test_an_engine_step_that_scheduled_nothing_is_idle(metrics):
+    """An idle DP rank's busy loop runs vLLM's _process_engine_step, whose step() returns before
+    scheduling: those steps are phase idle, not the phase of the last step the rank scheduled."""
+    idle = _real_engine_loop()
+    context.LAST_STEP_PHASE[0] = "decode"  # the rank's last real step
+    for _ in range(3):
+        assert idle._process_engine_step() is False
+    points = metrics.points()
+    for seed in ("engine_core:engine_core_step:duration", "engine_core:process_engine_step:duration"):
+        series = points[name(seed)]
+        assert set(series) == {key(**step("idle"))}, seed  # no decode value
+        assert series[key(**step("idle"))][0] == 3
+
+
+def test_process_input_queue_excludes_idle_waits_after_requests_that_gave_no_work(metrics):
+    """vLLM's _process_input_queue on an idle engine: a utility call arrives, vLLM handles it and,
+    still without work, blocks again; half a second later a request arrives. Only the handling counts,
+    not the 0.5 s the engine waited between the two."""
+    import threading
+    import time
+
+    idle = _real_engine_loop()
+
+    def client():
+        time.sleep(0.05)
+        idle.input_queue.put(("UTILITY", None))
+        time.sleep(0.5)
+        idle.input_queue.put(("ADD", None))
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    start = time.perf_counter()
+    idle._process_input_queue()
+    elapsed = time.perf_counter() - start
+    thread.join()
+    assert idle.handled == ["UTILITY", "ADD"] and elapsed >= 0.55
+    count, seconds, _ = metrics.value(name("engine_core:process_input_queue:duration"), **ALL_LABELS)
+    assert count == 1
+    assert seconds < 0.05  # handling two requests, not the 0.5 s wait
+
+
 def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     core = instrumented_engine()(clock)
     spec = name("engine_core:process_input_queue:duration")
@@ -857,23 +955,31 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     core.work = True
     core.queue.extend([(0.0, "ADD", 0.125), (0.0, "ABORT", 0.125)])
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (1, 0.3125, counts(S, b12=1))
+    assert metrics.value(spec, **ALL_LABELS) == (1, 0.3125, counts(F, b17=1))
 
     # Idle: blocks 5 s for the first request; timed from its handling: 0.125 + 0.0625.
     core.work = False
     core.queue.extend([(5.0, "ADD", 0.125), (0.0, "ADD", 0.0625)])
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (2, 0.5, counts(S, b11=1, b12=1))
+    assert metrics.value(spec, **ALL_LABELS) == (2, 0.5, counts(F, b16=1, b17=1))
+
+    # Idle: a utility request (no work) after 5 s, then 2 s more of waiting until the ADD: only the two
+    # requests' handling and what follows the ADD count: 0.125 + 0.0625 + 0.0625.
+    core.work = False
+    core.queue.extend([(5.0, "UTILITY", 0.125), (2.0, "ADD", 0.0625), (0.0, "ABORT", 0.0625)])
+    core._process_input_queue()
+    assert metrics.value(spec, **ALL_LABELS) == (3, 0.75, counts(F, b16=2, b17=1))
+    metrics_before = metrics.value(spec, **ALL_LABELS)
 
     # Idle and nothing arrived: nothing to time.
     core.work = False
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (2, 0.5, counts(S, b11=1, b12=1))
+    assert metrics.value(spec, **ALL_LABELS) == metrics_before
 
     # Busy and nothing queued: the pass itself is timed.
     core.work = True
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (3, 0.5625, counts(S, b10=1, b11=1, b12=1))
+    assert metrics.value(spec, **ALL_LABELS) == (4, 0.8125, counts(F, b15=1, b16=2, b17=1))
     assert engine.CURRENT_PASS[0] is None
 
     # A request handled outside any pass changes nothing; a pass that raises is not timed.
@@ -883,7 +989,7 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     with pytest.raises(RuntimeError, match="bad request"):
         core._process_input_queue()
     assert engine.CURRENT_PASS[0] is None
-    assert metrics.points()[spec] == {key(**ALL_LABELS): (3, 0.5625, counts(S, b10=1, b11=1, b12=1))}
+    assert metrics.points()[spec] == {key(**ALL_LABELS): (4, 0.8125, counts(F, b15=1, b16=2, b17=1))}
 
 
 # -- model runner -------------------------------------------------------------------------------------
@@ -956,9 +1062,9 @@ def test_worker_step_execute_then_sample_on_the_host_timeline(metrics, clock, ut
     assert m[LAUNCH] == {key(**pre): (1, 0.375, counts(S, b12=1))}  # forward start 100.0625 → post end 100.4375
     assert m[NON_FORWARD] == {key(**pre): (1, 0.5, counts(S, b12=1))}  # 0.75 - 0.25
     assert m[SCOPES] == {
-        key(**step("prefill", name=FORWARD)): (1, 0.25, counts(S, b11=1)),
-        key(**step("prefill", name=POST)): (1, 0.125, counts(S, b11=1)),
-        key(**step("prefill", name="gpu_model_runner: sample")): (1, 0.25, counts(S, b11=1)),
+        key(**step("prefill", name=FORWARD)): (1, 0.25, counts(F, b16=1)),
+        key(**step("prefill", name=POST)): (1, 0.125, counts(F, b16=1)),
+        key(**step("prefill", name="gpu_model_runner: sample")): (1, 0.25, counts(F, b16=1)),
     }
 
 
@@ -1178,10 +1284,10 @@ def test_scope_names_beyond_the_limit_are_other(metrics, clock, utils):
     series = metrics.points()[SCOPES]
     assert len(series) == model_runner.MAX_SCOPE_NAMES + 1
     unknown = step("unknown")
-    assert series[key(**unknown, name="scope 0")] == (2, 0.015625, counts(S, b7=2))  # (0.005, 0.01]
+    assert series[key(**unknown, name="scope 0")] == (2, 0.015625, counts(F, b12=2))  # (0.005, 0.01]
     assert series[key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES - 1}")] == (
-        1, 0.0078125, counts(S, b7=1))
-    assert series[key(**unknown, name="other")] == (6, 0.046875, counts(S, b7=6))
+        1, 0.0078125, counts(F, b12=1))
+    assert series[key(**unknown, name="other")] == (6, 0.046875, counts(F, b12=6))
     assert key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES}") not in series
     # The name table is bounded too: names beyond the limit are not remembered one by one.
     for i in range(1000):
@@ -1211,7 +1317,7 @@ def test_scope_that_raises_is_not_recorded_and_the_inner_scope_still_runs(metric
         assert isinstance(value, record_function) and value.name == "gpu_model_runner: bookkeep"
         assert log[2:] == [("enter", "gpu_model_runner: bookkeep"), ("exit", "gpu_model_runner: bookkeep", None)]
         assert metrics.points()[SCOPES] == {
-            key(**step("unknown", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(S, b11=1))}
+            key(**step("unknown", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1))}
     finally:
         patch.remove()
     assert module._PROFILER_FUNC is record_function
@@ -1232,7 +1338,7 @@ def test_scope_in_a_step_with_vllms_profiler_on_is_recorded_with_the_step(metric
         s.schedule()
         assert [entry[0] for entry in log] == ["enter", "exit", "enter", "exit"]
         assert metrics.points()[SCOPES] == {
-            key(**step("decode", name="schedule: allocate_slots")): (2, 0.125, counts(S, b10=2))}
+            key(**step("decode", name="schedule: allocate_slots")): (2, 0.125, counts(F, b15=2))}
     finally:
         patch.remove()
 
@@ -1264,7 +1370,7 @@ def test_disabled_scopes_run_as_without_us_and_the_others_are_still_timed(metric
         assert ran == [1, 1, 1] and seen[0] is seen[1] is seen[2] is model_runner._UNTIMED
         assert isinstance(seen[0], contextlib.nullcontext)
         assert metrics.points()[SCOPES] == {
-            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(S, b11=1))}
+            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1))}
     finally:
         patch.remove()
 
@@ -1281,8 +1387,8 @@ def test_disabled_scopes_run_as_without_us_and_the_others_are_still_timed(metric
         assert log == [("enter", "gpu_model_runner: sample"), ("exit", "gpu_model_runner: sample", None),
                        ("enter", "gpu_model_runner: bookkeep"), ("exit", "gpu_model_runner: bookkeep", None)]
         assert metrics.points()[SCOPES] == {
-            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(S, b11=1)),
-            key(**step("idle", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(S, b11=1))}  # last step: idle
+            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1)),
+            key(**step("idle", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1))}  # last step: idle
     finally:
         patch.remove()
 

@@ -3,6 +3,8 @@ preemptions and recompute events."""
 
 from __future__ import annotations
 
+import sys
+from collections import deque
 from time import perf_counter
 
 from .. import catalogue, context, recording
@@ -34,11 +36,12 @@ def flush_step(step: Step, phase: str) -> None:
     if step.scopes:
         for name, values in step.scopes.items():
             recording.record_many(_SCOPES, values, context.step_labels_with(phase, _name_label(name)))
-    if not (step.preemptions or step.recomputes or step.allocate_failures):
+    if not (step.preemptions or step.recomputes or step.allocate_failures or step.recomputed_tokens):
         return
     labels = context.step_labels(phase)
     recording.add(catalogue.RUNNING_TO_WAITING, step.preemptions, labels)
     recording.add(catalogue.RECOMPUTE_EVENTS, step.recomputes, labels)
+    recording.add(catalogue.RECOMPUTED_TOKENS, step.recomputed_tokens, labels)
     recording.add(catalogue.BLOCK_ALLOCATE_FAILURES, step.allocate_failures, labels)
 
 
@@ -64,7 +67,13 @@ def _step_sizes(output) -> tuple:
 
 
 def _queue_state(scheduler, phase: str, step_class) -> tuple:
-    """(running, of which prefill, waiting, running limit) right after the step was scheduled."""
+    """(running, of which prefill, waiting, admission limit) right after the step was scheduled.
+
+    Waiting: the queues vLLM's ``get_request_counts()`` counts — ``waiting`` plus ``skipped_waiting``
+    (0.23) or ``kv_holding_waiting`` (0.32+: requests that wait holding KV blocks, such as P/D decode
+    requests waiting for remote KV and streaming sessions waiting for input). Admission limit: what a
+    waiting request is admitted against — ``max_num_running_reqs`` (0.23), ``max_num_active_reqs``
+    less the paused streaming sessions, which hold a slot outside ``running`` (0.32+)."""
     running = scheduler.running
     if phase == "decode" and step_class[3] == len(running):
         prefill = 0  # every running request was scheduled, and all of them decoded
@@ -73,9 +82,17 @@ def _queue_state(scheduler, phase: str, step_class) -> tuple:
         for request in running:
             if request.num_computed_tokens < request.num_prompt_tokens:
                 prefill += 1
-    # A waiting request has not computed its prompt (preemption resets it): all are prefill.
-    waiting = len(scheduler.waiting) + len(getattr(scheduler, "skipped_waiting", ()))
-    return len(running), prefill, waiting, scheduler.max_num_running_reqs
+    # Requests that have not computed their prompt (preemption resets it) or wait for KV: prefill.
+    held = getattr(scheduler, "kv_holding_waiting", None)
+    if held is None:
+        held = getattr(scheduler, "skipped_waiting", ())
+    waiting = len(scheduler.waiting) + len(held)
+    limit = getattr(scheduler, "max_num_active_reqs", None)
+    if limit is None:
+        limit = scheduler.max_num_running_reqs
+    else:
+        limit -= getattr(scheduler, "num_waiting_for_streaming_input", 0)
+    return len(running), prefill, waiting, limit
 
 
 #: Per scheduler (by id): (total, free, pipeline generation) last recorded; unchanged values are not set again.
@@ -126,7 +143,7 @@ def _record_schedules(steps: list) -> None:
             durations[phase] = [seconds]
         else:
             values.append(seconds)
-        if step.scopes or step.preemptions or step.recomputes or step.allocate_failures:
+        if step.scopes or step.preemptions or step.recomputes or step.allocate_failures or step.recomputed_tokens:
             flush_step(step, phase)
         if sizes is not None:
             shape = (phase, step_class, sizes[0])
@@ -176,6 +193,103 @@ def _record_schedules(steps: list) -> None:
 _record_schedule.many = _record_schedules
 
 
+#: Attribute of each scheduler: {request id: tokens it had computed when it was preempted (None:
+#: preempted by reset_prefix_cache)} for its requests preempted and not yet resumed. Entries leave when
+#: the request is scheduled again (its resume) or has left the scheduler.
+_PREEMPTED = "_otel_vllm_ascend_preempted"
+
+
+def _preempted_of(scheduler) -> dict:
+    try:
+        return scheduler.__dict__[_PREEMPTED]  # no AttributeError raised and caught on every step
+    except (KeyError, AttributeError):
+        pending = getattr(scheduler, _PREEMPTED, None)
+    if pending is None:
+        pending = {}
+        try:
+            setattr(scheduler, _PREEMPTED, pending)
+        except (AttributeError, TypeError):
+            pass  # a scheduler that takes no attributes: each step sees only its own preemptions
+    return pending
+_deque_len, _deque_iter = deque.__len__, deque.__iter__
+_STATUS_PREEMPTED = [None]  # vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen
+
+
+def _preempted_status():
+    status = _STATUS_PREEMPTED[0]
+    if status is None:
+        module = sys.modules.get("vllm.v1.request")
+        if module is not None:
+            status = _STATUS_PREEMPTED[0] = module.RequestStatus.PREEMPTED
+    return status
+
+
+def _count_preemptions(scheduler, result, step: Step) -> None:
+    """Preemptions made in this ``schedule()`` call without ``_preempt_request`` (whose hook counts its
+    own and records them, ``_preempted_of``), and the resumes of preempted requests: the tokens they
+    compute again.
+
+    A scheduler that preempts inline (vllm-ascend's ``SchedulerDynamicBatch``: it frees the request,
+    sets it PREEMPTED and prepends it to ``waiting``) is seen in two ways: through
+    ``SchedulerOutput.preempted_req_ids`` where the scheduler fills it (vLLM 0.23's and the other
+    Ascend schedulers: this call's preemptions; vLLM 0.32+: every ``_preempt_request`` since the last
+    step, reset_prefix_cache's included), and at the head of a FCFS ``waiting`` queue, where a
+    preempted request is put back (a priority queue is searched whole, only for a scheduler that does
+    not fill ``preempted_req_ids``). A preemption already recorded (``_preempted_of``) is not counted
+    again. A
+    request preempted inline had computed its tokens but the one it last sampled (exact for a
+    decoding request: its computed count was reset before it could be read)."""
+    pending = _preempted_of(scheduler)
+    found = None  # {request id: request} preempted in this call without _preempt_request
+    ids = getattr(result, "preempted_req_ids", None)
+    if ids:
+        for req_id in ids:
+            if req_id not in pending:
+                request = scheduler.requests.get(req_id)
+                if request is not None:
+                    found = found or {}
+                    found[req_id] = request
+    waiting = scheduler.waiting
+    # FCFS (vLLM's deque subclass, whose len() and bool() are Python calls: the deque's own are used):
+    # preempted requests are put back at its head.
+    if isinstance(waiting, deque):
+        if _deque_len(waiting):
+            preempted = _STATUS_PREEMPTED[0] or _preempted_status()
+            if getattr(waiting[0], "status", None) is preempted:
+                for request in _deque_iter(waiting):
+                    if request.status is not preempted:
+                        break
+                    if request.request_id not in pending:
+                        found = found or {}
+                        found[request.request_id] = request
+    elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
+        preempted = _preempted_status()
+        for request in waiting:
+            if preempted is not None and getattr(request, "status", None) is preempted \
+                    and request.request_id not in pending:
+                found = found or {}
+                found[request.request_id] = request
+    if found:
+        for req_id, request in found.items():
+            context.mark_recomputing(scheduler, req_id)
+            pending[req_id] = max(request.num_tokens - 1, 0)
+            step.preemptions += 1
+            step.recomputes += 1  # a running request has computed tokens
+    if pending:
+        scheduled = result.num_scheduled_tokens
+        requests = scheduler.requests
+        for req_id in list(pending):
+            request = requests.get(req_id)
+            if request is None:
+                del pending[req_id]  # finished or aborted while it waited
+            elif req_id in scheduled:  # resumed in this step: what the prefix cache did not give back
+                before = pending.pop(req_id)
+                if before:
+                    hit = request.num_computed_tokens - scheduled[req_id]
+                    if before > hit:
+                        step.recomputed_tokens += before - hit
+
+
 class Schedule(Handler):
     """``Scheduler.schedule``: the step's phase is computed once, from its SchedulerOutput, stored on
     that output (it travels with it to the workers) and used for every value of the step: its
@@ -194,6 +308,7 @@ class Schedule(Handler):
             return None  # a subclass's schedule() calling the base's: the outermost hook measures
         if len(_pending) >= FLUSH_STEPS:  # an engine that never asks for grammar bitmasks
             recording.run_deferred()
+        context.SCHEDULE_CALLS[0] += 1
         step = Step()
         return step, CURRENT_STEP.set(step), perf_counter()
 
@@ -209,6 +324,10 @@ class Schedule(Handler):
         recomputed = getattr(result, "recomputed_reqs", None)
         if recomputed:
             step.recomputes += len(recomputed)
+        try:
+            _count_preemptions(scheduler, result, step)
+        except Exception:
+            report(self, "_count_preemptions")
         step_class = context.classify_step(scheduler, result)
         phase = LAST_STEP_PHASE[0] = step_class[0]
         try:
@@ -247,32 +366,39 @@ class Schedule(Handler):
 
 class PreemptRequest(Handler):
     """``Scheduler._preempt_request(request, timestamp, …)``: +1 preemption when it returns normally;
-    +1 recompute event when the request had computed tokens (they are dropped and redone)."""
+    +1 recompute event when the request had computed tokens (they are dropped: redone at its resume
+    unless the prefix cache still has them). The tokens it had computed wait for its resume
+    (``scheduler:recomputed_tokens``) in ``_preempted_of``; reset_prefix_cache's preemptions are only
+    noted there, so that vLLM 0.32+'s ``preempted_req_ids`` does not count them."""
 
     name = "Scheduler._preempt_request"
     reads_args = 2  # self, request
 
     def before(self, args, kwargs):
-        request = args[1] if len(args) > 1 else (kwargs or {}).get("request")
+        scheduler, request = args[0], args[1]
+        req_id = request.request_id
         # Whatever the reason, the request will recompute its tokens when it resumes.
-        context.mark_recomputing(args[0], getattr(request, "request_id", None))
+        context.mark_recomputing(scheduler, req_id)
         if IN_PREFIX_CACHE_RESET.get():
+            _preempted_of(scheduler)[req_id] = None
             return None
-        return getattr(request, "num_computed_tokens", 0) or 0
+        return req_id, request.num_computed_tokens or 0
 
     def after(self, state, args, kwargs, result):
         if state is None:
             return
+        req_id, computed = state
+        _preempted_of(args[0])[req_id] = computed
         step = CURRENT_STEP.get()
         if step is not None:
             step.preemptions += 1
-            if state > 0:
+            if computed > 0:
                 step.recomputes += 1
             return
         # Outside any scheduling step (e.g. a scheduler subclass that schedules without schedule()).
         outside = Step()
         outside.preemptions = 1
-        outside.recomputes = 1 if state > 0 else 0
+        outside.recomputes = 1 if computed > 0 else 0
         flush_step(outside, UNKNOWN)
 
 
