@@ -43,6 +43,7 @@ def main(argv=None) -> int:
     rows = installer.check()
     config = installer.configuration(overrides)
     metrics = installer.metric_status(rows, config)
+    overrides_found = installer.uncovered_overrides()
     vllm, ascend = installer.vllm_version(), installer.vllm_ascend_version()
     missing = [r for r in rows if r["status"] == installer.MISSING]
     if args.json:
@@ -50,7 +51,8 @@ def main(argv=None) -> int:
                           "vllm_ascend": str(ascend) if ascend else None, "targets": rows,
                           "configuration": {axis: {"path": config.paths[axis], "reason": config.reasons[axis]}
                                             for axis in config.paths},
-                          "metrics": metrics, "ok": not missing}, indent=2))
+                          "metrics": metrics, "uncovered_overrides": overrides_found, "ok": not missing},
+                         indent=2))
     else:
         print(f"opentelemetry-instrumentation-vllm-ascend {__version__}; vLLM {vllm or 'not installed'}; "
               f"vllm-ascend {ascend or 'not installed'}")
@@ -71,6 +73,9 @@ def main(argv=None) -> int:
         for m in metrics:
             counts[m["status"]] = counts.get(m["status"], 0) + 1
         print("metrics: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+        for o in overrides_found:
+            print(f"Wherever {o['symbol']} runs (it bypasses {o['bypasses']}), absent: {', '.join(o['absent'])} "
+                  f"— {o['reason']}")
     return 1 if missing else 0
 
 

@@ -81,6 +81,20 @@ def render_metrics_md() -> str:
             lines.append(f"| `{spec.exposed_name}` | {paths.title(where)} | {what} |")
     lines += [
         "",
+        "Classes that override a hooked method without calling it and have no row of their own (the override",
+        "contract test finds every such class in each supported version's source): the hooked row's metrics are",
+        "absent wherever they run.",
+        "",
+        "| Class | Bypasses | vLLM | vllm-ascend | Absent there | Why |",
+        "|---|---|---|---|---|---|",
+    ]
+    feeds = {t.symbol: t.feeds for t in targets.TARGETS}
+    for o in targets.UNCOVERED_OVERRIDES:
+        absent = ", ".join(f"`{catalogue.BY_SEED[seed].exposed_name}`" for seed in feeds.get(o.hooked, ()))
+        ascend = f"`{o.vllm_ascend}`" if o.vllm_ascend else "-"
+        lines.append(f"| `{o.symbol}` | `{o.hooked}` | `{o.vllm}` | {ascend} | {absent} | {o.reason} |")
+    lines += [
+        "",
         "## Buckets",
         "",
         "Bounds are chosen per kind of value (no single default everywhere). A histogram exposes, per label set,",

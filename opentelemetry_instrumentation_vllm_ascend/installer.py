@@ -122,6 +122,22 @@ def configuration(overrides: dict | None = None):
                         overrides=overrides)
 
 
+def uncovered_overrides(table=None) -> list[dict]:
+    """The overrides (``targets.UNCOVERED_OVERRIDES``) that exist in the installed versions: classes
+    that bypass a hook without a row of their own, and the metrics absent wherever they run."""
+    vllm, ascend = vllm_version(), vllm_ascend_version()
+    feeds = {t.symbol: t.feeds for t in targets_module.TARGETS}
+    out = []
+    for override in table if table is not None else targets_module.UNCOVERED_OVERRIDES:
+        if override.vllm_ascend is not None and (ascend is None or not in_range(ascend, override.vllm_ascend)):
+            continue
+        if not in_range(vllm, override.vllm):
+            continue
+        out.append({"symbol": override.symbol, "bypasses": override.hooked, "reason": override.reason,
+                    "absent": [f"vllm_profiling_{seed}" for seed in feeds.get(override.hooked, ())]})
+    return out
+
+
 def metric_status(rows: list[dict], config) -> list[dict]:
     """Per catalogue metric, whether a server with this environment and ``config`` will feed it:
     ``fed`` / ``depends`` (on a path the environment cannot tell) with what it measures there where

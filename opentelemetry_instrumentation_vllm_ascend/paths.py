@@ -36,9 +36,11 @@ PATHS: tuple[Path, ...] = (
          "`vllm.v1.worker.gpu_model_runner.GPUModelRunner` (and the CPU build's subclass): CPU by default, CUDA "
          "with `VLLM_USE_V2_MODEL_RUNNER=0` or a feature model runner V2 does not support."),
     Path("mrv2", "worker", "MRV2",
-         "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` (and its CPU subclass): the CUDA default from vLLM 0.32 "
-         "(`VLLM_USE_V2_MODEL_RUNNER=1` forces it; it needs Triton, so vLLM's CPU build refuses it)."),
-    Path("npu", "worker", "NPU", "vllm-ascend's `NPUModelRunner` (Ascend NPUs)."),
+         "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one, vllm-ascend's "
+         "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.32; `VLLM_USE_V2_MODEL_RUNNER=1` forces "
+         "it (on Ascend too; it needs Triton, so vLLM's CPU build refuses it)."),
+    Path("npu", "worker", "NPU", "vllm-ascend's `NPUModelRunner` of `vllm_ascend.worker.model_runner_v1` (Ascend "
+         "NPUs, unless `VLLM_USE_V2_MODEL_RUNNER=1`)."),
     Path("multiproc", "executor", "worker processes",
          "`MultiprocExecutor`: the workers run in their own processes and reply through message queues (more than "
          "one worker per engine, the CPU build always, or `--distributed-executor-backend mp`)."),
@@ -73,8 +75,8 @@ def absent(why: str) -> On:
 
 
 _MRV2_NO_SCOPES = absent("model runner V2 enters no profiling scopes (no `record_function_or_nullcontext` call "
-                         "under `vllm/v1/worker/gpu/` in 0.32 or 0.33), so the worker's forward timeline is not "
-                         "seen")
+                         "under `vllm/v1/worker/gpu/` in 0.23, 0.32 or 0.33, nor in vllm-ascend's "
+                         "`vllm_ascend/worker/v2/`), so the worker's forward timeline is not seen")
 _NO_ASYNC_OUTPUT = absent("without async scheduling this model runner returns its output directly: there is no "
                           "asynchronous output to wait for")
 
@@ -164,12 +166,12 @@ def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution:
     v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER")
     if "worker" in overrides:
         paths["worker"], reasons["worker"] = overrides["worker"], "given"
+    elif v2 is not None and v2.strip().lower() in ("1", "true"):
+        paths["worker"], reasons["worker"] = "mrv2", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
     elif ascend_installed:
-        paths["worker"], reasons["worker"] = "npu", "vllm-ascend is installed"
-    elif v2 is not None and v2.strip().lower() in ("0", "false", "1", "true"):
-        on_v2 = v2.strip().lower() in ("1", "true")
-        paths["worker"] = "mrv2" if on_v2 else "mrv1"
-        reasons["worker"] = f"VLLM_USE_V2_MODEL_RUNNER={v2}"
+        paths["worker"], reasons["worker"] = "npu", "vllm-ascend is installed (model runner V1 on NPU)"
+    elif v2 is not None and v2.strip().lower() in ("0", "false"):
+        paths["worker"], reasons["worker"] = "mrv1", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
     elif cpu:
         paths["worker"], reasons["worker"] = "mrv1", "vLLM's CPU build has no usable Triton, which model runner V2 needs"
     elif vllm_version is not None and vllm_version.release < (0, 32):

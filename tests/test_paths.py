@@ -60,6 +60,8 @@ def test_detect_reads_what_the_environment_decides():
     assert npu.paths["scheduling"] == "batch_queue" and npu.paths["worker"] == "npu"
     forced = paths.detect(Version("0.33.0"), False, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "1"})
     assert forced.paths["worker"] == "mrv2" and forced.reasons["worker"] == "VLLM_USE_V2_MODEL_RUNNER=1"
+    npu_v2 = paths.detect(Version("0.23.0"), True, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert npu_v2.paths["worker"] == "mrv2"  # vllm-ascend's V2 NPU runner is a model runner V2 subclass
     old = paths.detect(Version("0.23.0"), False, "vllm", environ={})
     assert old.paths["worker"] == "mrv1"
     given = paths.detect(Version("0.33.0"), False, "vllm", environ={},
@@ -114,9 +116,12 @@ def test_check_on_this_cpu_environment(capsys):
 # -- the facts the table states about vLLM, against the source of every supported version -------------
 
 def _trees():
-    from test_contract_vllm import tree_for
+    from test_contract_vllm import _TREES, tree_for  # parsed once per session, shared with the contract tests
 
-    return {version: tree_for(version) for version in ("0.23.0", "0.32.0", "0.33.0")}
+    for version in ("0.23.0", "0.32.0", "0.33.0"):
+        if version not in _TREES:
+            _TREES[version] = tree_for(version)
+    return dict(_TREES)
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +140,15 @@ def test_model_runner_v2_enters_no_profiling_scopes(trees):
             seen += 1
             assert not re.search(r"record_function_or_nullcontext\s*\(", source), (version, name)
     assert seen > 0
+    from source_archives import sdist
+
+    from opentelemetry_instrumentation_vllm_ascend.contract import SourceTree
+
+    ascend = SourceTree.from_archive(sdist("vllm-ascend", "0.23.0.post1"), strip_prefix=True)
+    v2 = {name: source for name, source in ascend.files.items() if name.startswith("vllm_ascend/worker/v2/")}
+    assert "vllm_ascend/worker/v2/model_runner.py" in v2
+    for name, source in v2.items():
+        assert not re.search(r"record_function_or_nullcontext\s*\(", source), name
 
 
 def test_the_cpu_platform_forces_async_scheduling_off(trees):
@@ -155,3 +169,26 @@ def test_docs_list_every_exception():
     for seed, by_path in paths.TRUTH.items():
         for where in by_path:
             assert f"| `{catalogue.BY_SEED[seed].exposed_name}` | {paths.title(where)} |" in text
+
+
+def test_check_names_the_uncovered_overrides_of_the_installed_versions(capsys):
+    """Each override the contract test found without a row of its own: check names the metrics absent
+    wherever it runs (the bypassed row's), for the versions whose source has it; the docs list it."""
+    from opentelemetry_instrumentation_vllm_ascend import targets
+
+    pytest.importorskip("vllm")
+    assert cli.main(["check", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)["uncovered_overrides"]
+    feeds = {t.symbol: t.feeds for t in targets.TARGETS}
+    installed = installer.vllm_version()
+    expected = [o for o in targets.UNCOVERED_OVERRIDES
+                if o.vllm_ascend is None and installer.in_range(installed, o.vllm)]
+    assert [o["symbol"] for o in found] == [o.symbol for o in expected]
+    for row, override in zip(found, expected):
+        assert row["absent"] == [f"vllm_profiling_{seed}" for seed in feeds[override.hooked]] != []
+    older = installer.uncovered_overrides([targets.UncoveredOverride("m:A.f", "n:B.f", "why", vllm=">=99")])
+    assert older == []
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "metrics.md")) as f:
+        text = f.read()
+    for override in targets.UNCOVERED_OVERRIDES:
+        assert f"| `{override.symbol}` | `{override.hooked}` |" in text
