@@ -143,6 +143,13 @@ def _counter(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
 
 
 _API_STEP = STEP_LABELS + ("engine",)
+#: What an "iteration" / "chunk" of the API server's per-iteration metrics is when vLLM runs several API
+#: servers: an EngineCore sends each API server only its own requests' outputs of a step (vLLM 0.32
+#: ``v1/core/sched/scheduler.py:2387-2391``, outputs keyed by ``client_index``).
+_SHARE = (" With several API servers (--api-server-count > 1, vllm serve's default when --data-parallel-size > 1) "
+          "each receives only its own requests' outputs of an engine step: an iteration is then one API server's "
+          "share of a step, so the sums over API servers are the engine's totals, and the counts are the steps "
+          "times the API servers that had outputs in them.")
 _EC, _W, _API = "engine_core", "worker", "api_server"
 
 CATALOGUE: tuple[MetricSpec, ...] = (
@@ -268,10 +275,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            labels=_API_STEP),
     _sizes("total_tokens", "{token}", "Prompt plus generated tokens of one iteration, as vLLM's stats count "
            "them: the full prompts of the requests that got their first token in it (prefix-cache hits and earlier "
-           "chunks included) plus the tokens generated.", _API, (_STATS,), TOKENS, labels=_API_STEP),
+           "chunks included) plus the tokens generated." + _SHARE, _API, (_STATS,), TOKENS, labels=_API_STEP),
     _sizes("input", "{token}", "Full prompt lengths of the requests that got their first token in one iteration "
-           "(prefix-cache hits and earlier prefill chunks included).", _API, (_STATS,), TOKENS, labels=_API_STEP),
-    _sizes("output", "{token}", "Tokens generated in one iteration.", _API, (_STATS,), TOKENS, labels=_API_STEP),
+           "(prefix-cache hits and earlier prefill chunks included)." + _SHARE, _API, (_STATS,), TOKENS,
+           labels=_API_STEP),
+    _sizes("output", "{token}", "Tokens generated in one iteration." + _SHARE, _API, (_STATS,), TOKENS,
+           labels=_API_STEP),
     _timer("fine_grained_ttft", "Time to first token of each request (as vLLM's "
            "vllm:time_to_first_token_seconds, per request).", _API, (_STATS,), REQUEST_SECONDS, labels=_API_STEP),
     _timer("fine_grained_tpot", "Mean time per output token of each finished request with at least two "
@@ -304,10 +313,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "the engine request (and tokenizing raw prompts; chat and completion requests arrive already "
            "tokenized by vLLM's renderer).", _API, ("vllm.v1.engine.input_processor:InputProcessor.process_inputs",)),
     _timer("output_processor_duration", "Duration of OutputProcessor.process_outputs for one chunk of "
-           "engine outputs (detokenization, request state updates); phase from the tokens of that chunk.", _API,
+           "engine outputs (detokenization, request state updates); phase from the tokens of that chunk."
+           + _SHARE, _API,
            ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), labels=_API_STEP),
     _sizes("engine_core_outputs_len", "{output}", "Request outputs in one chunk handed to "
-           "OutputProcessor.process_outputs.", _API,
+           "OutputProcessor.process_outputs." + _SHARE, _API,
            ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), REQUESTS, labels=_API_STEP),
     # -- vllm-ascend: EPLB ------------------------------------------------------------------------------
     # Recorded once per EPLB cycle by the EPLB process (forked from each NPU worker) of EP rank 0, the
