@@ -149,7 +149,7 @@ def settle_requests(receiver, sent, timeout=30.0) -> dict:
 
 def settle_dp(server, receiver, timeout=60.0):
     """Scrape until our per-engine preemptions equal vLLM's, our generated tokens equal vLLM's on /metrics
-    and over OTLP, and that holds on two scrapes in a row (or the timeout passes: the tests then say what
+    and over OTLP, the workers' OTLP step counts equal /metrics', and that holds on two scrapes in a row (or the timeout passes: the tests then say what
     differs)."""
     deadline = time.monotonic() + timeout
     previous = None
@@ -160,8 +160,11 @@ def settle_dp(server, receiver, timeout=60.0):
             tuple(value(text, P + "running_to_waiting_count_total", dp=d) for d in ("0", "1")),
             tuple(value(text, "vllm:num_preemptions_total", engine=d) for d in ("0", "1")),
             value(text, P + "output_sum"), generated, sum(api_server_sums(receiver, "output").values()),
+            value(text, P + "executor:model_runner_execute_model:duration_count"),
+            sum(receiver.histogram_counts(P + "executor:model_runner_execute_model:duration").values()),
         )
-        done = state[0] == state[1] and generated > 0 and state[2] == generated == state[4]
+        done = (state[0] == state[1] and generated > 0 and state[2] == generated == state[4]
+                and state[5] == state[6])
         if (done and state == previous) or time.monotonic() > deadline:
             return text
         previous = state
@@ -189,11 +192,22 @@ def test_dp_engines_and_workers_know_their_dp(dp):
             if family not in api_side and labels.get("process") != "api_server":
                 unknown.add(name)
     assert unknown == set()
-    # Each engine's steps are its own: scheduled in its EngineCore, run by its worker (rank 0 of its engine).
+    # Each engine's steps are its own: scheduled in its EngineCore, run by its worker (rank 0 of its engine),
+    # which pushed the same count over OTLP, labelled with its dp and rank, from its own process.
+    pushed: dict = {}
+    for (pid, attrs), count in dp["receiver"].histogram_counts(
+            P + "executor:model_runner_execute_model:duration").items():
+        attrs = dict(attrs)
+        key = (attrs["dp"], attrs["rank"])
+        pushed.setdefault(key, [set(), 0])
+        pushed[key][0].add(pid)
+        pushed[key][1] += count
     for engine in ("0", "1"):
         steps = value(text, P + "executor:execute_model:duration_count", dp=engine)
         assert steps > 0
         assert value(text, P + "executor:model_runner_execute_model:duration_count", dp=engine, rank="0") == steps
+        assert len(pushed[(engine, "0")][0]) == 1 and pushed[(engine, "0")][1] == steps
+    assert set(pushed) == {("0", "0"), ("1", "0")}
 
 
 def test_dp_every_process_of_both_engines_and_both_api_servers_is_counted(dp):
