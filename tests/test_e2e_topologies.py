@@ -13,6 +13,7 @@ CPU worker asserts on the NUMA layout. ``--pipeline-parallel-size 2`` is not run
 crashes with it.
 """
 
+import contextlib
 import os
 import threading
 import time
@@ -32,7 +33,16 @@ pytestmark = pytest.mark.e2e
 P = "vllm_profiling_"
 MAX_TOKENS = 150  # every completion generates exactly this many tokens (ignore_eos)
 START_TIMEOUT = 900.0  # start-ups take ~1 min on 2 idle cores, several on a loaded machine
-ONE_CORE_EACH = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
+
+
+def _one_core_each() -> dict:
+    """Two engines / two ranks, one core each: the first two CPUs this process may run on (a container's
+    cpuset need not start at 0); the same core twice on a one-core machine."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0, 1]
+    return {"VLLM_CPU_OMP_THREADS_BIND": f"{cpus[0]}|{cpus[1] if len(cpus) > 1 else cpus[0]}"}
+
+
+ONE_CORE_EACH = _one_core_each()
 
 
 def value(text, metric, /, **match):
@@ -67,6 +77,15 @@ def vllm_command_env(directory) -> dict:
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
     path = [str(directory)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
     return {"PYTHONPATH": os.pathsep.join(path)}
+
+
+@contextlib.contextmanager
+def started(server):
+    server.start(timeout=START_TIMEOUT)
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def concurrently(calls):
@@ -118,7 +137,8 @@ def dp(tmp_path_factory):
             "OTEL_METRIC_EXPORT_INTERVAL": "1000",
             "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000",
         }
-        with Server(model, cli=True, extra_args=["--data-parallel-size", "2"], env=env, log_path=log) as server:
+        server = Server(model, cli=True, extra_args=["--data-parallel-size", "2"], env=env, log_path=log)
+        with started(server):
             # Four 8-prompt requests at once: each engine gets its share of every request (vLLM's DP load
             # balancer), enough to run out of its 16 KV blocks; each API server accepts a connection while it
             # has fewer open than its peer, so both get some.
@@ -275,7 +295,8 @@ def tp(tmp_path_factory):
     model = tiny_model.build(str(root / "model"))
     log = str(root / "server.log")
     env = {**ONE_CORE_EACH, "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000"}
-    with Server(model, extra_args=["--tensor-parallel-size", "2"], env=env, log_path=log) as server:
+    server = Server(model, extra_args=["--tensor-parallel-size", "2"], env=env, log_path=log)
+    with started(server):
         before = server.scrape()
         server.batch([tiny_model.prompt(i) for i in range(4)], max_tokens=20)
         text = settle_tp(server, before)
