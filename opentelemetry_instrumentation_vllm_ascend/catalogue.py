@@ -40,6 +40,13 @@ ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed", 
 #: Process kinds (label ``process`` and resource attribute ``vllm.process.role``).
 PROCESS_KINDS = ("api_server", "engine_core", "worker", "eplb", "unknown")
 
+#: Labels whose value belongs to the recording process, not to the measurement: handlers never pass
+#: them; the pipeline adds them, with the process's value, to every series of the metrics that declare
+#: them (``MetricSpec.process_labels``), in both recorders. ``rank``: the global rank of the worker the
+#: process hosts (``WorkerBase.__init__``'s ``rank``: 0 … TP×PP−1 within its engine), so TP and PP
+#: workers of one engine never merge into one series; a process hosting no worker adds nothing.
+WORKER_LABELS = ("rank",)
+
 
 @dataclass(frozen=True)
 class MetricSpec:
@@ -54,6 +61,13 @@ class MetricSpec:
     #: Where the value is recorded, for docs: (process, hooked symbol).
     recorded_in: str = ""
     hooked: tuple[str, ...] = field(default_factory=tuple)
+    #: Labels the pipeline adds from the recording process (WORKER_LABELS), after ``labels``.
+    process_labels: tuple[str, ...] = ()
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        """Every label a series of this metric can carry: the handler's, then the process's."""
+        return self.labels + self.process_labels
 
     @property
     def instrument_name(self) -> str:
@@ -105,27 +119,41 @@ _STATS = "vllm.v1.metrics.loggers:StatLoggerManager.record"
 _WORKER_SCOPES = "vllm.v1.utils:_PROFILER_FUNC (record_function_or_nullcontext)"
 
 
+def _in_worker(recorded_in: str) -> tuple[str, ...]:
+    """Metrics recorded in worker processes carry the worker's rank (WORKER_LABELS)."""
+    return WORKER_LABELS if "worker" in recorded_in.split(", ") else ()
+
+
 def _timer(seed, description, recorded_in, hooked, buckets=STEP_SECONDS, labels=STEP_LABELS):
     return MetricSpec(seed=seed, kind=HISTOGRAM, unit="s", description=description, labels=labels,
-                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked))
+                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked),
+                      process_labels=_in_worker(recorded_in))
 
 
 def _sizes(seed, unit, description, recorded_in, hooked, buckets, labels=STEP_LABELS):
     return MetricSpec(seed=seed, kind=HISTOGRAM, unit=unit, description=description, labels=labels,
-                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked))
+                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked),
+                      process_labels=_in_worker(recorded_in))
 
 
 def _gauge(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
     return MetricSpec(seed=seed, kind=GAUGE, unit=unit, description=description, labels=labels,
-                      recorded_in=recorded_in, hooked=tuple(hooked))
+                      recorded_in=recorded_in, hooked=tuple(hooked), process_labels=_in_worker(recorded_in))
 
 
 def _counter(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
     return MetricSpec(seed=seed, kind=COUNTER, unit=unit, description=description, labels=labels,
-                      recorded_in=recorded_in, hooked=tuple(hooked))
+                      recorded_in=recorded_in, hooked=tuple(hooked), process_labels=_in_worker(recorded_in))
 
 
 _API_STEP = STEP_LABELS + ("engine",)
+#: What an "iteration" / "chunk" of the API server's per-iteration metrics is when vLLM runs several API
+#: servers: an EngineCore sends each API server only its own requests' outputs of a step (vLLM 0.32
+#: ``v1/core/sched/scheduler.py:2387-2391``, outputs keyed by ``client_index``).
+_SHARE = (" With several API servers (--api-server-count > 1, vllm serve's default when --data-parallel-size > 1) "
+          "each receives only its own requests' outputs of an engine step: an iteration is then one API server's "
+          "share of a step, so the sums over API servers are the engine's totals, and the counts are the steps "
+          "times the API servers that had outputs in them.")
 _EC, _W, _API = "engine_core", "worker", "api_server"
 
 CATALOGUE: tuple[MetricSpec, ...] = (
@@ -294,10 +322,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            labels=_API_STEP),
     _sizes("total_tokens", "{token}", "Prompt plus generated tokens of one iteration, as vLLM's stats count "
            "them: the full prompts of the requests that got their first token in it (prefix-cache hits and earlier "
-           "chunks included) plus the tokens generated.", _API, (_STATS,), TOKENS, labels=_API_STEP),
+           "chunks included) plus the tokens generated." + _SHARE, _API, (_STATS,), TOKENS, labels=_API_STEP),
     _sizes("input", "{token}", "Full prompt lengths of the requests that got their first token in one iteration "
-           "(prefix-cache hits and earlier prefill chunks included).", _API, (_STATS,), TOKENS, labels=_API_STEP),
-    _sizes("output", "{token}", "Tokens generated in one iteration.", _API, (_STATS,), TOKENS, labels=_API_STEP),
+           "(prefix-cache hits and earlier prefill chunks included)." + _SHARE, _API, (_STATS,), TOKENS,
+           labels=_API_STEP),
+    _sizes("output", "{token}", "Tokens generated in one iteration." + _SHARE, _API, (_STATS,), TOKENS,
+           labels=_API_STEP),
     _timer("fine_grained_ttft", "Time to first token of each request (as vLLM's "
            "vllm:time_to_first_token_seconds, per request).", _API, (_STATS,), REQUEST_SECONDS, labels=_API_STEP),
     _timer("fine_grained_tpot", "Mean time per output token of each finished request with at least two "
@@ -332,10 +362,11 @@ CATALOGUE: tuple[MetricSpec, ...] = (
            "the engine request (and tokenizing raw prompts; chat and completion requests arrive already "
            "tokenized by vLLM's renderer).", _API, ("vllm.v1.engine.input_processor:InputProcessor.process_inputs",)),
     _timer("output_processor_duration", "Duration of OutputProcessor.process_outputs for one chunk of "
-           "engine outputs (detokenization, request state updates); phase from the tokens of that chunk.", _API,
+           "engine outputs (detokenization, request state updates); phase from the tokens of that chunk."
+           + _SHARE, _API,
            ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), labels=_API_STEP),
     _sizes("engine_core_outputs_len", "{output}", "Request outputs in one chunk handed to "
-           "OutputProcessor.process_outputs.", _API,
+           "OutputProcessor.process_outputs." + _SHARE, _API,
            ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), REQUESTS, labels=_API_STEP),
     # -- vllm-ascend: EPLB ------------------------------------------------------------------------------
     # Recorded once per EPLB cycle by the EPLB process (forked from each NPU worker) of EP rank 0, the
@@ -395,11 +426,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     *(
         _gauge(f"engine:memory:{name}", unit, f"{meaning} Read once per worker after warm-up (or, when "
                "instrumented after start-up, at its first step) from what the worker stored; absent where the "
-               "worker does not store it. rank: the worker's global rank.", _W,
+               "worker does not store it.", _W,
                ("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
                 "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model",
-                "vllm_ascend.worker.worker:NPUWorker.compile_or_warm_up_model"),
-               labels=STEP_LABELS + ("rank",))
+                "vllm_ascend.worker.worker:NPUWorker.compile_or_warm_up_model"))
         for name, unit, meaning in (
             ("total_gb", "GiBy", "Device memory of the worker's device (init_snapshot.total_memory)."),
             ("utilization_ratio", "1", "Configured gpu_memory_utilization."),
@@ -447,7 +477,7 @@ def views():
                 meter_name=SCOPE_NAME,
                 name=spec.exposed_name,
                 description=spec.description,
-                attribute_keys=set(spec.labels),
+                attribute_keys=set(spec.all_labels),
                 **kwargs,
             )
         )

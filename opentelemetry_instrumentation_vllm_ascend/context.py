@@ -8,6 +8,8 @@ Label rules (docs/labels.md):
   otherwise ``unknown`` — never a fake 0.
 - ``role``: ``kv_transfer_config.kv_role``: kv_producer → prefill, kv_consumer → decode,
   kv_both or no KV transfer → mixed.
+- ``rank`` (a process label, catalogue.WORKER_LABELS): the global rank of the worker this process
+  hosts, from ``WorkerBase.__init__``; unset (no ``rank`` label) in a process hosting no worker.
 """
 
 from __future__ import annotations
@@ -24,15 +26,31 @@ _PRIORITY = {UNKNOWN: 0, "api_server": 1, "worker": 2, "engine_core": 3, "eplb":
 
 
 class ProcessContext:
-    __slots__ = ("process", "dp", "role")
+    __slots__ = ("process", "dp", "role", "labels")
 
     def __init__(self) -> None:
         self.process = UNKNOWN
         self.dp = UNKNOWN
         self.role = "mixed"
+        #: Values of the process labels (catalogue.WORKER_LABELS) this process has: {"rank": "1"} in a
+        #: worker, {} elsewhere. Replaced, never mutated, when it changes.
+        self.labels: dict = {}
 
 
 PROCESS = ProcessContext()
+
+
+def process_attributes(names: tuple) -> dict:
+    """The process's values of the process labels ``names`` (a spec's ``process_labels``) that it has."""
+    values = PROCESS.labels
+    if not names or not values:
+        return {}
+    return {name: values[name] for name in names if name in values}
+
+
+def set_rank(rank) -> None:
+    """This process hosts the worker of global rank ``rank`` (``unknown`` if it is not an int)."""
+    PROCESS.labels = {**PROCESS.labels, "rank": str(rank) if isinstance(rank, int) else UNKNOWN}
 
 
 def dp_of(vllm_config) -> str:
@@ -94,9 +112,11 @@ def step_labels_with(phase: str, extra: str) -> tuple:
     return labels
 
 
-def set_process(process: str, dp: str, role: str) -> None:
-    """Set the process context directly (tests, benchmarks); claim() is what hooks use."""
+def set_process(process: str, dp: str, role: str, rank: str | None = None) -> None:
+    """Set the process context directly (tests, benchmarks); claim() is what hooks use. ``rank``: the
+    hosted worker's rank (None: no worker)."""
     PROCESS.process, PROCESS.dp, PROCESS.role = process, dp, role
+    PROCESS.labels = {} if rank is None else {"rank": rank}
     _clear_label_caches()
 
 

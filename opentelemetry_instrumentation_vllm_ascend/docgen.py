@@ -10,7 +10,7 @@ from . import catalogue, paths, targets
 
 
 def _labels(spec: catalogue.MetricSpec) -> str:
-    return ", ".join(f"`{label}`" for label in spec.labels)
+    return ", ".join(f"`{label}`" for label in spec.all_labels)
 
 
 #: Named bucket sets of the catalogue (docs column and section).
@@ -133,8 +133,10 @@ def render_metrics_md() -> str:
         f"- `req_phase`: {', '.join(f'`{p}`' for p in catalogue.REQ_PHASES)}",
         "- `phase` of `eplb:expert_hotness:imbalance` and `eplb:layer_load:*`: `current` (the placement in use while "
         "the load was collected), `update` (the placement EPLB computed)",
-        "- `layer` (EPLB): the MoE layer index as EPLB numbers them; `rank` (EPLB): the EP rank; `rank` "
-        "(`engine:memory:*`): the worker's global rank; `device` (`npu:utilization`): the device index",
+        "- `layer` (EPLB): the MoE layer index as EPLB numbers them; `rank` (`eplb:*` gauges): the EP rank; "
+        "`rank` (every metric recorded in workers): the worker's global rank within its engine, 0 … TP×PP−1, "
+        "added by the pipeline to every series the worker's process records (absent on series of processes "
+        "hosting no worker); `device` (`npu:utilization`): the device index",
         f"- `threshold` (`prefill_over_threshold_count`): {', '.join(f'`{t}`' for t, _ in catalogue.TTFT_THRESHOLDS)}",
         "- `name` (`record_function_or_nullcontext`): vLLM's scope names; after 64 distinct names, `other`",
         "- `engine`: the engine index of an API-side value (equal to its `dp`)",

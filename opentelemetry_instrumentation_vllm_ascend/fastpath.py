@@ -249,14 +249,25 @@ class FastGauge(_Instrument):
         return {key: value for key, (value, t) in latest.items() if t > since}
 
 
+def _attributes(labels: tuple, key: tuple, extra: dict | None) -> dict:
+    """A series' attributes: the recorded label values, then the recording process's labels."""
+    attributes = dict(zip(labels, key))
+    if extra:
+        attributes.update(extra)
+    return attributes
+
+
 _KINDS = {catalogue.COUNTER: FastCounter, catalogue.HISTOGRAM: FastHistogram, catalogue.GAUGE: FastGauge}
 
 
 class Store:
     """All fast instruments of one process, and their collection for any number of readers."""
 
-    def __init__(self, resource, scope_name: str, scope_version: str) -> None:
+    def __init__(self, resource, scope_name: str, scope_version: str, process_attributes=None) -> None:
         self.resource = resource
+        #: ``process_attributes(spec.process_labels)`` → {label: value} the recording process adds to
+        #: every series of such a spec (the worker's ``rank``), at collection: nothing on the hot path.
+        self._process_attributes = process_attributes or (lambda names: {})
         self.scope = InstrumentationScope(scope_name, scope_version, None, None)
         self._instruments: dict[str, _Instrument] = {}
         self._lock = threading.Lock()
@@ -303,11 +314,12 @@ class Store:
         for instrument in instruments:
             spec = instrument.spec
             labels = spec.labels
+            extra = self._process_attributes(spec.process_labels) if spec.process_labels else None
             if isinstance(instrument, FastCounter):
                 snap = instrument.snapshot()
                 current[spec.seed] = snap
                 points = self._sum_points(snap, previous.get(spec.seed, {}), labels, counter_t,
-                                          instrument.start_ns, previous_time, now)
+                                          instrument.start_ns, previous_time, now, extra)
                 if points:
                     metrics.append(Metric(spec.exposed_name, spec.description, spec.unit,
                                           Sum(points, counter_t, True)))
@@ -315,7 +327,7 @@ class Store:
                 snap = instrument.snapshot(reset_window=histogram_t == DELTA)
                 current[spec.seed] = snap
                 points = self._histogram_points(snap, previous.get(spec.seed, {}), labels, histogram_t,
-                                                instrument.bounds, instrument.start_ns, previous_time, now)
+                                                instrument.bounds, instrument.start_ns, previous_time, now, extra)
                 if points:
                     metrics.append(Metric(spec.exposed_name, spec.description, spec.unit,
                                           Histogram(points, histogram_t)))
@@ -324,7 +336,8 @@ class Store:
                 # except a delta collection, which reports only gauges set since its previous one.
                 since = previous_time if gauge_t == DELTA and previous_time is not None else -1
                 snap = instrument.snapshot(since)
-                points = [NumberDataPoint(dict(zip(labels, key)), None, now, value) for key, value in snap.items()]
+                points = [NumberDataPoint(_attributes(labels, key, extra), None, now, value)
+                          for key, value in snap.items()]
                 if points:
                     metrics.append(Metric(spec.exposed_name, spec.description, spec.unit, Gauge(points)))
         if delta:
@@ -334,20 +347,20 @@ class Store:
         return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(self.scope, metrics, "")], "")])
 
     @staticmethod
-    def _sum_points(snap, before, labels, temporality, start_ns, previous_time, now):
+    def _sum_points(snap, before, labels, temporality, start_ns, previous_time, now, extra=None):
         points = []
         for key, value in snap.items():
             if temporality == DELTA:
                 change = value - before.get(key, 0)
                 if key in before and change == 0:
                     continue
-                points.append(NumberDataPoint(dict(zip(labels, key)), previous_time or start_ns, now, change))
+                points.append(NumberDataPoint(_attributes(labels, key, extra), previous_time or start_ns, now, change))
             else:
-                points.append(NumberDataPoint(dict(zip(labels, key)), start_ns, now, value))
+                points.append(NumberDataPoint(_attributes(labels, key, extra), start_ns, now, value))
         return points
 
     @staticmethod
-    def _histogram_points(snap, before, labels, temporality, bounds, start_ns, previous_time, now):
+    def _histogram_points(snap, before, labels, temporality, bounds, start_ns, previous_time, now, extra=None):
         points = []
         for key, (count, sum_, mn, mx, buckets, wmin, wmax) in snap.items():
             if temporality == DELTA:
@@ -361,6 +374,6 @@ class Store:
                 start = previous_time or start_ns
             else:
                 start = start_ns
-            points.append(HistogramDataPoint(dict(zip(labels, key)), start, now, count, sum_, buckets,
+            points.append(HistogramDataPoint(_attributes(labels, key, extra), start, now, count, sum_, buckets,
                                              bounds, mn, mx))
         return points

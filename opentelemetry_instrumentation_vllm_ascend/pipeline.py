@@ -28,30 +28,39 @@ logger = logging.getLogger(__name__)
 
 
 class _SdkInstrument:
-    """The recording layer's tuple-label interface over an OTel SDK instrument."""
+    """The recording layer's tuple-label interface over an OTel SDK instrument. A spec's process labels
+    (``rank`` in a worker) are added to the attributes of each measurement, as the fast path adds them
+    to each series at collection."""
 
-    __slots__ = ("_instrument", "_labels")
+    __slots__ = ("_instrument", "_labels", "_process_labels")
 
-    def __init__(self, instrument, labels) -> None:
+    def __init__(self, instrument, labels, process_labels=()) -> None:
         self._instrument = instrument
         self._labels = labels
+        self._process_labels = process_labels
+
+    def _attributes(self, labels: tuple) -> dict:
+        attributes = dict(zip(self._labels, labels))
+        if self._process_labels:
+            attributes.update(context.process_attributes(self._process_labels))
+        return attributes
 
     def add(self, value, labels: tuple) -> None:
-        self._instrument.add(value, dict(zip(self._labels, labels)))
+        self._instrument.add(value, self._attributes(labels))
 
     def record(self, value, labels: tuple) -> None:
-        self._instrument.record(value, dict(zip(self._labels, labels)))
+        self._instrument.record(value, self._attributes(labels))
 
     def set(self, value, labels: tuple) -> None:
-        self._instrument.set(value, dict(zip(self._labels, labels)))
+        self._instrument.set(value, self._attributes(labels))
 
     def record_many(self, values, labels: tuple) -> None:
-        attributes = dict(zip(self._labels, labels))
+        attributes = self._attributes(labels)
         for value in values:
             self._instrument.record(value, attributes)
 
     def record_n(self, value, n: int, labels: tuple) -> None:
-        attributes = dict(zip(self._labels, labels))
+        attributes = self._attributes(labels)
         for _ in range(n):
             self._instrument.record(value, attributes)
 
@@ -99,7 +108,8 @@ class Pipeline:
         else:
             from .fastpath import Store
 
-            self.store = Store(resource, catalogue.SCOPE_NAME, __version__)
+            self.store = Store(resource, catalogue.SCOPE_NAME, __version__,
+                               process_attributes=context.process_attributes)
             self.store.before_collect.append(_before_collect)
             for reader in readers:
                 self.store.attach(reader)
@@ -159,7 +169,7 @@ class Pipeline:
             )
         else:
             inst = meter.create_gauge(spec.instrument_name, unit=spec.unit, description=spec.description)
-        return _SdkInstrument(inst, spec.labels)
+        return _SdkInstrument(inst, spec.labels, spec.process_labels)
 
     def observe(self, spec: catalogue.MetricSpec, callback) -> None:
         """An observable gauge: ``callback()`` returns ``[(label tuple, value), …]`` at each collection
@@ -176,7 +186,8 @@ class Pipeline:
         from opentelemetry.metrics import Observation
 
         def sdk_callback(_options):
-            return [Observation(value, dict(zip(spec.labels, labels))) for labels, value in callback()]
+            extra = context.process_attributes(spec.process_labels)
+            return [Observation(value, {**dict(zip(spec.labels, labels)), **extra}) for labels, value in callback()]
 
         self.meter.create_observable_gauge(spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit,
                                            description=spec.description)

@@ -211,7 +211,7 @@ TARGETS: tuple[Target, ...] = (
     Target("vllm.v1.executor.abstract", "Executor.__init__", SYNC, "process:EngineCoreInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",), provides_context=True),
     Target("vllm.v1.worker.worker_base", "WorkerBase.__init__", SYNC, "process:WorkerInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config",),
+           feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config", "local_rank", "rank"),
            provides_context=True),
 )
 

@@ -77,6 +77,33 @@ class Receiver:
                             out.append((resource, attrs, value, temporality, p.start_time_unix_nano, p.time_unix_nano))
         return out
 
+    def _histograms(self, metric_name: str, by: str) -> dict:
+        """{(resource attribute ``by``, sorted point attribute items): (time, count, sum)} of a cumulative
+        histogram: each series' latest point."""
+        latest: dict = {}
+        with self.lock:
+            requests = list(self.requests)
+        for request in requests:
+            for rm in request.resource_metrics:
+                resource = {kv.key: _value(kv.value) for kv in rm.resource.attributes}
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name != metric_name or m.WhichOneof("data") != "histogram":
+                            continue
+                        for p in m.histogram.data_points:
+                            key = (resource.get(by), tuple(sorted((kv.key, _value(kv.value)) for kv in p.attributes)))
+                            if key not in latest or latest[key][0] <= p.time_unix_nano:
+                                latest[key] = (p.time_unix_nano, p.count, p.sum)
+        return latest
+
+    def histogram_counts(self, metric_name: str, by: str = "process.pid") -> dict:
+        """{(resource attribute ``by``, sorted point attribute items): count} of a cumulative histogram."""
+        return {key: count for key, (_, count, _) in self._histograms(metric_name, by).items()}
+
+    def histogram_sums(self, metric_name: str, by: str = "process.pid") -> dict:
+        """{(resource attribute ``by``, sorted point attribute items): sum} of a cumulative histogram."""
+        return {key: total for key, (_, _, total) in self._histograms(metric_name, by).items()}
+
     def counter_totals(self, metric_name: str, by: str = "service.instance.id") -> dict:
         """Per process (resource attribute ``by``) total of a counter, whatever the temporality:
         delta points are summed, cumulative ones take each series' latest value."""

@@ -34,11 +34,14 @@ def free_port() -> int:
 
 
 class Server:
-    """``[opentelemetry-instrument] python -m vllm.entrypoints.openai.api_server …`` as a subprocess."""
+    """``[opentelemetry-instrument] python -m vllm.entrypoints.openai.api_server …`` as a subprocess; with
+    ``cli=True``, ``[opentelemetry-instrument] vllm serve MODEL …`` (the command users run: it alone starts
+    several API servers, ``--api-server-count``, the default with ``--data-parallel-size`` > 1)."""
 
     def __init__(self, model: str, *, instrument: bool = True, env: dict | None = None,
-                 extra_args=(), log_path: str | None = None, port: int | None = None) -> None:
+                 extra_args=(), log_path: str | None = None, port: int | None = None, cli: bool = False) -> None:
         self.model = model
+        self.cli = cli
         self.port = port or free_port()
         self.instrument = instrument
         self.env = dict(env or {})
@@ -52,8 +55,14 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-               "--host", "127.0.0.1", "--port", str(self.port), *DEFAULT_ARGS, *self.extra_args]
+        if self.cli:
+            vllm = shutil.which("vllm", path=os.path.dirname(sys.executable)) or shutil.which("vllm")
+            if vllm is None:
+                raise RuntimeError("the vllm command was not found next to this Python")
+            cmd = [vllm, "serve", self.model]
+        else:
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model]
+        cmd += ["--host", "127.0.0.1", "--port", str(self.port), *DEFAULT_ARGS, *self.extra_args]
         if self.instrument:
             launcher = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
             launcher = launcher or shutil.which("opentelemetry-instrument")

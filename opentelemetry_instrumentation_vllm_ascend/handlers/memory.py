@@ -62,15 +62,13 @@ MEMORY = {
 _captured: set = set()  # ids of workers whose memory was recorded
 
 
-def rank_of(worker) -> str:
-    rank = getattr(worker, "rank", None)
-    return str(rank) if isinstance(rank, int) else "unknown"
-
-
 def capture(worker) -> int:
-    """Record the worker's memory gauges; returns how many values it had."""
+    """Record the worker's memory gauges; returns how many values it had. Their ``rank`` is the
+    process's (WorkerInit); a worker built before instrumentation started sets it here."""
     _captured.add(id(worker))
-    labels = context.step_labels_with(ALL, rank_of(worker))
+    if "rank" not in context.PROCESS.labels:
+        context.set_rank(getattr(worker, "rank", None))
+    labels = context.step_labels(ALL)
     found = 0
     for seed, read in MEMORY.items():
         value = read(worker)

@@ -36,12 +36,14 @@ class EngineCoreInit(_Claim):
 
 class WorkerInit(_Claim):
     """``WorkerBase.__init__`` runs in each worker process (inside the EngineCore with UniProcExecutor);
-    the worker's device utilization gauge is registered here (read at each collection)."""
+    its ``rank`` (the worker's global rank) becomes the process's ``rank`` label; the worker's device
+    utilization gauge is registered here (read at each collection)."""
 
     name = "WorkerBase.__init__"
     process = "worker"
 
     def before(self, args, kwargs):
+        context.set_rank(args[3] if len(args) > 3 else kwargs.get("rank"))
         super().before(args, kwargs)
         from .memory import observe_utilization
 
