@@ -56,10 +56,8 @@ class Receiver:
         self.server.shutdown()
         self.server.server_close()
 
-    def points(self, metric_name: str):
-        """Every received number data point of ``metric_name``:
-        (resource attrs dict, point attrs dict, value, temporality, start_time, time)."""
-        out = []
+    def _metrics(self, metric_name: str):
+        """(resource attrs dict, metric) of every received metric named ``metric_name``, in arrival order."""
         with self.lock:
             requests = list(self.requests)
         for request in requests:
@@ -67,33 +65,33 @@ class Receiver:
                 resource = {kv.key: _value(kv.value) for kv in rm.resource.attributes}
                 for sm in rm.scope_metrics:
                     for m in sm.metrics:
-                        if m.name != metric_name:
-                            continue
-                        data = getattr(m, m.WhichOneof("data"))
-                        temporality = getattr(data, "aggregation_temporality", 0)
-                        for p in data.data_points:
-                            attrs = {kv.key: _value(kv.value) for kv in p.attributes}
-                            value = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
-                            out.append((resource, attrs, value, temporality, p.start_time_unix_nano, p.time_unix_nano))
+                        if m.name == metric_name:
+                            yield resource, m
+
+    def points(self, metric_name: str):
+        """Every received number data point of ``metric_name``:
+        (resource attrs dict, point attrs dict, value, temporality, start_time, time)."""
+        out = []
+        for resource, m in self._metrics(metric_name):
+            data = getattr(m, m.WhichOneof("data"))
+            temporality = getattr(data, "aggregation_temporality", 0)
+            for p in data.data_points:
+                attrs = {kv.key: _value(kv.value) for kv in p.attributes}
+                value = p.as_int if p.WhichOneof("value") == "as_int" else p.as_double
+                out.append((resource, attrs, value, temporality, p.start_time_unix_nano, p.time_unix_nano))
         return out
 
     def _histograms(self, metric_name: str, by: str) -> dict:
         """{(resource attribute ``by``, sorted point attribute items): (time, count, sum)} of a cumulative
         histogram: each series' latest point."""
         latest: dict = {}
-        with self.lock:
-            requests = list(self.requests)
-        for request in requests:
-            for rm in request.resource_metrics:
-                resource = {kv.key: _value(kv.value) for kv in rm.resource.attributes}
-                for sm in rm.scope_metrics:
-                    for m in sm.metrics:
-                        if m.name != metric_name or m.WhichOneof("data") != "histogram":
-                            continue
-                        for p in m.histogram.data_points:
-                            key = (resource.get(by), tuple(sorted((kv.key, _value(kv.value)) for kv in p.attributes)))
-                            if key not in latest or latest[key][0] <= p.time_unix_nano:
-                                latest[key] = (p.time_unix_nano, p.count, p.sum)
+        for resource, m in self._metrics(metric_name):
+            if m.WhichOneof("data") != "histogram":
+                continue
+            for p in m.histogram.data_points:
+                key = (resource.get(by), tuple(sorted((kv.key, _value(kv.value)) for kv in p.attributes)))
+                if key not in latest or latest[key][0] <= p.time_unix_nano:
+                    latest[key] = (p.time_unix_nano, p.count, p.sum)
         return latest
 
     def histogram_counts(self, metric_name: str, by: str = "process.pid") -> dict:
