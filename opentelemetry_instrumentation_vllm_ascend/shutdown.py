@@ -61,13 +61,23 @@ def teardown() -> None:
     sock = _listener[1]
     _listener[:] = [None, None, None]
     if sock is not None:
-        try:
-            sock.close()
-        except OSError:
-            pass
+        _stop(sock)
     for name in _set_env:
         os.environ.pop(name, None)
     _set_env.clear()
+
+
+def _stop(sock) -> None:
+    """Wakes the listener blocked on ``sock`` (close() alone would not, and its fd number could be
+    reused under it), then closes it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
 
 
 def listen() -> None:
@@ -105,8 +115,8 @@ def _serve(sock, pid: int) -> None:
             data, ancillary, _flags, sender = sock.recvmsg(64, space)
         except OSError:  # closed (teardown, fork)
             return
-        if os.getpid() != pid:
-            return
+        if os.getpid() != pid or _listener[1] is not sock:
+            return  # stopped (teardown), or a forked child's copy
         credentials = [d for level, kind, d in ancillary
                        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS]
         if data != _REQUEST or not sender or not credentials:

@@ -157,3 +157,19 @@ def test_signals_are_left_to_vllm():
         assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
     finally:
         shutdown.teardown()
+
+
+def test_teardown_stops_the_listener_thread():
+    import threading
+
+    def listeners():
+        return [t for t in threading.enumerate() if t.name == "otel-vllm-ascend-flush"]
+
+    for _ in range(3):
+        shutdown.setup()
+        assert len(listeners()) == 1
+        shutdown.teardown()
+        deadline = time.monotonic() + 2
+        while listeners() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert listeners() == []
