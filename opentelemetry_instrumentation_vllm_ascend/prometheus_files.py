@@ -313,19 +313,31 @@ def _identity_path(directory: str, pid: int) -> str:
 
 
 def write_identity(directory: str, pid: int) -> None:
-    """Next to a process's first metric file: which process (boot and start time) wrote it."""
+    """Next to a process's first metric file: which process (boot and start time) wrote it, and the
+    root of its process tree (pid, boot and start time)."""
     identity = process_identity(pid)
-    if identity:
-        try:
-            with open(_identity_path(directory, pid), "w") as f:
-                f.write(identity)
-        except OSError:
-            pass
+    if not identity:
+        return
+    from . import environment
+
+    root = ""
+    try:
+        root_pid = int(os.environ.get(environment.ROOT_PID, ""))
+        root = f"{root_pid} {process_identity(root_pid) or ''}"
+    except ValueError:
+        pass
+    try:
+        with open(_identity_path(directory, pid), "w") as f:
+            f.write(f"{identity}\n{root}\n")
+    except OSError:
+        pass
 
 
 def file_process_alive(directory: str, pid: int) -> bool:
-    """Whether the process that wrote ``pid``'s files still runs: the pid runs and, where its
-    identity was recorded, it is the same process (not a reused pid)."""
+    """Whether the process that wrote ``pid``'s files still runs, in a tree that still runs: the pid
+    runs and, where recorded, it is the same process (not a reused pid) and the root of its tree
+    still runs (an EngineCore left running by a SIGKILLed API server serves no /metrics any more:
+    its series would be counted twice next to the next server's)."""
     identity = process_identity(pid)
     if identity is None:
         return False
@@ -333,10 +345,20 @@ def file_process_alive(directory: str, pid: int) -> bool:
         return _pid_alive(pid)
     try:
         with open(_identity_path(directory, pid)) as f:
-            recorded = f.read().strip()
+            recorded = f.read().split("\n")
     except OSError:
         return True
-    return not recorded or recorded == identity
+    if recorded[0].strip() and recorded[0].strip() != identity:
+        return False
+    root = recorded[1].split(" ", 1) if len(recorded) > 1 and recorded[1].strip() else None
+    if root and len(root) == 2 and root[1].strip():
+        try:
+            root_pid = int(root[0])
+        except ValueError:
+            return True
+        if root_pid != pid and process_identity(root_pid) not in ("", root[1].strip()):
+            return False
+    return True
 
 
 def _files(directory: str, pattern: str) -> list[str]:

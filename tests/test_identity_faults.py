@@ -299,3 +299,23 @@ def test_two_instrumented_trees_on_one_host_never_see_each_other(tmp_path):
 
     assert phases(got_a["text"]) == ["a"]
     assert phases(got_b["text"]) == ["b"]
+
+
+def test_files_of_a_process_whose_tree_root_is_gone_are_those_of_a_dead_tree(tmp_path, monkeypatch):
+    """vLLM 0.32 leaves the EngineCore and its worker running when the API server is SIGKILLed: on a
+    persistent PROMETHEUS_MULTIPROC_DIR the next server would count their series next to its own."""
+    directory = str(tmp_path)
+    root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        monkeypatch.setenv(environment.ROOT_PID, str(root.pid))
+        orphan = write_counter(directory, os.getpid())  # this process plays the orphaned EngineCore
+        write_identity(directory, os.getpid())
+        assert file_process_alive(directory, os.getpid())  # its root runs
+        root.kill()
+        root.wait()
+        assert not file_process_alive(directory, os.getpid())
+        remove_dead_files(directory)
+        assert not os.path.exists(orphan)
+    finally:
+        root.kill()
+        root.wait()
