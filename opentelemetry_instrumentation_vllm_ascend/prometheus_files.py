@@ -252,6 +252,11 @@ class FilesExporter(MetricExporter):
                 os.remove(path)
             except OSError:
                 pass
+        if not _files(self._dir, f"*_{FILE_TOKEN}{self._pid}.db"):  # nothing of it left: nor its identity
+            try:
+                os.remove(_identity_path(self._dir, self._pid))
+            except OSError:
+                pass
 
 
 def _allocate(path: str, size: int) -> None:
