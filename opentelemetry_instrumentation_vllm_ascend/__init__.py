@@ -94,6 +94,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         exposition = Exposition()
         exposition.setup()
         VllmAscendInstrumentor._exposition = exposition
+        from . import shutdown
+
+        shutdown.setup()  # answers "export now" from the process that stops this one (shutdown.py)
         installer = Installer()
         installer.install()
         VllmAscendInstrumentor._installer = installer
@@ -107,6 +110,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         exposition, VllmAscendInstrumentor._exposition = VllmAscendInstrumentor._exposition, None
         if exposition is not None:
             exposition.teardown()
+        from . import shutdown
+
+        shutdown.teardown()
         if VllmAscendInstrumentor._set_enabled:  # the variable as it was before instrument()
             if VllmAscendInstrumentor._replaced_enabled is None:
                 os.environ.pop(environment.ENABLED, None)

@@ -34,6 +34,14 @@ DISABLED_SCOPES = "OTEL_VLLM_ASCEND_DISABLED_SCOPES"
 #: when PROMETHEUS_MULTIPROC_DIR is unset, and which process created that directory.
 FILES_DIR = "_OTEL_VLLM_ASCEND_FILES_DIR"
 ROOT_PID = "_OTEL_VLLM_ASCEND_ROOT_PID"
+#: Internal, set by the first instrumented process for its children: the name of this process tree
+#: (random), in the names of the sockets its processes take flush requests on (shutdown.py).
+TREE = "_OTEL_VLLM_ASCEND_TREE"
+
+#: How long a process's final export may take at exit, and how long the process that stops others
+#: (the API server stopping its EngineCores) waits for theirs, in milliseconds (default 1000).
+SHUTDOWN_TIMEOUT_MS = "OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS"
+DEFAULT_SHUTDOWN_TIMEOUT_MS = 1000
 
 #: Standard variables we honour.
 DISABLED_INSTRUMENTATIONS = "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"
@@ -120,6 +128,32 @@ def interval_ms(name: str, default: int) -> int:
     return using
 
 
+def shutdown_timeout_ms() -> int:
+    """OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS: 1000 when unset or not a positive integer (one warning),
+    at most one minute."""
+    raw = os.environ.get(SHUTDOWN_TIMEOUT_MS)
+    if raw is None:
+        return DEFAULT_SHUTDOWN_TIMEOUT_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if 0 < value <= MAX_SHUTDOWN_TIMEOUT_MS:
+        return value
+    using = DEFAULT_SHUTDOWN_TIMEOUT_MS if value <= 0 else MAX_SHUTDOWN_TIMEOUT_MS
+    if (SHUTDOWN_TIMEOUT_MS, raw) not in _WARNED:
+        _WARNED.add((SHUTDOWN_TIMEOUT_MS, raw))
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a positive integer of at most %d; using %d",
+            SHUTDOWN_TIMEOUT_MS, raw, MAX_SHUTDOWN_TIMEOUT_MS, using)
+    return using
+
+
+MAX_SHUTDOWN_TIMEOUT_MS = 60_000
+
+
 def metrics_files_dir() -> str | None:
     """Where this process writes its metric files for ``/metrics``: PROMETHEUS_MULTIPROC_DIR when set
     (vLLM's own registry then merges them), else the directory the first instrumented process made."""
@@ -135,6 +169,9 @@ def otlp_exporter_names() -> list[str]:
 def recorder() -> str:
     value = os.environ.get(RECORDER, "fast").strip().lower()
     if value not in ("fast", "sdk"):
+        if (RECORDER, value) in _WARNED:
+            return "fast"
+        _WARNED.add((RECORDER, value))
         import logging
 
         logging.getLogger(__name__).warning(

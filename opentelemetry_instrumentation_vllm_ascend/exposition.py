@@ -29,6 +29,7 @@ class Exposition:
         self._set_env: list[str] = []
 
     def setup(self) -> None:
+        drop_foreign_identity()
         if not environment.prometheus_enabled():
             return
         if environment.ROOT_PID in os.environ:
@@ -46,7 +47,9 @@ class Exposition:
 
         from .prometheus_files import FilesCollector
 
-        directory = tempfile.mkdtemp(prefix="otel_vllm_ascend_")
+        remove_leaked_directories()
+        directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
+        _write_owner(directory)
         os.environ[environment.FILES_DIR] = directory
         self._set_env.append(environment.FILES_DIR)
         self.directory = directory
@@ -68,3 +71,101 @@ class Exposition:
         for name in self._set_env:
             os.environ.pop(name, None)
         self._set_env.clear()
+
+
+DIRECTORY_PREFIX = "otel_vllm_ascend_"
+_OWNER_FILE = "root.pid"  # not *.db: no collector reads it
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def is_ancestor(pid: int) -> bool | None:
+    """Whether ``pid`` is this process or one of its ancestors (the ppid chain in /proc); None when
+    /proc cannot tell."""
+    current: int | None = os.getpid()
+    for _ in range(4096):
+        if current == pid:
+            return True
+        if current in (None, 0, 1):
+            return None if current is None else False
+        current = _parent(current)
+    return False
+
+
+def drop_foreign_identity() -> None:
+    """The identity variables a root process hands its children (its pid, its files directory, its
+    tree's name) are trusted only from an ancestor: a process started from the environment of an
+    instrumented vLLM process elsewhere (a copied environment, a second server started from a
+    worker's shell) begins a tree of its own instead of writing into the other server's directory."""
+    raw = os.environ.get(environment.ROOT_PID)
+    if raw is None:
+        return
+    try:
+        root = int(raw)
+    except ValueError:
+        root = -1
+    ancestor = is_ancestor(root) if root > 0 else False
+    directory = os.environ.get(environment.FILES_DIR)
+    if ancestor is not False and directory:
+        try:
+            ancestor = os.stat(directory).st_uid == os.getuid()
+        except OSError:
+            ancestor = False
+    if ancestor is False:
+        for name in (environment.ROOT_PID, environment.FILES_DIR, environment.TREE):
+            os.environ.pop(name, None)
+        logger.info("opentelemetry-instrumentation-vllm-ascend: %s=%s is not an ancestor of this process; "
+                    "it starts a process tree of its own", environment.ROOT_PID, raw)
+
+
+def _write_owner(directory: str) -> None:
+    from .prometheus_files import process_identity
+
+    try:
+        with open(os.path.join(directory, _OWNER_FILE), "w") as f:
+            f.write(f"{os.getpid()}\n{process_identity(os.getpid()) or ''}\n")
+    except OSError:
+        pass
+
+
+def remove_leaked_directories(parent: str | None = None) -> list[str]:
+    """Directories of ours (our prefix, our user, not a link) left in the temp directory by a root
+    process that was killed (SIGKILL skips its atexit cleanup): removed when their root no longer
+    runs. A directory without the root's record is left alone."""
+    from .prometheus_files import process_identity
+
+    parent = parent or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    uid = os.getuid()
+    for name in names:
+        if not name.startswith(DIRECTORY_PREFIX):
+            continue
+        path = os.path.join(parent, name)
+        try:
+            st = os.lstat(path)
+            if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != uid:
+                continue
+            with open(os.path.join(path, _OWNER_FILE)) as f:
+                lines = f.read().split("\n")
+            pid, identity = int(lines[0]), (lines[1] if len(lines) > 1 else "")
+        except (OSError, ValueError):
+            continue
+        running = process_identity(pid)
+        if running is None or (identity and running and running != identity):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logger.info("opentelemetry-instrumentation-vllm-ascend: removed %d metric director%s left by killed "
+                    "processes", len(removed), "y" if len(removed) == 1 else "ies")
+    return removed

@@ -19,6 +19,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 import uuid
 
 from . import catalogue, context, environment
@@ -114,6 +115,8 @@ class Pipeline:
             for reader in readers:
                 self.store.attach(reader)
         self._closed = False
+        #: Set once close() is done (its final export made or timed out).
+        self.closed = threading.Event()
 
     def _readers(self) -> list:
         """The readers the environment asks for. Each starts its export thread when it is built: if a
@@ -201,11 +204,16 @@ class Pipeline:
             for reader in self.readers:
                 reader.force_flush(timeout_millis)
 
-    def close(self, timeout_millis: float = 5_000) -> None:
-        """Final export, then stop. Live gauges of this process disappear from /metrics."""
+    def close(self, timeout_millis: float | None = None) -> None:
+        """Final export, then stop; all readers together within ``timeout_millis`` (default
+        OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS: an unreachable collector delays the exit by that much,
+        not by the exporter's own timeout). Live gauges of this process disappear from /metrics."""
         if os.getpid() != self.pid or self._closed:
             return
         self._closed = True
+        if timeout_millis is None:
+            timeout_millis = environment.shutdown_timeout_ms()
+        deadline = time.monotonic() + timeout_millis / 1000
         try:
             # Values a hook still holds (deferred records) go in before the final export (at exit;
             # reset() has run them already), and are there for a reader read after the close.
@@ -213,11 +221,12 @@ class Pipeline:
             if self.provider is not None:
                 self.provider.shutdown(timeout_millis=timeout_millis)
             else:
-                for reader in self.readers:
-                    reader.shutdown(timeout_millis=timeout_millis)
+                for reader in self.readers:  # the files reader first: it is fast, and local
+                    reader.shutdown(timeout_millis=max(0.0, deadline - time.monotonic()) * 1000)
         finally:
             if self.files_exporter is not None:
                 self.files_exporter.remove_live_gauges()
+            self.closed.set()
 
     def abandon(self) -> None:
         """In a forked child: stop the inherited reader threads without exporting anything."""

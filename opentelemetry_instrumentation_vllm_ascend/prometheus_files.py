@@ -18,6 +18,7 @@ also skips files of pids that no longer run).
 
 from __future__ import annotations
 
+import errno
 import glob
 import logging
 import math
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 FILE_TOKEN = "otel-"
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")
 _LABEL_RE = re.compile(r"[^a-zA-Z0-9_]")
-_PID_RE = re.compile(r"_otel-(\d+)\.db$")
+_PID_RE = re.compile(r"_otel-(\d+)\.(?:db|id)$")
 
 _CUMULATIVE = {
     cls: AggregationTemporality.CUMULATIVE
@@ -101,10 +102,20 @@ class FilesExporter(MetricExporter):
     def _file(self, typ: str):
         f = self._files.get(typ)
         if f is None:
-            from prometheus_client.mmap_dict import MmapedDict
+            from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
 
-            f = self._files[typ] = MmapedDict(self._path(typ))
+            if not self._files:
+                write_identity(self._dir, self._pid)
+            path = self._path(typ)
+            _allocate(path, _INITIAL_MMAP_SIZE)
+            f = self._files[typ] = MmapedDict(path)
         return f
+
+    def _write(self, typ: str, key: str, value: float, timestamp: float) -> None:
+        f = self._files.get(typ) or self._file(typ)
+        if key not in f._positions:
+            _reserve(f, key)
+        f.write_value(key, value, timestamp)
 
     # -- export -----------------------------------------------------------------------------
     def export(self, metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
@@ -113,6 +124,12 @@ class FilesExporter(MetricExporter):
             return MetricExportResult.SUCCESS
         try:
             self._export(metrics_data)
+        except OSError as exc:  # the disk is full (or gone): stop writing, once
+            self._closed = True
+            logger.error("opentelemetry-instrumentation-vllm-ascend: cannot write metrics for /metrics into %s "
+                         "(%s); this process stops writing them (its series on /metrics stop updating), vLLM "
+                         "runs on", self._dir, exc)
+            return MetricExportResult.FAILURE
         except Exception:  # never let /metrics plumbing hurt the host
             if not self._failed_once:
                 self._failed_once = True
@@ -160,12 +177,12 @@ class FilesExporter(MetricExporter):
                                 series = series_of[series_key] = self._new_counter(metric, point)
                             value = float(point.value)
                             if series[1] != value:
-                                self._file("counter").write_value(series[0], value, 0.0)
+                                self._write("counter", series[0], value, 0.0)
                                 series[1] = value
                         else:
                             if series is None:
                                 series = series_of[series_key] = self._new_gauge(metric, point)
-                            self._file(series[1]).write_value(series[0], float(point.value), now)
+                            self._write(series[1], series[0], float(point.value), now)
 
     def _new_histogram(self, metric, point) -> list:
         """[bucket keys, sum key, bounds, counts written, sum written]"""
@@ -179,13 +196,13 @@ class FilesExporter(MetricExporter):
         return [bucket_keys, mmap_key(name, name + "_sum", keys, values, help_text), bounds, None, None]
 
     def _write_histogram(self, series: list, counts: tuple, sum_: float) -> None:
-        f = self._file("histogram")
+        write = self._write
         written = series[3]
         for i, (key, count) in enumerate(zip(series[0], counts)):
             if written is None or written[i] != count:
-                f.write_value(key, float(count), 0.0)
+                write("histogram", key, float(count), 0.0)
         if series[4] != sum_:
-            f.write_value(series[1], sum_, 0.0)
+            write("histogram", series[1], sum_, 0.0)
         series[3], series[4] = counts, sum_
 
     def _new_counter(self, metric, point) -> list:
@@ -235,6 +252,118 @@ class FilesExporter(MetricExporter):
                 os.remove(path)
             except OSError:
                 pass
+        if not _files(self._dir, f"*_{FILE_TOKEN}{self._pid}.db"):  # nothing of it left: nor its identity
+            try:
+                os.remove(_identity_path(self._dir, self._pid))
+            except OSError:
+                pass
+
+
+def _allocate(path: str, size: int) -> None:
+    """Makes the first ``size`` bytes of ``path`` (created if needed) take real disk blocks now. An
+    mmap'ed file grown with truncate() is sparse: on a full filesystem the first write into a page
+    the disk cannot back is a SIGBUS that kills the process. Allocated first, a full disk is an
+    OSError (ENOSPC) here instead. A filesystem without fallocate keeps the old behaviour."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        size = max(size, os.fstat(fd).st_size)
+        try:
+            os.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                raise
+    finally:
+        os.close(fd)
+
+
+def _reserve(f, key: str) -> None:
+    """Before ``key`` is added to the MmapedDict ``f``: if it will grow the file (doubling it, as
+    prometheus_client does), allocate the grown size first (see _allocate)."""
+    n = len(key.encode("utf-8"))
+    need = f._used + 4 + n + (8 - (n + 4) % 8) + 16
+    capacity = f._capacity
+    while need > capacity:
+        capacity *= 2
+    if capacity != f._capacity:
+        _allocate(f._fname, capacity)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def process_identity(pid: int) -> str | None:
+    """``"<boot id> <start time>"`` of the running process ``pid`` (from /proc): a pid reused by
+    another process, or after a reboot, has another one. None when no such process runs (a zombie
+    counts as gone); ``""`` when /proc cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+    fields = stat[stat.rfind(b")") + 2:].split()
+    if not fields or fields[0] in (b"Z", b"X"):
+        return None
+    return f"{_boot_id()} {int(fields[19])}" if len(fields) > 19 else ""
+
+
+def _identity_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"process_{FILE_TOKEN}{pid}.id")
+
+
+def write_identity(directory: str, pid: int) -> None:
+    """Next to a process's first metric file: which process (boot and start time) wrote it, and the
+    root of its process tree (pid, boot and start time)."""
+    identity = process_identity(pid)
+    if not identity:
+        return
+    from . import environment
+
+    root = ""
+    try:
+        root_pid = int(os.environ.get(environment.ROOT_PID, ""))
+        root = f"{root_pid} {process_identity(root_pid) or ''}"
+    except ValueError:
+        pass
+    try:
+        with open(_identity_path(directory, pid), "w") as f:
+            f.write(f"{identity}\n{root}\n")
+    except OSError:
+        pass
+
+
+def file_process_alive(directory: str, pid: int) -> bool:
+    """Whether the process that wrote ``pid``'s files still runs, in a tree that still runs: the pid
+    runs and, where recorded, it is the same process (not a reused pid) and the root of its tree
+    still runs (an EngineCore left running by a SIGKILLed API server serves no /metrics any more:
+    its series would be counted twice next to the next server's)."""
+    identity = process_identity(pid)
+    if identity is None:
+        return False
+    if identity == "":
+        return _pid_alive(pid)
+    try:
+        with open(_identity_path(directory, pid)) as f:
+            recorded = f.read().split("\n")
+    except OSError:
+        return True
+    if recorded[0].strip() and recorded[0].strip() != identity:
+        return False
+    root = recorded[1].split(" ", 1) if len(recorded) > 1 and recorded[1].strip() else None
+    if root and len(root) == 2 and root[1].strip():
+        try:
+            root_pid = int(root[0])
+        except ValueError:
+            return True
+        if root_pid != pid and process_identity(root_pid) not in ("", root[1].strip()):
+            return False
+    return True
 
 
 def _files(directory: str, pattern: str) -> list[str]:
@@ -324,7 +453,7 @@ class FilesCollector:
             mode = parts[1] if typ == "gauge" else None
             if mode is not None and mode.startswith("live"):
                 pid = _file_pid(path)
-                if pid is not None and not _pid_alive(pid):
+                if pid is not None and not file_process_alive(self.directory, pid):
                     continue
             try:
                 # Read and parse the whole file before merging any of it: a file that cannot be read
@@ -389,12 +518,34 @@ class FilesCollector:
                 samples[key] = (value, timestamp)
 
 
-def remove_dead_files(directory: str) -> None:
-    """Drop our files left by processes of an earlier run (PROMETHEUS_MULTIPROC_DIR reused)."""
-    for path in _files(directory, f"*_{FILE_TOKEN}*.db"):
+def _remove_files_of_dead(directory: str, pattern: str) -> None:
+    alive: dict[int, bool] = {}
+    for path in _files(directory, pattern):
         pid = _file_pid(path)
-        if pid is not None and not _pid_alive(pid):
+        if pid is None:
+            continue
+        if pid not in alive:
+            alive[pid] = file_process_alive(directory, pid)
+        if not alive[pid]:
             try:
                 os.remove(path)
             except OSError:
                 pass
+    for pid, running in alive.items():
+        if not running and pattern.endswith("*.db") and not _files(directory, f"*_{FILE_TOKEN}{pid}.db"):
+            try:
+                os.remove(_identity_path(directory, pid))
+            except OSError:
+                pass
+
+
+def remove_dead_files(directory: str) -> None:
+    """Drop our files left by processes of an earlier run (PROMETHEUS_MULTIPROC_DIR reused): those
+    of pids that no longer run, or run as another process (a pid reused after a container restart)."""
+    _remove_files_of_dead(directory, f"*_{FILE_TOKEN}*.db")
+
+
+def remove_dead_live_gauges(directory: str) -> None:
+    """Drop the ``live*`` gauge files of processes that are gone (killed before their exit-time
+    cleanup): vLLM's MultiProcessCollector would keep serving them. Counters and histograms stay."""
+    _remove_files_of_dead(directory, f"gauge_live*_{FILE_TOKEN}*.db")

@@ -221,8 +221,8 @@ def process_started() -> None:
 pipeline.before_collect_hooks.append(run_deferred)
 
 
-def flush() -> None:
+def flush(timeout_millis: float = 5_000) -> None:
     run_deferred()
     current = pipeline.current()
     if current is not None:
-        current.flush()
+        current.flush(timeout_millis)

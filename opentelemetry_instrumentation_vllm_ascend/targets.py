@@ -213,6 +213,9 @@ TARGETS: tuple[Target, ...] = (
     Target("vllm.v1.worker.worker_base", "WorkerBase.__init__", SYNC, "process:WorkerInit",
            feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config", "local_rank", "rank"),
            provides_context=True),
+    # -- shutdown: the processes about to be stopped export first (vLLM SIGKILLs them right after SIGTERM)
+    Target("vllm.v1.engine.utils", "CoreEngineProcManager.shutdown", SYNC, "process:StopEngines"),
+    Target(_MP, "MultiprocExecutor.shutdown", SYNC, "process:StopWorkers"),
 )
 
 
@@ -291,6 +294,9 @@ READS = tuple(
         ("vllm.config", "VllmConfig", ("parallel_config", "kv_transfer_config", "model_config")),
         ("vllm.config", "ParallelConfig", ("data_parallel_index", "data_parallel_size", "data_parallel_rank")),
         ("vllm.config", "KVTransferConfig", ("kv_role",)),
+        ("vllm.v1.engine.utils", "CoreEngineProcManager", ("processes", "_finalizer")),
+        ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor", ("workers", "shutting_down")),
+        ("vllm.v1.executor.multiproc_executor", "WorkerProcHandle", ("proc",)),
     )
     for attribute in attributes
 )

@@ -70,7 +70,8 @@ def test_metrics_exposure_ignores_otel_metrics_exporter_none(monkeypatch, tmp_pa
     pipeline.reset()
     recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
     recording.flush()
-    assert os.listdir(tmp_path) == [f"counter_otel-{os.getpid()}.db"]
+    # its counter file, and which process wrote it (boot and start time: pid reuse, see prometheus_files)
+    assert sorted(os.listdir(tmp_path)) == [f"counter_otel-{os.getpid()}.db", f"process_otel-{os.getpid()}.id"]
     assert len(pipeline.current().readers) == 1  # the files reader only: no push exporter
     pipeline.reset()
 

@@ -48,3 +48,72 @@ class WorkerInit(_Claim):
         from .memory import observe_utilization
 
         observe_utilization()
+
+
+class _BeforeStop(Handler):
+    """Before vLLM stops its child processes (SIGTERM, then SIGKILL of each tree once its timeout —
+    0 by default — has passed): they and their descendants export what they recorded, waited for
+    at most OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS in all (shutdown.py); then vLLM's code runs
+    unchanged. Afterwards, the live gauges of the processes now gone are dropped from the files
+    directory (their exit-time cleanup never ran)."""
+
+    def processes(self, owner) -> list:
+        return []
+
+    def before(self, args, kwargs):
+        from .. import shutdown
+
+        pids = [p.pid for p in self.processes(args[0]) if p.pid and p.is_alive()]
+        if pids:
+            pids = shutdown.descendants(pids)
+            shutdown.flush_processes(pids)
+        return pids
+
+    def after(self, state, args, kwargs, result):
+        if state:
+            from .. import environment
+            from ..prometheus_files import remove_dead_live_gauges
+
+            directory = environment.metrics_files_dir()
+            if directory:
+                shutdown_wait_gone(state)
+                remove_dead_live_gauges(directory)
+
+
+def shutdown_wait_gone(pids, timeout_s: float = 0.5) -> None:
+    """A SIGKILL takes effect asynchronously: wait (briefly, by polling — never reaping another's
+    child) until the processes are gone or zombies."""
+    import time
+
+    from ..prometheus_files import process_identity
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        pending = [pid for pid in pending if process_identity(pid) is not None]
+        if pending:
+            time.sleep(0.01)
+
+
+class StopEngines(_BeforeStop):
+    """``CoreEngineProcManager.shutdown`` (API server, or ``vllm serve``'s parent with several API
+    servers): the EngineCores and their workers."""
+
+    name = "CoreEngineProcManager.shutdown"
+
+    def processes(self, owner) -> list:
+        finalizer = getattr(owner, "_finalizer", None)
+        if finalizer is not None and not finalizer.alive:  # stopped already
+            return []
+        return list(getattr(owner, "processes", ()))
+
+
+class StopWorkers(_BeforeStop):
+    """``MultiprocExecutor.shutdown`` (EngineCore): its worker processes."""
+
+    name = "MultiprocExecutor.shutdown"
+
+    def processes(self, owner) -> list:
+        if getattr(owner, "shutting_down", False):
+            return []
+        return [w.proc for w in (getattr(owner, "workers", None) or ()) if getattr(w, "proc", None) is not None]

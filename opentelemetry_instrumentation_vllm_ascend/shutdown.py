@@ -1,0 +1,224 @@
+"""Nothing recorded is lost when vLLM stops its processes.
+
+vLLM (0.23 … 0.33) stops its EngineCores with ``vllm.v1.utils.shutdown(procs, timeout)``: SIGTERM, a
+join of at most ``timeout`` seconds — ``VllmConfig.shutdown_timeout``, 0 by default — then SIGKILL of
+the whole process tree (``kill_process_tree``: the EngineCore and its workers). With the default the
+kill follows the SIGTERM at once, so a child's own exit-time export never runs, and whatever it
+recorded since its last periodic export would be lost.
+
+The process that stops them knows first. So every instrumented process listens, on a thread of its
+own, for a flush request on a Linux abstract Unix datagram socket named after its process tree and
+pid (no port, no file); the hook on the stopping call (``CoreEngineProcManager.shutdown`` in the API
+server or ``vllm serve``'s parent, ``MultiprocExecutor.shutdown`` in an EngineCore, see targets.py)
+asks the processes it is about to stop, and their descendants, to export now, and waits for their
+answers — at most ``OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS`` in all — before vLLM's own code runs
+unchanged. Only requests from the same user are served (the kernel's credentials of the sender).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+import uuid
+
+from . import environment
+
+logger = logging.getLogger(__name__)
+
+_REQUEST, _DONE = b"flush", b"done"
+_CREDENTIALS = struct.calcsize("3i")  # struct ucred: pid, uid, gid
+
+#: [pid, socket, thread] of this process's listener; rebuilt in a forked child.
+_listener: list = [None, None, None]
+_set_env: list = []
+
+
+def tree() -> str:
+    """This process tree's name: made by its first instrumented process, inherited by the others."""
+    value = os.environ.get(environment.TREE, "")
+    if not (value and len(value) <= 64 and value.isalnum()):
+        value = uuid.uuid4().hex
+        os.environ[environment.TREE] = value
+        _set_env.append(environment.TREE)
+    return value
+
+
+def _address(pid: int, tree_name: str | None = None) -> bytes:
+    return b"\0otel_vllm_ascend." + (tree_name or tree()).encode() + b"." + str(pid).encode()
+
+
+def setup() -> None:
+    """In each instrumented process (at ``instrument()``): serve flush requests."""
+    tree()
+    listen()
+
+
+def teardown() -> None:
+    sock = _listener[1]
+    _listener[:] = [None, None, None]
+    if sock is not None:
+        _stop(sock)
+    for name in _set_env:
+        os.environ.pop(name, None)
+    _set_env.clear()
+
+
+def _stop(sock) -> None:
+    """Wakes the listener blocked on ``sock`` (close() alone would not, and its fd number could be
+    reused under it), then closes it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def listen() -> None:
+    pid = os.getpid()
+    if _listener[0] == pid:
+        return
+    inherited = _listener[1]
+    if inherited is not None:  # a forked child: the parent's socket is not ours to read
+        try:
+            inherited.close()
+        except OSError:
+            pass
+    _listener[:] = [None, None, None]
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except (OSError, AttributeError):  # no Unix sockets here: no flush on request
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        sock.bind(_address(pid))
+    except OSError as exc:
+        sock.close()
+        logger.debug("no shutdown flush listener in this process: %s", exc)
+        return
+    thread = threading.Thread(target=_serve, args=(sock, pid), daemon=True, name="otel-vllm-ascend-flush")
+    _listener[:] = [pid, sock, thread]
+    thread.start()
+
+
+def _serve(sock, pid: int) -> None:
+    uid = os.getuid()
+    space = socket.CMSG_SPACE(_CREDENTIALS)
+    while True:
+        try:
+            data, ancillary, _flags, sender = sock.recvmsg(64, space)
+        except OSError:  # closed (teardown, fork)
+            return
+        if os.getpid() != pid or _listener[1] is not sock:
+            return  # stopped (teardown), or a forked child's copy
+        credentials = [d for level, kind, d in ancillary
+                       if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS]
+        if data != _REQUEST or not sender or not credentials:
+            continue
+        if struct.unpack("3i", credentials[0][:_CREDENTIALS])[1] != uid:
+            continue  # another user: not served
+        try:
+            flush_here()
+        except Exception:
+            logger.debug("flush on request failed", exc_info=True)
+        try:
+            sock.sendto(_DONE, sender)
+        except OSError:
+            pass
+
+
+def flush_here() -> None:
+    """Export what this process recorded, now (or wait for the final export already under way)."""
+    from . import pipeline, recording
+
+    current = pipeline.current()
+    if current is None or current.pid != os.getpid():
+        return
+    if current._closed:  # exiting already: its final export is what the requester waits for
+        current.closed.wait(environment.shutdown_timeout_ms() / 1000)
+        return
+    recording.flush(timeout_millis=environment.shutdown_timeout_ms())
+
+
+def descendants(pids) -> list[int]:
+    """``pids`` and every process below them (those still running)."""
+    out: list[int] = []
+    try:
+        import psutil
+    except ImportError:  # vLLM depends on psutil; without it, the processes themselves only
+        return [p for p in pids if p]
+    for pid in pids:
+        if not pid:
+            continue
+        out.append(pid)
+        try:
+            out.extend(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    return out
+
+
+def flush_processes(pids, timeout_s: float | None = None) -> set[int]:
+    """Ask the instrumented processes among ``pids`` and their descendants to export now; wait for
+    their answers, at most ``timeout_s`` (default: OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS) in all.
+    Returns the pids that answered. Processes that are not ours (no listener) are skipped at once."""
+    if timeout_s is None:
+        timeout_s = environment.shutdown_timeout_ms() / 1000
+    own = os.getpid()
+    targets = {p for p in descendants(pids) if p != own}
+    if not targets or environment.TREE not in os.environ:
+        return set()
+    name = tree()
+    answered: set[int] = set()
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    except (OSError, AttributeError):
+        return answered
+    with sock:
+        try:
+            sock.bind(b"")  # an autobound abstract address, for the answers
+        except OSError:
+            return answered
+        waiting: dict[bytes, int] = {}
+        for pid in targets:
+            address = _address(pid, name)
+            try:
+                sock.sendto(_REQUEST, address)
+            except OSError:  # not an instrumented process of this tree
+                continue
+            waiting[address] = pid
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            sock.settimeout(remaining)
+            try:
+                data, sender = sock.recvfrom(64)
+            except (socket.timeout, OSError):
+                break
+            if isinstance(sender, str):
+                sender = sender.encode()
+            pid = waiting.pop(sender, None)
+            if pid is not None and data == _DONE:
+                answered.add(pid)
+        if waiting:
+            logger.info("opentelemetry-instrumentation-vllm-ascend: %d process(es) did not finish exporting "
+                        "their metrics within %.0f ms before vLLM stops them (OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS)",
+                        len(waiting), timeout_s * 1000)
+    return answered
+
+
+def _after_fork_in_child() -> None:
+    if _listener[0] is not None:
+        listen()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
