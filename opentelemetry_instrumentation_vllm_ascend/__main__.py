@@ -74,8 +74,8 @@ def main(argv=None) -> int:
             counts[m["status"]] = counts.get(m["status"], 0) + 1
         print("metrics: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
         for o in overrides_found:
-            print(f"Wherever {o['symbol']} runs (it bypasses {o['bypasses']}), absent: {', '.join(o['absent'])} "
-                  f"— {o['reason']}")
+            absent = ", ".join(o["absent"]) or "no metric"
+            print(f"Wherever {o['symbol']} runs (it bypasses {o['bypasses']}), absent: {absent} — {o['reason']}")
     return 1 if missing else 0
 
 

@@ -90,7 +90,7 @@ def render_metrics_md() -> str:
     ]
     feeds = {t.symbol: t.feeds for t in targets.TARGETS}
     for o in targets.UNCOVERED_OVERRIDES:
-        absent = ", ".join(f"`{catalogue.BY_SEED[seed].exposed_name}`" for seed in feeds.get(o.hooked, ()))
+        absent = ", ".join(f"`{catalogue.BY_SEED[seed].exposed_name}`" for seed in feeds.get(o.hooked, ())) or "-"
         ascend = f"`{o.vllm_ascend}`" if o.vllm_ascend else "-"
         lines.append(f"| `{o.symbol}` | `{o.hooked}` | `{o.vllm}` | {ascend} | {absent} | {o.reason} |")
     lines += [

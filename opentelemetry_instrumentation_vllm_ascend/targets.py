@@ -241,6 +241,13 @@ UNCOVERED_OVERRIDES: tuple[UncoveredOverride, ...] = (
         "model runner V2) run the multimodal encoder and no language-model step: there is no model step, "
         "sampling or forward scope to measure; the worker step metrics are absent there.",
         vllm=">=0.32.0"),
+    UncoveredOverride(
+        "vllm.v1.executor.ray_executor_v2:RayExecutorV2.shutdown",
+        f"{_MP}:MultiprocExecutor.shutdown",
+        "vLLM's Ray executor (--distributed-executor-backend ray) stops its workers with ray.kill, on Ray's nodes: "
+        "the shutdown hook does not ask them to export first (it feeds no metric; what those workers recorded "
+        "since their last periodic export is lost at a clean stop, as at a crash).",
+        vllm=">=0.23.0"),
 )
 
 
