@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 class Exposition:
     def __init__(self) -> None:
         self.collector = None
+        self._guard = None
         self.directory: str | None = None
         self._set_env: list[str] = []
 
@@ -32,6 +33,16 @@ class Exposition:
         drop_foreign_identity()
         if not environment.prometheus_enabled():
             return
+        if os.environ.get(environment.PROMETHEUS_MULTIPROC_DIR):
+            # vLLM serves /metrics from that directory in this process or its children (several API
+            # servers): a file of ours that cannot be read must not take it down.
+            from .prometheus_files import guard_multiprocess_collector
+
+            try:
+                self._guard = guard_multiprocess_collector()
+            except Exception:
+                logger.warning("opentelemetry-instrumentation-vllm-ascend: cannot guard prometheus_client's "
+                               "multiprocess collector against unreadable files", exc_info=True)
         if environment.ROOT_PID in os.environ:
             return  # a child: the root already arranged everything, the directory is in our environment
         os.environ[environment.ROOT_PID] = str(os.getpid())
@@ -60,6 +71,9 @@ class Exposition:
         logger.debug("per-process metric files for /metrics in %s", directory)
 
     def teardown(self) -> None:
+        if self._guard is not None:
+            self._guard.remove()
+            self._guard = None
         if self.collector is not None:
             from prometheus_client import REGISTRY
 

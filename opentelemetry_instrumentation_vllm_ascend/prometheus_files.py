@@ -385,6 +385,88 @@ def _check_header(path: str) -> None:
         raise ValueError(f"header says {used} bytes in use, the file has {size}")
 
 
+def read_whole(path: str, parse) -> list:
+    """Every ``(parse(key), value, timestamp)`` of one multiprocess file, read and parsed whole before
+    any of it is used: raises on a file that is not whole (random bytes, a header that does not fit
+    the file, a truncated entry, a key ``parse`` rejects, a 0-byte file left by a process killed
+    while creating it)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    _check_header(path)
+    return [(parse(key), value, timestamp) for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path)]
+
+
+def _warn_unreadable(seen: set, path: str, exc: Exception) -> None:
+    """One warning per unreadable file (each scrape skips it again, silently)."""
+    if path in seen:
+        return
+    seen.add(path)
+    logger.warning("opentelemetry-instrumentation-vllm-ascend: skipping unreadable metrics file %s (%s: %s); "
+                   "the rest of /metrics is served", path, type(exc).__name__, exc)
+
+
+def _key_fields(key: str) -> None:
+    """A key as prometheus_client's multiprocess collector unpacks it: a JSON list of metric name,
+    sample name, labels object, help text."""
+    import json
+
+    _metric, _sample, labels, _help_text = json.loads(key)
+    if not isinstance(labels, dict):
+        raise ValueError("the labels of a key are not an object")
+
+
+class _GuardedReadMetrics:
+    """``MultiProcessCollector._read_metrics`` reads every file of ``PROMETHEUS_MULTIPROC_DIR`` at once
+    and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own metrics
+    too): this replacement hands it the same files less those of ours that are not whole (each
+    checked with ``read_whole``; one warning per file). Other files are passed on untouched."""
+
+    def __init__(self, original) -> None:
+        self.original = original  # the staticmethod object of MultiProcessCollector
+        self.skipped: set = set()
+
+    def __call__(self, files):
+        kept = []
+        for path in files:
+            if FILE_TOKEN in os.path.basename(path):
+                try:
+                    read_whole(path, _key_fields)
+                except FileNotFoundError:
+                    continue
+                except Exception as exc:
+                    _warn_unreadable(self.skipped, path, exc)
+                    continue
+            kept.append(path)
+        return self.original.__func__(kept)
+
+
+class _MultiprocessGuard:
+    __slots__ = ("replacement",)
+
+    def __init__(self, replacement) -> None:
+        self.replacement = replacement
+
+    def remove(self) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        current = MultiProcessCollector.__dict__.get("_read_metrics")
+        if isinstance(current, staticmethod) and current.__func__ is self.replacement:
+            MultiProcessCollector._read_metrics = self.replacement.original
+
+
+def guard_multiprocess_collector() -> _MultiprocessGuard | None:
+    """Install ``_GuardedReadMetrics`` in this process (where vLLM serves ``/metrics`` from
+    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or it is in place."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    original = MultiProcessCollector.__dict__.get("_read_metrics")
+    if not isinstance(original, staticmethod) or isinstance(original.__func__, _GuardedReadMetrics):
+        return None
+    replacement = _GuardedReadMetrics(original)
+    MultiProcessCollector._read_metrics = staticmethod(replacement)
+    return _MultiprocessGuard(replacement)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -419,12 +501,7 @@ class FilesCollector:
         return []
 
     def _unreadable(self, path: str, exc: Exception) -> None:
-        """One warning per unreadable file (each scrape skips it again, silently)."""
-        if path in self._skipped:
-            return
-        self._skipped.add(path)
-        logger.warning("opentelemetry-instrumentation-vllm-ascend: skipping unreadable metrics file %s (%s: %s); "
-                       "the rest of /metrics is served", path, type(exc).__name__, exc)
+        _warn_unreadable(self._skipped, path, exc)
 
     def _parse(self, key: str) -> tuple:
         parsed = self._keys.get(key)
@@ -442,7 +519,6 @@ class FilesCollector:
 
     def collect(self):
         from prometheus_client.metrics_core import Metric
-        from prometheus_client.mmap_dict import MmapedDict
         from prometheus_client.samples import Sample
         from prometheus_client.utils import floatToGoString
 
@@ -459,9 +535,7 @@ class FilesCollector:
                 # Read and parse the whole file before merging any of it: a file that cannot be read
                 # (truncated, overwritten, a 0-byte file left by a process killed while creating it)
                 # is left out whole, and the rest of /metrics — vLLM's own metrics too — is served.
-                _check_header(path)
-                values = [(self._parse(key), value, timestamp)
-                          for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path)]
+                values = read_whole(path, self._parse)
             except FileNotFoundError:  # a live gauge file removed since the glob
                 continue
             except Exception as exc:

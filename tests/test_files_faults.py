@@ -62,6 +62,8 @@ def corrupt_negative_header(path):
 
 CORRUPTIONS = [corrupt_random, corrupt_used_header, corrupt_truncated, corrupt_key, corrupt_empty,
                corrupt_negative_header]
+#: The damage that makes prometheus_client's own multiprocess reader raise (the others it reads as empty).
+BREAK_PROMETHEUS_CLIENT = {corrupt_used_header, corrupt_truncated, corrupt_key, corrupt_empty}
 
 
 @pytest.fixture
@@ -113,3 +115,49 @@ def test_an_unreadable_file_is_left_out_with_one_warning(files_dir, corrupt, cap
         assert scrape(registry) == healthy
     warnings = [r.getMessage() for r in caplog.records if "unreadable metrics file" in r.getMessage()]
     assert len(warnings) == 1 and bad in warnings[0]
+
+
+@pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
+def test_with_prometheus_multiproc_dir_vllms_own_metrics_survive_a_file_of_ours(tmp_path, monkeypatch, corrupt,
+                                                                                caplog):
+    """vLLM serves /metrics from PROMETHEUS_MULTIPROC_DIR with prometheus_client's MultiProcessCollector,
+    which raised on the first unreadable file: one file of ours took vLLM's own metrics down with it.
+    Exposition.setup() guards it there: our unreadable files are left out (one warning each), vLLM's and our
+    other files are served as before."""
+    from prometheus_client.mmap_dict import mmap_key
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from opentelemetry_instrumentation_vllm_ascend.exposition import Exposition
+
+    directory = tmp_path / "multiproc"
+    directory.mkdir()
+    monkeypatch.setenv(environment.PROMETHEUS_MULTIPROC_DIR, str(directory))
+    for name in (environment.ROOT_PID, environment.FILES_DIR, environment.TREE):
+        monkeypatch.delenv(name, raising=False)
+    vllms = MmapedDict(str(directory / "counter_4242.db"))  # a file prometheus_client itself wrote for vLLM
+    vllms.write_value(mmap_key("vllm:num_requests", "vllm:num_requests_total", [], [], "vLLM's"), 5.0, 0.0)
+    vllms.close()
+    ours = write_counter(str(directory), os.getpid())  # a healthy file of ours
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    healthy = scrape(registry)
+    assert healthy == ['vllm:num_requests_total 5.0', 'vllm_profiling_x_total{dp="9"} 1.0']
+    corrupt(write_counter(str(directory), DEAD_PID))
+    if corrupt in BREAK_PROMETHEUS_CLIENT:
+        with pytest.raises(Exception):
+            scrape(registry)  # prometheus_client alone
+    exposition = Exposition()
+    exposition.setup()  # the first process of a tree: it also removes the files of dead processes…
+    corrupt(write_counter(str(directory), DEAD_PID))  # …so the damaged file comes (again) after it
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert scrape(registry) == healthy
+            assert scrape(registry) == healthy
+        warnings = [r.getMessage() for r in caplog.records if "unreadable metrics file" in r.getMessage()]
+        assert len(warnings) == 1 and f"counter_otel-{DEAD_PID}.db" in warnings[0]
+    finally:
+        exposition.teardown()
+    if corrupt in BREAK_PROMETHEUS_CLIENT:
+        with pytest.raises(Exception):
+            scrape(registry)  # uninstrumented: prometheus_client's own reader again
+    assert os.path.exists(ours)
