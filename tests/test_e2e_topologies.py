@@ -223,8 +223,12 @@ def test_dp_engines_and_workers_know_their_dp(dp):
         pushed[key][0].add(pid)
         pushed[key][1] += count
     for engine in ("0", "1"):
-        steps = value(text, P + "executor:execute_model:duration_count", dp=engine)
-        assert steps > 0
+        # Every schedule() of an engine step dispatches one execute_model RPC (also when it scheduled no
+        # tokens: phase idle); the EngineCore's execute_model time exists for the steps with tokens only.
+        steps = value(text, P + "scheduler:duration_count", dp=engine)
+        busy = steps - value(text, P + "scheduler:duration_count", dp=engine, phase="idle")
+        assert busy > 0
+        assert value(text, P + "executor:execute_model:duration_count", dp=engine) == busy
         assert value(text, P + "executor:model_runner_execute_model:duration_count", dp=engine, rank="0") == steps
         assert len(pushed[(engine, "0")][0]) == 1 and pushed[(engine, "0")][1] == steps
     assert set(pushed) == {("0", "0"), ("1", "0")}
@@ -304,8 +308,9 @@ def tp(tmp_path_factory):
 
 
 def tp_steps(text):
-    """(EngineCore's execute_model dispatches, those of non-idle steps, each rank's model-runner steps)."""
-    name = P + "executor:execute_model:duration_count"
+    """(EngineCore's execute_model dispatches — one per schedule() of a step, idle ones included —, those of
+    non-idle steps, each rank's model-runner steps)."""
+    name = P + "scheduler:duration_count"
     dispatched = value(text, name)
     busy = dispatched - value(text, name, phase="idle")
     ranks = {r: value(text, P + "executor:model_runner_execute_model:duration_count", rank=r) for r in ("0", "1")}
@@ -333,6 +338,8 @@ def test_tp_each_rank_ran_every_step_the_engine_dispatched(tp):
     # Each of this load's steps gave every request a token: vLLM counts one iteration per step.
     assert busy == delta(text, before, "vllm:iteration_tokens_total_count")
     assert busy > 0
+    # The engine's execute_model time exists for the steps with tokens (the worker stamps their replies).
+    assert value(text, P + "executor:execute_model:duration_count") == busy
     assert ranks == {"0": dispatched, "1": dispatched}  # per rank, not 2x in one series
     for rank in ("0", "1"):
         assert value(text, P + "worker:model_inference:duration_count", rank=rank) == dispatched
