@@ -42,6 +42,7 @@ TREE = "_OTEL_VLLM_ASCEND_TREE"
 #: (the API server stopping its EngineCores) waits for theirs, in milliseconds (default 1000).
 SHUTDOWN_TIMEOUT_MS = "OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS"
 DEFAULT_SHUTDOWN_TIMEOUT_MS = 1000
+MAX_SHUTDOWN_TIMEOUT_MS = 60_000
 
 #: Standard variables we honour.
 DISABLED_INSTRUMENTATIONS = "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"
@@ -101,9 +102,9 @@ MAX_INTERVAL_MS = 86_400_000
 DEFAULT_METRIC_EXPORT_INTERVAL_MS = 60_000  # the OTel SDK's default for OTEL_METRIC_EXPORT_INTERVAL
 
 
-def interval_ms(name: str, default: int) -> int:
-    """An export interval in milliseconds from ``name``: ``default`` when unset, or (with one warning)
-    when not a positive integer; clamped, with one warning, to [MIN_INTERVAL_MS, MAX_INTERVAL_MS]."""
+def _milliseconds(name: str, default: int, low: int, high: int) -> int:
+    """A duration in milliseconds from ``name``: ``default`` when unset, or (with one warning) when not
+    a positive integer; clamped, with one warning, to [low, high]."""
     raw = os.environ.get(name)
     if raw is None:
         return default
@@ -113,10 +114,10 @@ def interval_ms(name: str, default: int) -> int:
         value = 0
     if value <= 0:
         using, why = default, "is not a positive integer"
-    elif value < MIN_INTERVAL_MS:
-        using, why = MIN_INTERVAL_MS, f"is below {MIN_INTERVAL_MS} ms"
-    elif value > MAX_INTERVAL_MS:
-        using, why = MAX_INTERVAL_MS, f"is above {MAX_INTERVAL_MS} ms (one day)"
+    elif value < low:
+        using, why = low, f"is below {low} ms"
+    elif value > high:
+        using, why = high, f"is above {high} ms"
     else:
         return value
     if (name, raw) not in _WARNED:
@@ -128,30 +129,16 @@ def interval_ms(name: str, default: int) -> int:
     return using
 
 
+def interval_ms(name: str, default: int) -> int:
+    """An export interval (ms) from ``name``, clamped to [MIN_INTERVAL_MS, MAX_INTERVAL_MS] (one day)."""
+    return _milliseconds(name, default, MIN_INTERVAL_MS, MAX_INTERVAL_MS)
+
+
 def shutdown_timeout_ms() -> int:
-    """OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS: 1000 when unset or not a positive integer (one warning),
-    at most one minute."""
-    raw = os.environ.get(SHUTDOWN_TIMEOUT_MS)
-    if raw is None:
-        return DEFAULT_SHUTDOWN_TIMEOUT_MS
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if 0 < value <= MAX_SHUTDOWN_TIMEOUT_MS:
-        return value
-    using = DEFAULT_SHUTDOWN_TIMEOUT_MS if value <= 0 else MAX_SHUTDOWN_TIMEOUT_MS
-    if (SHUTDOWN_TIMEOUT_MS, raw) not in _WARNED:
-        _WARNED.add((SHUTDOWN_TIMEOUT_MS, raw))
-        import logging
+    """OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS: 1000 when unset or not a positive integer, at most one
+    minute (one warning otherwise)."""
+    return _milliseconds(SHUTDOWN_TIMEOUT_MS, DEFAULT_SHUTDOWN_TIMEOUT_MS, 1, MAX_SHUTDOWN_TIMEOUT_MS)
 
-        logging.getLogger(__name__).warning(
-            "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a positive integer of at most %d; using %d",
-            SHUTDOWN_TIMEOUT_MS, raw, MAX_SHUTDOWN_TIMEOUT_MS, using)
-    return using
-
-
-MAX_SHUTDOWN_TIMEOUT_MS = 60_000
 
 
 def metrics_files_dir() -> str | None:

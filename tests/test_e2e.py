@@ -71,11 +71,8 @@ def series(text, name):
 def run_scenario(model, log, extra_env, temporality, instrument=True):
     with Receiver() as receiver:
         env = {
-            "OTEL_METRICS_EXPORTER": "otlp_proto_http",
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint,
+            **receiver.env(1000),
             "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE": temporality,
-            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
-            "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000",
             "VLLM_SERVER_DEV_MODE": "1",  # exposes /collective_rpc, to make a worker RPC fail for real
             **extra_env,
         }

@@ -85,10 +85,7 @@ def test_clean_stop_exports_everything_the_engine_core_and_worker_recorded(model
     log = str(tmp_path / "server.log")
     with Receiver() as receiver:
         env = {
-            "OTEL_METRICS_EXPORTER": "otlp_proto_http",
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint,
-            "OTEL_METRIC_EXPORT_INTERVAL": "600000",
-            "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "600000",
+            **receiver.env(600_000),
             "PROMETHEUS_MULTIPROC_DIR": str(directory),
         }
         server = Server(model, env=env, log_path=log)
@@ -175,10 +172,7 @@ def run_kill_9_sequence(model, tmp_path, directory, orphans):
     for i, kind in enumerate(("worker", "engine_core", "api_server", None)):
         with Receiver() as receiver:
             env = {
-                "OTEL_METRICS_EXPORTER": "otlp_proto_http",
-                "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint,
-                "OTEL_METRIC_EXPORT_INTERVAL": "500",
-                "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "500",
+                **receiver.env(500),
                 "PROMETHEUS_MULTIPROC_DIR": str(directory),
             }
             server = Server(model, env=env, log_path=str(tmp_path / f"server{i}.log"))

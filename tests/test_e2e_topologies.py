@@ -132,10 +132,7 @@ def dp(tmp_path_factory):
         env = {
             **vllm_command_env(root / "vllm-command"),
             **ONE_CORE_EACH,
-            "OTEL_METRICS_EXPORTER": "otlp_proto_http",
-            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": receiver.endpoint,
-            "OTEL_METRIC_EXPORT_INTERVAL": "1000",
-            "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000",
+            **receiver.env(1000),
         }
         server = Server(model, cli=True, extra_args=["--data-parallel-size", "2"], env=env, log_path=log)
         with started(server):
