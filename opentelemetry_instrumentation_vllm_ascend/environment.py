@@ -140,7 +140,6 @@ def shutdown_timeout_ms() -> int:
     return _milliseconds(SHUTDOWN_TIMEOUT_MS, DEFAULT_SHUTDOWN_TIMEOUT_MS, 1, MAX_SHUTDOWN_TIMEOUT_MS)
 
 
-
 def metrics_files_dir() -> str | None:
     """Where this process writes its metric files for ``/metrics``: PROMETHEUS_MULTIPROC_DIR when set
     (vLLM's own registry then merges them), else the directory the first instrumented process made."""
