@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.demo.server import Server, samples  # noqa: E402
 
@@ -266,3 +266,47 @@ def test_every_catalogue_metric_that_can_fire_on_cpu_is_exposed(run):
         if n.startswith(P) and "phase" in labels:
             assert labels["phase"] in catalogue.PHASES
             assert labels["dp"] == "0" and labels["role"] == "mixed"
+
+
+def _identity_of_a_child(server) -> dict:
+    """The identity variables (root pid, files directory, tree) an instrumented child of ``server`` carries,
+    read from its /proc/<pid>/environ: what a process started from that child's environment inherits."""
+    import psutil
+
+    names = (environment.ROOT_PID, environment.FILES_DIR, environment.TREE)
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        try:
+            with open(f"/proc/{child.pid}/environ", "rb") as f:
+                variables = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        found = {name: variables[name.encode()].decode() for name in names if name.encode() in variables}
+        if environment.ROOT_PID in found and environment.FILES_DIR in found:
+            return found
+    raise AssertionError("no instrumented child of the server carries the identity variables")
+
+
+def test_a_second_server_started_from_a_child_environment_of_this_one_never_sees_it(server, run, tmp_path):
+    """Two instrumented servers on one host, the second started with the identity variables an instrumented
+    child of the first carries (as a shell or a supervisor started from that process would pass them on).
+    It used to trust them and write into the first server's directory (the first /metrics then showed the
+    second's processes and steps): each /metrics now shows its own server's processes only, and the first
+    server's counts do not move while the second one works."""
+    _, _, final, _ = run
+    inherited = _identity_of_a_child(server)
+    before = server.scrape()
+    with Server(server.model, env=inherited, log_path=str(tmp_path / "second.log")) as second:
+        for i in range(2):
+            second.complete(tiny_model.prompt(500 + i), max_tokens=8)
+        second_text = settle(second, lambda t: value(t, P + "worker:model_inference:duration_count") > 0)
+        first_text = server.scrape()
+    kinds = {"api_server": 1.0, "engine_core": 1.0, "worker": 1.0}
+    for text in (first_text, second_text):
+        procs = {labels["process"]: v for n, labels, v in samples(text) if n == P + "instrumented_processes"}
+        assert procs == kinds
+    for name in ("scheduler:duration_count", "worker:model_inference:duration_count",
+                 "running_to_waiting_count_total"):
+        assert value(first_text, P + name) == value(before, P + name)
+    assert value(final, P + "running_to_waiting_count_total") > 0  # the first server's burst preempted
+    assert value(second_text, P + "running_to_waiting_count_total") == 0  # none of those crossed over
+    assert value(second_text, P + "scheduler:duration_count", phase="prefill") >= 2
