@@ -183,19 +183,29 @@ READY_ATTRIBUTE = "_otel_vllm_ascend_ready"
 STEP_ATTRIBUTE = "_otel_vllm_ascend_step"
 
 
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+#: This boot of the machine (Linux's boot id; "" where /proc does not tell): read once per process.
+BOOT_ID = _boot_id()
+
+
 def _host_clock() -> str:
     """Which monotonic clock this process's ``perf_counter`` reads: on Linux CPython's perf_counter is
     ``clock_gettime(CLOCK_MONOTONIC)``, one clock for every process of a machine (boot id) and time
     namespace (an offset may differ between namespaces). Two processes with the same value can
     subtract each other's perf_counter readings."""
-    parts = []
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts.append(f.read().strip())
-    except OSError:
+    if BOOT_ID:
+        parts = [BOOT_ID]
+    else:
         import socket
 
-        parts.append(socket.gethostname())
+        parts = [socket.gethostname()]
     try:
         import os
 

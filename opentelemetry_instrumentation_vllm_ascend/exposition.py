@@ -92,10 +92,10 @@ _OWNER_FILE = "root.pid"  # not *.db: no collector reads it
 
 
 def _parent(pid: int) -> int | None:
+    from .prometheus_files import proc_stat
+
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rfind(b")") + 2:].split()[1])
+        return int(proc_stat(pid)[1])
     except (OSError, ValueError, IndexError):
         return None
 

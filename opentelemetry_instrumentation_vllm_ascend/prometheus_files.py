@@ -45,6 +45,7 @@ from opentelemetry.sdk.metrics import (
 )
 
 from . import catalogue
+from .context import BOOT_ID
 
 logger = logging.getLogger(__name__)
 
@@ -252,11 +253,7 @@ class FilesExporter(MetricExporter):
                 os.remove(path)
             except OSError:
                 pass
-        if not _files(self._dir, f"*_{FILE_TOKEN}{self._pid}.db"):  # nothing of it left: nor its identity
-            try:
-                os.remove(_identity_path(self._dir, self._pid))
-            except OSError:
-                pass
+        _forget_identity(self._dir, self._pid)
 
 
 def _allocate(path: str, size: int) -> None:
@@ -288,12 +285,12 @@ def _reserve(f, key: str) -> None:
         _allocate(f._fname, capacity)
 
 
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
+def proc_stat(pid: int) -> list[bytes]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state, ppid, …, start time at index
+    19); raises OSError (FileNotFoundError: no such process)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rfind(b")") + 2:].split()
 
 
 def process_identity(pid: int) -> str | None:
@@ -301,20 +298,27 @@ def process_identity(pid: int) -> str | None:
     another process, or after a reboot, has another one. None when no such process runs (a zombie
     counts as gone); ``""`` when /proc cannot tell."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fields = proc_stat(pid)
     except FileNotFoundError:
         return None
     except OSError:
         return ""
-    fields = stat[stat.rfind(b")") + 2:].split()
     if not fields or fields[0] in (b"Z", b"X"):
         return None
-    return f"{_boot_id()} {int(fields[19])}" if len(fields) > 19 else ""
+    return f"{BOOT_ID} {int(fields[19])}" if len(fields) > 19 else ""
 
 
 def _identity_path(directory: str, pid: int) -> str:
     return os.path.join(directory, f"process_{FILE_TOKEN}{pid}.id")
+
+
+def _forget_identity(directory: str, pid: int) -> None:
+    """Remove ``pid``'s identity file once no metric file of it is left."""
+    if not _files(directory, f"*_{FILE_TOKEN}{pid}.db"):
+        try:
+            os.remove(_identity_path(directory, pid))
+        except OSError:
+            pass
 
 
 def write_identity(directory: str, pid: int) -> None:
@@ -606,11 +610,8 @@ def _remove_files_of_dead(directory: str, pattern: str) -> None:
             except OSError:
                 pass
     for pid, running in alive.items():
-        if not running and pattern.endswith("*.db") and not _files(directory, f"*_{FILE_TOKEN}{pid}.db"):
-            try:
-                os.remove(_identity_path(directory, pid))
-            except OSError:
-                pass
+        if not running and pattern.endswith("*.db"):
+            _forget_identity(directory, pid)
 
 
 def remove_dead_files(directory: str) -> None:
