@@ -164,14 +164,15 @@ def descendants(pids) -> list[int]:
     return out
 
 
-def flush_processes(pids, timeout_s: float | None = None) -> set[int]:
-    """Ask the instrumented processes among ``pids`` and their descendants to export now; wait for
-    their answers, at most ``timeout_s`` (default: OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS) in all.
-    Returns the pids that answered. Processes that are not ours (no listener) are skipped at once."""
+def flush_processes(pids, timeout_s: float | None = None, with_descendants: bool = True) -> set[int]:
+    """Ask the instrumented processes among ``pids`` and (``with_descendants``, unless the caller has
+    listed them already) their descendants to export now; wait for their answers, at most
+    ``timeout_s`` (default: OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS) in all. Returns the pids that
+    answered. Processes that are not ours (no listener) are skipped at once."""
     if timeout_s is None:
         timeout_s = environment.shutdown_timeout_ms() / 1000
     own = os.getpid()
-    targets = {p for p in descendants(pids) if p != own}
+    targets = {p for p in (descendants(pids) if with_descendants else pids) if p and p != own}
     if not targets or environment.TREE not in os.environ:
         return set()
     name = tree()

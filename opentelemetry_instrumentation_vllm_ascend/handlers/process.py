@@ -65,8 +65,8 @@ class _BeforeStop(Handler):
 
         pids = [p.pid for p in self.processes(args[0]) if p.pid and p.is_alive()]
         if pids:
-            pids = shutdown.descendants(pids)
-            shutdown.flush_processes(pids)
+            pids = shutdown.descendants(pids)  # also what after() waits for
+            shutdown.flush_processes(pids, with_descendants=False)
         return pids
 
     def after(self, state, args, kwargs, result):
