@@ -63,6 +63,18 @@ _FALSE = {"0", "false", "no", "off"}
 _WARNED: set = set()
 
 
+def warn_once(key: tuple, message: str, *args) -> None:
+    """Log ``message % args`` as a warning the first time ``key`` (a setting and its bad value) comes
+    up in this process, and never again: a setting read at every pipeline build or record stays one
+    log line."""
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
+
+
 def flag(name: str) -> bool | None:
     """``True``/``False`` for a recognised boolean value, ``None`` when unset or unrecognised (an
     unrecognised value — ``2``, ``enabled``, an empty string — is treated as unset, with one warning
@@ -75,13 +87,8 @@ def flag(name: str) -> bool | None:
         return True
     if value in _FALSE:
         return False
-    if (name, raw) not in _WARNED:
-        _WARNED.add((name, raw))
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a boolean (accepted: %s / %s); treated as "
-            "unset", name, raw, ", ".join(sorted(_TRUE)), ", ".join(sorted(_FALSE)))
+    warn_once((name, raw), "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a boolean (accepted: %s / %s); "
+              "treated as unset", name, raw, ", ".join(sorted(_TRUE)), ", ".join(sorted(_FALSE)))
     return None
 
 
@@ -120,12 +127,7 @@ def _milliseconds(name: str, default: int, low: int, high: int) -> int:
         using, why = high, f"is above {high} ms"
     else:
         return value
-    if (name, raw) not in _WARNED:
-        _WARNED.add((name, raw))
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "opentelemetry-instrumentation-vllm-ascend: %s=%r %s; using %d", name, raw, why, using)
+    warn_once((name, raw), "opentelemetry-instrumentation-vllm-ascend: %s=%r %s; using %d", name, raw, why, using)
     return using
 
 
@@ -155,14 +157,8 @@ def otlp_exporter_names() -> list[str]:
 def recorder() -> str:
     value = os.environ.get(RECORDER, "fast").strip().lower()
     if value not in ("fast", "sdk"):
-        if (RECORDER, value) in _WARNED:
-            return "fast"
-        _WARNED.add((RECORDER, value))
-        import logging
-
-        logging.getLogger(__name__).warning(
-            "opentelemetry-instrumentation-vllm-ascend: %s=%r is neither fast nor sdk; using fast", RECORDER, value
-        )
+        warn_once((RECORDER, value), "opentelemetry-instrumentation-vllm-ascend: %s=%r is neither fast nor sdk; "
+                  "using fast", RECORDER, value)
         return "fast"
     return value
 

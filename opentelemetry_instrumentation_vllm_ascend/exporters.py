@@ -48,10 +48,8 @@ def push_exporters() -> list[MetricExporter]:
         try:
             found = list(entry_points(group="opentelemetry_metrics_exporter", name=name))
             if not found:
-                if ("exporter", name) not in environment._WARNED:  # once per process, not per pipeline
-                    environment._WARNED.add(("exporter", name))
-                    logger.warning("OTEL_METRICS_EXPORTER names %r, which is not installed: not exporting there",
-                                   name)
+                environment.warn_once(("exporter", name), "OTEL_METRICS_EXPORTER names %r, which is not "
+                                      "installed: not exporting there", name)
                 continue
             exporters.append(PidGuardedExporter(found[0].load()()))
         except Exception:
