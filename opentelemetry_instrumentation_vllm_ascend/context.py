@@ -48,6 +48,15 @@ def process_attributes(names: tuple) -> dict:
     return {name: values[name] for name in names if name in values}
 
 
+def series_attributes(names: tuple, values: tuple, extra: dict | None = None) -> dict:
+    """A series' attributes: the recorded label values by name, then the recording process's labels
+    ``extra`` (``process_attributes``)."""
+    attributes = dict(zip(names, values))
+    if extra:
+        attributes.update(extra)
+    return attributes
+
+
 def set_rank(rank) -> None:
     """This process hosts the worker of global rank ``rank`` (``unknown`` if it is not an int)."""
     PROCESS.labels = {**PROCESS.labels, "rank": str(rank) if isinstance(rank, int) else UNKNOWN}

@@ -39,6 +39,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from . import catalogue
+from .context import series_attributes as _attributes
 
 try:  # MetricReader keys its temporality table by the SDK's internal instrument classes
     from opentelemetry.sdk.metrics._internal.instrument import _Counter as _COUNTER_KEY
@@ -247,14 +248,6 @@ class FastGauge(_Instrument):
                 if key not in latest or latest[key][1] <= t:
                     latest[key] = (value, t)
         return {key: value for key, (value, t) in latest.items() if t > since}
-
-
-def _attributes(labels: tuple, key: tuple, extra: dict | None) -> dict:
-    """A series' attributes: the recorded label values, then the recording process's labels."""
-    attributes = dict(zip(labels, key))
-    if extra:
-        attributes.update(extra)
-    return attributes
 
 
 _KINDS = {catalogue.COUNTER: FastCounter, catalogue.HISTOGRAM: FastHistogram, catalogue.GAUGE: FastGauge}

@@ -41,10 +41,8 @@ class _SdkInstrument:
         self._process_labels = process_labels
 
     def _attributes(self, labels: tuple) -> dict:
-        attributes = dict(zip(self._labels, labels))
-        if self._process_labels:
-            attributes.update(context.process_attributes(self._process_labels))
-        return attributes
+        extra = context.process_attributes(self._process_labels) if self._process_labels else None
+        return context.series_attributes(self._labels, labels, extra)
 
     def add(self, value, labels: tuple) -> None:
         self._instrument.add(value, self._attributes(labels))
@@ -190,7 +188,8 @@ class Pipeline:
 
         def sdk_callback(_options):
             extra = context.process_attributes(spec.process_labels)
-            return [Observation(value, {**dict(zip(spec.labels, labels)), **extra}) for labels, value in callback()]
+            return [Observation(value, context.series_attributes(spec.labels, labels, extra))
+                    for labels, value in callback()]
 
         self.meter.create_observable_gauge(spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit,
                                            description=spec.description)
