@@ -211,6 +211,8 @@ def _preempted_of(scheduler) -> dict:
         except (AttributeError, TypeError):
             pass  # a scheduler that takes no attributes: each step sees only its own preemptions
     return pending
+
+
 _deque_len, _deque_iter = deque.__len__, deque.__iter__
 _STATUS_PREEMPTED = [None]  # vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen
 
@@ -236,8 +238,7 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     step, reset_prefix_cache's included), and at the head of a FCFS ``waiting`` queue, where a
     preempted request is put back (a priority queue is searched whole, only for a scheduler that does
     not fill ``preempted_req_ids``). A preemption already recorded (``_preempted_of``) is not counted
-    again. A
-    request preempted inline had computed its tokens but the one it last sampled (exact for a
+    again. A request preempted inline had computed its tokens but the one it last sampled (exact for a
     decoding request: its computed count was reset before it could be read)."""
     pending = _preempted_of(scheduler)
     found = None  # {request id: request} preempted in this call without _preempt_request
