@@ -59,11 +59,12 @@ def render_metrics_md() -> str:
         "",
         "## By execution path",
         "",
-        "vLLM runs one of several paths on each axis below; the live tests run vLLM's CPU build (sync, MRV1, worker",
-        "processes, one or several API servers), the others are replayed in process with vLLM's real classes or checked against",
-        "the source of every supported version. A metric not listed under a path is fed there with the meaning",
-        "above (where its process runs at all); the exceptions follow. `python -m opentelemetry_instrumentation_vllm_ascend",
-        "check` says which paths a server started from an environment takes and which metrics it will feed.",
+        "vLLM runs one of several paths on each axis below; the live tests run vLLM's CPU build (sync, MRV1,",
+        "worker processes, one or several API servers), the others are replayed in process with vLLM's real",
+        "classes or checked against the source of every supported version. A metric not listed under a path is",
+        "fed there with the meaning above (where its process runs at all); the exceptions follow.",
+        "`python -m opentelemetry_instrumentation_vllm_ascend check` says which paths a server started from an",
+        "environment takes and which metrics it will feed.",
         "",
         "| Axis | Path | Taken when |",
         "|---|---|---|",
@@ -88,9 +89,8 @@ def render_metrics_md() -> str:
         "| Class | Bypasses | vLLM | vllm-ascend | Absent there | Why |",
         "|---|---|---|---|---|---|",
     ]
-    feeds = {t.symbol: t.feeds for t in targets.TARGETS}
     for o in targets.UNCOVERED_OVERRIDES:
-        absent = ", ".join(f"`{catalogue.BY_SEED[seed].exposed_name}`" for seed in feeds.get(o.hooked, ())) or "-"
+        absent = ", ".join(f"`{catalogue.BY_SEED[seed].exposed_name}`" for seed in targets.bypassed_feeds(o)) or "-"
         ascend = f"`{o.vllm_ascend}`" if o.vllm_ascend else "-"
         lines.append(f"| `{o.symbol}` | `{o.hooked}` | `{o.vllm}` | {ascend} | {absent} | {o.reason} |")
     lines += [

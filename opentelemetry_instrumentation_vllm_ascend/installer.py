@@ -126,7 +126,6 @@ def uncovered_overrides(table=None) -> list[dict]:
     """The overrides (``targets.UNCOVERED_OVERRIDES``) that exist in the installed versions: classes
     that bypass a hook without a row of their own, and the metrics absent wherever they run."""
     vllm, ascend = vllm_version(), vllm_ascend_version()
-    feeds = {t.symbol: t.feeds for t in targets_module.TARGETS}
     out = []
     for override in table if table is not None else targets_module.UNCOVERED_OVERRIDES:
         if override.vllm_ascend is not None and (ascend is None or not in_range(ascend, override.vllm_ascend)):
@@ -134,7 +133,7 @@ def uncovered_overrides(table=None) -> list[dict]:
         if not in_range(vllm, override.vllm):
             continue
         out.append({"symbol": override.symbol, "bypasses": override.hooked, "reason": override.reason,
-                    "absent": [f"vllm_profiling_{seed}" for seed in feeds.get(override.hooked, ())]})
+                    "absent": [f"vllm_profiling_{seed}" for seed in targets_module.bypassed_feeds(override)]})
     return out
 
 

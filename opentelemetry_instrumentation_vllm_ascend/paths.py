@@ -173,7 +173,8 @@ def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution:
     elif v2 is not None and v2.strip().lower() in ("0", "false"):
         paths["worker"], reasons["worker"] = "mrv1", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
     elif cpu:
-        paths["worker"], reasons["worker"] = "mrv1", "vLLM's CPU build has no usable Triton, which model runner V2 needs"
+        paths["worker"] = "mrv1"
+        reasons["worker"] = "vLLM's CPU build has no usable Triton, which model runner V2 needs"
     elif vllm_version is not None and vllm_version.release < (0, 32):
         paths["worker"], reasons["worker"] = "mrv1", f"vLLM {vllm_version} defaults to model runner V1"
     elif importlib.util.find_spec("triton") is None:

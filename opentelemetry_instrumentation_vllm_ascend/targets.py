@@ -251,6 +251,11 @@ UNCOVERED_OVERRIDES: tuple[UncoveredOverride, ...] = (
 )
 
 
+def bypassed_feeds(override: UncoveredOverride) -> tuple[str, ...]:
+    """Seeds of the metrics the bypassed row feeds: absent wherever ``override`` runs."""
+    return next((t.feeds for t in TARGETS if t.symbol == override.hooked), ())
+
+
 #: Attributes handlers read from vLLM objects (checked against source like the targets).
 READS = tuple(
     Read(module, cls, attribute)
