@@ -27,9 +27,8 @@ from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import FLUSH_STEPS
-from opentelemetry_instrumentation_vllm_ascend.wrappers import (
-    FUTURE, SYNC, SYNC_TIMER, hook_future_class, patch_method,
-)
+from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class, patch_method
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER
 
 SCHED_SCOPES = ("schedule: allocate_slots", "schedule: make_cached_request_data", "schedule: update_after_schedule")
 RUNNER_SCOPES = ("gpu_model_runner: preprocess", "gpu_model_runner: forward", "gpu_model_runner: postprocess",

@@ -28,8 +28,8 @@ import sys
 import tempfile
 import time
 
-from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model
-from opentelemetry_instrumentation_vllm_ascend.demo.server import Server, total
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total
 
 CLK = os.sysconf("SC_CLK_TCK")
 

@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from e2e_overhead import descendants, one_round, process_kind, start  # noqa: E402
 
-from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.demo.server import total  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import total  # noqa: E402
 
 _GENERATED = re.compile(r"otel-vllm-ascend wrapper of ([^>]+)>")
 

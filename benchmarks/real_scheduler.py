@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     os.environ.pop("OTEL_VLLM_ASCEND_ENABLED", None)
     os.environ.pop("OTEL_VLLM_ASCEND_DISABLED_SCOPES", None)
     from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context
-    from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model
+    from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
 
     tiny_model.build(args.model_dir)  # the scheduler's ModelConfig reads the model's config
     instrumentor = VllmAscendInstrumentor()

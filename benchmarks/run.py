@@ -34,19 +34,20 @@ sys.path.insert(0, HERE)
 
 import _targets  # noqa: E402
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import ProfilerScopes  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.wrappers import (  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (  # noqa: E402
     ASYNC_GENERATOR,
     COROUTINE_TIMER,
     FUTURE,
     SYNC,
     SYNC_TIMER,
-    Handler,
     wrap,
 )
+from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler  # noqa: E402
 
 TIMER = catalogue.MetricSpec(seed="bench:step:duration", kind=catalogue.HISTOGRAM, unit="s",
                              description="benchmark timer",
@@ -111,7 +112,7 @@ def per_call_rows(number, repeat):
     # A non-blocking RPC's whole life: the call returns a pending future, vLLM completes it later.
     import concurrent.futures
 
-    from opentelemetry_instrumentation_vllm_ascend.wrappers import hook_future_class
+    from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class
 
     class PlainFuture(concurrent.futures.Future):  # vLLM's FutureWrapper, uninstrumented
         pass
@@ -423,7 +424,7 @@ def export_and_scrape_rows(repeat):
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesCollector, FilesExporter
+    from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
 
     os.environ.pop(environment.FILES_DIR, None)
 

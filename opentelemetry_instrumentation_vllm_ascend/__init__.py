@@ -75,9 +75,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
             logger.exception("opentelemetry-instrumentation-vllm-ascend could not instrument; vLLM runs uninstrumented")
 
     def _install(self, **kwargs: Any) -> None:
-        from . import pipeline
-        from .exposition import Exposition
-        from .installer import Installer
+        from .hooks.installer import Installer
+        from .recording import pipeline
+        from .recording.metrics_endpoint import Exposition
 
         enabled = environment.flag(environment.ENABLED)
         if enabled is False:
@@ -94,7 +94,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         exposition = Exposition()
         exposition.setup()
         VllmAscendInstrumentor._exposition = exposition
-        from . import shutdown
+        from .recording import shutdown
 
         shutdown.setup()  # answers "export now" from the process that stops this one (shutdown.py)
         installer = Installer()
@@ -102,7 +102,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         VllmAscendInstrumentor._installer = installer
 
     def _uninstrument(self, **kwargs: Any):
-        from . import pipeline
+        from .recording import pipeline
 
         installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
         if installer is not None:
@@ -110,7 +110,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         exposition, VllmAscendInstrumentor._exposition = VllmAscendInstrumentor._exposition, None
         if exposition is not None:
             exposition.teardown()
-        from . import shutdown
+        from .recording import shutdown
 
         shutdown.teardown()
         if VllmAscendInstrumentor._set_enabled:  # the variable as it was before instrument()

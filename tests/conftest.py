@@ -1,7 +1,8 @@
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import context, environment, pipeline
+from opentelemetry_instrumentation_vllm_ascend import context, environment
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 
 class Metrics:

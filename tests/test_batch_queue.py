@@ -20,9 +20,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, catalogue, context, targets  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.wrappers import wrap  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import wrap  # noqa: E402
 
 ENGINE_WORK, EXECUTE, TOKENS = 0.025, 0.020, 0.015
 EXEC, SAMPLE = "vllm_profiling_executor:execute_model:duration", "vllm_profiling_executor:sample_tokens:duration"

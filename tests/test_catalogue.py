@@ -6,7 +6,9 @@ import re
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, docgen, targets
+from opentelemetry_instrumentation_vllm_ascend import catalogue
+from opentelemetry_instrumentation_vllm_ascend.cli import docgen
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -15,7 +17,7 @@ def test_docs_metrics_md_is_current():
     with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
         committed = f.read()
     assert committed == docgen.render_metrics_md(), (
-        "docs/metrics.md is stale: run python -m opentelemetry_instrumentation_vllm_ascend.docgen > docs/metrics.md"
+        "docs/metrics.md is stale: run python -m opentelemetry_instrumentation_vllm_ascend.cli.docgen > docs/metrics.md"
     )
 
 

@@ -15,8 +15,9 @@ import tracemalloc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, exposition, pipeline, recording
-from opentelemetry_instrumentation_vllm_ascend import shutdown as shutdown_module
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition, pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording import shutdown as shutdown_module
 
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
 _BOOL = st.sampled_from(["true", "false", "1", "0", "yes", "off", "2", "enabled", "", " TRUE ", "nope"]) | _TEXT

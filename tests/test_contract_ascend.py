@@ -7,13 +7,14 @@ import pytest
 from packaging.version import Version
 from source_archives import sdist
 
-from opentelemetry_instrumentation_vllm_ascend import targets
-from opentelemetry_instrumentation_vllm_ascend.contract import (
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from contract import (
+    READS,
     SourceTree,
     check_read,
     check_target,
 )
-from opentelemetry_instrumentation_vllm_ascend.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 VERSION = "0.23.0.post1"
 
@@ -43,7 +44,7 @@ def test_every_ascend_target_exists_with_the_parameters_its_handler_reads(tree):
 
 
 def test_every_attribute_handlers_read_from_vllm_ascend_exists(tree):
-    problems = [p for read in targets.READS if read.module.startswith("vllm_ascend")
+    problems = [p for read in READS if read.module.startswith("vllm_ascend")
                 for p in check_read(tree, read)]
     assert problems == []
 
@@ -94,7 +95,7 @@ def _fakes():
 def test_fakes_have_the_real_classes_methods_and_attributes(tree):
     import inspect
 
-    from opentelemetry_instrumentation_vllm_ascend.contract import positional_params
+    from contract import positional_params
 
     problems = []
     for fake, instance, module, cls, test_only in _fakes():

@@ -11,9 +11,9 @@ from packaging.version import Version
 from source_archives import sdist
 from test_contract_vllm import tree_for
 
-from opentelemetry_instrumentation_vllm_ascend import targets
-from opentelemetry_instrumentation_vllm_ascend.contract import SourceTree, overrides_without_base_call
-from opentelemetry_instrumentation_vllm_ascend.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from contract import SourceTree, overrides_without_base_call
+from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 ASCEND = "vllm-ascend 0.23.0.post1"
 TREES = ("0.23.0", "0.32.0", "0.33.0", ASCEND)

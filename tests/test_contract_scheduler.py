@@ -8,7 +8,7 @@ import ast
 import pytest
 from test_contract_overrides import ASCEND, TREES, tree_of
 
-from opentelemetry_instrumentation_vllm_ascend.contract import SourceTree
+from contract import SourceTree
 
 SCHED = "vllm.v1.core.sched.scheduler"
 VLLM = [n for n in TREES if n != ASCEND]

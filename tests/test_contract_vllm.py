@@ -9,13 +9,14 @@ import pytest
 from packaging.version import Version
 from source_archives import sdist
 
-from opentelemetry_instrumentation_vllm_ascend import targets
-from opentelemetry_instrumentation_vllm_ascend.contract import (
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from contract import (
+    READS,
     SourceTree,
     check_read,
     check_target,
 )
-from opentelemetry_instrumentation_vllm_ascend.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 
 def tree_for(version: str) -> SourceTree:
@@ -48,7 +49,7 @@ def test_every_target_exists_with_the_parameters_its_handler_reads(version_tree)
 
 def test_every_attribute_handlers_read_exists(version_tree):
     version, tree = version_tree
-    problems = [p for read in targets.READS if not read.module.startswith("vllm_ascend")
+    problems = [p for read in READS if not read.module.startswith("vllm_ascend")
                 for p in check_read(tree, read)]
     assert problems == [], f"vLLM {version}"
 
@@ -100,7 +101,7 @@ def test_the_checker_catches_drift():
     assert check_target(tree, good) == []
     assert "handler expects 'request'" in check_target(tree, bad)[0]
     assert "not defined" in check_target(tree, missing)[0]
-    from opentelemetry_instrumentation_vllm_ascend.contract import Read
+    from contract import Read
 
     assert check_read(tree, Read("m", "A", "y")) == []
     assert check_read(tree, Read("m", "A", "z")) != []

@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.demo.server import Server, samples  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

@@ -19,8 +19,8 @@ pytest.importorskip("vllm")
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess  # noqa: E402
 from prometheus_client.mmap_dict import MmapedDict  # noqa: E402
 
-from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.demo.server import Server, total  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total  # noqa: E402
 from otlp_receiver import Receiver, _value  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -200,7 +200,7 @@ def run_kill_9_sequence(model, tmp_path, directory, orphans):
                         pass
                     server.proc.wait(30)
                 server.stop()
-    from opentelemetry_instrumentation_vllm_ascend.demo.server import samples
+    from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import samples
 
     alive = [pid for pid in orphan_pids if os.path.exists(f"/proc/{pid}")]
     procs = sorted((labels["process"], value) for name, labels, value in samples(text)

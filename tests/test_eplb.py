@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording, wrappers
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.hooks import patches, wrappers
 from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
 from otlp_receiver import Receiver
 from test_prometheus import exposition, sample_lines
@@ -220,7 +222,7 @@ class FakeEplbWorkerWithoutHotness(FakeEplbWorker):
 @pytest.fixture
 def hooked():
     """EplbWorker.do_update (both fakes) wrapped by the real handler, through the real wrapper."""
-    patch = wrappers.patch_method(FakeEplbWorker, "do_update", eplb.DoUpdate(), wrappers.SYNC)
+    patch = patches.patch_method(FakeEplbWorker, "do_update", eplb.DoUpdate(), wrappers.SYNC)
     yield
     patch.remove()
 
@@ -473,14 +475,14 @@ class FakeLoader:
 
 @pytest.fixture
 def transfer_hooks():
-    patches = [wrappers.patch_method(FakeLoader, "update_expert_map_and_weight", eplb.UpdateExpertMapAndWeight(),
+    installed = [patches.patch_method(FakeLoader, "update_expert_map_and_weight", eplb.UpdateExpertMapAndWeight(),
                                      wrappers.SYNC)]
     for method, handler in (("do_update_expert_map", eplb.UpdateExpertMap),
                             ("do_update_log2phy_map", eplb.UpdateLog2PhyMap),
                             ("do_update_expert_weight", eplb.UpdateExpertWeight)):
-        patches.append(wrappers.patch_method(FakeAdaptor, method, handler(), wrappers.SYNC_TIMER))
+        installed.append(patches.patch_method(FakeAdaptor, method, handler(), wrappers.SYNC_TIMER))
     yield
-    for patch in patches:
+    for patch in installed:
         patch.remove()
 
 
@@ -527,7 +529,7 @@ def test_transfer_timer_records_only_calls_that_did_work(metrics, transfer_hooks
 
 
 def test_catalogue_and_targets_rows():
-    from opentelemetry_instrumentation_vllm_ascend import targets
+    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 
     rows = {t.symbol: t for t in targets.TARGETS if t.module.startswith("vllm_ascend.eplb")}
     assert set(rows) == {

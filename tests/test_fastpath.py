@@ -14,8 +14,8 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
-from opentelemetry_instrumentation_vllm_ascend.pipeline import Pipeline
-from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesCollector, FilesExporter
+from opentelemetry_instrumentation_vllm_ascend.recording.pipeline import Pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
 
 HIST = catalogue.MetricSpec(seed="test:step:duration", kind=catalogue.HISTOGRAM, unit="s",
                             description="A test timer.", buckets=(0.001, 0.01, 0.1, 1.0, 10.0))
@@ -191,7 +191,7 @@ def test_histogram_bucket_edges_match_the_sdk():
 def test_record_many_is_record_once_per_value(values):
     """Both of record_many's ways to count buckets (all in one bucket; per value) give the state that
     one record() per value gives, values on bucket bounds included."""
-    from opentelemetry_instrumentation_vllm_ascend.fastpath import FastHistogram
+    from opentelemetry_instrumentation_vllm_ascend.recording.fastpath import FastHistogram
 
     for windows in (False, True):
         one, many = FastHistogram(HIST, windows), FastHistogram(HIST, windows)
@@ -207,7 +207,7 @@ def test_record_n_is_n_records(value, n):
     """record_n(value, n) gives the state that n record(value) give, on bucket bounds too; its sum
     adds value * n, which equals n additions for the integer values it is used for (and any exact
     binary fraction), and may differ in the last bits otherwise (a bound such as 0.001)."""
-    from opentelemetry_instrumentation_vllm_ascend.fastpath import FastHistogram
+    from opentelemetry_instrumentation_vllm_ascend.recording.fastpath import FastHistogram
 
     for windows in (False, True):
         one, at_once = FastHistogram(HIST, windows), FastHistogram(HIST, windows)

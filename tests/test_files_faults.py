@@ -9,8 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.mmap_dict import MmapedDict
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording
-from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesCollector, remove_dead_files
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, remove_dead_files
 
 DEAD_PID = 2 ** 22 + 12345  # above the default pid_max: never a live process
 
@@ -127,7 +128,7 @@ def test_with_prometheus_multiproc_dir_vllms_own_metrics_survive_a_file_of_ours(
     from prometheus_client.mmap_dict import mmap_key
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    from opentelemetry_instrumentation_vllm_ascend.exposition import Exposition
+    from opentelemetry_instrumentation_vllm_ascend.recording.metrics_endpoint import Exposition
 
     directory = tmp_path / "multiproc"
     directory.mkdir()

@@ -9,7 +9,7 @@ from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc, exception_type
 from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
-from opentelemetry_instrumentation_vllm_ascend.wrappers import FUTURE, SYNC, wrap
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, wrap
 
 R2W = "vllm_profiling_running_to_waiting_count"
 RECOMPUTE = "vllm_profiling_scheduler:recompute_events"

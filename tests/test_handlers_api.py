@@ -6,9 +6,10 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, wrappers
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.handlers import api
-from opentelemetry_instrumentation_vllm_ascend.wrappers import (
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE,
     COROUTINE_STREAM,
@@ -47,7 +48,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(wrappers, "perf_counter", c)  # timer kinds: bound at wrap time
+    monkeypatch.setattr(codegen, "perf_counter", c)  # timer kinds: bound at wrap time
     monkeypatch.setattr(api, "perf_counter", c)  # handlers that read the clock themselves
     return c
 
@@ -482,7 +483,7 @@ def test_output_loop_values_carry_the_engine_whose_outputs_are_processed(metrics
     from types import SimpleNamespace as NS
 
     from opentelemetry_instrumentation_vllm_ascend.handlers import api as api_handlers
-    from opentelemetry_instrumentation_vllm_ascend.wrappers import COROUTINE, SYNC, wrap
+    from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE, SYNC, wrap
 
     class Client:
         def __init__(self, batches):

@@ -12,7 +12,7 @@ from opentelemetry_instrumentation_vllm_ascend import context, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
-from opentelemetry_instrumentation_vllm_ascend.wrappers import SYNC, SYNC_TIMER, wrap
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 
 from test_handlers import output, req
 
@@ -218,7 +218,8 @@ def test_observable_gauges_work_with_both_recorders(monkeypatch, recorder):
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from conftest import Metrics
-    from opentelemetry_instrumentation_vllm_ascend import environment, pipeline
+    from opentelemetry_instrumentation_vllm_ascend import environment
+    from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
     from opentelemetry_instrumentation_vllm_ascend.catalogue import M
 
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):

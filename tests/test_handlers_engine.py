@@ -12,10 +12,12 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, pipeline, recording, wrappers
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, patches
 from opentelemetry_instrumentation_vllm_ascend.context import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
-from opentelemetry_instrumentation_vllm_ascend.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
 
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
 F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, scopes, add_request, the input queue
@@ -71,7 +73,7 @@ def reset_state():
 @pytest.fixture
 def clock(monkeypatch):
     c = Clock()
-    monkeypatch.setattr(wrappers, "perf_counter", c)  # timer kinds: bound when wrapped
+    monkeypatch.setattr(codegen, "perf_counter", c)  # timer kinds: bound when wrapped
     for module in (scheduler, engine, executor, model_runner):  # handlers reading the clock themselves
         monkeypatch.setattr(module, "perf_counter", c)
     return c
@@ -742,7 +744,7 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
             clock.t += seconds
             return reply
 
-    patches = wrappers.hook_future_class(mp.FutureWrapper, completes_later=True)
+    installed = patches.hook_future_class(mp.FutureWrapper, completes_later=True)
     try:
         cls = type("Executor", (mp.MultiprocExecutor,), {
             "collective_rpc": wrap(mp.MultiprocExecutor.collective_rpc, executor.CollectiveRpc(), FUTURE)[0]})
@@ -768,7 +770,7 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
         with pytest.raises(RuntimeError, match="Worker failed with error 'oom'"):
             f3.result()
     finally:
-        for patch in reversed(patches):
+        for patch in reversed(installed):
             patch.remove()
     assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.125, counts(S, b11=1)),
                                       key(**step("prefill")): (1, 0.125, counts(S, b11=1))}

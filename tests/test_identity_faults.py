@@ -1,7 +1,6 @@
 """Process identity under faults: pids reused across restarts, identity variables inherited from a
 process that is not an ancestor, directories leaked by a killed API server, a full metrics disk."""
 
-import logging
 import os
 import subprocess
 import sys
@@ -11,8 +10,9 @@ import textwrap
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, exposition, pipeline, recording
-from opentelemetry_instrumentation_vllm_ascend.prometheus_files import (
+from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition, pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import (
     FilesCollector,
     file_process_alive,
     process_identity,
@@ -37,7 +37,7 @@ def test_files_of_a_reused_pid_are_those_of_a_dead_process(tmp_path):
     pid runs again — as another process (here: this very process, with another start time recorded)."""
     directory = str(tmp_path)
     pid = os.getpid()
-    stale = write_counter(directory, pid, value=500.0)
+    write_counter(directory, pid, value=500.0)
     with open(os.path.join(directory, f"gauge_livesum_otel-{pid}.db"), "wb"):
         pass
     mine = process_identity(pid)
@@ -76,7 +76,7 @@ def test_a_zombie_is_dead():
 SETUP_CHILD = textwrap.dedent("""
     import json, os
     from opentelemetry_instrumentation_vllm_ascend import environment
-    from opentelemetry_instrumentation_vllm_ascend.exposition import Exposition
+    from opentelemetry_instrumentation_vllm_ascend.recording.metrics_endpoint import Exposition
     e = Exposition()
     e.setup()
     print(json.dumps({k: os.environ.get(k) for k in (environment.ROOT_PID, environment.FILES_DIR)}))
@@ -173,7 +173,8 @@ def test_the_root_records_itself_in_its_directory(monkeypatch):
 # -- a full metrics filesystem ---------------------------------------------------------------------------
 FULL_DISK_CHILD = textwrap.dedent("""
     import os, sys
-    from opentelemetry_instrumentation_vllm_ascend import catalogue, context, pipeline, recording
+    from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
+    from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
     context.set_process("engine_core", "0", "mixed")
     # Fill the filesystem up to the last few KiB.
     with open(os.path.join(sys.argv[1], "filler"), "wb", buffering=0) as f:

@@ -11,15 +11,16 @@ from importlib import metadata
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment, plugin, targets
-from opentelemetry_instrumentation_vllm_ascend.installer import MISSING, NOT_INSTALLED, RESOLVED, Installer
+from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment, plugin
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from opentelemetry_instrumentation_vllm_ascend.hooks.installer import MISSING, NOT_INSTALLED, RESOLVED, Installer
 
 pytest.importorskip("vllm")
 
 
 def owner_of(target):
     module = importlib.import_module(target.module)
-    from opentelemetry_instrumentation_vllm_ascend.wrappers import original_class
+    from opentelemetry_instrumentation_vllm_ascend.hooks.patches import original_class
 
     return original_class(module, target.owner_qualname)
 
@@ -200,7 +201,7 @@ def test_check_command_reports_every_target_resolved():
 
 
 def test_check_flags_missing_and_keeps_ascend_rows_dormant():
-    from opentelemetry_instrumentation_vllm_ascend.installer import NOT_INSTALLED, check
+    from opentelemetry_instrumentation_vllm_ascend.hooks.installer import NOT_INSTALLED, check
 
     rows = check([
         targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.gone", "sync", "scheduler:Schedule"),

@@ -9,7 +9,7 @@ pytest.importorskip("vllm")
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from conftest import Metrics  # noqa: E402
 
 SCOPES = "vllm_profiling_record_function_or_nullcontext"

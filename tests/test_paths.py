@@ -9,8 +9,9 @@ import re
 import pytest
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend import __main__ as cli
-from opentelemetry_instrumentation_vllm_ascend import catalogue, installer, paths
+from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
+from opentelemetry_instrumentation_vllm_ascend import catalogue, paths
+from opentelemetry_instrumentation_vllm_ascend.hooks import installer
 
 
 def test_every_fact_names_a_catalogue_metric_and_a_path():
@@ -142,7 +143,7 @@ def test_model_runner_v2_enters_no_profiling_scopes(trees):
     assert seen > 0
     from source_archives import sdist
 
-    from opentelemetry_instrumentation_vllm_ascend.contract import SourceTree
+    from contract import SourceTree
 
     ascend = SourceTree.from_archive(sdist("vllm-ascend", "0.23.0.post1"), strip_prefix=True)
     v2 = {name: source for name, source in ascend.files.items() if name.startswith("vllm_ascend/worker/v2/")}
@@ -174,7 +175,7 @@ def test_docs_list_every_exception():
 def test_check_names_the_uncovered_overrides_of_the_installed_versions(capsys):
     """Each override the contract test found without a row of its own: check names the metrics absent
     wherever it runs (the bypassed row's), for the versions whose source has it; the docs list it."""
-    from opentelemetry_instrumentation_vllm_ascend import targets
+    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 
     pytest.importorskip("vllm")
     assert cli.main(["check", "--json"]) == 0

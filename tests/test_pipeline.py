@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from otlp_receiver import Receiver
 
 R2W = "vllm_profiling_running_to_waiting_count"
@@ -147,7 +148,7 @@ def test_a_pipeline_that_cannot_be_built_is_one_log_line_and_no_leak(monkeypatch
     started a reader thread: thousands of leaked threads after a few hundred requests)."""
     import threading
 
-    from opentelemetry_instrumentation_vllm_ascend import exporters
+    from opentelemetry_instrumentation_vllm_ascend.recording import otlp as exporters
 
     monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
     monkeypatch.setattr(exporters, "push_exporters", lambda: [object()])  # not an exporter: the reader raises

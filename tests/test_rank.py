@@ -10,11 +10,12 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 
 from conftest import Metrics
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, pipeline, recording
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.catalogue import M
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory
 from opentelemetry_instrumentation_vllm_ascend.handlers.process import WorkerInit
-from opentelemetry_instrumentation_vllm_ascend.prometheus_files import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
 from otlp_receiver import Receiver
 
 WORKER_STEP = M["executor:model_runner_execute_model:duration"]

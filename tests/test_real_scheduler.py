@@ -10,9 +10,9 @@ pytest.importorskip("vllm")
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, catalogue, context, environment  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.wrappers import SYNC, wrap  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap  # noqa: E402
 from conftest import Metrics  # noqa: E402
 
 P = catalogue.PREFIX

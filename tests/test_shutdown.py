@@ -13,7 +13,8 @@ import time
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from opentelemetry_instrumentation_vllm_ascend import environment, pipeline, prometheus_files, recording, shutdown
+from opentelemetry_instrumentation_vllm_ascend import environment, recording
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline, metrics_files as prometheus_files, shutdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -7,8 +7,11 @@ import logging
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import wrappers
-from opentelemetry_instrumentation_vllm_ascend.wrappers import ASYNC_GENERATOR, COROUTINE, FUTURE, SYNC, Handler
+from opentelemetry_instrumentation_vllm_ascend.hooks import wrappers
+from opentelemetry_instrumentation_vllm_ascend.hooks import futures, patches
+from opentelemetry_instrumentation_vllm_ascend.hooks import handler as handler_protocol
+from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR, COROUTINE, FUTURE, SYNC
 
 
 class Boom(Exception):
@@ -64,9 +67,9 @@ def make_sync(fail):
 
 @pytest.fixture(autouse=True)
 def _reset_reported():
-    wrappers._reported.clear()
+    handler_protocol._reported.clear()
     yield
-    wrappers._reported.clear()
+    handler_protocol._reported.clear()
 
 
 @pytest.mark.parametrize("where", WHERE)
@@ -254,7 +257,7 @@ def test_future_returning(where, outcome):
 def test_handler_failure_is_logged_once(caplog):
     t, original = make_sync(False)
     wrapped, _ = wrappers.wrap(original, RaisingHandler("after"), SYNC)
-    with caplog.at_level(logging.WARNING, logger="opentelemetry_instrumentation_vllm_ascend.wrappers"):
+    with caplog.at_level(logging.WARNING, logger="opentelemetry_instrumentation_vllm_ascend.hooks.handler"):
         for _ in range(5):
             assert wrapped(1) == 2
     messages = [r for r in caplog.records if "raising-after" in r.getMessage()]
@@ -279,7 +282,7 @@ def test_patch_original_class_and_foreign_wrapper_on_top():
     module = types.ModuleType("fake_vllm_mod")
     Base.__module__ = "fake_vllm_mod"
     module.Base = Rebound  # the module name now points at a subclass
-    owner = wrappers.original_class(module, "Base")
+    owner = patches.original_class(module, "Base")
     assert owner is Base
 
     calls = []
@@ -289,7 +292,7 @@ def test_patch_original_class_and_foreign_wrapper_on_top():
             calls.append(args[1])
 
     original = Base.__dict__["step"]
-    patch = wrappers.patch_method(owner, "step", Count(), SYNC)
+    patch = patches.patch_method(owner, "step", Count(), SYNC)
     assert Rebound().step(1) == ("base", 1) and calls == [1]
 
     # Someone (vllm-ascend) assigns its own wrapper over ours; removing ours must keep theirs.
@@ -312,7 +315,7 @@ def test_patch_then_remove_restores_exactly():
             return 1
 
     original = C.__dict__["m"]
-    patch = wrappers.patch_method(C, "m", Handler(), SYNC)
+    patch = patches.patch_method(C, "m", Handler(), SYNC)
     assert C.__dict__["m"] is not original and C().m() == 1
     patch.remove()
     assert C.__dict__["m"] is original
@@ -382,7 +385,7 @@ def test_future_class_delivers_completion_once(where, outcome, completes_later):
         pass
 
     before = dict(Fut.__dict__)
-    patches = wrappers.hook_future_class(Fut, completes_later=completes_later)
+    installed = patches.hook_future_class(Fut, completes_later=completes_later)
     handler = RaisingHandler(where)
     calls = []
 
@@ -407,11 +410,11 @@ def test_future_class_delivers_completion_once(where, outcome, completes_later):
     with pytest.raises(concurrent.futures.InvalidStateError):
         f.set_result("again")  # the inherited behaviour is untouched
     assert handler.seen.count("future_done") == 1 and calls == [1]
-    assert wrappers._PENDING not in vars(f)  # taken off the future when delivered
-    for p in patches:
+    assert futures.PENDING not in vars(f)  # taken off the future when delivered
+    for p in installed:
         p.remove()
     assert dict(Fut.__dict__) == before
-    assert Fut not in wrappers._COMPLETION_HOOKED and Fut not in wrappers._COMPLETES_LATER
+    assert Fut not in futures.COMPLETION_HOOKED and Fut not in futures.COMPLETES_LATER
 
 
 class NoArgs(Handler):

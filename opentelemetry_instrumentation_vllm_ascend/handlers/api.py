@@ -18,7 +18,7 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
-from ..wrappers import Handler
+from ..hooks.handler import Handler
 from .common import AllPhaseTimer
 
 M = catalogue.BY_SEED

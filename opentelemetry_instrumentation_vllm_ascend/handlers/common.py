@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from .. import catalogue, context, recording
-from ..wrappers import Handler
+from ..hooks.handler import Handler
 
 
 class StepTimer(Handler):

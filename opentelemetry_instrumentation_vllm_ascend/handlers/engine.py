@@ -7,7 +7,7 @@ from time import perf_counter
 from .. import context, recording
 from ..catalogue import ALL, M
 from ..context import SCHEDULE_CALLS
-from ..wrappers import Handler
+from ..hooks.handler import Handler
 from .common import StepTimer
 
 IDLE = "idle"

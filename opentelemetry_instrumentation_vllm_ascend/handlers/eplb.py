@@ -32,7 +32,7 @@ from __future__ import annotations
 from time import perf_counter
 
 from .. import catalogue, context, recording
-from ..wrappers import Handler, report
+from ..hooks.handler import Handler, report
 from .common import AllPhaseTimer
 
 _M = catalogue.M

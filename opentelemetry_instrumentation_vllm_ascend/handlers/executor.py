@@ -9,7 +9,7 @@ from .. import catalogue, recording
 from ..context import (
     EXEC_PHASE, HOST_CLOCK, LAST_STEP_PHASE, PHASE_ATTRIBUTE, READY_ATTRIBUTE, UNKNOWN, _step_labels, step_labels,
 )
-from ..wrappers import Handler
+from ..hooks.handler import Handler
 
 #: RPCs that carry a scheduled step's work; their errors get that step's phase.
 STEP_METHODS = frozenset({"execute_model", "sample_tokens", "execute_dummy_batch", "take_draft_token_ids"})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..context import CURRENT_STEP, UNKNOWN, Step
-from ..wrappers import Handler
+from ..hooks.handler import Handler
 from .scheduler import flush_step
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .. import context, recording
 from ..catalogue import ALL, M
-from ..wrappers import Handler
+from ..hooks.handler import Handler
 from .common import device_module
 
 GIB = float(1 << 30)

@@ -25,7 +25,7 @@ from ..catalogue import M
 from ..context import (
     CURRENT_STEP, HOST_CLOCK, LAST_STEP_PHASE, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, UNKNOWN, Step,
 )
-from ..wrappers import Handler, report
+from ..hooks.handler import Handler, report
 from .common import StepTimer, device_module
 
 _EXECUTE = M["executor:model_runner_execute_model:duration"]

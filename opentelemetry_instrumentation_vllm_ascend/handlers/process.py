@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import context, recording
-from ..wrappers import Handler
+from ..hooks.handler import Handler
 
 
 def _vllm_config(args, kwargs):
@@ -61,7 +61,7 @@ class _BeforeStop(Handler):
         return []
 
     def before(self, args, kwargs):
-        from .. import shutdown
+        from ..recording import shutdown
 
         pids = [p.pid for p in self.processes(args[0]) if p.pid and p.is_alive()]
         if pids:
@@ -72,7 +72,7 @@ class _BeforeStop(Handler):
     def after(self, state, args, kwargs, result):
         if state:
             from .. import environment
-            from ..prometheus_files import remove_dead_live_gauges
+            from ..recording.metrics_files import remove_dead_live_gauges
 
             directory = environment.metrics_files_dir()
             if directory:
@@ -85,7 +85,7 @@ def shutdown_wait_gone(pids, timeout_s: float = 0.5) -> None:
     child) until the processes are gone or zombies."""
     import time
 
-    from ..prometheus_files import process_identity
+    from ..recording.metrics_files import process_identity
 
     deadline = time.monotonic() + timeout_s
     pending = list(pids)

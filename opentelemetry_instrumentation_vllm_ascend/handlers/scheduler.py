@@ -10,7 +10,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
-from ..wrappers import Handler, report
+from ..hooks.handler import Handler, report
 from .common import AllPhaseTimer
 from .model_runner import _name_label
 

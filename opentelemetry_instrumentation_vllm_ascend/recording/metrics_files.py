@@ -44,8 +44,8 @@ from opentelemetry.sdk.metrics import (
     UpDownCounter,
 )
 
-from . import catalogue
-from .context import BOOT_ID
+from .. import catalogue
+from ..context import BOOT_ID
 
 logger = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ def write_identity(directory: str, pid: int) -> None:
     identity = process_identity(pid)
     if not identity:
         return
-    from . import environment
+    from .. import environment
 
     root = ""
     try:

@@ -12,7 +12,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from . import targets as targets_module
-from .wrappers import FUTURE_CLASS, SCOPE_FACTORY, hook_future_class, original_class, patch_method
+from .patches import hook_future_class, original_class, patch_method
+from .wrappers import FUTURE_CLASS, SCOPE_FACTORY
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def in_range(version: Version | None, spec: str | None) -> bool:
 
 def gate_of(target, vllm: Version | None, ascend: Version | None) -> str | None:
     """Why a target is not to be hooked with these installed versions and this configuration, or None."""
-    from .environment import disabled_metric_patterns, metric_disabled
+    from ..environment import disabled_metric_patterns, metric_disabled
 
     patterns = disabled_metric_patterns()
     if (patterns and target.feeds and not target.provides_context
@@ -116,7 +117,7 @@ def vllm_distribution() -> str | None:
 
 def configuration(overrides: dict | None = None):
     """The execution paths (``paths.detect``) a server started from this environment takes."""
-    from . import paths
+    from .. import paths
 
     return paths.detect(vllm_version(), vllm_ascend_version() is not None, vllm_distribution(),
                         overrides=overrides)
@@ -142,8 +143,8 @@ def metric_status(rows: list[dict], config) -> list[dict]:
     ``fed`` / ``depends`` (on a path the environment cannot tell) with what it measures there where
     that differs from its description, ``absent`` on this path (why), or ``not hooked`` (no resolved
     target feeds it: each feeding target's status), ``disabled`` by configuration."""
-    from . import catalogue, paths
-    from .environment import metric_disabled
+    from .. import catalogue, paths
+    from ..environment import metric_disabled
 
     feeding: dict[str, list[dict]] = {}
     for row in rows:

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 
-from . import environment
+from .. import environment
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class Exposition:
         if os.environ.get(environment.PROMETHEUS_MULTIPROC_DIR):
             # vLLM serves /metrics from that directory in this process or its children (several API
             # servers): a file of ours that cannot be read must not take it down.
-            from .prometheus_files import guard_multiprocess_collector
+            from .metrics_files import guard_multiprocess_collector
 
             try:
                 self._guard = guard_multiprocess_collector()
@@ -49,14 +49,14 @@ class Exposition:
         self._set_env.append(environment.ROOT_PID)
         multiproc = os.environ.get(environment.PROMETHEUS_MULTIPROC_DIR)
         if multiproc:
-            from .prometheus_files import remove_dead_files
+            from .metrics_files import remove_dead_files
 
             if os.path.isdir(multiproc):
                 remove_dead_files(multiproc)
             return
         from prometheus_client import REGISTRY
 
-        from .prometheus_files import FilesCollector
+        from .metrics_files import FilesCollector
 
         remove_leaked_directories()
         directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
@@ -92,7 +92,7 @@ _OWNER_FILE = "root.pid"  # not *.db: no collector reads it
 
 
 def _parent(pid: int) -> int | None:
-    from .prometheus_files import proc_stat
+    from .metrics_files import proc_stat
 
     try:
         return int(proc_stat(pid)[1])
@@ -140,7 +140,7 @@ def drop_foreign_identity() -> None:
 
 
 def _write_owner(directory: str) -> None:
-    from .prometheus_files import process_identity
+    from .metrics_files import process_identity
 
     try:
         with open(os.path.join(directory, _OWNER_FILE), "w") as f:
@@ -153,7 +153,7 @@ def remove_leaked_directories(parent: str | None = None) -> list[str]:
     """Directories of ours (our prefix, our user, not a link) left in the temp directory by a root
     process that was killed (SIGKILL skips its atexit cleanup): removed when their root no longer
     runs. A directory without the root's record is left alone."""
-    from .prometheus_files import process_identity
+    from .metrics_files import process_identity
 
     parent = parent or tempfile.gettempdir()
     removed = []

@@ -13,7 +13,8 @@ from collections import deque
 from itertools import groupby
 from operator import itemgetter
 
-from . import catalogue, context, environment, pipeline
+from .. import catalogue, context, environment
+from . import pipeline
 
 _instruments: dict[str, object] = {}
 _process_labels: list = [None]
@@ -75,7 +76,7 @@ def _guarded(function, call, *args) -> None:
     try:
         call(*args)
     except Exception:
-        from .wrappers import report
+        from ..hooks.handler import report
 
         report(_DeferredRecords, getattr(function, "__name__", "deferred"))
 
@@ -164,7 +165,7 @@ _observers: list = []
 
 
 def _safe(spec, callback):
-    from .wrappers import Handler, report
+    from ..hooks.handler import Handler, report
 
     class _Observer(Handler):
         name = f"observer of {spec.seed}"

@@ -22,8 +22,8 @@ import threading
 import time
 import uuid
 
-from . import catalogue, context, environment
-from .version import __version__
+from .. import catalogue, context, environment
+from ..version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class Pipeline:
 
         directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
         if directory:
-            from .prometheus_files import FilesExporter
+            from .metrics_files import FilesExporter
 
             self.files_exporter = FilesExporter(directory)
             readers.append(
@@ -147,7 +147,7 @@ class Pipeline:
                     ),
                 )
             )
-        from .exporters import push_exporters
+        from .otlp import push_exporters
 
         exporters = push_exporters()
         if exporters:  # OTEL_METRIC_EXPORT_INTERVAL, read once and clamped (0 made the SDK's reader raise)

@@ -38,8 +38,8 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from . import catalogue
-from .context import series_attributes as _attributes
+from .. import catalogue
+from ..context import series_attributes as _attributes
 
 try:  # MetricReader keys its temporality table by the SDK's internal instrument classes
     from opentelemetry.sdk.metrics._internal.instrument import _Counter as _COUNTER_KEY

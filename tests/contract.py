@@ -333,3 +333,61 @@ def check_read(tree: SourceTree, read: Read) -> list[str]:
     if read.attribute in tree.members(read.module, read.cls):
         return []
     return [f"{read.module}:{read.cls}.{read.attribute} not found"]
+
+
+#: Attributes handlers read from vLLM objects (checked against source like the targets).
+READS = tuple(
+    Read(module, cls, attribute)
+    for module, cls, attributes in (
+        ("vllm.v1.core.sched.scheduler", "Scheduler",
+         ("requests", "running", "waiting", "max_num_running_reqs", "kv_cache_manager")),
+        ("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool",)),
+        ("vllm.v1.core.block_pool", "BlockPool", ("num_gpu_blocks", "get_num_free_blocks")),
+        ("vllm.v1.core.sched.output", "NewRequestData", ("req_id", "num_computed_tokens")),
+        ("vllm.v1.engine.core", "EngineCoreProc", ("has_work",)),
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("requests",)),
+        ("vllm.v1.metrics.stats", "SchedulerStats",
+         ("num_running_reqs", "num_waiting_reqs", "num_skipped_waiting_reqs", "spec_decoding_stats")),
+        ("vllm.v1.spec_decode.metrics", "SpecDecodingStats", ("num_draft_tokens",)),
+        ("vllm.v1.metrics.stats", "IterationStats",
+         ("num_prompt_tokens", "prompt_token_stats", "num_generation_tokens", "time_to_first_tokens_iter",
+          "inter_token_latencies_iter", "finished_requests")),
+        ("vllm.v1.metrics.stats", "PromptTokenStats", ("total",)),
+        ("vllm.v1.metrics.stats", "FinishedRequestStats", ("num_generation_tokens", "decode_time")),
+        ("vllm.v1.metrics.stats", "RequestStateStats", ("num_generation_tokens", "first_token_ts")),
+        ("vllm.v1.engine", "EngineCoreOutput", ("new_token_ids",)),
+        ("vllm.v1.engine", "EngineCoreOutputs", ("engine_index",)),
+        ("vllm.v1.worker.gpu_worker", "Worker",
+         ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "peak_activation_memory",
+          "model_runner", "rank", "cache_config")),
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("model_memory_usage",)),
+        ("vllm.config", "CacheConfig", ("gpu_memory_utilization", "kv_cache_memory_bytes")),
+        ("vllm.utils.mem_utils", "MemorySnapshot", ("total_memory",)),
+        # vllm-ascend (checked against its sdist)
+        ("vllm_ascend.eplb.core.eplb_worker", "EplbWorker",
+         ("rank_id", "old_expert_maps", "shared_dict", "latest_expert_hotness")),
+        ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "D2DExpertWeightLoader", ("state",)),
+        ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "ExpertWeightUpdateState", ("TRANSFERRING",)),
+        ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", ("attn_state", "requests", "model_memory_usage")),
+        ("vllm_ascend.attention.attention_v1", "AscendAttentionState",
+         ("PrefillNoCache", "PrefillCacheHit", "DecodeOnly", "ChunkedPrefill", "SpecDecoding")),
+        ("vllm_ascend.core.recompute_scheduler", "RecomputeSchedulerOutput", ("recomputed_reqs",)),
+        ("vllm_ascend.worker.worker", "NPUWorker",
+         ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "non_torch_memory",
+          "peak_activation_memory", "npugraph_memory_bytes", "model_runner", "rank", "cache_config")),
+        ("vllm.v1.request", "Request",
+         ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens", "status")),
+        ("vllm.v1.core.sched.output", "SchedulerOutput",
+         ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs",
+          "preempted_req_ids")),
+        ("vllm.v1.core.sched.output", "CachedRequestData",
+         ("req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens")),
+        ("vllm.config", "VllmConfig", ("parallel_config", "kv_transfer_config", "model_config")),
+        ("vllm.config", "ParallelConfig", ("data_parallel_index", "data_parallel_size", "data_parallel_rank")),
+        ("vllm.config", "KVTransferConfig", ("kv_role",)),
+        ("vllm.v1.engine.utils", "CoreEngineProcManager", ("processes", "_finalizer")),
+        ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor", ("workers", "shutting_down")),
+        ("vllm.v1.executor.multiproc_executor", "WorkerProcHandle", ("proc",)),
+    )
+    for attribute in attributes
+)

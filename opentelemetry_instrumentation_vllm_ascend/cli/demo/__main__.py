@@ -1,4 +1,4 @@
-"""python -m opentelemetry_instrumentation_vllm_ascend.demo — see the package docstring."""
+"""python -m opentelemetry_instrumentation_vllm_ascend.cli.demo — see the package docstring."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 
-from . import environment
+from .. import environment
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,8 @@ def _serve(sock, pid: int) -> None:
 
 def flush_here() -> None:
     """Export what this process recorded, now (or wait for the final export already under way)."""
-    from . import pipeline, recording
+    from . import pipeline
+    from .. import recording
 
     current = pipeline.current()
     if current is None or current.pid != os.getpid():

@@ -7,7 +7,7 @@ import os
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
-from . import environment
+from .. import environment
 
 logger = logging.getLogger(__name__)
 

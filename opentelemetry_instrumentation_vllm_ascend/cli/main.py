@@ -1,0 +1,83 @@
+"""``python -m opentelemetry_instrumentation_vllm_ascend check [--json]``
+
+Prints, for the installed vLLM / vllm-ascend, each hook target as resolved, gated off by version,
+dormant (vllm-ascend not installed) or missing, with the metrics it feeds; then, for the execution
+paths a server started here takes (scheduling, model runner, executor, API servers: detected where this
+environment decides them, else given with the options below), whether each metric will be fed and
+what it measures on that path (docs/metrics.md, "By execution path"). Exits 1 when a target that
+should be hooked with these versions is missing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m opentelemetry_instrumentation_vllm_ascend", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    check_parser = sub.add_parser("check", help="which hook targets resolve in this environment")
+    check_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    check_parser.add_argument("--async-scheduling", choices=("on", "off"),
+                              help="whether the server runs async scheduling (the batch queue)")
+    check_parser.add_argument("--model-runner", choices=("v1", "v2", "npu"), help="the worker's model runner")
+    check_parser.add_argument("--executor", choices=("uni", "mp"),
+                              help="the engine's executor (--distributed-executor-backend; uni: one in-process worker)")
+    check_parser.add_argument("--api-server-count", type=int, help="API server processes of the server")
+    args = parser.parse_args(argv)
+
+    from ..hooks import installer
+    from ..version import __version__
+
+    overrides = {}
+    if args.async_scheduling:
+        overrides["scheduling"] = "batch_queue" if args.async_scheduling == "on" else "sync"
+    if args.model_runner:
+        overrides["worker"] = {"v1": "mrv1", "v2": "mrv2", "npu": "npu"}[args.model_runner]
+    if args.executor:
+        overrides["executor"] = {"uni": "uniproc", "mp": "multiproc"}[args.executor]
+    if args.api_server_count:
+        overrides["frontend"] = "multi_api" if args.api_server_count > 1 else "single_api"
+    rows = installer.check()
+    config = installer.configuration(overrides)
+    metrics = installer.metric_status(rows, config)
+    overrides_found = installer.uncovered_overrides()
+    vllm, ascend = installer.vllm_version(), installer.vllm_ascend_version()
+    missing = [r for r in rows if r["status"] == installer.MISSING]
+    if args.json:
+        print(json.dumps({"package": __version__, "vllm": str(vllm) if vllm else None,
+                          "vllm_ascend": str(ascend) if ascend else None, "targets": rows,
+                          "configuration": {axis: {"path": config.paths[axis], "reason": config.reasons[axis]}
+                                            for axis in config.paths},
+                          "metrics": metrics, "uncovered_overrides": overrides_found, "ok": not missing},
+                         indent=2))
+    else:
+        print(f"opentelemetry-instrumentation-vllm-ascend {__version__}; vLLM {vllm or 'not installed'}; "
+              f"vllm-ascend {ascend or 'not installed'}")
+        width = max(len(r["symbol"]) for r in rows)
+        for r in rows:
+            feeds = ", ".join(r["feeds"]) or "(context)"
+            detail = f" — {r['detail']}" if r["detail"] else ""
+            print(f"  {r['symbol']:<{width}}  {r['status']:<32} {feeds}{detail}")
+        print(f"{len(rows) - len(missing)} of {len(rows)} targets fine; {len(missing)} missing")
+        print("Execution paths:")
+        for axis, key in config.paths.items():
+            print(f"  {axis}: {key or 'cannot tell'} ({config.reasons[axis]})")
+        width = max(len(m["metric"]) for m in metrics)
+        for m in metrics:
+            detail = f" — {m['detail']}" if m["detail"] else ""
+            print(f"  {m['metric']:<{width}}  {m['status']}{detail}")
+        counts = {}
+        for m in metrics:
+            counts[m["status"]] = counts.get(m["status"], 0) + 1
+        print("metrics: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+        for o in overrides_found:
+            absent = ", ".join(o["absent"]) or "no metric"
+            print(f"Wherever {o['symbol']} runs (it bypasses {o['bypasses']}), absent: {absent} — {o['reason']}")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The wrapper kinds and ``wrap``, which builds the wrapper of one kind around a function.
+
+Plain closures and generated functions, not wrapt: on our machines a closure wrapper costs ~106 ns
+per call against wrapt.FunctionWrapper's ~464 ns (``tox -e bench`` measures both)."""
+
+from __future__ import annotations
+
+import functools
+
+from . import codegen, futures
+from .handler import Handler, Hook
+
+SYNC = "sync"
+COROUTINE = "coroutine"
+ASYNC_GENERATOR = "async_generator"
+FUTURE = "future"
+#: Timers: the wrapper itself reads the clock around the call and hands the handler the duration
+#: (``Handler.timed``) — the cheapest shape for the most common hook. Failed calls are not timed.
+SYNC_TIMER = "sync_timer"
+COROUTINE_TIMER = "coroutine_timer"
+#: Not a wrapper: makes a Future subclass deliver its completions to FUTURE handlers itself (see
+#: ``hook_future_class``), so that a FUTURE hook on a call returning such futures costs an attribute
+#: store instead of a done-callback per call.
+FUTURE_CLASS = "future_class"
+#: Not a wrapper: a module-level factory replaced by the handler's own ``install(module)`` (vLLM's
+#: ``vllm.v1.utils._PROFILER_FUNC``, which ``record_function_or_nullcontext`` calls for every scope).
+SCOPE_FACTORY = "scope_factory"
+#: A coroutine that may return an async generator (a streaming HTTP response): awaited, then, when
+#: the result is an async generator, handed back inside a delegating async generator that ends the
+#: measurement when the stream ends (``after`` / ``error`` as for ASYNC_GENERATOR); any other result
+#: goes to ``after``.
+COROUTINE_STREAM = "coroutine_stream"
+
+
+def wrap(original, handler: Handler, kind: str):
+    hook = Hook(handler)
+    maker = {
+        SYNC: _sync,
+        COROUTINE: _coroutine,
+        ASYNC_GENERATOR: _async_generator,
+        FUTURE: futures.future_wrapper,
+        SYNC_TIMER: _sync_timer,
+        COROUTINE_TIMER: _coroutine_timer,
+        COROUTINE_STREAM: _coroutine_stream,
+    }[kind]
+    wrapper = maker(original, hook)
+    functools.update_wrapper(wrapper, original)
+    wrapper.__otel_vllm_ascend_hook__ = hook
+    return wrapper, hook
+
+
+def _sync(original, hook):
+    return _build(original, hook, is_async=False)
+
+
+def _coroutine(original, hook):
+    return _build(original, hook, is_async=True)
+
+
+def _sync_timer(original, hook):
+    return codegen.generate(original, hook, codegen.TIMER_BODY, is_async=False, head=hook.handler.reads_args)
+
+
+def _coroutine_timer(original, hook):
+    return codegen.generate(original, hook, codegen.TIMER_BODY, is_async=True, head=hook.handler.reads_args)
+
+
+def _build(original, hook, is_async: bool):
+    handler = hook.handler
+    inner = handler.inner if isinstance(handler, futures.FutureAdapter) else handler
+    if not is_async and not isinstance(handler, futures.FutureAdapter) and type(handler).before is Handler.before:
+        return codegen.generate(original, hook, codegen.OUTCOME_BODY, is_async=False, head=inner.reads_args,
+                         guard=handler.after_if, none_only=handler.after_only_on_none)
+    return codegen.generate(original, hook, codegen.FULL_BODY.replace("{on_result}", codegen.AFTER), is_async=is_async,
+                     head=inner.reads_args, FAILED=codegen.FAILED)
+
+
+def _coroutine_stream(original, hook):
+    import inspect
+
+    return codegen.generate(original, hook, codegen.FULL_BODY.replace("{on_result}", codegen.STREAM_RESULT), is_async=True,
+                     head=hook.handler.reads_args, FAILED=codegen.FAILED, proxy=codegen.delegate,
+                     isasyncgen=inspect.isasyncgen)
+
+
+def _async_generator(original, hook):
+    return codegen.generate(original, hook, codegen.FULL_BODY.replace("{on_result}", codegen.ASYNC_GENERATOR_RESULT), is_async=False,
+                     head=hook.handler.reads_args, FAILED=codegen.FAILED, proxy=codegen.delegate)
