@@ -30,8 +30,10 @@ def main(number: int, repeat: int) -> dict:
 
     config = os.path.join(tempfile.mkdtemp(), "bench.yaml")
     with open(config, "w") as f:
-        f.write("- symbol: _targets:Target.step\n  metrics: [{name: bench_step_duration, type: timer}]\n"
-                "- symbol: _targets:Target.tick\n  metrics: [{name: bench_tick_total, type: counter}]\n")
+        f.write(
+            "- symbol: _targets:Target.step\n  metrics: [{name: bench_step_duration, type: timer}]\n"
+            "- symbol: _targets:Target.tick\n  metrics: [{name: bench_tick_total, type: counter}]\n"
+        )
     get_metrics_manager().metric_prefix = "vllm_profiling"
     manager = SymbolHandlerManager()
     manager.initialize(config)

@@ -31,9 +31,15 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER
 
 SCHED_SCOPES = ("schedule: allocate_slots", "schedule: make_cached_request_data", "schedule: update_after_schedule")
-RUNNER_SCOPES = ("gpu_model_runner: preprocess", "gpu_model_runner: forward", "gpu_model_runner: postprocess",
-                 "gpu_model_runner: sample", "gpu_model_runner: bookkeep", "gpu_model_runner: eplb",
-                 "gpu_model_runner: ModelRunnerOutput")
+RUNNER_SCOPES = (
+    "gpu_model_runner: preprocess",
+    "gpu_model_runner: forward",
+    "gpu_model_runner: postprocess",
+    "gpu_model_runner: sample",
+    "gpu_model_runner: bookkeep",
+    "gpu_model_runner: eplb",
+    "gpu_model_runner: ModelRunnerOutput",
+)
 
 
 PROCESSES = ("engine_core", "worker", "api_server")
@@ -59,9 +65,14 @@ def build(batch: int, hooked=PROCESSES):
             self.num_prompt_tokens, self.num_computed_tokens = 500, 599
 
     ids = [f"req-{i}" for i in range(batch)]
-    output = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=batch, scheduled_new_reqs=[],
-                scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(), num_computed_tokens=[599] * batch,
-                                         num_output_tokens=[100] * batch))
+    output = NS(
+        num_scheduled_tokens=dict.fromkeys(ids, 1),
+        total_num_scheduled_tokens=batch,
+        scheduled_new_reqs=[],
+        scheduled_cached_reqs=NS(
+            req_ids=ids, resumed_req_ids=set(), num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch
+        ),
+    )
 
     class Future(concurrent.futures.Future):  # FutureWrapper: completed in result()
         def result(self, timeout=None):
@@ -72,8 +83,9 @@ def build(batch: int, hooked=PROCESSES):
     class KV:
         block_pool = NS(num_gpu_blocks=10_000, get_num_free_blocks=lambda: 1234)
 
-        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
-                           num_lookahead_tokens=0):
+        def allocate_slots(
+            self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None, num_lookahead_tokens=0
+        ):
             return request
 
     class Runner:
@@ -181,8 +193,9 @@ def build(batch: int, hooked=PROCESSES):
             self.prompt_token_stats = NS(total=0)
             self.num_prompt_tokens = 0
 
-        def update_from_output(self, output, engine_core_timestamp, is_prefilling, req_stats, lora_states=None,
-                               lora_name=None):
+        def update_from_output(
+            self, output, engine_core_timestamp, is_prefilling, req_stats, lora_states=None, lora_name=None
+        ):
             self.num_generation_tokens += 1
             self.inter_token_latencies_iter.append(0.01)
 
@@ -225,8 +238,9 @@ def build(batch: int, hooked=PROCESSES):
             patch_method(StatLoggerManager, "record", api.RecordStats(), SYNC_TIMER),
         ]
     core, processor, loggers = Engine(), OutputProcessor(), StatLoggerManager()
-    scheduler_stats = NS(num_running_reqs=batch, num_waiting_reqs=0, num_skipped_waiting_reqs=0,
-                         spec_decoding_stats=None)
+    scheduler_stats = NS(
+        num_running_reqs=batch, num_waiting_reqs=0, num_skipped_waiting_reqs=0, spec_decoding_stats=None
+    )
 
     def one_step():
         core._process_input_queue()
@@ -241,10 +255,12 @@ def build(batch: int, hooked=PROCESSES):
 def whole_step_rows(repeat: int):
     rows = []
     context.set_process("engine_core", "0", "mixed")
-    variants = (("EngineCore hooks (incl. its scheduler scopes)", ("engine_core",)),
-                ("worker hooks (incl. its runner scopes)", ("worker",)),
-                ("API server hooks", ("api_server",)),
-                ("all hooks", PROCESSES))
+    variants = (
+        ("EngineCore hooks (incl. its scheduler scopes)", ("engine_core",)),
+        ("worker hooks (incl. its runner scopes)", ("worker",)),
+        ("API server hooks", ("api_server",)),
+        ("all hooks", PROCESSES),
+    )
     for batch in (16, 256):
         # Whole batches of the scheduler hook's 32 steps recorded at once (FLUSH_STEPS): every repeat
         # pays for the same number of them.

@@ -84,8 +84,15 @@ def cpu_seconds(server_pid: int) -> dict:
     return out
 
 
-def start(model: str, instrumented: bool, log_dir: str, i: int, disabled: str = "", control: bool = False,
-          disabled_scopes: str = "") -> Server:
+def start(
+    model: str,
+    instrumented: bool,
+    log_dir: str,
+    i: int,
+    disabled: str = "",
+    control: bool = False,
+    disabled_scopes: str = "",
+) -> Server:
     env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented and not control else "false"}
     if instrumented and disabled:
         env["OTEL_VLLM_ASCEND_DISABLED_METRICS"] = disabled
@@ -132,8 +139,11 @@ def one_round(server: Server, requests: int, max_tokens: int, round_no: int) -> 
     cpu1 = cpu_seconds(server.proc.pid)
     tokens = response["usage"]["completion_tokens"]
     assert tokens == requests * max_tokens, response["usage"]
-    return {"tokens_per_s": tokens / wall, "tokens": tokens,
-            **{f"{k}_cpu_ms_per_token": (cpu1[k] - cpu0[k]) / tokens * 1e3 for k, _ in PROCESS_KINDS}}
+    return {
+        "tokens_per_s": tokens / wall,
+        "tokens": tokens,
+        **{f"{k}_cpu_ms_per_token": (cpu1[k] - cpu0[k]) / tokens * 1e3 for k, _ in PROCESS_KINDS},
+    }
 
 
 def bootstrap_median(values, resamples: int = 4000, seed: int = 1) -> tuple[float, float]:
@@ -157,13 +167,22 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=10, help="rounds per server pair")
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=200)
-    parser.add_argument("--disabled-metrics", default="",
-                        help="OTEL_VLLM_ASCEND_DISABLED_METRICS for the instrumented server (to find what costs)")
-    parser.add_argument("--disabled-scopes", default="",
-                        help="OTEL_VLLM_ASCEND_DISABLED_SCOPES for the instrumented server (e.g. 'schedule: allocate_slots')")
-    parser.add_argument("--control", action="store_true",
-                        help="A/A control: the 'instrumented' server is started uninstrumented too, to see what "
-                             "ratio the method itself reports when nothing differs")
+    parser.add_argument(
+        "--disabled-metrics",
+        default="",
+        help="OTEL_VLLM_ASCEND_DISABLED_METRICS for the instrumented server (to find what costs)",
+    )
+    parser.add_argument(
+        "--disabled-scopes",
+        default="",
+        help="OTEL_VLLM_ASCEND_DISABLED_SCOPES for the instrumented server (e.g. 'schedule: allocate_slots')",
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="A/A control: the 'instrumented' server is started uninstrumented too, to see what "
+        "ratio the method itself reports when nothing differs",
+    )
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
     args = parser.parse_args(argv)
     tiny_model.build(args.model_dir)
@@ -173,9 +192,10 @@ def main(argv=None) -> int:
     for p in range(args.server_pairs):
         servers = {}
         try:
-            for instrumented in ((False, True) if p % 2 == 0 else (True, False)):
-                servers[instrumented] = start(args.model_dir, instrumented, log_dir, p, args.disabled_metrics,
-                                              args.control, args.disabled_scopes)
+            for instrumented in (False, True) if p % 2 == 0 else (True, False):
+                servers[instrumented] = start(
+                    args.model_dir, instrumented, log_dir, p, args.disabled_metrics, args.control, args.disabled_scopes
+                )
             expected = {True: 0 if args.control else 3, False: 0}
             hooked = instrumented_processes(servers, expected)
             assert hooked == expected, hooked
@@ -183,14 +203,17 @@ def main(argv=None) -> int:
                 wait_idle(server)
             for r in range(args.rounds):
                 result = {}
-                for instrumented in ((False, True) if r % 2 == 0 else (True, False)):
+                for instrumented in (False, True) if r % 2 == 0 else (True, False):
                     result[instrumented] = one_round(servers[instrumented], args.requests, args.max_tokens, r)
                     wait_idle(servers[instrumented])
                 rounds.append((p, result[True], result[False]))
                 on, off = result[True], result[False]
-                print(f"server pair {p + 1} round {r + 1:2d}: uninstrumented {off['tokens_per_s']:6.0f} tok/s, "
-                      f"instrumented {on['tokens_per_s']:6.0f} tok/s, ratio {on['tokens_per_s'] / off['tokens_per_s']:.3f}",
-                      flush=True)
+                print(
+                    f"server pair {p + 1} round {r + 1:2d}: uninstrumented {off['tokens_per_s']:6.0f} tok/s, "
+                    f"instrumented {on['tokens_per_s']:6.0f} tok/s, "
+                    f"ratio {on['tokens_per_s'] / off['tokens_per_s']:.3f}",
+                    flush=True,
+                )
             text = servers[True].scrape()
             steps = (total(text, "vllm:iteration_tokens_total_count"), total(text, "vllm:generation_tokens_total"))
         finally:
@@ -202,16 +225,20 @@ def main(argv=None) -> int:
         return f"{f.format(med)} ({f.format(q1)}–{f.format(q3)}; {f.format(lo)}–{f.format(hi)})"
 
     ratios = [on["tokens_per_s"] / off["tokens_per_s"] for _, on, off in rounds]
-    print(f"\n### End-to-end overhead: {args.server_pairs} server pairs x {args.rounds} interleaved rounds, "
-          f"{args.requests} x {args.max_tokens} tokens per round"
-          + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
-          + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
-          + ("; A/A CONTROL: both servers uninstrumented" if args.control else "") + "\n")
+    print(
+        f"\n### End-to-end overhead: {args.server_pairs} server pairs x {args.rounds} interleaved rounds, "
+        f"{args.requests} x {args.max_tokens} tokens per round"
+        + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
+        + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
+        + ("; A/A CONTROL: both servers uninstrumented" if args.control else "")
+        + "\n"
+    )
     print("Medians (quartiles; min–max) over rounds.\n")
     print("| | uninstrumented | instrumented | ratio instrumented/uninstrumented (per round) |")
     print("|---|---:|---:|---:|")
     rows = [("tokens/s", "tokens_per_s", "{:.0f}")] + [
-        (f"{k} CPU ms per token", f"{k}_cpu_ms_per_token", "{:.4f}") for k, _ in PROCESS_KINDS]
+        (f"{k} CPU ms per token", f"{k}_cpu_ms_per_token", "{:.4f}") for k, _ in PROCESS_KINDS
+    ]
     for label, key, f in rows:
         offs = [off[key] for _, _, off in rounds]
         ons = [on[key] for _, on, _ in rounds]
@@ -222,13 +249,17 @@ def main(argv=None) -> int:
         print(f"\nServer pair {p + 1}: throughput ratio median {statistics.median(mine):.3f} over {len(mine)} rounds")
     med = statistics.median(ratios)
     low, high = bootstrap_median(ratios)
-    print(f"\nThroughput change, median over all rounds: {(med - 1) * 100:+.1f} % (ratio {med:.3f}; bootstrap 95 % "
-          f"interval of the median {low:.3f}–{high:.3f}); instrumented slower in "
-          f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds")
+    print(
+        f"\nThroughput change, median over all rounds: {(med - 1) * 100:+.1f} % (ratio {med:.3f}; bootstrap 95 % "
+        f"interval of the median {low:.3f}–{high:.3f}); instrumented slower in "
+        f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds"
+    )
     print("Per-round ratios (to pool runs): " + " ".join(f"{r:.4f}" for r in ratios))
     if steps:
-        print(f"Last instrumented server: {steps[0]:.0f} engine steps for {steps[1]:.0f} generated tokens "
-              f"(vllm:iteration_tokens_total count, warm-up included): {steps[1] / max(steps[0], 1):.1f} tokens per step")
+        print(
+            f"Last instrumented server: {steps[0]:.0f} engine steps for {steps[1]:.0f} generated tokens "
+            f"(vllm:iteration_tokens_total count, warm-up included): {steps[1] / max(steps[0], 1):.1f} tokens per step"
+        )
     print(f"Server logs: {log_dir}")
     return 0
 

@@ -78,8 +78,9 @@ def main(argv=None) -> int:
     parser.add_argument("--requests", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--top", type=int, default=8, help="hooks listed per process")
-    parser.add_argument("--py-spy", default=shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable),
-                                                                                "py-spy"))
+    parser.add_argument(
+        "--py-spy", default=shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    )
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
     args = parser.parse_args(argv)
     if not os.path.exists(args.py_spy):
@@ -114,11 +115,34 @@ def main(argv=None) -> int:
         spies = []
         for pid, kind in processes.items():
             out = os.path.join(log_dir, f"py-spy-{kind}-{pid}.txt")
-            spies.append((kind, pid, out, subprocess.Popen(
-                [args.py_spy, "record", "--gil", "--nonblocking", "-r", str(args.rate), "-d", str(args.seconds),
-                 "-f", "raw", "-o", out, "--pid", str(pid)],
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-        for kind, pid, out, spy in spies:
+            spies.append(
+                (
+                    kind,
+                    pid,
+                    out,
+                    subprocess.Popen(
+                        [
+                            args.py_spy,
+                            "record",
+                            "--gil",
+                            "--nonblocking",
+                            "-r",
+                            str(args.rate),
+                            "-d",
+                            str(args.seconds),
+                            "-f",
+                            "raw",
+                            "-o",
+                            out,
+                            "--pid",
+                            str(pid),
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.PIPE,
+                    ),
+                )
+            )
+        for kind, _pid, _out, spy in spies:
             _, err = spy.communicate(timeout=args.seconds + 120)
             if spy.returncode != 0:
                 print(f"py-spy failed on {kind} (pid {pid}): {err.decode(errors='replace')[-500:]}", file=sys.stderr)
@@ -130,21 +154,25 @@ def main(argv=None) -> int:
     steps = total(after, "vllm:iteration_tokens_total_count") - total(before, "vllm:iteration_tokens_total_count")
     tokens = total(after, "vllm:generation_tokens_total") - total(before, "vllm:generation_tokens_total")
     print(f"\n### Where the instrumented server's time goes (py-spy --gil, {args.rate} Hz, {args.seconds} s)\n")
-    print(f"Load: rounds of {args.requests} x {args.max_tokens} tokens; in the window {steps:.0f} engine steps, "
-          f"{tokens:.0f} generated tokens ({tokens / max(steps, 1):.1f} per step).\n")
-    print("Our share is the steadier figure: the absolute column assumes py-spy took every sample it was asked "
-          "for, and the number of GIL samples varied between runs of the same code by up to 2x here (three "
-          "samplers and the server on two cores; the cause is not pinned down), so read it as an order of "
-          "magnitude. Shares vary too (a few dozen samples of ours per process): compare runs, not single rows.\n")
+    print(
+        f"Load: rounds of {args.requests} x {args.max_tokens} tokens; in the window {steps:.0f} engine steps, "
+        f"{tokens:.0f} generated tokens ({tokens / max(steps, 1):.1f} per step).\n"
+    )
+    print(
+        "Our share is the steadier figure: the absolute column assumes py-spy took every sample it was asked "
+        "for, and the number of GIL samples varied between runs of the same code by up to 2x here (three "
+        "samplers and the server on two cores; the cause is not pinned down), so read it as an order of "
+        "magnitude. Shares vary too (a few dozen samples of ours per process): compare runs, not single rows.\n"
+    )
     print("| process | GIL samples | of them in our code | our share | our CPU per engine step, µs |")
     print("|---|---:|---:|---:|---:|")
     results = []
-    for kind, pid, out, _ in spies:
+    for kind, _pid, out, _ in spies:
         samples, mine, hooks = attribute(out)
         results.append((kind, samples, mine, hooks))
         per_step = mine / args.rate / max(steps, 1) * 1e6
         print(f"| {kind} | {samples} | {mine} | {mine / max(samples, 1) * 100:.2f} % | {per_step:.1f} |")
-    for kind, samples, mine, hooks in results:
+    for kind, samples, _mine, hooks in results:
         print(f"\n{kind}: our samples by hook (share of the process's GIL samples)\n")
         print("| hook | samples | share |")
         print("|---|---:|---:|")

@@ -43,19 +43,34 @@ def build(model: str, batch: int, blocks: int = 8192):
     from vllm.v1.structured_output import StructuredOutputManager
 
     model_config = ModelConfig(model=model, dtype="float32", max_model_len=1024, skip_tokenizer_init=True)
-    scheduler_config = SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(2048, batch * 16),
-                                       max_model_len=1024, enable_chunked_prefill=True, is_encoder_decoder=False)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(2048, batch * 16),
+        max_model_len=1024,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+    )
     cache_config = CacheConfig(block_size=32, cache_dtype="auto", enable_prefix_caching=False)
     cache_config.num_gpu_blocks = blocks
     config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
     spec = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    scheduler = Scheduler(vllm_config=config, kv_cache_config=kv, log_stats=True,
-                          structured_output_manager=StructuredOutputManager(config), block_size=32)
+    scheduler = Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=32,
+    )
     for i in range(batch):
-        scheduler.add_request(Request(
-            request_id=f"r{i}", prompt_token_ids=[(i * 7 + k) % 500 + 4 for k in range(10)],
-            sampling_params=SamplingParams(max_tokens=900, ignore_eos=True), pooling_params=None))
+        scheduler.add_request(
+            Request(
+                request_id=f"r{i}",
+                prompt_token_ids=[(i * 7 + k) % 500 + 4 for k in range(10)],
+                sampling_params=SamplingParams(max_tokens=900, ignore_eos=True),
+                pooling_params=None,
+            )
+        )
     return scheduler
 
 
@@ -74,8 +89,9 @@ def steps(scheduler, n: int) -> tuple[list[float], list[float]]:
         scheduler.get_grammar_bitmask(out)
         t2 = time.perf_counter()
         ids = list(out.num_scheduled_tokens)
-        model_output = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                         sampled_token_ids=[[7]] * len(ids))
+        model_output = ModelRunnerOutput(
+            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[7]] * len(ids)
+        )
         t3 = time.perf_counter()
         scheduler.update_from_output(out, model_output)
         t4 = time.perf_counter()
@@ -159,7 +175,7 @@ def main(argv=None) -> int:
         results = {v: [] for v in variants}
         block(args.model_dir, batch)  # warm-up
         for i in range(args.blocks):
-            for variant in variants[i % 3:] + variants[:i % 3]:
+            for variant in variants[i % 3 :] + variants[: i % 3]:
                 results[variant].append(run_as(instrumentor, context, variant, partial(block, args.model_dir, batch)))
         rows.append((batch, results))
 
@@ -170,28 +186,37 @@ def main(argv=None) -> int:
         return statistics.median(c for c, _ in results[variant]) - statistics.median(c for c, _ in results[OFF])
 
     print("\n### G. EngineCore step on a real vLLM Scheduler, µs per step\n")
-    print("Per block of 128 decode steps: the median step's critical path and the mean overlapped part; "
-          f"median (min–max) over {args.blocks} blocks per variant, the three variants rotating in one process. "
-          "Critical path: `schedule()` + `update_from_output()`, the EngineCore's work while the workers wait for "
-          "it. Overlapped: `get_grammar_bitmask()`, called right after the step's `execute_model` RPC is sent, "
-          "while the workers compute — where the scheduler hook's records run, 32 steps at a time (hence the "
-          f"mean). Untimed: instrumented with `{UNTIMED_SCOPE}` (vLLM enters it once per running request) in "
-          "OTEL_VLLM_ASCEND_DISABLED_SCOPES.\n")
-    print("| batch | critical path, uninstrumented | critical path, instrumented | added | ratio | "
-          "critical path, scope untimed | added | overlapped, uninstrumented | overlapped, instrumented | "
-          "overlapped, scope untimed |")
+    print(
+        "Per block of 128 decode steps: the median step's critical path and the mean overlapped part; "
+        f"median (min–max) over {args.blocks} blocks per variant, the three variants rotating in one process. "
+        "Critical path: `schedule()` + `update_from_output()`, the EngineCore's work while the workers wait for "
+        "it. Overlapped: `get_grammar_bitmask()`, called right after the step's `execute_model` RPC is sent, "
+        "while the workers compute — where the scheduler hook's records run, 32 steps at a time (hence the "
+        f"mean). Untimed: instrumented with `{UNTIMED_SCOPE}` (vLLM enters it once per running request) in "
+        "OTEL_VLLM_ASCEND_DISABLED_SCOPES.\n"
+    )
+    print(
+        "| batch | critical path, uninstrumented | critical path, instrumented | added | ratio | "
+        "critical path, scope untimed | added | overlapped, uninstrumented | overlapped, instrumented | "
+        "overlapped, scope untimed |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch, results in rows:
         crit = {v: [c for c, _ in results[v]] for v in variants}
         over = {v: [o for _, o in results[v]] for v in variants}
-        print(f"| {batch} | {cell(crit[OFF])} | {cell(crit[ON])} | {added(results, ON):.1f} | "
-              f"{statistics.median(crit[ON]) / statistics.median(crit[OFF]):.3f} | {cell(crit[UNTIMED])} | "
-              f"{added(results, UNTIMED):.1f} | {cell(over[OFF])} | {cell(over[ON])} | {cell(over[UNTIMED])} |")
+        print(
+            f"| {batch} | {cell(crit[OFF])} | {cell(crit[ON])} | {added(results, ON):.1f} | "
+            f"{statistics.median(crit[ON]) / statistics.median(crit[OFF]):.3f} | {cell(crit[UNTIMED])} | "
+            f"{added(results, UNTIMED):.1f} | {cell(over[OFF])} | {cell(over[ON])} | {cell(over[UNTIMED])} |"
+        )
     batch, timed = 64, 2048
-    counted = {v: run_as(instrumentor, context, v, partial(collections, args.model_dir, batch, timed))
-               for v in (OFF, ON)}
-    print(f"\nGarbage collections in {timed} decode steps at batch {batch} (after 32 warm-up steps): "
-          f"uninstrumented {counted[OFF]}, instrumented {counted[ON]}.")
+    counted = {
+        v: run_as(instrumentor, context, v, partial(collections, args.model_dir, batch, timed)) for v in (OFF, ON)
+    }
+    print(
+        f"\nGarbage collections in {timed} decode steps at batch {batch} (after 32 warm-up steps): "
+        f"uninstrumented {counted[OFF]}, instrumented {counted[ON]}."
+    )
     return 0
 
 

@@ -35,10 +35,10 @@ sys.path.insert(0, HERE)
 import _targets  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import ProfilerScopes  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import ProfilerScopes  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (  # noqa: E402
     ASYNC_GENERATOR,
     COROUTINE_TIMER,
@@ -47,14 +47,23 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (  # noqa: 
     SYNC_TIMER,
     wrap,
 )
-from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
-TIMER = catalogue.MetricSpec(seed="bench:step:duration", kind=catalogue.HISTOGRAM, unit="s",
-                             description="benchmark timer",
-                             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
-SCOPE = catalogue.MetricSpec(seed="bench:scope:duration", kind=catalogue.HISTOGRAM, unit="s",
-                             description="benchmark scope", labels=("dp", "role", "phase", "name"),
-                             buckets=TIMER.buckets)
+TIMER = catalogue.MetricSpec(
+    seed="bench:step:duration",
+    kind=catalogue.HISTOGRAM,
+    unit="s",
+    description="benchmark timer",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+SCOPE = catalogue.MetricSpec(
+    seed="bench:scope:duration",
+    kind=catalogue.HISTOGRAM,
+    unit="s",
+    description="benchmark scope",
+    labels=("dp", "role", "phase", "name"),
+    buckets=TIMER.buckets,
+)
 BENCH_SPECS = (TIMER, SCOPE)
 
 
@@ -94,6 +103,7 @@ def setup_pipeline():
 
 # -- A. per call ------------------------------------------------------------------------------------
 
+
 def per_call_rows(number, repeat):
     import wrapt
 
@@ -103,6 +113,7 @@ def per_call_rows(number, repeat):
     def closure(f):
         def w(*a, **k):
             return f(*a, **k)
+
         return w
 
     plain = closure(bare)
@@ -125,12 +136,30 @@ def per_call_rows(number, repeat):
     # vLLM's MultiprocExecutor.collective_rpc signature (our wrapper takes the target's own), called as
     # the EngineCore calls it for a step: the SchedulerOutput (carrying the phase the scheduler hook
     # stored on it) in ``args``.
-    def rpc_bare(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None,
-                 kv_output_aggregator=None, ec_output_aggregator=None):
+    def rpc_bare(
+        self,
+        method,
+        timeout=None,
+        args=(),
+        kwargs=None,
+        non_block=False,
+        unique_reply_rank=None,
+        kv_output_aggregator=None,
+        ec_output_aggregator=None,
+    ):
         return PlainFuture()
 
-    def rpc_target(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None,
-                   kv_output_aggregator=None, ec_output_aggregator=None):
+    def rpc_target(
+        self,
+        method,
+        timeout=None,
+        args=(),
+        kwargs=None,
+        non_block=False,
+        unique_reply_rank=None,
+        kv_output_aggregator=None,
+        ec_output_aggregator=None,
+    ):
         return RpcFuture()
 
     rpc = wrap(rpc_target, CollectiveRpc(), FUTURE)[0]
@@ -152,8 +181,9 @@ def per_call_rows(number, repeat):
 
     from prometheus_client import CollectorRegistry, Histogram
 
-    prom = Histogram("bench_step_duration", "x", ["dp", "role", "phase"], registry=CollectorRegistry(),
-                     buckets=TIMER.buckets)
+    prom = Histogram(
+        "bench_step_duration", "x", ["dp", "role", "phase"], registry=CollectorRegistry(), buckets=TIMER.buckets
+    )
 
     def prom_timer(self, x):
         start = perf_counter()
@@ -179,10 +209,14 @@ def per_call_rows(number, repeat):
         ("wrapt.FunctionWrapper", lambda: wrapt_w(t, 1)),
         ("ours: sync timer -> histogram {dp,role,phase}", lambda: timer(t, 1)),
         ("ours: counter hook", lambda: counter(t, 1)),
-        ("bare non-blocking RPC (future created, completed)",
-         lambda: rpc_bare(t, "execute_model", None, rpc_args, non_block=True).set_result(1)),
-        ("ours: non-blocking RPC (future created, completed)",
-         lambda: rpc(t, "execute_model", None, rpc_args, non_block=True).set_result(1)),
+        (
+            "bare non-blocking RPC (future created, completed)",
+            lambda: rpc_bare(t, "execute_model", None, rpc_args, non_block=True).set_result(1),
+        ),
+        (
+            "ours: non-blocking RPC (future created, completed)",
+            lambda: rpc(t, "execute_model", None, rpc_args, non_block=True).set_result(1),
+        ),
         ("OTel SDK: same timer, Histogram.record", lambda: sdk_timer(t, 1)),
         ("prometheus_client: labels().observe()", lambda: prom_timer(t, 1)),
     ]
@@ -227,8 +261,9 @@ def per_call_rows(number, repeat):
             pass
 
     sb, so = ns_runs(scope_bare, number, repeat), ns_runs(scope_ours, number, repeat)
-    results.append(("ours: record_function scope (instead of nullcontext)",
-                    [bare_med + o - statistics.median(sb) for o in so]))
+    results.append(
+        ("ours: record_function scope (instead of nullcontext)", [bare_med + o - statistics.median(sb) for o in so])
+    )
 
     # A stream (AsyncLLM.generate): the hook is paid once per call, then per item while it is
     # consumed; this row is the added cost per item of a long stream.
@@ -242,8 +277,9 @@ def per_call_rows(number, repeat):
 
     gb = async_runs(lambda: drain(_targets.agen), streams * items)
     go = async_runs(lambda: drain(gen_hook), streams * items)
-    results.append(("ours: async generator (a stream), per item consumed",
-                    [bare_med + o - statistics.median(gb) for o in go]))
+    results.append(
+        ("ours: async generator (a stream), per item consumed", [bare_med + o - statistics.median(gb) for o in go])
+    )
 
     # Processes of their own: prometheus_client multiprocess mode, ms-service-metric.
     mp = _child("prom_mp", number, repeat)
@@ -260,16 +296,21 @@ def per_call_rows(number, repeat):
 
 
 def _child(mode, *args):
-    out = subprocess.run([sys.executable, __file__, "--child", mode, *map(str, args)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", mode, *map(str, args)], capture_output=True, text=True, timeout=600
+    )
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _msm(number, repeat):
-    out = subprocess.run([sys.executable, os.path.join(HERE, "_msm_hook.py"), str(number), str(repeat)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, os.path.join(HERE, "_msm_hook.py"), str(number), str(repeat)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines:
         return {"error": (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]}
@@ -281,8 +322,9 @@ def child_prom_mp(number, repeat):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
     from prometheus_client import CollectorRegistry, Histogram
 
-    prom = Histogram("bench_step_duration", "x", ["dp", "role", "phase"], registry=CollectorRegistry(),
-                     buckets=TIMER.buckets)
+    prom = Histogram(
+        "bench_step_duration", "x", ["dp", "role", "phase"], registry=CollectorRegistry(), buckets=TIMER.buckets
+    )
     t = _targets.Target()
     bare = _targets.Target.step
 
@@ -298,6 +340,7 @@ def child_prom_mp(number, repeat):
 
 
 # -- B. classification ----------------------------------------------------------------------------
+
 
 def classification_rows(repeat):
     class Req:  # vLLM's Request: num_prompt_tokens is a plain attribute
@@ -315,18 +358,30 @@ def classification_rows(repeat):
         ids = [f"req-{i}" for i in range(batch)]
         sched = Sched({i: Req(500) for i in ids})
         for label, new in (("all decode", []), ("mixed: 1 new request", [NS(req_id="new")])):
-            so = NS(num_scheduled_tokens=dict.fromkeys(ids, 1) | {r.req_id: 1 for r in new},
-                    total_num_scheduled_tokens=batch + len(new), scheduled_new_reqs=new,
-                    scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
-                                             num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
+            so = NS(
+                num_scheduled_tokens=dict.fromkeys(ids, 1) | {r.req_id: 1 for r in new},
+                total_num_scheduled_tokens=batch + len(new),
+                scheduled_new_reqs=new,
+                scheduled_cached_reqs=NS(
+                    req_ids=ids,
+                    resumed_req_ids=set(),
+                    num_computed_tokens=[599] * batch,
+                    num_output_tokens=[100] * batch,
+                ),
+            )
             n = max(10, 20_000 // batch)
             runs = [r / n * 1e6 for r in timeit.repeat(lambda: context.step_phase(sched, so), number=n, repeat=repeat)]
             rows.append((f"batch {batch}, {label}", runs))
         # A request of this scheduler is still recomputing after a preemption: the exact loop runs.
         context.mark_recomputing(sched, "recomputing-elsewhere")
-        so = NS(num_scheduled_tokens=dict.fromkeys(ids, 1), total_num_scheduled_tokens=batch, scheduled_new_reqs=[],
-                scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
-                                         num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
+        so = NS(
+            num_scheduled_tokens=dict.fromkeys(ids, 1),
+            total_num_scheduled_tokens=batch,
+            scheduled_new_reqs=[],
+            scheduled_cached_reqs=NS(
+                req_ids=ids, resumed_req_ids=set(), num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch
+            ),
+        )
         sched.requests["recomputing-elsewhere"] = NS(num_computed_tokens=10, num_tokens=600)
         n = max(10, 20_000 // batch)
         runs = [r / n * 1e6 for r in timeit.repeat(lambda: context.step_phase(sched, so), number=n, repeat=repeat)]
@@ -358,18 +413,29 @@ def step_rows(repeat):
     class KV:
         block_pool = Pool()
 
-        def allocate_slots(self, request, num_new_tokens, num_new_computed_tokens=0, new_computed_blocks=None,
-                           num_lookahead_tokens=0, delay_cache_blocks=False):
+        def allocate_slots(
+            self,
+            request,
+            num_new_tokens,
+            num_new_computed_tokens=0,
+            new_computed_blocks=None,
+            num_lookahead_tokens=0,
+            delay_cache_blocks=False,
+        ):
             return request
 
     def make(kv_cls, batch, mixed):
         ids = [f"req-{i}" for i in range(batch)]
         new = [NS(req_id="new", num_computed_tokens=0)] if mixed else []
         scheduled = dict.fromkeys(ids, 1) | ({"new": 100} if mixed else {})
-        output = NS(num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
-                    scheduled_new_reqs=new,
-                    scheduled_cached_reqs=NS(req_ids=ids, resumed_req_ids=set(),
-                                             num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch))
+        output = NS(
+            num_scheduled_tokens=scheduled,
+            total_num_scheduled_tokens=sum(scheduled.values()),
+            scheduled_new_reqs=new,
+            scheduled_cached_reqs=NS(
+                req_ids=ids, resumed_req_ids=set(), num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch
+            ),
+        )
 
         class Sched:
             def __init__(self):
@@ -407,6 +473,7 @@ def step_rows(repeat):
 
 
 # -- C/D. export and scrape -------------------------------------------------------------------------
+
 
 def _record_realistic_process(store_pipeline_recorder=None):
     """One process's worth of series: 8 timers x 4 phases, 8 scopes x 4 phases, 4 counters."""
@@ -461,7 +528,10 @@ def export_and_scrape_rows(repeat):
             e.shutdown()
             for name in os.listdir(d):  # as if written by process <fake pid>
                 if name.endswith(f"_otel-{os.getpid()}.db"):
-                    os.rename(os.path.join(d, name), os.path.join(d, name.replace(f"otel-{os.getpid()}", f"otel-{10_000_000 + p}")))
+                    os.rename(
+                        os.path.join(d, name),
+                        os.path.join(d, name.replace(f"otel-{os.getpid()}", f"otel-{10_000_000 + p}")),
+                    )
         registry = CollectorRegistry()
         registry.register(FilesCollector(d))
         runs = []
@@ -477,6 +547,7 @@ def export_and_scrape_rows(repeat):
 
 
 # -- E. memory ----------------------------------------------------------------------------------------
+
 
 def child_rss(steps):
     import resource
@@ -510,6 +581,7 @@ def child_rss(steps):
 
 
 # -- report -------------------------------------------------------------------------------------------
+
 
 def table(title, rows, unit, ref=None):
     print(f"\n### {title}\n")
@@ -550,9 +622,11 @@ def main(argv=None) -> int:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    print(f"# opentelemetry-instrumentation-vllm-ascend benchmarks\n\nPython {platform.python_version()}, "
-          f"{cpu}, {os.cpu_count()} CPUs; number={args.number}, repeat={args.repeat}. "
-          "Medians with min–max over repeats; every row includes the cost of calling the target.")
+    print(
+        f"# opentelemetry-instrumentation-vllm-ascend benchmarks\n\nPython {platform.python_version()}, "
+        f"{cpu}, {os.cpu_count()} CPUs; number={args.number}, repeat={args.repeat}. "
+        "Medians with min–max over repeats; every row includes the cost of calling the target."
+    )
 
     rows = per_call_rows(args.number, args.repeat)
     ours = statistics.median(dict(rows)["ours: sync timer -> histogram {dp,role,phase}"])
@@ -563,8 +637,11 @@ def main(argv=None) -> int:
     table("B2. Hooks per engine step (schedule + one allocate_slots per request), µs", step_rows(args.repeat), "µs")
     import _step
 
-    table("F. Every hook of one engine step, by process (plain stand-ins of vLLM's classes, no work), µs",
-          _step.whole_step_rows(args.repeat), "µs")
+    table(
+        "F. Every hook of one engine step, by process (plain stand-ins of vLLM's classes, no work), µs",
+        _step.whole_step_rows(args.repeat),
+        "µs",
+    )
     export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
     table("C. Export cost per process", export_rows, "ms")
     table("D. /metrics scrape time", scrape_rows, "ms")

@@ -87,18 +87,33 @@ class MetricSpec:
 
 # -- buckets, per kind of value ---------------------------------------------------------------------
 #: Engine-internal durations (a scheduler call, an RPC, a model step): 50 µs … 10 s.
-STEP_SECONDS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                1.0, 2.5, 5.0, 10.0)
+STEP_SECONDS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 #: Microsecond-scale engine work (vLLM's profiling scopes, a scheduler call, adding or aborting a request,
 #: an EPLB map update): 1 µs … 10 s, the step-seconds bounds with five below 50 µs (where most of these
 #: values fall: a "schedule: allocate_slots" scope takes ~8 µs).
 FINE_SECONDS = (0.000001, 0.0000025, 0.000005, 0.00001, 0.000025) + STEP_SECONDS
 #: Per-token latencies (inter-token, time per output token, second token): 1 ms … 5 s.
-TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
-                 2.5, 5.0)
+TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 #: Request-level durations (time to first token, a whole generation or chat completion): 10 ms … 10 min.
-REQUEST_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
-                   600.0)
+REQUEST_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 #: Numbers of requests (batch and queue sizes).
 REQUESTS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 #: Numbers of tokens (per step, per iteration).
@@ -125,249 +140,565 @@ def _in_worker(recorded_in: str) -> tuple[str, ...]:
 
 
 def _timer(seed, description, recorded_in, hooked, buckets=STEP_SECONDS, labels=STEP_LABELS):
-    return MetricSpec(seed=seed, kind=HISTOGRAM, unit="s", description=description, labels=labels,
-                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked),
-                      process_labels=_in_worker(recorded_in))
+    return MetricSpec(
+        seed=seed,
+        kind=HISTOGRAM,
+        unit="s",
+        description=description,
+        labels=labels,
+        buckets=buckets,
+        recorded_in=recorded_in,
+        hooked=tuple(hooked),
+        process_labels=_in_worker(recorded_in),
+    )
 
 
 def _sizes(seed, unit, description, recorded_in, hooked, buckets, labels=STEP_LABELS):
-    return MetricSpec(seed=seed, kind=HISTOGRAM, unit=unit, description=description, labels=labels,
-                      buckets=buckets, recorded_in=recorded_in, hooked=tuple(hooked),
-                      process_labels=_in_worker(recorded_in))
+    return MetricSpec(
+        seed=seed,
+        kind=HISTOGRAM,
+        unit=unit,
+        description=description,
+        labels=labels,
+        buckets=buckets,
+        recorded_in=recorded_in,
+        hooked=tuple(hooked),
+        process_labels=_in_worker(recorded_in),
+    )
 
 
 def _gauge(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
-    return MetricSpec(seed=seed, kind=GAUGE, unit=unit, description=description, labels=labels,
-                      recorded_in=recorded_in, hooked=tuple(hooked), process_labels=_in_worker(recorded_in))
+    return MetricSpec(
+        seed=seed,
+        kind=GAUGE,
+        unit=unit,
+        description=description,
+        labels=labels,
+        recorded_in=recorded_in,
+        hooked=tuple(hooked),
+        process_labels=_in_worker(recorded_in),
+    )
 
 
 def _counter(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
-    return MetricSpec(seed=seed, kind=COUNTER, unit=unit, description=description, labels=labels,
-                      recorded_in=recorded_in, hooked=tuple(hooked), process_labels=_in_worker(recorded_in))
+    return MetricSpec(
+        seed=seed,
+        kind=COUNTER,
+        unit=unit,
+        description=description,
+        labels=labels,
+        recorded_in=recorded_in,
+        hooked=tuple(hooked),
+        process_labels=_in_worker(recorded_in),
+    )
 
 
 _API_STEP = STEP_LABELS + ("engine",)
 #: What an "iteration" / "chunk" of the API server's per-iteration metrics is when vLLM runs several API
 #: servers: an EngineCore sends each API server only its own requests' outputs of a step (vLLM 0.32
 #: ``v1/core/sched/scheduler.py:2387-2391``, outputs keyed by ``client_index``).
-_SHARE = (" With several API servers (--api-server-count > 1, vllm serve's default when --data-parallel-size > 1) "
-          "each receives only its own requests' outputs of an engine step: an iteration is then one API server's "
-          "share of a step, so the sums over API servers are the engine's totals, and the counts are the steps "
-          "times the API servers that had outputs in them.")
+_SHARE = (
+    " With several API servers (--api-server-count > 1, vllm serve's default when --data-parallel-size > 1) "
+    "each receives only its own requests' outputs of an engine step: an iteration is then one API server's "
+    "share of a step, so the sums over API servers are the engine's totals, and the counts are the steps "
+    "times the API servers that had outputs in them."
+)
 _EC, _W, _API = "engine_core", "worker", "api_server"
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     # -- exception monitoring ------------------------------------------------------------------------
-    _counter("running_to_waiting_count", "{preemption}",
-             "Running requests the scheduler preempted back to the waiting queue: +1 per "
-             "Scheduler._preempt_request call, and per request a scheduler preempts without it (vllm-ascend's "
-             "SchedulerDynamicBatch preempts inline), found in SchedulerOutput.preempted_req_ids or at the head of "
-             "the waiting queue with status PREEMPTED; each preemption once. reset_prefix_cache's preemptions are "
-             "not counted.", _EC, (_SCHED + "._preempt_request", _SCHED + ".schedule")),
-    _counter("scheduler:recompute_events", "{event}",
-             "Requests whose KV cache was dropped, so that they must redo their prefill: preemptions of requests "
-             "with computed tokens (as running_to_waiting_count counts them), and requests vllm-ascend's "
-             "RecomputeScheduler hands back to be recomputed elsewhere (PD decode nodes). An upper bound on "
-             "recomputation: a preempted request's blocks go to the prefix cache, and with prefix caching (vLLM's "
-             "default) its resume often finds most of them; scheduler:recomputed_tokens counts what is computed "
-             "again.", _EC, (_SCHED + "._preempt_request", _SCHED + ".schedule")),
-    _counter("block_allocate_failures", "{failure}",
-             "KVCacheManager.allocate_slots calls that found no room (returned None) or raised. Each failed "
-             "call counts once, retries after a preemption included.",
-             _EC, ("vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots",)),
-    _counter("rpc_errors", "{error}",
-             "Failed executor collective_rpc calls (to workers in other processes, or in-process with one "
-             "device), blocking or not: a non-blocking call's failure is counted when its future fails. "
-             "exception_type is one of " + ", ".join(RPC_EXCEPTION_TYPES) + ".",
-             _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc"), labels=STEP_LABELS + ("exception_type",)),
-    _counter("health_check_failed", "{failure}",
-             "Health checks (GET /health) that found the engine dead: AsyncLLM.check_health raised.",
-             _API, ("vllm.v1.engine.async_llm:AsyncLLM.check_health",)),
-    _counter("request_prefill_pending_nums", "{event}",
-             "Times the scheduler became blocked on capacity: after a step no waiting request can be admitted "
-             "(running requests at the admission limit: max_num_seqs on vLLM 0.23; on 0.32+ max_num_active_seqs "
-             "(default max_num_seqs), paused streaming sessions counting against it) while requests wait (as "
-             "waiting_phase_batch_size counts them). Counted once per episode (on the edge into that state).",
-             _EC, (_SCHED + ".schedule",)),
+    _counter(
+        "running_to_waiting_count",
+        "{preemption}",
+        "Running requests the scheduler preempted back to the waiting queue: +1 per "
+        "Scheduler._preempt_request call, and per request a scheduler preempts without it (vllm-ascend's "
+        "SchedulerDynamicBatch preempts inline), found in SchedulerOutput.preempted_req_ids or at the head of "
+        "the waiting queue with status PREEMPTED; each preemption once. reset_prefix_cache's preemptions are "
+        "not counted.",
+        _EC,
+        (_SCHED + "._preempt_request", _SCHED + ".schedule"),
+    ),
+    _counter(
+        "scheduler:recompute_events",
+        "{event}",
+        "Requests whose KV cache was dropped, so that they must redo their prefill: preemptions of requests "
+        "with computed tokens (as running_to_waiting_count counts them), and requests vllm-ascend's "
+        "RecomputeScheduler hands back to be recomputed elsewhere (PD decode nodes). An upper bound on "
+        "recomputation: a preempted request's blocks go to the prefix cache, and with prefix caching (vLLM's "
+        "default) its resume often finds most of them; scheduler:recomputed_tokens counts what is computed "
+        "again.",
+        _EC,
+        (_SCHED + "._preempt_request", _SCHED + ".schedule"),
+    ),
+    _counter(
+        "block_allocate_failures",
+        "{failure}",
+        "KVCacheManager.allocate_slots calls that found no room (returned None) or raised. Each failed "
+        "call counts once, retries after a preemption included.",
+        _EC,
+        ("vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots",),
+    ),
+    _counter(
+        "rpc_errors",
+        "{error}",
+        "Failed executor collective_rpc calls (to workers in other processes, or in-process with one "
+        "device), blocking or not: a non-blocking call's failure is counted when its future fails. "
+        "exception_type is one of " + ", ".join(RPC_EXCEPTION_TYPES) + ".",
+        _EC,
+        (_MP + ".collective_rpc", _UNI + ".collective_rpc"),
+        labels=STEP_LABELS + ("exception_type",),
+    ),
+    _counter(
+        "health_check_failed",
+        "{failure}",
+        "Health checks (GET /health) that found the engine dead: AsyncLLM.check_health raised.",
+        _API,
+        ("vllm.v1.engine.async_llm:AsyncLLM.check_health",),
+    ),
+    _counter(
+        "request_prefill_pending_nums",
+        "{event}",
+        "Times the scheduler became blocked on capacity: after a step no waiting request can be admitted "
+        "(running requests at the admission limit: max_num_seqs on vLLM 0.23; on 0.32+ max_num_active_seqs "
+        "(default max_num_seqs), paused streaming sessions counting against it) while requests wait (as "
+        "waiting_phase_batch_size counts them). Counted once per episode (on the edge into that state).",
+        _EC,
+        (_SCHED + ".schedule",),
+    ),
     MetricSpec(
-        seed="instrumented_processes", kind=GAUGE, unit="{process}",
+        seed="instrumented_processes",
+        kind=GAUGE,
+        unit="{process}",
         description="Live vLLM processes whose metrics reach this endpoint, by process kind "
         "(api_server, engine_core, worker, eplb) and engine dp rank.",
-        labels=("process", "dp", "role"), gauge_mode="livesum", recorded_in="every process",
-        hooked=("vllm.v1.engine.async_llm:AsyncLLM.__init__", "vllm.v1.executor.abstract:Executor.__init__",
-                "vllm.v1.worker.worker_base:WorkerBase.__init__"),
+        labels=("process", "dp", "role"),
+        gauge_mode="livesum",
+        recorded_in="every process",
+        hooked=(
+            "vllm.v1.engine.async_llm:AsyncLLM.__init__",
+            "vllm.v1.executor.abstract:Executor.__init__",
+            "vllm.v1.worker.worker_base:WorkerBase.__init__",
+        ),
     ),
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
-    _timer("scheduler:duration", "Duration of one Scheduler.schedule call.", _EC, (_SCHED + ".schedule",),
-           FINE_SECONDS),
-    _sizes("scheduler:batch_size", "{request}", "Requests scheduled in one step (entries of "
-           "SchedulerOutput.num_scheduled_tokens).", _EC, (_SCHED + ".schedule",), REQUESTS),
-    _sizes("scheduler:running_queue_size", "{request}", "Requests in the running queue after a step was "
-           "scheduled.", _EC, (_SCHED + ".schedule",), REQUESTS),
-    _gauge("scheduler:seqlen:sum", "{token}", "Context length summed over the requests one step scheduled: "
-           "tokens computed before the step plus tokens scheduled in it (the KV the step attends over).",
-           _EC, (_SCHED + ".schedule",)),
-    _gauge("scheduler:seqlen:avg", "{token}", "scheduler:seqlen:sum divided by the number of requests the "
-           "step scheduled.", _EC, (_SCHED + ".schedule",)),
-    _sizes("scheduler:phase_batch_size", "{request}", "Requests one step scheduled, by req_phase: prefill "
-           "(new, resumed after preemption, chunked-prefill continuation, recomputing) or decode.",
-           _EC, (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
-    _sizes("scheduler:phase_scheduled_tokens", "{token}", "Tokens one step scheduled, by req_phase.",
-           _EC, (_SCHED + ".schedule",), TOKENS, labels=STEP_LABELS + ("req_phase",)),
-    _counter("scheduler:phase_scheduled_token_counter", "{token}", "Tokens scheduled, by req_phase "
-             "(cumulative; a step adds exactly what it scheduled).", _EC, (_SCHED + ".schedule",),
-             labels=STEP_LABELS + ("req_phase",)),
-    _counter("scheduler:recomputed_tokens", "{token}",
-             "Tokens computed again after a preemption: at each resume of a preempted request, the tokens it had "
-             "computed (or scheduled) before the preemption minus those its resume found already computed (prefix "
-             "cache hits). For a request preempted without Scheduler._preempt_request (vllm-ascend's "
-             "SchedulerDynamicBatch), the tokens computed before are taken as all of its tokens but the last "
-             "sampled one (exact for a decoding request). reset_prefix_cache's preemptions and RecomputeScheduler "
-             "hand-backs are not counted. phase: the step the request resumed in.",
-             _EC, (_SCHED + "._preempt_request", _SCHED + ".schedule")),
-    _sizes("running_phase_batch_size", "{request}", "Requests in the running queue after a step was "
-           "scheduled, by req_phase (prefill while the prompt is not yet computed).", _EC,
-           (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
-    _sizes("waiting_phase_batch_size", "{request}", "Waiting requests after a step was scheduled: the "
-           "queues vLLM's Scheduler.get_request_counts() counts (waiting plus skipped_waiting on 0.23, plus "
-           "kv_holding_waiting on 0.32+: requests waiting with KV blocks, e.g. P/D decode requests waiting for "
-           "remote KV, streaming sessions waiting for input). req_phase is always prefill: a waiting request "
-           "has not computed its prompt (preemption resets what it had) or waits for its KV.", _EC,
-           (_SCHED + ".schedule",), REQUESTS, labels=STEP_LABELS + ("req_phase",)),
-    _gauge("total_kvcache_blocks", "{block}", "KV cache blocks of the engine (block_pool.num_gpu_blocks).",
-           _EC, (_SCHED + ".schedule",)),
-    _gauge("free_kvcache_blocks", "{block}", "Free KV cache blocks after the last step was scheduled.",
-           _EC, (_SCHED + ".schedule",)),
-    _gauge("allocated_kvcache_blocks", "{block}", "Allocated KV cache blocks after the last step was "
-           "scheduled (total - free - the null block).", _EC, (_SCHED + ".schedule",)),
-    _timer("scheduler:update_from_output:duration", "Duration of Scheduler.update_from_output (turning a "
-           "step's model output into request outputs).", _EC, (_SCHED + ".update_from_output",), FINE_SECONDS),
-    _timer("scheduler:add_request:duration", "Duration of Scheduler.add_request.", _EC,
-           (_SCHED + ".add_request",), FINE_SECONDS),
+    _timer(
+        "scheduler:duration", "Duration of one Scheduler.schedule call.", _EC, (_SCHED + ".schedule",), FINE_SECONDS
+    ),
+    _sizes(
+        "scheduler:batch_size",
+        "{request}",
+        "Requests scheduled in one step (entries of SchedulerOutput.num_scheduled_tokens).",
+        _EC,
+        (_SCHED + ".schedule",),
+        REQUESTS,
+    ),
+    _sizes(
+        "scheduler:running_queue_size",
+        "{request}",
+        "Requests in the running queue after a step was scheduled.",
+        _EC,
+        (_SCHED + ".schedule",),
+        REQUESTS,
+    ),
+    _gauge(
+        "scheduler:seqlen:sum",
+        "{token}",
+        "Context length summed over the requests one step scheduled: "
+        "tokens computed before the step plus tokens scheduled in it (the KV the step attends over).",
+        _EC,
+        (_SCHED + ".schedule",),
+    ),
+    _gauge(
+        "scheduler:seqlen:avg",
+        "{token}",
+        "scheduler:seqlen:sum divided by the number of requests the step scheduled.",
+        _EC,
+        (_SCHED + ".schedule",),
+    ),
+    _sizes(
+        "scheduler:phase_batch_size",
+        "{request}",
+        "Requests one step scheduled, by req_phase: prefill "
+        "(new, resumed after preemption, chunked-prefill continuation, recomputing) or decode.",
+        _EC,
+        (_SCHED + ".schedule",),
+        REQUESTS,
+        labels=STEP_LABELS + ("req_phase",),
+    ),
+    _sizes(
+        "scheduler:phase_scheduled_tokens",
+        "{token}",
+        "Tokens one step scheduled, by req_phase.",
+        _EC,
+        (_SCHED + ".schedule",),
+        TOKENS,
+        labels=STEP_LABELS + ("req_phase",),
+    ),
+    _counter(
+        "scheduler:phase_scheduled_token_counter",
+        "{token}",
+        "Tokens scheduled, by req_phase (cumulative; a step adds exactly what it scheduled).",
+        _EC,
+        (_SCHED + ".schedule",),
+        labels=STEP_LABELS + ("req_phase",),
+    ),
+    _counter(
+        "scheduler:recomputed_tokens",
+        "{token}",
+        "Tokens computed again after a preemption: at each resume of a preempted request, the tokens it had "
+        "computed (or scheduled) before the preemption minus those its resume found already computed (prefix "
+        "cache hits). For a request preempted without Scheduler._preempt_request (vllm-ascend's "
+        "SchedulerDynamicBatch), the tokens computed before are taken as all of its tokens but the last "
+        "sampled one (exact for a decoding request). reset_prefix_cache's preemptions and RecomputeScheduler "
+        "hand-backs are not counted. phase: the step the request resumed in.",
+        _EC,
+        (_SCHED + "._preempt_request", _SCHED + ".schedule"),
+    ),
+    _sizes(
+        "running_phase_batch_size",
+        "{request}",
+        "Requests in the running queue after a step was "
+        "scheduled, by req_phase (prefill while the prompt is not yet computed).",
+        _EC,
+        (_SCHED + ".schedule",),
+        REQUESTS,
+        labels=STEP_LABELS + ("req_phase",),
+    ),
+    _sizes(
+        "waiting_phase_batch_size",
+        "{request}",
+        "Waiting requests after a step was scheduled: the "
+        "queues vLLM's Scheduler.get_request_counts() counts (waiting plus skipped_waiting on 0.23, plus "
+        "kv_holding_waiting on 0.32+: requests waiting with KV blocks, e.g. P/D decode requests waiting for "
+        "remote KV, streaming sessions waiting for input). req_phase is always prefill: a waiting request "
+        "has not computed its prompt (preemption resets what it had) or waits for its KV.",
+        _EC,
+        (_SCHED + ".schedule",),
+        REQUESTS,
+        labels=STEP_LABELS + ("req_phase",),
+    ),
+    _gauge(
+        "total_kvcache_blocks",
+        "{block}",
+        "KV cache blocks of the engine (block_pool.num_gpu_blocks).",
+        _EC,
+        (_SCHED + ".schedule",),
+    ),
+    _gauge(
+        "free_kvcache_blocks",
+        "{block}",
+        "Free KV cache blocks after the last step was scheduled.",
+        _EC,
+        (_SCHED + ".schedule",),
+    ),
+    _gauge(
+        "allocated_kvcache_blocks",
+        "{block}",
+        "Allocated KV cache blocks after the last step was scheduled (total - free - the null block).",
+        _EC,
+        (_SCHED + ".schedule",),
+    ),
+    _timer(
+        "scheduler:update_from_output:duration",
+        "Duration of Scheduler.update_from_output (turning a step's model output into request outputs).",
+        _EC,
+        (_SCHED + ".update_from_output",),
+        FINE_SECONDS,
+    ),
+    _timer(
+        "scheduler:add_request:duration",
+        "Duration of Scheduler.add_request.",
+        _EC,
+        (_SCHED + ".add_request",),
+        FINE_SECONDS,
+    ),
     # -- engine core loop -----------------------------------------------------------------------------
-    _timer("engine_core:engine_core_step:duration", "One engine step: schedule, execute, update "
-           "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism), with the "
-           "phase of the step it scheduled; phase idle when it scheduled nothing (an idle DP rank's step returns "
-           "before scheduling; a batch-queue call with a full queue only waits for its oldest batch).", _EC,
-           (_CORE + ":EngineCore.step", _CORE + ":EngineCore.step_with_batch_queue")),
-    _timer("engine_core:process_engine_step:duration", "One busy-loop engine step including queueing its "
-           "outputs (EngineCoreProc._process_engine_step); phase as engine_core:engine_core_step:duration "
-           "(idle when nothing was scheduled in it).", _EC, (_CORE + ":EngineCoreProc._process_engine_step",)),
-    _timer("engine_core:process_input_queue:duration", "Time one busy-loop pass spent on client requests "
-           "(EngineCoreProc._process_input_queue), excluding the time it blocked idle: waiting for the first "
-           "request, and again after each request that left the engine without work (a utility call, an abort).",
-           _EC, (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request"),
-           FINE_SECONDS),
+    _timer(
+        "engine_core:engine_core_step:duration",
+        "One engine step: schedule, execute, update "
+        "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism), with the "
+        "phase of the step it scheduled; phase idle when it scheduled nothing (an idle DP rank's step returns "
+        "before scheduling; a batch-queue call with a full queue only waits for its oldest batch).",
+        _EC,
+        (_CORE + ":EngineCore.step", _CORE + ":EngineCore.step_with_batch_queue"),
+    ),
+    _timer(
+        "engine_core:process_engine_step:duration",
+        "One busy-loop engine step including queueing its "
+        "outputs (EngineCoreProc._process_engine_step); phase as engine_core:engine_core_step:duration "
+        "(idle when nothing was scheduled in it).",
+        _EC,
+        (_CORE + ":EngineCoreProc._process_engine_step",),
+    ),
+    _timer(
+        "engine_core:process_input_queue:duration",
+        "Time one busy-loop pass spent on client requests "
+        "(EngineCoreProc._process_input_queue), excluding the time it blocked idle: waiting for the first "
+        "request, and again after each request that left the engine without work (a utility call, an abort).",
+        _EC,
+        (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request"),
+        FINE_SECONDS,
+    ),
     # -- executor (EngineCore side) -------------------------------------------------------------------
-    _timer("executor:execute_model:duration", "From dispatching a step's execute_model RPC until the "
-           "replying worker's model runner returned from execute_model: the RPC's transfer, the wait behind "
-           "the worker's earlier work, and execute_model's host work (input preparation, launching the forward; "
-           "the device may still be computing). The worker stamps that moment on its reply; the value does not "
-           "depend on when the engine reads the reply (with async scheduling a step later). One host clock "
-           "(CLOCK_MONOTONIC); absent for a worker on another machine, for steps that scheduled no tokens, and "
-           "where the worker is not instrumented.",
-           _EC, (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
-    _timer("executor:sample_tokens:duration", "From dispatching a step's sample_tokens RPC until its sampled "
-           "tokens were on the worker's host, ready to send: without async scheduling, sample_tokens returned "
-           "(it waits for the device); with async scheduling and worker processes (MultiprocExecutor), vLLM's "
-           "output thread finished get_output (the device-to-host copy was done). Stamped by the worker, "
-           "independent of when the engine reads the reply. Absent with async scheduling on the in-process "
-           "executor (UniProcExecutor), which fetches the tokens only when the engine reads them, and where "
-           "execute_model is absent.", _EC,
-           (_MP + ".collective_rpc", _UNI + ".collective_rpc")),
+    _timer(
+        "executor:execute_model:duration",
+        "From dispatching a step's execute_model RPC until the "
+        "replying worker's model runner returned from execute_model: the RPC's transfer, the wait behind "
+        "the worker's earlier work, and execute_model's host work (input preparation, launching the forward; "
+        "the device may still be computing). The worker stamps that moment on its reply; the value does not "
+        "depend on when the engine reads the reply (with async scheduling a step later). One host clock "
+        "(CLOCK_MONOTONIC); absent for a worker on another machine, for steps that scheduled no tokens, and "
+        "where the worker is not instrumented.",
+        _EC,
+        (_MP + ".collective_rpc", _UNI + ".collective_rpc"),
+    ),
+    _timer(
+        "executor:sample_tokens:duration",
+        "From dispatching a step's sample_tokens RPC until its sampled "
+        "tokens were on the worker's host, ready to send: without async scheduling, sample_tokens returned "
+        "(it waits for the device); with async scheduling and worker processes (MultiprocExecutor), vLLM's "
+        "output thread finished get_output (the device-to-host copy was done). Stamped by the worker, "
+        "independent of when the engine reads the reply. Absent with async scheduling on the in-process "
+        "executor (UniProcExecutor), which fetches the tokens only when the engine reads them, and where "
+        "execute_model is absent.",
+        _EC,
+        (_MP + ".collective_rpc", _UNI + ".collective_rpc"),
+    ),
     # -- worker / model runner ------------------------------------------------------------------------
-    _timer("executor:model_runner_execute_model:duration", "Duration of the model runner's execute_model "
-           "in the worker (input preparation, forward, post-processing; sampling follows in sample_tokens).",
-           _W, (_MRV1 + ".execute_model", _MRV2 + ".execute_model")),
-    _timer("executor:prepare_inputs:duration", "Duration of the model runner's input preparation.", _W,
-           (_MRV1 + "._prepare_inputs", _MRV2 + ".prepare_inputs")),
-    _timer("worker:model_runner_get_output:duration", "Duration of an async model runner output's "
-           "get_output (async scheduling: waiting for the sampled tokens to reach the host, then building the "
-           "output; model runner V1 and the NPU runner: AsyncGPUModelRunnerOutput, V2: AsyncOutput). It runs in "
-           "vLLM's output thread while later steps run; phase: the step whose output it is.", _W,
-           ("vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",
-            "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output")),
-    _timer("worker:model_inference:duration", "Target inference time of one step, the model runner's own "
-           "work without scheduling, RPC or output processing. On a device with events (torch.npu / torch.cuda): "
-           "device time from an event at the start of execute_model to one at the end of the step (sample_tokens "
-           "returned, or execute_model returned the output), read without synchronising — the launched work "
-           "itself, also with async scheduling where the host only launches. Without events (CPU): host time of "
-           "execute_model plus sample_tokens, which compute synchronously there.", _W,
-           (_MRV1 + ".execute_model", _MRV1 + ".sample_tokens", _MRV2 + ".execute_model", _MRV2 + ".sample_tokens")),
-    _timer("record_function_or_nullcontext", "Duration of one vLLM profiling scope (the with-block of "
-           "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
-           "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled. "
-           "Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES are not timed.",
-           "worker, engine_core", (_WORKER_SCOPES,), FINE_SECONDS, labels=STEP_LABELS + ("name",)),
-    _timer("npu:forward_duration", "Forward time of one step: the model runner's forward scope, on the "
-           "device timeline (device events, read without synchronising) where the device offers events, "
-           "otherwise on the host (CPU: the forward computation itself). Model runners with the scope: V1 "
-           "(GPU, CPU) and the NPU runner; model runner V2 has none, so it is absent there.", _W,
-           (_WORKER_SCOPES,)),
-    _timer("npu:kernel_launch", "Host time from the start of a step's forward scope to the end of its "
-           "post-processing scope: launching the forward and post-processing work (absent on model runner V2, "
-           "which has no such scopes).", _W, (_WORKER_SCOPES,)),
-    _timer("npu:non_forward_duration", "worker:model_inference:duration minus npu:forward_duration of the "
-           "same step, both on one clock (device events where the device offers them, else the host): the step's "
-           "time outside the forward pass. Steps without a forward scope are skipped (so it is absent on model "
-           "runner V2).", _W, (_WORKER_SCOPES,)),
+    _timer(
+        "executor:model_runner_execute_model:duration",
+        "Duration of the model runner's execute_model "
+        "in the worker (input preparation, forward, post-processing; sampling follows in sample_tokens).",
+        _W,
+        (_MRV1 + ".execute_model", _MRV2 + ".execute_model"),
+    ),
+    _timer(
+        "executor:prepare_inputs:duration",
+        "Duration of the model runner's input preparation.",
+        _W,
+        (_MRV1 + "._prepare_inputs", _MRV2 + ".prepare_inputs"),
+    ),
+    _timer(
+        "worker:model_runner_get_output:duration",
+        "Duration of an async model runner output's "
+        "get_output (async scheduling: waiting for the sampled tokens to reach the host, then building the "
+        "output; model runner V1 and the NPU runner: AsyncGPUModelRunnerOutput, V2: AsyncOutput). It runs in "
+        "vLLM's output thread while later steps run; phase: the step whose output it is.",
+        _W,
+        (
+            "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",
+            "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",
+        ),
+    ),
+    _timer(
+        "worker:model_inference:duration",
+        "Target inference time of one step, the model runner's own "
+        "work without scheduling, RPC or output processing. On a device with events (torch.npu / torch.cuda): "
+        "device time from an event at the start of execute_model to one at the end of the step (sample_tokens "
+        "returned, or execute_model returned the output), read without synchronising — the launched work "
+        "itself, also with async scheduling where the host only launches. Without events (CPU): host time of "
+        "execute_model plus sample_tokens, which compute synchronously there.",
+        _W,
+        (_MRV1 + ".execute_model", _MRV1 + ".sample_tokens", _MRV2 + ".execute_model", _MRV2 + ".sample_tokens"),
+    ),
+    _timer(
+        "record_function_or_nullcontext",
+        "Duration of one vLLM profiling scope (the with-block of "
+        "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
+        "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled. "
+        "Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES are not timed.",
+        "worker, engine_core",
+        (_WORKER_SCOPES,),
+        FINE_SECONDS,
+        labels=STEP_LABELS + ("name",),
+    ),
+    _timer(
+        "npu:forward_duration",
+        "Forward time of one step: the model runner's forward scope, on the "
+        "device timeline (device events, read without synchronising) where the device offers events, "
+        "otherwise on the host (CPU: the forward computation itself). Model runners with the scope: V1 "
+        "(GPU, CPU) and the NPU runner; model runner V2 has none, so it is absent there.",
+        _W,
+        (_WORKER_SCOPES,),
+    ),
+    _timer(
+        "npu:kernel_launch",
+        "Host time from the start of a step's forward scope to the end of its "
+        "post-processing scope: launching the forward and post-processing work (absent on model runner V2, "
+        "which has no such scopes).",
+        _W,
+        (_WORKER_SCOPES,),
+    ),
+    _timer(
+        "npu:non_forward_duration",
+        "worker:model_inference:duration minus npu:forward_duration of the "
+        "same step, both on one clock (device events where the device offers them, else the host): the step's "
+        "time outside the forward pass. Steps without a forward scope are skipped (so it is absent on model "
+        "runner V2).",
+        _W,
+        (_WORKER_SCOPES,),
+    ),
     # -- API server -----------------------------------------------------------------------------------
-    _sizes("batch_size", "{request}", "Running requests of an engine, per stats update it sends.", _API,
-           (_STATS,), REQUESTS, labels=_API_STEP),
-    _sizes("waiting_batch_size", "{request}", "Waiting requests of an engine, per stats update (deferred / skipped "
-           "waiting requests included, as in vllm:num_requests_waiting).", _API,
-           (_STATS,), REQUESTS, labels=_API_STEP),
-    _sizes("num_spec_tokens", "{token}", "Draft tokens verified in one engine step (speculative decoding, after "
-           "grammar-invalidated drafts; nothing is recorded for a step without drafts).", _API, (_STATS,), TOKENS,
-           labels=_API_STEP),
-    _sizes("total_tokens", "{token}", "Prompt plus generated tokens of one iteration, as vLLM's stats count "
-           "them: the full prompts of the requests that got their first token in it (prefix-cache hits and earlier "
-           "chunks included) plus the tokens generated." + _SHARE, _API, (_STATS,), TOKENS, labels=_API_STEP),
-    _sizes("input", "{token}", "Full prompt lengths of the requests that got their first token in one iteration "
-           "(prefix-cache hits and earlier prefill chunks included)." + _SHARE, _API, (_STATS,), TOKENS,
-           labels=_API_STEP),
-    _sizes("output", "{token}", "Tokens generated in one iteration." + _SHARE, _API, (_STATS,), TOKENS,
-           labels=_API_STEP),
-    _timer("fine_grained_ttft", "Time to first token of each request (as vLLM's "
-           "vllm:time_to_first_token_seconds, per request).", _API, (_STATS,), REQUEST_SECONDS, labels=_API_STEP),
-    _timer("fine_grained_tpot", "Mean time per output token of each finished request with at least two "
-           "generated tokens (decode time / (generated tokens - 1)).", _API, (_STATS,), TOKEN_SECONDS,
-           labels=_API_STEP),
-    _timer("second_token_latency", "Time from a request's first generated token to its second.", _API,
-           ("vllm.v1.metrics.stats:IterationStats.update_from_output",), TOKEN_SECONDS, labels=_API_STEP),
-    _counter("decode_over_1s_count", "{output}", "Inter-token latencies over 1 s: vLLM takes one per request "
-             "output after the first (the time since the request's previous output), so a speculative-decoding "
-             "output carrying several tokens counts once; each latency counts once.", _API,
-             (_STATS,), labels=_API_STEP),
-    _counter("prefill_over_threshold_count", "{request}", "Requests whose time to first token exceeded "
-             "threshold (5s, 10s, 20s; a request counts once under each threshold it exceeded).", _API,
-             (_STATS,), labels=_API_STEP + ("threshold",)),
-    _timer("async_llm:record_stats:duration", "Duration of StatLoggerManager.record (vLLM's stat loggers "
-           "for one engine update).", _API, (_STATS,), labels=_API_STEP),
-    _timer("async_llm:abort_requests:duration", "Duration of aborting requests in the engine client "
-           "(abort_requests_async, awaited).", _API,
-           ("vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async",
-            "vllm.v1.engine.core_client:DPLBAsyncMPClient.abort_requests_async"), FINE_SECONDS),
-    _timer("engine:async_add_request:duration", "Duration of AsyncLLM.add_request (awaited: input "
-           "processing and sending the request to the engine).", _API,
-           ("vllm.v1.engine.async_llm:AsyncLLM.add_request",)),
-    _timer("engine:generate:duration", "Duration of AsyncLLM.generate, from the call until its output "
-           "stream ended (exhausted, failed or closed).", _API, ("vllm.v1.engine.async_llm:AsyncLLM.generate",),
-           REQUEST_SECONDS),
-    _timer("server:create_chat_completion:duration", "Duration of a chat completion request, until the "
-           "response is complete (a streaming response: until its stream ended).", _API,
-           ("vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.create_chat_completion",),
-           REQUEST_SECONDS),
-    _timer("engine:tokenizer_encode", "Duration of InputProcessor.process_inputs: validating and building "
-           "the engine request (and tokenizing raw prompts; chat and completion requests arrive already "
-           "tokenized by vLLM's renderer).", _API, ("vllm.v1.engine.input_processor:InputProcessor.process_inputs",)),
-    _timer("output_processor_duration", "Duration of OutputProcessor.process_outputs for one chunk of "
-           "engine outputs (detokenization, request state updates); phase from the tokens of that chunk."
-           + _SHARE, _API,
-           ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), labels=_API_STEP),
-    _sizes("engine_core_outputs_len", "{output}", "Request outputs in one chunk handed to "
-           "OutputProcessor.process_outputs." + _SHARE, _API,
-           ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",), REQUESTS, labels=_API_STEP),
+    _sizes(
+        "batch_size",
+        "{request}",
+        "Running requests of an engine, per stats update it sends.",
+        _API,
+        (_STATS,),
+        REQUESTS,
+        labels=_API_STEP,
+    ),
+    _sizes(
+        "waiting_batch_size",
+        "{request}",
+        "Waiting requests of an engine, per stats update (deferred / skipped "
+        "waiting requests included, as in vllm:num_requests_waiting).",
+        _API,
+        (_STATS,),
+        REQUESTS,
+        labels=_API_STEP,
+    ),
+    _sizes(
+        "num_spec_tokens",
+        "{token}",
+        "Draft tokens verified in one engine step (speculative decoding, after "
+        "grammar-invalidated drafts; nothing is recorded for a step without drafts).",
+        _API,
+        (_STATS,),
+        TOKENS,
+        labels=_API_STEP,
+    ),
+    _sizes(
+        "total_tokens",
+        "{token}",
+        "Prompt plus generated tokens of one iteration, as vLLM's stats count "
+        "them: the full prompts of the requests that got their first token in it (prefix-cache hits and earlier "
+        "chunks included) plus the tokens generated." + _SHARE,
+        _API,
+        (_STATS,),
+        TOKENS,
+        labels=_API_STEP,
+    ),
+    _sizes(
+        "input",
+        "{token}",
+        "Full prompt lengths of the requests that got their first token in one iteration "
+        "(prefix-cache hits and earlier prefill chunks included)." + _SHARE,
+        _API,
+        (_STATS,),
+        TOKENS,
+        labels=_API_STEP,
+    ),
+    _sizes(
+        "output", "{token}", "Tokens generated in one iteration." + _SHARE, _API, (_STATS,), TOKENS, labels=_API_STEP
+    ),
+    _timer(
+        "fine_grained_ttft",
+        "Time to first token of each request (as vLLM's vllm:time_to_first_token_seconds, per request).",
+        _API,
+        (_STATS,),
+        REQUEST_SECONDS,
+        labels=_API_STEP,
+    ),
+    _timer(
+        "fine_grained_tpot",
+        "Mean time per output token of each finished request with at least two "
+        "generated tokens (decode time / (generated tokens - 1)).",
+        _API,
+        (_STATS,),
+        TOKEN_SECONDS,
+        labels=_API_STEP,
+    ),
+    _timer(
+        "second_token_latency",
+        "Time from a request's first generated token to its second.",
+        _API,
+        ("vllm.v1.metrics.stats:IterationStats.update_from_output",),
+        TOKEN_SECONDS,
+        labels=_API_STEP,
+    ),
+    _counter(
+        "decode_over_1s_count",
+        "{output}",
+        "Inter-token latencies over 1 s: vLLM takes one per request "
+        "output after the first (the time since the request's previous output), so a speculative-decoding "
+        "output carrying several tokens counts once; each latency counts once.",
+        _API,
+        (_STATS,),
+        labels=_API_STEP,
+    ),
+    _counter(
+        "prefill_over_threshold_count",
+        "{request}",
+        "Requests whose time to first token exceeded "
+        "threshold (5s, 10s, 20s; a request counts once under each threshold it exceeded).",
+        _API,
+        (_STATS,),
+        labels=_API_STEP + ("threshold",),
+    ),
+    _timer(
+        "async_llm:record_stats:duration",
+        "Duration of StatLoggerManager.record (vLLM's stat loggers for one engine update).",
+        _API,
+        (_STATS,),
+        labels=_API_STEP,
+    ),
+    _timer(
+        "async_llm:abort_requests:duration",
+        "Duration of aborting requests in the engine client (abort_requests_async, awaited).",
+        _API,
+        (
+            "vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async",
+            "vllm.v1.engine.core_client:DPLBAsyncMPClient.abort_requests_async",
+        ),
+        FINE_SECONDS,
+    ),
+    _timer(
+        "engine:async_add_request:duration",
+        "Duration of AsyncLLM.add_request (awaited: input processing and sending the request to the engine).",
+        _API,
+        ("vllm.v1.engine.async_llm:AsyncLLM.add_request",),
+    ),
+    _timer(
+        "engine:generate:duration",
+        "Duration of AsyncLLM.generate, from the call until its output stream ended (exhausted, failed or closed).",
+        _API,
+        ("vllm.v1.engine.async_llm:AsyncLLM.generate",),
+        REQUEST_SECONDS,
+    ),
+    _timer(
+        "server:create_chat_completion:duration",
+        "Duration of a chat completion request, until the "
+        "response is complete (a streaming response: until its stream ended).",
+        _API,
+        ("vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.create_chat_completion",),
+        REQUEST_SECONDS,
+    ),
+    _timer(
+        "engine:tokenizer_encode",
+        "Duration of InputProcessor.process_inputs: validating and building "
+        "the engine request (and tokenizing raw prompts; chat and completion requests arrive already "
+        "tokenized by vLLM's renderer).",
+        _API,
+        ("vllm.v1.engine.input_processor:InputProcessor.process_inputs",),
+    ),
+    _timer(
+        "output_processor_duration",
+        "Duration of OutputProcessor.process_outputs for one chunk of "
+        "engine outputs (detokenization, request state updates); phase from the tokens of that chunk." + _SHARE,
+        _API,
+        ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",),
+        labels=_API_STEP,
+    ),
+    _sizes(
+        "engine_core_outputs_len",
+        "{output}",
+        "Request outputs in one chunk handed to OutputProcessor.process_outputs." + _SHARE,
+        _API,
+        ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",),
+        REQUESTS,
+        labels=_API_STEP,
+    ),
     # -- vllm-ascend: EPLB ------------------------------------------------------------------------------
     # Recorded once per EPLB cycle by the EPLB process (forked from each NPU worker) of EP rank 0, the
     # rank that computes hotness in vllm-ascend; label ``rank`` is that EP rank. On the per-layer gauges
@@ -377,75 +708,126 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     # being the sum over its expert slots of the expert's hotness divided by the expert's replica count
     # (vllm-ascend's EplbWorker._compute_imbalance); a layer with no load at all counts as 1.0.
     *(
-        _gauge(f"eplb:expert_hotness:{which}_{stat}", "1",
-               f"{'Mean' if stat == 'mean' else 'Largest'} over MoE layers of the expert load imbalance "
-               f"(eplb:expert_hotness:imbalance) of the {placement}, in the last EPLB cycle. phase=all.",
-               "eplb", ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",), labels=STEP_LABELS + ("rank",))
-        for which, placement in (("current", "placement in use while the load was collected"),
-                                 ("update", "placement EPLB computed, on the same load"))
+        _gauge(
+            f"eplb:expert_hotness:{which}_{stat}",
+            "1",
+            f"{'Mean' if stat == 'mean' else 'Largest'} over MoE layers of the expert load imbalance "
+            f"(eplb:expert_hotness:imbalance) of the {placement}, in the last EPLB cycle. phase=all.",
+            "eplb",
+            ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
+            labels=STEP_LABELS + ("rank",),
+        )
+        for which, placement in (
+            ("current", "placement in use while the load was collected"),
+            ("update", "placement EPLB computed, on the same load"),
+        )
         for stat in ("mean", "max")
     ),
-    _gauge("eplb:expert_hotness:imbalance", "1", "Expert load imbalance of one MoE layer in the last EPLB "
-           "cycle: max over EP ranks of the rank's load divided by its mean (1.0: balanced; a layer with no "
-           "load counts as 1.0). layer: index among the MoE layers, as EPLB numbers them. phase: current "
-           "(placement in use while the load was collected) or update (placement EPLB computed), not the "
-           "step phase.", "eplb", ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
-           labels=STEP_LABELS + ("rank", "layer")),
+    _gauge(
+        "eplb:expert_hotness:imbalance",
+        "1",
+        "Expert load imbalance of one MoE layer in the last EPLB "
+        "cycle: max over EP ranks of the rank's load divided by its mean (1.0: balanced; a layer with no "
+        "load counts as 1.0). layer: index among the MoE layers, as EPLB numbers them. phase: current "
+        "(placement in use while the load was collected) or update (placement EPLB computed), not the "
+        "step phase.",
+        "eplb",
+        ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
+        labels=STEP_LABELS + ("rank", "layer"),
+    ),
     *(
-        _gauge(f"eplb:layer_load:{stat}", "{token}", f"{meaning} of one MoE layer's per-EP-rank load in the "
-               "last EPLB cycle: token-to-expert routings counted during load collection, each expert's count "
-               "split evenly over its replicas (as eplb:expert_hotness:imbalance counts them). phase: current "
-               "or update placement (before / after the rebalance), not the step phase.", "eplb",
-               ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",), labels=STEP_LABELS + ("rank", "layer"))
+        _gauge(
+            f"eplb:layer_load:{stat}",
+            "{token}",
+            f"{meaning} of one MoE layer's per-EP-rank load in the "
+            "last EPLB cycle: token-to-expert routings counted during load collection, each expert's count "
+            "split evenly over its replicas (as eplb:expert_hotness:imbalance counts them). phase: current "
+            "or update placement (before / after the rebalance), not the step phase.",
+            "eplb",
+            ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
+            labels=STEP_LABELS + ("rank", "layer"),
+        )
         for stat, meaning in (("mean", "Mean over EP ranks"), ("max", "Maximum over EP ranks (the busiest rank)"))
     ),
     # Worker side (each NPU worker applies a new placement, one MoE layer per step). No ``layer`` label:
     # the work per layer is alike (same expert shapes) and a label would multiply each histogram's series
     # by the MoE layer count (60 layers x ~20 buckets x 3 metrics per worker); eplb:layer_load shows
     # which layer is hot.
-    _timer("eplb:expert_weight_update:duration", "Host time of a D2DExpertWeightLoader.update_expert_map_and_"
-           "weight call that applied one MoE layer of a new expert placement (req.wait() on the D2D transfers' "
-           "work handles, then updating the expert map, the log2phy map and the received experts' weights). "
-           "Host time, not device time: on device streams wait() makes the stream wait and copy_() is "
-           "enqueued, so the call can return before the transfers and copies ran (not measured on NPU). "
-           "Calls that found no transfer in flight do nothing and are not recorded. phase=all.", _W,
-           ("vllm_ascend.eplb.core.eplb_device_transfer_loader:D2DExpertWeightLoader.update_expert_map_and_weight",)),
+    _timer(
+        "eplb:expert_weight_update:duration",
+        "Host time of a D2DExpertWeightLoader.update_expert_map_and_"
+        "weight call that applied one MoE layer of a new expert placement (req.wait() on the D2D transfers' "
+        "work handles, then updating the expert map, the log2phy map and the received experts' weights). "
+        "Host time, not device time: on device streams wait() makes the stream wait and copy_() is "
+        "enqueued, so the call can return before the transfers and copies ran (not measured on NPU). "
+        "Calls that found no transfer in flight do nothing and are not recorded. phase=all.",
+        _W,
+        ("vllm_ascend.eplb.core.eplb_device_transfer_loader:D2DExpertWeightLoader.update_expert_map_and_weight",),
+    ),
     *(
-        _timer(seed, f"Host time of VllmEplbAdaptor.{method} ({meaning}; a device tensor's copy_() is only "
-               "enqueued on its stream). phase=all.", _W,
-               (f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}",), FINE_SECONDS)
+        _timer(
+            seed,
+            f"Host time of VllmEplbAdaptor.{method} ({meaning}; a device tensor's copy_() is only "
+            "enqueued on its stream). phase=all.",
+            _W,
+            (f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}",),
+            FINE_SECONDS,
+        )
         for seed, method, meaning in (
             ("eplb:expert_map_update:duration", "do_update_expert_map", "one MoE layer's expert map replaced"),
-            ("eplb:log2phy_map_update:duration", "do_update_log2phy_map",
-             "one MoE layer's logical-to-physical expert map replaced"),
-            ("eplb:expert_weight_replace:duration", "do_update_expert_weight",
-             "one received expert's weights copied into place"),
+            (
+                "eplb:log2phy_map_update:duration",
+                "do_update_log2phy_map",
+                "one MoE layer's logical-to-physical expert map replaced",
+            ),
+            (
+                "eplb:expert_weight_replace:duration",
+                "do_update_expert_weight",
+                "one received expert's weights copied into place",
+            ),
         )
     ),
     # -- vllm-ascend: NPU workers, memory, utilization -----------------------------------------------------
     *(
-        _gauge(f"engine:memory:{name}", unit, f"{meaning} Read once per worker after warm-up (or, when "
-               "instrumented after start-up, at its first step) from what the worker stored; absent where the "
-               "worker does not store it.", _W,
-               ("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
+        _gauge(
+            f"engine:memory:{name}",
+            unit,
+            f"{meaning} Read once per worker after warm-up (or, when "
+            "instrumented after start-up, at its first step) from what the worker stored; absent where the "
+            "worker does not store it.",
+            _W,
+            (
+                "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
                 "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model",
-                "vllm_ascend.worker.worker:NPUWorker.compile_or_warm_up_model"))
+                "vllm_ascend.worker.worker:NPUWorker.compile_or_warm_up_model",
+            ),
+        )
         for name, unit, meaning in (
             ("total_gb", "GiBy", "Device memory of the worker's device (init_snapshot.total_memory)."),
             ("utilization_ratio", "1", "Configured gpu_memory_utilization."),
             ("reserved_gb", "GiBy", "Memory vLLM may use on the device (total × gpu_memory_utilization)."),
             ("weights_gb", "GiBy", "Model weights (model_runner.model_memory_usage)."),
-            ("kvcache_gb", "GiBy", "Memory given to the KV cache (available_kv_cache_memory_bytes; where the "
-             "size was set explicitly, e.g. VLLM_CPU_KVCACHE_SPACE on CPU: cache_config.kv_cache_memory_bytes)."),
+            (
+                "kvcache_gb",
+                "GiBy",
+                "Memory given to the KV cache (available_kv_cache_memory_bytes; where the "
+                "size was set explicitly, e.g. VLLM_CPU_KVCACHE_SPACE on CPU: cache_config.kv_cache_memory_bytes).",
+            ),
             ("non_torch_gb", "GiBy", "Non-torch memory measured while profiling (NPU workers)."),
             ("activation_gb", "GiBy", "Peak activation memory measured while profiling."),
             ("graph_gb", "GiBy", "Memory of captured NPU graphs (NPU workers)."),
         )
     ),
-    _gauge("npu:utilization", "%", "Utilization of the worker's device (torch_npu's torch.npu.utilization, or "
-           "torch.cuda.utilization on CUDA), read at each collection; absent where there is no device or the "
-           "API does not answer. device: the device index.", _W,
-           ("vllm.v1.worker.worker_base:WorkerBase.__init__",), labels=STEP_LABELS + ("device",)),
+    _gauge(
+        "npu:utilization",
+        "%",
+        "Utilization of the worker's device (torch_npu's torch.npu.utilization, or "
+        "torch.cuda.utilization on CUDA), read at each collection; absent where there is no device or the "
+        "API does not answer. device: the device index.",
+        _W,
+        ("vllm.v1.worker.worker_base:WorkerBase.__init__",),
+        labels=STEP_LABELS + ("device",),
+    ),
 )
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}

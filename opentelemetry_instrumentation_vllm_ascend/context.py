@@ -14,8 +14,8 @@ Label rules (docs/labels.md):
 
 from __future__ import annotations
 
-from contextvars import ContextVar
 import weakref
+from contextvars import ContextVar
 
 from .catalogue import ROLES
 
@@ -227,10 +227,9 @@ def _host_clock() -> str:
 HOST_CLOCK = _host_clock()
 
 
-
 #: Per scheduler: ids of requests preempted and not yet done recomputing their tokens (the only
 #: cached requests that can have outputs and still do prefill work). Filled by the preemption hook.
-_RECOMPUTING: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_RECOMPUTING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def mark_recomputing(scheduler, req_id) -> None:
@@ -303,8 +302,9 @@ def classify_step(scheduler, scheduler_output) -> tuple:
             prefill_tokens += sum([scheduled[i] for i, o in zip(ids, outputs) if not o])
         prefill_reqs = len(new) + zeros
         return ("mixed", prefill_reqs, prefill_tokens, len(ids) - zeros, total - prefill_tokens)
-    return _classify_exact(scheduler, scheduled, total, new, cached,
-                           recomputing if isinstance(recomputing, set) else None)
+    return _classify_exact(
+        scheduler, scheduled, total, new, cached, recomputing if isinstance(recomputing, set) else None
+    )
 
 
 _IDLE = ("idle", 0, 0, 0, 0)
@@ -331,5 +331,4 @@ def _classify_exact(scheduler, scheduled, total, new, cached, recomputing) -> tu
             # Caught up: schedule() already counted this step's tokens as computed.
             if req is None or req.num_computed_tokens >= req.num_tokens - 1:
                 recomputing.discard(req_id)
-    return (_phase_of(prefill_reqs, decode_reqs), prefill_reqs, prefill_tokens, decode_reqs,
-            total - prefill_tokens)
+    return (_phase_of(prefill_reqs, decode_reqs), prefill_reqs, prefill_tokens, decode_reqs, total - prefill_tokens)

@@ -87,8 +87,14 @@ def flag(name: str) -> bool | None:
         return True
     if value in _FALSE:
         return False
-    warn_once((name, raw), "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a boolean (accepted: %s / %s); "
-              "treated as unset", name, raw, ", ".join(sorted(_TRUE)), ", ".join(sorted(_FALSE)))
+    warn_once(
+        (name, raw),
+        "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a boolean (accepted: %s / %s); treated as unset",
+        name,
+        raw,
+        ", ".join(sorted(_TRUE)),
+        ", ".join(sorted(_FALSE)),
+    )
     return None
 
 
@@ -157,8 +163,12 @@ def otlp_exporter_names() -> list[str]:
 def recorder() -> str:
     value = os.environ.get(RECORDER, "fast").strip().lower()
     if value not in ("fast", "sdk"):
-        warn_once((RECORDER, value), "opentelemetry-instrumentation-vllm-ascend: %s=%r is neither fast nor sdk; "
-                  "using fast", RECORDER, value)
+        warn_once(
+            (RECORDER, value),
+            "opentelemetry-instrumentation-vllm-ascend: %s=%r is neither fast nor sdk; using fast",
+            RECORDER,
+            value,
+        )
         return "fast"
     return value
 
@@ -182,7 +192,7 @@ def metric_disabled(seed: str, patterns: tuple[str, ...] | None = None) -> bool:
 
     for pattern in disabled_metric_patterns() if patterns is None else patterns:
         if pattern.startswith("vllm_profiling_"):
-            pattern = pattern[len("vllm_profiling_"):]
+            pattern = pattern[len("vllm_profiling_") :]
         if fnmatch.fnmatchcase(seed, pattern):
             return True
     return False

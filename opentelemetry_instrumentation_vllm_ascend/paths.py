@@ -26,32 +26,69 @@ class Path:
 
 
 PATHS: tuple[Path, ...] = (
-    Path("sync", "scheduling", "sync",
-         "`EngineCore.step`: schedule, execute, update in order. Async scheduling off: always on CPU (vLLM's CPU "
-         "platform forces it off), `--no-async-scheduling`, or an option incompatible with it."),
-    Path("batch_queue", "scheduling", "batch queue",
-         "`EngineCore.step_with_batch_queue`: async scheduling (vLLM's default on GPU and NPU since 0.23) or "
-         "pipeline parallelism; the engine schedules step N+1 while the workers run step N."),
-    Path("mrv1", "worker", "MRV1",
-         "`vllm.v1.worker.gpu_model_runner.GPUModelRunner` (and the CPU build's subclass): CPU by default, CUDA "
-         "with `VLLM_USE_V2_MODEL_RUNNER=0` or a feature model runner V2 does not support."),
-    Path("mrv2", "worker", "MRV2",
-         "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one, vllm-ascend's "
-         "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.32; `VLLM_USE_V2_MODEL_RUNNER=1` forces "
-         "it (on Ascend too; it needs Triton, so vLLM's CPU build refuses it)."),
-    Path("npu", "worker", "NPU", "vllm-ascend's `NPUModelRunner` of `vllm_ascend.worker.model_runner_v1` (Ascend "
-         "NPUs, unless `VLLM_USE_V2_MODEL_RUNNER=1`)."),
-    Path("multiproc", "executor", "worker processes",
-         "`MultiprocExecutor`: the workers run in their own processes and reply through message queues (more than "
-         "one worker per engine, the CPU build always, or `--distributed-executor-backend mp`)."),
-    Path("uniproc", "executor", "in-process worker",
-         "`UniProcExecutor`: the engine's one worker runs inside the EngineCore process (vLLM's default when "
-         "TP × PP × DP = 1 on GPU and NPU)."),
-    Path("single_api", "frontend", "one API server",
-         "one API server process (`--api-server-count 1`, the default with one DP rank) sees every engine output."),
-    Path("multi_api", "frontend", "several API servers",
-         "`--api-server-count` > 1 (`vllm serve`'s default with `--data-parallel-size` > 1): each API server "
-         "process gets its share of every engine's outputs."),
+    Path(
+        "sync",
+        "scheduling",
+        "sync",
+        "`EngineCore.step`: schedule, execute, update in order. Async scheduling off: always on CPU (vLLM's CPU "
+        "platform forces it off), `--no-async-scheduling`, or an option incompatible with it.",
+    ),
+    Path(
+        "batch_queue",
+        "scheduling",
+        "batch queue",
+        "`EngineCore.step_with_batch_queue`: async scheduling (vLLM's default on GPU and NPU since 0.23) or "
+        "pipeline parallelism; the engine schedules step N+1 while the workers run step N.",
+    ),
+    Path(
+        "mrv1",
+        "worker",
+        "MRV1",
+        "`vllm.v1.worker.gpu_model_runner.GPUModelRunner` (and the CPU build's subclass): CPU by default, CUDA "
+        "with `VLLM_USE_V2_MODEL_RUNNER=0` or a feature model runner V2 does not support.",
+    ),
+    Path(
+        "mrv2",
+        "worker",
+        "MRV2",
+        "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one, vllm-ascend's "
+        "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.32; `VLLM_USE_V2_MODEL_RUNNER=1` forces "
+        "it (on Ascend too; it needs Triton, so vLLM's CPU build refuses it).",
+    ),
+    Path(
+        "npu",
+        "worker",
+        "NPU",
+        "vllm-ascend's `NPUModelRunner` of `vllm_ascend.worker.model_runner_v1` (Ascend "
+        "NPUs, unless `VLLM_USE_V2_MODEL_RUNNER=1`).",
+    ),
+    Path(
+        "multiproc",
+        "executor",
+        "worker processes",
+        "`MultiprocExecutor`: the workers run in their own processes and reply through message queues (more than "
+        "one worker per engine, the CPU build always, or `--distributed-executor-backend mp`).",
+    ),
+    Path(
+        "uniproc",
+        "executor",
+        "in-process worker",
+        "`UniProcExecutor`: the engine's one worker runs inside the EngineCore process (vLLM's default when "
+        "TP × PP × DP = 1 on GPU and NPU).",
+    ),
+    Path(
+        "single_api",
+        "frontend",
+        "one API server",
+        "one API server process (`--api-server-count 1`, the default with one DP rank) sees every engine output.",
+    ),
+    Path(
+        "multi_api",
+        "frontend",
+        "several API servers",
+        "`--api-server-count` > 1 (`vllm serve`'s default with `--data-parallel-size` > 1): each API server "
+        "process gets its share of every engine's outputs.",
+    ),
 )
 BY_KEY = {path.key: path for path in PATHS}
 AXES = ("scheduling", "worker", "executor", "frontend")
@@ -74,22 +111,30 @@ def absent(why: str) -> On:
     return On(False, why)
 
 
-_MRV2_NO_SCOPES = absent("model runner V2 enters no profiling scopes (no `record_function_or_nullcontext` call "
-                         "under `vllm/v1/worker/gpu/` in 0.23, 0.32 or 0.33, nor in vllm-ascend's "
-                         "`vllm_ascend/worker/v2/`), so the worker's forward timeline is not seen")
-_NO_ASYNC_OUTPUT = absent("without async scheduling this model runner returns its output directly: there is no "
-                          "asynchronous output to wait for")
+_MRV2_NO_SCOPES = absent(
+    "model runner V2 enters no profiling scopes (no `record_function_or_nullcontext` call "
+    "under `vllm/v1/worker/gpu/` in 0.23, 0.32 or 0.33, nor in vllm-ascend's "
+    "`vllm_ascend/worker/v2/`), so the worker's forward timeline is not seen"
+)
+_NO_ASYNC_OUTPUT = absent(
+    "without async scheduling this model runner returns its output directly: there is no "
+    "asynchronous output to wait for"
+)
 
 #: The exceptions, by catalogue seed, each under a path or a combination of paths (a tuple: all of
 #: them taken): a metric not named for a path is fed there with its catalogue meaning.
 TRUTH: dict[str, dict] = {
     "executor:execute_model:duration": {
-        "uniproc": fed("dispatch until the in-process runner's execute_model returned: host time, so with async "
-                       "scheduling the time to launch the step, not to compute it"),
+        "uniproc": fed(
+            "dispatch until the in-process runner's execute_model returned: host time, so with async "
+            "scheduling the time to launch the step, not to compute it"
+        ),
     },
     "executor:sample_tokens:duration": {
-        ("batch_queue", "uniproc"): absent("UniProcExecutor fetches the sampled tokens only when the engine reads "
-                                           "them, so no moment says when the device finished"),
+        ("batch_queue", "uniproc"): absent(
+            "UniProcExecutor fetches the sampled tokens only when the engine reads "
+            "them, so no moment says when the device finished"
+        ),
     },
     "worker:model_runner_get_output:duration": {
         ("sync", "mrv1"): _NO_ASYNC_OUTPUT,
@@ -102,18 +147,35 @@ TRUTH: dict[str, dict] = {
     "npu:kernel_launch": {"mrv2": _MRV2_NO_SCOPES},
     "npu:non_forward_duration": {"mrv2": _MRV2_NO_SCOPES},
     "engine_core:engine_core_step:duration": {
-        "batch_queue": fed("one `step_with_batch_queue` call: it schedules and dispatches the next step when the "
-                           "queue has room, and otherwise (or when the queue is full) waits for the oldest step's "
-                           "output and processes it; labelled with the phase of the step it scheduled, `idle` when "
-                           "it scheduled none"),
+        "batch_queue": fed(
+            "one `step_with_batch_queue` call: it schedules and dispatches the next step when the "
+            "queue has room, and otherwise (or when the queue is full) waits for the oldest step's "
+            "output and processes it; labelled with the phase of the step it scheduled, `idle` when "
+            "it scheduled none"
+        ),
     },
-    **{seed: {"multi_api": fed("each API server's share of an iteration: an EngineCore splits every step's outputs "
-                               "among the API servers by client; totals over all series equal vLLM's own")}
-       for seed in ("input", "output", "total_tokens", "output_processor_duration", "engine_core_outputs_len")},
-    **{seed: {"npu": fed("host time (see its description): the transfers and copies it waits on or issues are "
-                         "queued on the NPU stream, which may run them after the call returned; not a device time")}
-       for seed in ("eplb:expert_weight_update:duration", "eplb:expert_weight_replace:duration",
-                    "eplb:log2phy_map_update:duration")},
+    **{
+        seed: {
+            "multi_api": fed(
+                "each API server's share of an iteration: an EngineCore splits every step's outputs "
+                "among the API servers by client; totals over all series equal vLLM's own"
+            )
+        }
+        for seed in ("input", "output", "total_tokens", "output_processor_duration", "engine_core_outputs_len")
+    },
+    **{
+        seed: {
+            "npu": fed(
+                "host time (see its description): the transfers and copies it waits on or issues are "
+                "queued on the NPU stream, which may run them after the call returned; not a device time"
+            )
+        }
+        for seed in (
+            "eplb:expert_weight_update:duration",
+            "eplb:expert_weight_replace:duration",
+            "eplb:log2phy_map_update:duration",
+        )
+    },
 }
 
 
@@ -136,6 +198,7 @@ _FED = On(True, "")
 
 # -- the running configuration, as far as an installed environment tells ------------------------------
 
+
 @dataclass(frozen=True)
 class Configuration:
     """The path of each axis this environment will take (None: cannot tell), with how that was decided."""
@@ -144,8 +207,13 @@ class Configuration:
     reasons: dict  # axis -> one sentence
 
 
-def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution: str | None = None,
-           environ=None, overrides: dict | None = None) -> Configuration:
+def detect(
+    vllm_version=None,
+    ascend_installed: bool = False,
+    vllm_distribution: str | None = None,
+    environ=None,
+    overrides: dict | None = None,
+) -> Configuration:
     """Which scheduling and worker path a server started from this environment takes, where the
     environment alone decides it; ``overrides`` ({axis: path key}) are the operator's answers
     (``check --async-scheduling``, ``--model-runner``, ``--api-server-count``)."""
@@ -160,8 +228,10 @@ def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution:
         paths["scheduling"], reasons["scheduling"] = "sync", "vLLM's CPU platform forces async scheduling off"
     else:
         paths["scheduling"] = "batch_queue"
-        reasons["scheduling"] = ("async scheduling is vLLM's default on GPU and NPU (unless --no-async-scheduling "
-                                 "or an incompatible option turns it off)")
+        reasons["scheduling"] = (
+            "async scheduling is vLLM's default on GPU and NPU (unless --no-async-scheduling "
+            "or an incompatible option turns it off)"
+        )
     # worker
     v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER")
     if "worker" in overrides:
@@ -181,8 +251,10 @@ def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution:
         paths["worker"], reasons["worker"] = "mrv1", "Triton is not installed (model runner V2 requires it)"
     else:
         paths["worker"] = None
-        reasons["worker"] = ("model runner V2 is the default with Triton, unless the model uses a feature it does "
-                             "not support (vLLM logs which runner it chose)")
+        reasons["worker"] = (
+            "model runner V2 is the default with Triton, unless the model uses a feature it does "
+            "not support (vLLM logs which runner it chose)"
+        )
     # executor
     if "executor" in overrides:
         paths["executor"], reasons["executor"] = overrides["executor"], "given"
@@ -190,8 +262,10 @@ def detect(vllm_version=None, ascend_installed: bool = False, vllm_distribution:
         paths["executor"], reasons["executor"] = "multiproc", "vLLM's CPU platform always runs worker processes"
     else:
         paths["executor"] = None
-        reasons["executor"] = ("set by the parallel sizes (one worker without DP: in-process, vLLM's default) or "
-                               "--distributed-executor-backend")
+        reasons["executor"] = (
+            "set by the parallel sizes (one worker without DP: in-process, vLLM's default) or "
+            "--distributed-executor-backend"
+        )
     # frontend
     if "frontend" in overrides:
         paths["frontend"], reasons["frontend"] = overrides["frontend"], "given"

@@ -30,7 +30,7 @@ class SourceTree:
         self._base_words: dict[str, set[str]] | None = None
 
     @classmethod
-    def from_archive(cls, path: str, strip_prefix: bool = False) -> "SourceTree":
+    def from_archive(cls, path: str, strip_prefix: bool = False) -> SourceTree:
         files = {}
         if path.endswith((".whl", ".zip")):
             with zipfile.ZipFile(path) as z:
@@ -48,7 +48,7 @@ class SourceTree:
         return cls(files)
 
     @classmethod
-    def from_directory(cls, root: str, package: str) -> "SourceTree":
+    def from_directory(cls, root: str, package: str) -> SourceTree:
         files = {}
         base = os.path.join(root, package)
         for dirpath, _, names in os.walk(base):
@@ -127,12 +127,12 @@ class SourceTree:
                     name = alias.asname or alias.name
                     if head == name or head.startswith(name + "."):
                         target = alias.name if alias.asname else name
-                        return self.find_class(target + head[len(name):], cls)
+                        return self.find_class(target + head[len(name) :], cls)
             elif isinstance(stmt, ast.ImportFrom):
                 for alias in stmt.names:
                     name = alias.asname or alias.name
                     if head == name or head.startswith(name + "."):  # ``from pkg import module``
-                        sub = self._absolute(module, stmt) + "." + alias.name + head[len(name):]
+                        sub = self._absolute(module, stmt) + "." + alias.name + head[len(name) :]
                         return self.find_class(sub, cls)
         return None
 
@@ -142,10 +142,11 @@ class SourceTree:
         whose text has a class statement naming one of them among its bases (a cheap filter before
         parsing)."""
         if self._base_words is None:  # per file: the words of its class statements' base lists
-            self._base_words = {path: set(re.findall(r"\w+", " ".join(m.group(1) for m in
-                                                                      _CLASS_STATEMENT.finditer(source))))
-                                for path, source in self.files.items()
-                                if path.split("/", 1)[0] in PACKAGES and "class " in source}
+            self._base_words = {
+                path: set(re.findall(r"\w+", " ".join(m.group(1) for m in _CLASS_STATEMENT.finditer(source))))
+                for path, source in self.files.items()
+                if path.split("/", 1)[0] in PACKAGES and "class " in source
+            }
         out = []
         for path in self._base_words:
             if names is not None and self._base_words[path].isdisjoint(names):
@@ -204,8 +205,11 @@ class SourceTree:
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 out[item.name] = item
                 for sub in ast.walk(item):
-                    targets = sub.targets if isinstance(sub, ast.Assign) else (
-                        [sub.target] if isinstance(sub, (ast.AnnAssign, ast.AugAssign)) else [])
+                    targets = (
+                        sub.targets
+                        if isinstance(sub, ast.Assign)
+                        else ([sub.target] if isinstance(sub, (ast.AnnAssign, ast.AugAssign)) else [])
+                    )
                     for t in targets:
                         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                             out.setdefault(t.attr, sub)
@@ -235,8 +239,7 @@ def _top_level(body):
         if isinstance(stmt, ast.If):
             yield from _top_level(stmt.body + stmt.orelse)
         elif isinstance(stmt, ast.Try):
-            yield from _top_level(stmt.body + stmt.orelse + stmt.finalbody
-                                  + [s for h in stmt.handlers for s in h.body])
+            yield from _top_level(stmt.body + stmt.orelse + stmt.finalbody + [s for h in stmt.handlers for s in h.body])
 
 
 def calls_base(func: ast.FunctionDef | ast.AsyncFunctionDef, method: str) -> bool:
@@ -248,8 +251,12 @@ def calls_base(func: ast.FunctionDef | ast.AsyncFunctionDef, method: str) -> boo
         owner = node.func.value
         if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
             return True
-        if (isinstance(owner, (ast.Name, ast.Attribute)) and node.args and isinstance(node.args[0], ast.Name)
-                and node.args[0].id == "self"):
+        if (
+            isinstance(owner, (ast.Name, ast.Attribute))
+            and node.args
+            and isinstance(node.args[0], ast.Name)
+            and node.args[0].id == "self"
+        ):
             return True
     return False
 
@@ -264,8 +271,7 @@ def overrides_without_base_call(tree: SourceTree, module: str, qualname: str, me
             if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == method:
                 if not calls_base(item, method):
                     out.append(f"{where}:{node.name}.{method}")
-            elif isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == method
-                                                      for t in item.targets):
+            elif isinstance(item, ast.Assign) and any(isinstance(t, ast.Name) and t.id == method for t in item.targets):
                 out.append(f"{where}:{node.name}.{method}")
     return sorted(set(out))
 
@@ -287,16 +293,20 @@ def check_target(tree: SourceTree, target) -> list[str]:
     if target.attribute is None:  # a class-level hook: the class exists
         return []
     _, node = found
-    func = next((n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and n.name == target.attribute), None)
+    func = next(
+        (n for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == target.attribute),
+        None,
+    )
     if func is None:
         return [f"{target.symbol} is not defined on {target.owner_qualname}"]
     problems = []
     params = positional_params(func)
     for index, expected in enumerate(target.params, start=1):
         if len(params) <= index or params[index] != expected:
-            problems.append(f"{target.symbol}: positional parameter {index} is "
-                            f"{params[index] if len(params) > index else 'missing'}, the handler expects {expected!r}")
+            problems.append(
+                f"{target.symbol}: positional parameter {index} is "
+                f"{params[index] if len(params) > index else 'missing'}, the handler expects {expected!r}"
+            )
     is_async = isinstance(func, ast.AsyncFunctionDef)
     has_yield = any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(func))
     if target.kind in ("coroutine", "coroutine_timer") and not (is_async and not has_yield):
@@ -310,20 +320,24 @@ def _check_module_factory(module: ast.Module, target) -> list[str]:
     """``target.attribute`` is assigned at module level and some function of the module calls it
     through a ``global`` declaration (so replacing the module attribute reaches every caller)."""
     name = target.attribute
+
     def targets_of(node):
         return node.targets if isinstance(node, ast.Assign) else [node.target]
 
-    assigned = any(isinstance(node, (ast.Assign, ast.AnnAssign))
-                   and any(isinstance(t, ast.Name) and t.id == name for t in targets_of(node))
-                   for node in module.body)
+    assigned = any(
+        isinstance(node, (ast.Assign, ast.AnnAssign))
+        and any(isinstance(t, ast.Name) and t.id == name for t in targets_of(node))
+        for node in module.body
+    )
     if not assigned:
         return [f"{target.module}.{name} is not assigned at module level"]
     for node in module.body:
         if not isinstance(node, ast.FunctionDef):
             continue
         declares = any(isinstance(n, ast.Global) and name in n.names for n in ast.walk(node))
-        calls = any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name
-                    for n in ast.walk(node))
+        calls = any(
+            isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name for n in ast.walk(node)
+        )
         if declares and calls:
             return []
     return [f"no function of {target.module} calls the global {name}"]
@@ -339,49 +353,106 @@ def check_read(tree: SourceTree, read: Read) -> list[str]:
 READS = tuple(
     Read(module, cls, attribute)
     for module, cls, attributes in (
-        ("vllm.v1.core.sched.scheduler", "Scheduler",
-         ("requests", "running", "waiting", "max_num_running_reqs", "kv_cache_manager")),
+        (
+            "vllm.v1.core.sched.scheduler",
+            "Scheduler",
+            ("requests", "running", "waiting", "max_num_running_reqs", "kv_cache_manager"),
+        ),
         ("vllm.v1.core.kv_cache_manager", "KVCacheManager", ("block_pool",)),
         ("vllm.v1.core.block_pool", "BlockPool", ("num_gpu_blocks", "get_num_free_blocks")),
         ("vllm.v1.core.sched.output", "NewRequestData", ("req_id", "num_computed_tokens")),
         ("vllm.v1.engine.core", "EngineCoreProc", ("has_work",)),
         ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("requests",)),
-        ("vllm.v1.metrics.stats", "SchedulerStats",
-         ("num_running_reqs", "num_waiting_reqs", "num_skipped_waiting_reqs", "spec_decoding_stats")),
+        (
+            "vllm.v1.metrics.stats",
+            "SchedulerStats",
+            ("num_running_reqs", "num_waiting_reqs", "num_skipped_waiting_reqs", "spec_decoding_stats"),
+        ),
         ("vllm.v1.spec_decode.metrics", "SpecDecodingStats", ("num_draft_tokens",)),
-        ("vllm.v1.metrics.stats", "IterationStats",
-         ("num_prompt_tokens", "prompt_token_stats", "num_generation_tokens", "time_to_first_tokens_iter",
-          "inter_token_latencies_iter", "finished_requests")),
+        (
+            "vllm.v1.metrics.stats",
+            "IterationStats",
+            (
+                "num_prompt_tokens",
+                "prompt_token_stats",
+                "num_generation_tokens",
+                "time_to_first_tokens_iter",
+                "inter_token_latencies_iter",
+                "finished_requests",
+            ),
+        ),
         ("vllm.v1.metrics.stats", "PromptTokenStats", ("total",)),
         ("vllm.v1.metrics.stats", "FinishedRequestStats", ("num_generation_tokens", "decode_time")),
         ("vllm.v1.metrics.stats", "RequestStateStats", ("num_generation_tokens", "first_token_ts")),
         ("vllm.v1.engine", "EngineCoreOutput", ("new_token_ids",)),
         ("vllm.v1.engine", "EngineCoreOutputs", ("engine_index",)),
-        ("vllm.v1.worker.gpu_worker", "Worker",
-         ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "peak_activation_memory",
-          "model_runner", "rank", "cache_config")),
+        (
+            "vllm.v1.worker.gpu_worker",
+            "Worker",
+            (
+                "init_snapshot",
+                "requested_memory",
+                "available_kv_cache_memory_bytes",
+                "peak_activation_memory",
+                "model_runner",
+                "rank",
+                "cache_config",
+            ),
+        ),
         ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("model_memory_usage",)),
         ("vllm.config", "CacheConfig", ("gpu_memory_utilization", "kv_cache_memory_bytes")),
         ("vllm.utils.mem_utils", "MemorySnapshot", ("total_memory",)),
         # vllm-ascend (checked against its sdist)
-        ("vllm_ascend.eplb.core.eplb_worker", "EplbWorker",
-         ("rank_id", "old_expert_maps", "shared_dict", "latest_expert_hotness")),
+        (
+            "vllm_ascend.eplb.core.eplb_worker",
+            "EplbWorker",
+            ("rank_id", "old_expert_maps", "shared_dict", "latest_expert_hotness"),
+        ),
         ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "D2DExpertWeightLoader", ("state",)),
         ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "ExpertWeightUpdateState", ("TRANSFERRING",)),
         ("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", ("attn_state", "requests", "model_memory_usage")),
-        ("vllm_ascend.attention.attention_v1", "AscendAttentionState",
-         ("PrefillNoCache", "PrefillCacheHit", "DecodeOnly", "ChunkedPrefill", "SpecDecoding")),
+        (
+            "vllm_ascend.attention.attention_v1",
+            "AscendAttentionState",
+            ("PrefillNoCache", "PrefillCacheHit", "DecodeOnly", "ChunkedPrefill", "SpecDecoding"),
+        ),
         ("vllm_ascend.core.recompute_scheduler", "RecomputeSchedulerOutput", ("recomputed_reqs",)),
-        ("vllm_ascend.worker.worker", "NPUWorker",
-         ("init_snapshot", "requested_memory", "available_kv_cache_memory_bytes", "non_torch_memory",
-          "peak_activation_memory", "npugraph_memory_bytes", "model_runner", "rank", "cache_config")),
-        ("vllm.v1.request", "Request",
-         ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens", "status")),
-        ("vllm.v1.core.sched.output", "SchedulerOutput",
-         ("num_scheduled_tokens", "total_num_scheduled_tokens", "scheduled_new_reqs", "scheduled_cached_reqs",
-          "preempted_req_ids")),
-        ("vllm.v1.core.sched.output", "CachedRequestData",
-         ("req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens")),
+        (
+            "vllm_ascend.worker.worker",
+            "NPUWorker",
+            (
+                "init_snapshot",
+                "requested_memory",
+                "available_kv_cache_memory_bytes",
+                "non_torch_memory",
+                "peak_activation_memory",
+                "npugraph_memory_bytes",
+                "model_runner",
+                "rank",
+                "cache_config",
+            ),
+        ),
+        (
+            "vllm.v1.request",
+            "Request",
+            ("request_id", "num_computed_tokens", "num_prompt_tokens", "num_tokens", "status"),
+        ),
+        (
+            "vllm.v1.core.sched.output",
+            "SchedulerOutput",
+            (
+                "num_scheduled_tokens",
+                "total_num_scheduled_tokens",
+                "scheduled_new_reqs",
+                "scheduled_cached_reqs",
+                "preempted_req_ids",
+            ),
+        ),
+        (
+            "vllm.v1.core.sched.output",
+            "CachedRequestData",
+            ("req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens"),
+        ),
         ("vllm.config", "VllmConfig", ("parallel_config", "kv_transfer_config", "model_config")),
         ("vllm.config", "ParallelConfig", ("data_parallel_index", "data_parallel_size", "data_parallel_rank")),
         ("vllm.config", "KVTransferConfig", ("kv_role",)),

@@ -59,9 +59,12 @@ class Receiver:
     def env(self, interval_ms: int) -> dict:
         """A server's environment settings that make each of its processes push to this receiver, and write
         its /metrics files, every ``interval_ms``."""
-        return {"OTEL_METRICS_EXPORTER": "otlp_proto_http", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": self.endpoint,
-                "OTEL_METRIC_EXPORT_INTERVAL": str(interval_ms),
-                "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": str(interval_ms)}
+        return {
+            "OTEL_METRICS_EXPORTER": "otlp_proto_http",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": self.endpoint,
+            "OTEL_METRIC_EXPORT_INTERVAL": str(interval_ms),
+            "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": str(interval_ms),
+        }
 
     def _metrics(self, metric_name: str):
         """(resource attrs dict, metric) of every received metric named ``metric_name``, in arrival order."""

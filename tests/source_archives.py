@@ -14,8 +14,9 @@ import re
 import time
 import urllib.request
 
-CACHE = os.environ.get("OTEL_VLLM_ASCEND_SOURCE_CACHE",
-                       os.path.join(os.path.expanduser("~"), ".cache", "otel-vllm-ascend-sources"))
+CACHE = os.environ.get(
+    "OTEL_VLLM_ASCEND_SOURCE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "otel-vllm-ascend-sources")
+)
 INDEX = os.environ.get("OTEL_VLLM_ASCEND_INDEX", "https://pypi.org/simple").rstrip("/")
 ATTEMPTS = 12
 CHUNK = 1 << 20
@@ -34,8 +35,7 @@ def sdist(project: str, version: str) -> str:
 
 
 def _find(project: str, filename: str) -> tuple[str, str]:
-    request = urllib.request.Request(f"{INDEX}/{project}/",
-                                     headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    request = urllib.request.Request(f"{INDEX}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"})
     index = json.loads(_retry(lambda: urllib.request.urlopen(request, timeout=120).read()))
     for entry in index["files"]:
         if entry["filename"] == filename:
@@ -51,8 +51,10 @@ def _download(url: str, path: str, sha256: str) -> None:
             request = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
             try:
                 # 206: the rest of the file; 200: the server sent it all again.
-                with urllib.request.urlopen(request, timeout=120) as response, \
-                        open(part, "ab" if response.status == 206 else "wb") as out:
+                with (
+                    urllib.request.urlopen(request, timeout=120) as response,
+                    open(part, "ab" if response.status == 206 else "wb") as out,
+                ):
                     while chunk := response.read(CHUNK):
                         out.write(chunk)
                     if response.length:  # http.client ends a cut-off body silently
@@ -61,7 +63,7 @@ def _download(url: str, path: str, sha256: str) -> None:
             except (OSError, http.client.HTTPException) as error:  # interrupted reads, timeouts, resets
                 if attempt == ATTEMPTS - 1:
                     raise RuntimeError(f"download of {url} failed {ATTEMPTS} times: {error}") from error
-                time.sleep(min(2 ** attempt, 30))
+                time.sleep(min(2**attempt, 30))
         digest = hashlib.sha256()
         with open(part, "rb") as f:
             while chunk := f.read(CHUNK):
@@ -81,4 +83,4 @@ def _retry(fetch):
         except (OSError, http.client.HTTPException):
             if attempt == ATTEMPTS - 1:
                 raise
-            time.sleep(min(2 ** attempt, 30))
+            time.sleep(min(2**attempt, 30))

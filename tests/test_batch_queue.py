@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import wrap  # noqa: E402
 
 ENGINE_WORK, EXECUTE, TOKENS = 0.025, 0.020, 0.015
@@ -92,8 +92,11 @@ def make_runner(oracle, async_outputs=True):
             oracle.tokens.append(time.perf_counter())
             return ModelRunnerOutput(req_ids=["r"], req_id_to_index={"r": 0})
 
-    for qualname, owner in (("GPUModelRunner.execute_model", Runner), ("GPUModelRunner.sample_tokens", Runner),
-                            ("AsyncGPUModelRunnerOutput.get_output", Output)):
+    for qualname, owner in (
+        ("GPUModelRunner.execute_model", Runner),
+        ("GPUModelRunner.sample_tokens", Runner),
+        ("AsyncGPUModelRunnerOutput.get_output", Output),
+    ):
         target = row(qualname)
         name = target.attribute
         setattr(owner, name, wrap(owner.__dict__[name], targets.load_handler(target), target.kind)[0])

@@ -49,8 +49,9 @@ def test_views_rename_every_instrument_and_drop_foreign_labels():
             meter.create_gauge(spec.instrument_name, unit=spec.unit).set(1, attrs)
         else:
             meter.create_histogram(spec.instrument_name, unit=spec.unit).record(1, attrs)
-    metrics = {m.name: m for rm in reader.get_metrics_data().resource_metrics
-               for sm in rm.scope_metrics for m in sm.metrics}
+    metrics = {
+        m.name: m for rm in reader.get_metrics_data().resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+    }
     assert set(metrics) == {s.exposed_name for s in catalogue.CATALOGUE}
     for spec in catalogue.CATALOGUE:
         (point,) = metrics[spec.exposed_name].data.data_points

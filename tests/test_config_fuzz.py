@@ -16,16 +16,33 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition, pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording import shutdown as shutdown_module
 
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
 _BOOL = st.sampled_from(["true", "false", "1", "0", "yes", "off", "2", "enabled", "", " TRUE ", "nope"]) | _TEXT
-_INTERVAL = st.sampled_from(["0", "-1", "1", "99", "100", "2000", "86400001", "1e3", "", "abc",
-                             str(2 ** 63), "9" * 30]) | st.integers(-10 ** 12, 10 ** 12).map(str)
-_PATTERNS = st.lists(st.sampled_from(["npu:*", "*", "[", "scheduler:duration", "vllm_profiling_*", "", "  ",
-                                      "schedule: allocate_slots", "forward", "?"]) | _TEXT,
-                     max_size=4).map(",".join)
+_INTERVAL = st.sampled_from(
+    ["0", "-1", "1", "99", "100", "2000", "86400001", "1e3", "", "abc", str(2**63), "9" * 30]
+) | st.integers(-(10**12), 10**12).map(str)
+_PATTERNS = st.lists(
+    st.sampled_from(
+        [
+            "npu:*",
+            "*",
+            "[",
+            "scheduler:duration",
+            "vllm_profiling_*",
+            "",
+            "  ",
+            "schedule: allocate_slots",
+            "forward",
+            "?",
+        ]
+    )
+    | _TEXT,
+    max_size=4,
+).map(",".join)
 
 BASE = "/tmp/otel-vllm-ascend-fuzz"
 
@@ -35,8 +52,16 @@ def _dirs():
     os.makedirs(os.path.join(BASE, "glob[1]*"), exist_ok=True)
     with open(os.path.join(BASE, "a-file"), "w"):
         pass
-    return st.sampled_from([os.path.join(BASE, "ok"), os.path.join(BASE, "glob[1]*"), os.path.join(BASE, "missing"),
-                            os.path.join(BASE, "a-file"), "", "relative/dir"])
+    return st.sampled_from(
+        [
+            os.path.join(BASE, "ok"),
+            os.path.join(BASE, "glob[1]*"),
+            os.path.join(BASE, "missing"),
+            os.path.join(BASE, "a-file"),
+            "",
+            "relative/dir",
+        ]
+    )
 
 
 def _closed_port() -> int:
@@ -54,12 +79,13 @@ SWITCHES = {
     environment.DISABLED_SCOPES: _PATTERNS,
     environment.SHUTDOWN_TIMEOUT_MS: _INTERVAL,
     environment.DISABLED_INSTRUMENTATIONS: st.sampled_from(["", "*", "vllm_ascend", "other,vllm_ascend", "x"]),
-    environment.METRICS_EXPORTER: st.lists(st.sampled_from(["none", "prometheus", "console", "bogus", "",
-                                                            "otlp_proto_http", "otlp"]), max_size=3).map(",".join),
+    environment.METRICS_EXPORTER: st.lists(
+        st.sampled_from(["none", "prometheus", "console", "bogus", "", "otlp_proto_http", "otlp"]), max_size=3
+    ).map(",".join),
     environment.METRIC_EXPORT_INTERVAL: _INTERVAL,
     environment.FILES_DIR: _dirs(),
     environment.PROMETHEUS_MULTIPROC_DIR: _dirs(),
-    environment.ROOT_PID: st.sampled_from(["1", str(os.getpid()), "-4", "x", "", str(2 ** 22 + 7)]),
+    environment.ROOT_PID: st.sampled_from(["1", str(os.getpid()), "-4", "x", "", str(2**22 + 7)]),
     environment.TREE: st.sampled_from(["", "abc", "a" * 100, "../x", "t0"]) | _TEXT,
 }
 
@@ -85,8 +111,11 @@ def _record_some(n: int) -> None:
 
 
 def _apply(case: dict) -> dict:
-    saved = {name: os.environ.get(name) for name in list(SWITCHES) + [
-        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_ENDPOINT"]}
+    saved = {
+        name: os.environ.get(name)
+        for name in list(SWITCHES)
+        + ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+    }
     for name in SWITCHES:
         os.environ.pop(name, None)
     os.environ.update(case)

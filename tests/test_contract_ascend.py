@@ -4,16 +4,16 @@ the fakes the handler tests use have the real classes' shape. The 0.23.0.post1 s
 at test time (``source_archives``, cached), parsed and never imported."""
 
 import pytest
-from packaging.version import Version
-from source_archives import sdist
-
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from contract import (
     READS,
     SourceTree,
     check_read,
     check_target,
 )
+from packaging.version import Version
+from source_archives import sdist
+
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 VERSION = "0.23.0.post1"
@@ -44,17 +44,18 @@ def test_every_ascend_target_exists_with_the_parameters_its_handler_reads(tree):
 
 
 def test_every_attribute_handlers_read_from_vllm_ascend_exists(tree):
-    problems = [p for read in READS if read.module.startswith("vllm_ascend")
-                for p in check_read(tree, read)]
+    problems = [p for read in READS if read.module.startswith("vllm_ascend") for p in check_read(tree, read)]
     assert problems == []
 
 
 def test_ascend_schedulers_reimplement_schedule_and_recompute_scheduler_reports_recomputed_requests(tree):
     """Why each Ascend scheduler has its own row: its schedule() is its own, not the base's."""
-    for module, cls in (("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
-                        ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
-                        ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
-                        ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler")):
+    for module, cls in (
+        ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
+        ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
+        ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
+        ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"),
+    ):
         found = tree.find_class(module, cls)
         assert found is not None, cls
         assert any(getattr(n, "name", None) == "schedule" for n in found[1].body), cls
@@ -73,6 +74,7 @@ def test_npu_runner_sets_attn_state_in_prepare_inputs(tree):
 
 # -- the fakes the handler tests use have the real classes' shape ----------------------------------------
 
+
 def _fakes():
     """(fake class, an instance or None, real module, real class, names the fake adds for the test only)."""
     import test_eplb
@@ -80,15 +82,35 @@ def _fakes():
 
     runner = t.npu_runner(t.AscendAttentionState.DecodeOnly)
     return [
-        (test_eplb.FakeEplbWorker, test_eplb.FakeEplbWorker({}, 0, None), "vllm_ascend.eplb.core.eplb_worker",
-         "EplbWorker", {"computes_hotness", "new_placement", "multi_stage"}),
-        (test_eplb.FakeAdaptor, test_eplb.FakeAdaptor(), "vllm_ascend.eplb.adaptor.vllm_adaptor",
-         "VllmEplbAdaptor", {"calls"}),
-        (test_eplb.FakeLoader, test_eplb.FakeLoader(None), "vllm_ascend.eplb.core.eplb_device_transfer_loader",
-         "D2DExpertWeightLoader", set()),
+        (
+            test_eplb.FakeEplbWorker,
+            test_eplb.FakeEplbWorker({}, 0, None),
+            "vllm_ascend.eplb.core.eplb_worker",
+            "EplbWorker",
+            {"computes_hotness", "new_placement", "multi_stage"},
+        ),
+        (
+            test_eplb.FakeAdaptor,
+            test_eplb.FakeAdaptor(),
+            "vllm_ascend.eplb.adaptor.vllm_adaptor",
+            "VllmEplbAdaptor",
+            {"calls"},
+        ),
+        (
+            test_eplb.FakeLoader,
+            test_eplb.FakeLoader(None),
+            "vllm_ascend.eplb.core.eplb_device_transfer_loader",
+            "D2DExpertWeightLoader",
+            set(),
+        ),
         (type(runner), runner, "vllm_ascend.worker.model_runner_v1", "NPUModelRunner", set()),
-        (t.RecomputeScheduler, t.RecomputeScheduler(0), "vllm_ascend.core.recompute_scheduler",
-         "RecomputeScheduler", {"recomputed", "nested", "base_schedule"}),
+        (
+            t.RecomputeScheduler,
+            t.RecomputeScheduler(0),
+            "vllm_ascend.core.recompute_scheduler",
+            "RecomputeScheduler",
+            {"recomputed", "nested", "base_schedule"},
+        ),
     ]
 
 
@@ -109,10 +131,13 @@ def test_fakes_have_the_real_classes_methods_and_attributes(tree):
             if real is None or not hasattr(real, "args"):
                 problems.append(f"{cls}.{name}: not a method of the real class")
                 continue
-            fake_params = [p for p in inspect.signature(function).parameters
-                           if inspect.signature(function).parameters[p].kind in (
-                               inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
-            if positional_params(real)[:len(fake_params)] != fake_params:
+            fake_params = [
+                p
+                for p in inspect.signature(function).parameters
+                if inspect.signature(function).parameters[p].kind
+                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            ]
+            if positional_params(real)[: len(fake_params)] != fake_params:
                 problems.append(f"{cls}.{name}: fake {fake_params} vs real {positional_params(real)}")
         for name in vars(instance) if instance is not None else ():
             if name not in test_only and name not in members:
@@ -124,8 +149,13 @@ def test_fake_enums_match_the_real_ones(tree):
     import test_eplb
     import test_handlers_ascend as t
 
-    for fake, module, cls in ((t.AscendAttentionState, "vllm_ascend.attention.attention_v1", "AscendAttentionState"),
-                              (test_eplb.ExpertWeightUpdateState, "vllm_ascend.eplb.core.eplb_device_transfer_loader",
-                               "ExpertWeightUpdateState")):
+    for fake, module, cls in (
+        (t.AscendAttentionState, "vllm_ascend.attention.attention_v1", "AscendAttentionState"),
+        (
+            test_eplb.ExpertWeightUpdateState,
+            "vllm_ascend.eplb.core.eplb_device_transfer_loader",
+            "ExpertWeightUpdateState",
+        ),
+    ):
         members = tree.members(module, cls)
         assert {m.name for m in fake} <= set(members), cls

@@ -7,12 +7,12 @@ base's must have a row of its own or an entry, with its reason, in ``targets.UNC
 import functools
 
 import pytest
+from contract import SourceTree, overrides_without_base_call
 from packaging.version import Version
 from source_archives import sdist
 from test_contract_vllm import tree_for
 
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from contract import SourceTree, overrides_without_base_call
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 ASCEND = "vllm-ascend 0.23.0.post1"
@@ -50,7 +50,7 @@ def _canonical(tree: SourceTree, symbol: str) -> str:
     return f"{found[0]}:{found[1].name}.{method}" if found is not None else symbol
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def overrides(name: str) -> dict[str, str]:
     """{override without the base's call: the hooked symbol it bypasses} in one tree."""
     tree = tree_of(name)
@@ -66,12 +66,18 @@ def overrides(name: str) -> dict[str, str]:
 @pytest.mark.parametrize("name", TREES)
 def test_every_override_that_bypasses_a_hook_has_a_row_or_a_reason(name):
     tree = tree_of(name)
-    rows = {_canonical(tree, t.symbol) for t in targets.TARGETS
-            if t.owner_qualname is not None and t.attribute is not None and _applies(t, name)}
+    rows = {
+        _canonical(tree, t.symbol)
+        for t in targets.TARGETS
+        if t.owner_qualname is not None and t.attribute is not None and _applies(t, name)
+    }
     listed = {u.symbol: u for u in targets.UNCOVERED_OVERRIDES if _applies(u, name)}
     found = overrides(name)
-    missing = sorted(f"{symbol} (bypasses {hooked})" for symbol, hooked in found.items()
-                     if symbol not in rows and symbol not in listed)
+    missing = sorted(
+        f"{symbol} (bypasses {hooked})"
+        for symbol, hooked in found.items()
+        if symbol not in rows and symbol not in listed
+    )
     assert missing == [], f"{name}: {missing}"
     # An entry of the table names what it bypasses truly, in the versions it claims.
     for symbol, entry in listed.items():
@@ -83,16 +89,11 @@ def test_the_known_bypassing_overrides_are_found_and_have_rows():
     preparation, are what the search reports, and their rows exist."""
     found = overrides(ASCEND)
     expected = {
-        "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.update_from_output":
-            "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
-        "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.add_request":
-            "vllm.v1.core.sched.scheduler:Scheduler.add_request",
-        "vllm_ascend._310p.model_runner_310p:NPUModelRunner310._prepare_inputs":
-            "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
-        "vllm_ascend.worker.v2.model_runner:NPUModelRunner.prepare_inputs":
-            "vllm.v1.worker.gpu.model_runner:GPUModelRunner.prepare_inputs",
-        "vllm_ascend.core.scheduler_dynamic_batch:SchedulerDynamicBatch.schedule":
-            "vllm.v1.core.sched.scheduler:Scheduler.schedule",
+        "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.update_from_output": "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",
+        "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.add_request": "vllm.v1.core.sched.scheduler:Scheduler.add_request",
+        "vllm_ascend._310p.model_runner_310p:NPUModelRunner310._prepare_inputs": "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
+        "vllm_ascend.worker.v2.model_runner:NPUModelRunner.prepare_inputs": "vllm.v1.worker.gpu.model_runner:GPUModelRunner.prepare_inputs",
+        "vllm_ascend.core.scheduler_dynamic_batch:SchedulerDynamicBatch.schedule": "vllm.v1.core.sched.scheduler:Scheduler.schedule",
     }
     assert {s: found.get(s) for s in expected} == expected
     symbols = {t.symbol for t in targets.TARGETS}
@@ -109,24 +110,25 @@ def test_every_uncovered_override_is_still_in_some_supported_version():
 
 
 def test_the_search_follows_imports_and_ignores_overrides_that_call_the_base():
-    tree = SourceTree({
-        "vllm/__init__.py": "",
-        "vllm/base.py": "class A:\n    def f(self, x):\n        return x\n",
-        "vllm/one.py": (
-            "from vllm.base import A\n"
-            "class B(A):\n    def f(self, x):\n        return 1\n"  # bypasses
-            "class C(B):\n    def f(self, x):\n        return super().f(x)\n"  # calls the base's
-            "class D(B):\n    pass\n"  # inherits B's
-            "class E(D):\n    f = staticmethod(len)\n"  # replaces it by assignment
-        ),
-        "vllm/two.py": (
-            "import vllm.base as base\n"
-            "if True:\n    from vllm import one\n"
-            "class F(base.A):\n    def f(self, x):\n        return base.A.f(self, x)\n"  # explicit base call
-            "class G(one.D):\n    async def f(self, x):\n        return 2\n"  # through a module import
-        ),
-        "tests/test_x.py": "from vllm.base import A\nclass H(A):\n    def f(self, x):\n        return 3\n",
-    })
-    assert overrides_without_base_call(tree, "vllm.base", "A", "f") == [
-        "vllm.one:B.f", "vllm.one:E.f", "vllm.two:G.f"]
+    tree = SourceTree(
+        {
+            "vllm/__init__.py": "",
+            "vllm/base.py": "class A:\n    def f(self, x):\n        return x\n",
+            "vllm/one.py": (
+                "from vllm.base import A\n"
+                "class B(A):\n    def f(self, x):\n        return 1\n"  # bypasses
+                "class C(B):\n    def f(self, x):\n        return super().f(x)\n"  # calls the base's
+                "class D(B):\n    pass\n"  # inherits B's
+                "class E(D):\n    f = staticmethod(len)\n"  # replaces it by assignment
+            ),
+            "vllm/two.py": (
+                "import vllm.base as base\n"
+                "if True:\n    from vllm import one\n"
+                "class F(base.A):\n    def f(self, x):\n        return base.A.f(self, x)\n"  # explicit base call
+                "class G(one.D):\n    async def f(self, x):\n        return 2\n"  # through a module import
+            ),
+            "tests/test_x.py": "from vllm.base import A\nclass H(A):\n    def f(self, x):\n        return 3\n",
+        }
+    )
+    assert overrides_without_base_call(tree, "vllm.base", "A", "f") == ["vllm.one:B.f", "vllm.one:E.f", "vllm.two:G.f"]
     assert {n.name for _, n in tree.subclasses("vllm.base", "A")} == {"B", "C", "D", "E", "F", "G"}

@@ -6,9 +6,8 @@ and where a scheduler that preempts without ``_preempt_request`` puts the reques
 import ast
 
 import pytest
-from test_contract_overrides import ASCEND, TREES, tree_of
-
 from contract import SourceTree
+from test_contract_overrides import ASCEND, TREES, tree_of
 
 SCHED = "vllm.v1.core.sched.scheduler"
 VLLM = [n for n in TREES if n != ASCEND]
@@ -21,9 +20,15 @@ def method(tree: SourceTree, module: str, cls: str, name: str):
 
 
 def self_attributes_in_len_calls(node) -> set[str]:
-    return {call.args[0].attr for call in ast.walk(node)
-            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "len" and call.args
-            and isinstance(call.args[0], ast.Attribute) and getattr(call.args[0].value, "id", None) == "self"}
+    return {
+        call.args[0].attr
+        for call in ast.walk(node)
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "id", None) == "len"
+        and call.args
+        and isinstance(call.args[0], ast.Attribute)
+        and getattr(call.args[0].value, "id", None) == "self"
+    }
 
 
 @pytest.mark.parametrize("name", VLLM)
@@ -70,8 +75,9 @@ def test_schedulers_that_preempt_without_preempt_request_put_the_request_at_the_
     if name == ASCEND:
         assert inline == ["vllm_ascend.core.scheduler_dynamic_batch:SchedulerDynamicBatch"]
         # … and its output does not report them (preempted_req_ids is not passed).
-        source = ast.unparse(method(tree, "vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch",
-                                    "schedule"))
+        source = ast.unparse(
+            method(tree, "vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch", "schedule")
+        )
         assert "SchedulerOutput(" in source and "preempted_req_ids" not in source
     queue = method(tree, "vllm.v1.core.sched.request_queue", "FCFSRequestQueue", "prepend_request")
     assert "self.appendleft(request)" in ast.unparse(queue)

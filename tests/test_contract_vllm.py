@@ -6,16 +6,16 @@ vllm-ascend 0.23.0.post1 runs on) and 0.33.0 are read from their sdists, downloa
 import os
 
 import pytest
-from packaging.version import Version
-from source_archives import sdist
-
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from contract import (
     READS,
     SourceTree,
     check_read,
     check_target,
 )
+from packaging.version import Version
+from source_archives import sdist
+
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 
@@ -49,8 +49,7 @@ def test_every_target_exists_with_the_parameters_its_handler_reads(version_tree)
 
 def test_every_attribute_handlers_read_exists(version_tree):
     version, tree = version_tree
-    problems = [p for read in READS if not read.module.startswith("vllm_ascend")
-                for p in check_read(tree, read)]
+    problems = [p for read in READS if not read.module.startswith("vllm_ascend") for p in check_read(tree, read)]
     assert problems == [], f"vLLM {version}"
 
 
@@ -81,8 +80,9 @@ def test_the_worker_reply_can_carry_the_workers_stamp(version_tree):
     decorators = [d for d in cls.decorator_list if "dataclass" in ast.unparse(d)]
     assert decorators and all("slots=True" not in ast.unparse(d) for d in decorators), version
     assert not any(isinstance(n, ast.Assign) and "__slots__" in ast.unparse(n) for n in cls.body), version
-    assert any(isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "EMPTY_MODEL_RUNNER_OUTPUT"
-               for n in module.body), version
+    assert any(
+        isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "EMPTY_MODEL_RUNNER_OUTPUT" for n in module.body
+    ), version
     _, worker = tree.find_class("vllm.v1.executor.multiproc_executor", "WorkerProc")
     (enqueue,) = [n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "enqueue_output"]
     body = ast.unparse(enqueue)

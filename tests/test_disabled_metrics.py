@@ -12,6 +12,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.installer import DISABLED, 
 def disabled(monkeypatch):
     def set_(value):
         monkeypatch.setenv(environment.DISABLED_METRICS, value)
+
     return set_
 
 

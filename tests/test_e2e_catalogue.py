@@ -35,20 +35,25 @@ NOT_ON_CPU = {
     "decode_over_1s_count": "needs an inter-token latency over 1 s",
     "prefill_over_threshold_count": "needs a time to first token over 5 s",
     "npu:utilization": "no device",
-    **{f"engine:memory:{m}": "not stored by vLLM's CPU worker"
-       for m in ("total_gb", "reserved_gb", "weights_gb", "non_torch_gb", "activation_gb", "graph_gb")},
+    **{
+        f"engine:memory:{m}": "not stored by vLLM's CPU worker"
+        for m in ("total_gb", "reserved_gb", "weights_gb", "non_torch_gb", "activation_gb", "graph_gb")
+    },
 }
 
 
 def ascend_only(spec) -> bool:
     return all(symbol.startswith("vllm_ascend") for symbol in spec.hooked)
+
+
 #: Under load 3 the running queue holds 4 requests at most.
 MAX_NUM_SEQS = 4
 
 
 def value(text, metric, **match):
-    return sum(v for n, labels, v in samples(text) if n == metric
-               and all(labels.get(k) == val for k, val in match.items()))
+    return sum(
+        v for n, labels, v in samples(text) if n == metric and all(labels.get(k) == val for k, val in match.items())
+    )
 
 
 def where(text, name, predicate):
@@ -82,8 +87,16 @@ def server(tmp_path_factory):
     # At most 4 running requests: a burst fills the running queue while requests wait.
     # 448 tokens per request (14 of the 16 blocks): the abandoned stream runs long enough to be aborted
     # on an unloaded machine.
-    args = ["--max-num-batched-tokens", str(BUDGET), "--max-num-seqs", "4", "--max-model-len", "448",
-            "--chat-template", str(template)]
+    args = [
+        "--max-num-batched-tokens",
+        str(BUDGET),
+        "--max-num-seqs",
+        "4",
+        "--max-model-len",
+        "448",
+        "--chat-template",
+        str(template),
+    ]
     log = str(root / "server.log")
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # exposes /collective_rpc, to make a worker RPC fail for real
     with Server(model, extra_args=args, env=env, log_path=log) as s:
@@ -130,36 +143,70 @@ def run(server):
     seen["steps"] = sum(math.ceil(n / BUDGET) + 10 - 1 for n in prompt_lengths)
     expected_steps = before_steps = where(before, P + "executor:execute_model:duration_count", non_idle)
     expected_steps += seen["steps"]
-    sequential = settle(server, lambda t: where(t, P + "executor:execute_model:duration_count", non_idle)
-                        >= expected_steps and where(t, P + "worker:model_inference:duration_count", non_idle)
-                        >= expected_steps)
+    sequential = settle(
+        server,
+        lambda t: (
+            where(t, P + "executor:execute_model:duration_count", non_idle) >= expected_steps
+            and where(t, P + "worker:model_inference:duration_count", non_idle) >= expected_steps
+        ),
+    )
     seen["before_steps"] = before_steps
     # 2. streaming chat, timed to the end of its stream; an abandoned streaming completion.
     pre_chat = server.scrape()
     seen["chat_stream_seconds"], seen["chat_chunks"] = stream(
-        server, "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": prompts[0]}],
-                                         "max_tokens": 40, "ignore_eos": True, "stream": True})
+        server,
+        "/v1/chat/completions",
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": prompts[0]}],
+            "max_tokens": 40,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    )
     post_chat = server.scrape()  # vLLM's own request metrics are updated before the stream's last chunk
     seen["chat_requests"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_count")
     seen["chat_e2e_seconds"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_sum")
     # A long generation from a short prompt, abandoned after its first chunk. vLLM aborts it once the server
     # has noticed the disconnect and the response's stream is dropped; under CPU load that was seen to come
     # after all 440 tokens were generated (no abort): not relied on.
-    stream(server, "/v1/completions", {"model": "tiny", "prompt": tiny_model.prompt(400, words=5), "max_tokens": 440,
-                                        "ignore_eos": True, "stream": True}, keep_reading=False)
+    stream(
+        server,
+        "/v1/completions",
+        {
+            "model": "tiny",
+            "prompt": tiny_model.prompt(400, words=5),
+            "max_tokens": 440,
+            "ignore_eos": True,
+            "stream": True,
+        },
+        keep_reading=False,
+    )
     # A stop string the first generated word contains (the tiny model's words are w0, w1, …): vLLM's frontend
     # finishes the request and aborts it in the EngineCore (abort_requests_async) on any machine.
-    status, body = server.post("/v1/completions", {"model": "tiny", "prompt": tiny_model.prompt(410, words=5),
-                                                   "max_tokens": 40, "ignore_eos": True, "stop": ["w"]})
+    status, body = server.post(
+        "/v1/completions",
+        {
+            "model": "tiny",
+            "prompt": tiny_model.prompt(410, words=5),
+            "max_tokens": 40,
+            "ignore_eos": True,
+            "stop": ["w"],
+        },
+    )
     seen["stopped"] = (status, json.loads(body)["choices"][0]["finish_reason"] if status == 200 else body)
     # 3. a burst: preemptions, a full running queue (12 requests in one, 4 running at most).
     server.batch([tiny_model.prompt(300 + i, words=60) for i in range(12)])
     # 4. a worker RPC that fails (a method workers do not have); vLLM serves on.
     seen["rpc_status"], _ = server.post("/collective_rpc", {"method": "no_such_worker_method"})
-    final = settle(server, lambda t: value(t, P + "running_to_waiting_count_total")
-                   == value(t, "vllm:num_preemptions_total") > 0
-                   and value(t, P + "async_llm:abort_requests:duration_count") >= 1
-                   and value(t, P + "rpc_errors_total") >= 1)
+    final = settle(
+        server,
+        lambda t: (
+            value(t, P + "running_to_waiting_count_total") == value(t, "vllm:num_preemptions_total") > 0
+            and value(t, P + "async_llm:abort_requests:duration_count") >= 1
+            and value(t, P + "rpc_errors_total") >= 1
+        ),
+    )
     return before, sequential, final, seen
 
 
@@ -174,9 +221,13 @@ def test_engine_steps_match_vllms_iterations_and_the_hand_count(run):
     # vLLM counts an iteration per step that produced output: all but the non-final prefill chunks.
     chunks_without_output = sum(math.ceil(n / BUDGET) - 1 for n in seen["prompt_lengths"])
     assert steps == delta(after, before, "vllm:iteration_tokens_total_count") + chunks_without_output
-    for name in ("worker:model_inference:duration_count", "scheduler:duration_count",
-                 "engine_core:engine_core_step:duration_count", "npu:forward_duration_count",
-                 "executor:model_runner_execute_model:duration_count"):
+    for name in (
+        "worker:model_inference:duration_count",
+        "scheduler:duration_count",
+        "engine_core:engine_core_step:duration_count",
+        "npu:forward_duration_count",
+        "executor:model_runner_execute_model:duration_count",
+    ):
         assert where(after, P + name, non_idle) - where(before, P + name, non_idle) == steps, name
 
 
@@ -194,9 +245,15 @@ def test_scheduled_tokens_match_vllms_token_counters(run):
 
 def test_per_request_latencies_count_each_request_once(run):
     before, after, _, _ = run
-    for name in ("second_token_latency_count", "fine_grained_ttft_count", "fine_grained_tpot_count",
-                 "engine:generate:duration_count", "engine:async_add_request:duration_count",
-                 "engine:tokenizer_encode_count", "scheduler:add_request:duration_count"):
+    for name in (
+        "second_token_latency_count",
+        "fine_grained_ttft_count",
+        "fine_grained_tpot_count",
+        "engine:generate:duration_count",
+        "engine:async_add_request:duration_count",
+        "engine:tokenizer_encode_count",
+        "scheduler:add_request:duration_count",
+    ):
         assert delta(after, before, P + name) == 3, name
     ttft = delta(after, before, P + "fine_grained_ttft_sum")
     assert ttft == pytest.approx(delta(after, before, "vllm:time_to_first_token_seconds_sum"), rel=1e-6)
@@ -205,17 +262,26 @@ def test_per_request_latencies_count_each_request_once(run):
 def test_scopes_fit_inside_their_steps(run):
     _, _, final, _ = run
     for phase in ("prefill", "decode", "mixed"):
-        scopes = where(final, P + "record_function_or_nullcontext_sum",
-                       lambda l: l["phase"] == phase and l["name"].startswith("gpu_model_runner:"))
+        scopes = where(
+            final,
+            P + "record_function_or_nullcontext_sum",
+            lambda l: l["phase"] == phase and l["name"].startswith("gpu_model_runner:"),
+        )
         assert 0 < scopes <= value(final, P + "worker:model_inference:duration_sum", phase=phase)
-        sched = where(final, P + "record_function_or_nullcontext_sum",
-                      lambda l: l["phase"] == phase and l["name"].startswith("schedule:"))
+        sched = where(
+            final,
+            P + "record_function_or_nullcontext_sum",
+            lambda l: l["phase"] == phase and l["name"].startswith("schedule:"),
+        )
         assert 0 < sched <= value(final, P + "scheduler:duration_sum", phase=phase)
         forward = value(final, P + "npu:forward_duration_sum", phase=phase)
-        assert forward == pytest.approx(value(final, P + "record_function_or_nullcontext_sum", phase=phase,
-                                              name="gpu_model_runner: forward"), rel=1e-9)
-        assert forward + value(final, P + "npu:non_forward_duration_sum", phase=phase) <= \
-            value(final, P + "worker:model_inference:duration_sum", phase=phase) * (1 + 1e-9)
+        assert forward == pytest.approx(
+            value(final, P + "record_function_or_nullcontext_sum", phase=phase, name="gpu_model_runner: forward"),
+            rel=1e-9,
+        )
+        assert forward + value(final, P + "npu:non_forward_duration_sum", phase=phase) <= value(
+            final, P + "worker:model_inference:duration_sum", phase=phase
+        ) * (1 + 1e-9)
 
 
 def test_streams_are_timed_to_their_end(run):
@@ -240,8 +306,11 @@ def test_preemptions_and_a_full_queue_under_the_burst(run):
     assert value(final, P + "engine:memory:kvcache_gb", rank="0") == 1.0  # VLLM_CPU_KVCACHE_SPACE=1
     assert value(final, P + "scheduler:phase_batch_size_count", req_phase="prefill") > 0
     # The running queue never exceeds its limit: the histogram's observations all lie in buckets <= 4.
-    running = {l["le"]: v for n, l, v in samples(final) if n == P + "scheduler:running_queue_size_bucket"
-               and l["phase"] == "decode"}
+    running = {
+        l["le"]: v
+        for n, l, v in samples(final)
+        if n == P + "scheduler:running_queue_size_bucket" and l["phase"] == "decode"
+    }
     assert running["4.0"] == running["+Inf"] > 0
 
 
@@ -304,8 +373,7 @@ def test_a_second_server_started_from_a_child_environment_of_this_one_never_sees
     for text in (first_text, second_text):
         procs = {labels["process"]: v for n, labels, v in samples(text) if n == P + "instrumented_processes"}
         assert procs == kinds
-    for name in ("scheduler:duration_count", "worker:model_inference:duration_count",
-                 "running_to_waiting_count_total"):
+    for name in ("scheduler:duration_count", "worker:model_inference:duration_count", "running_to_waiting_count_total"):
         assert value(first_text, P + name) == value(before, P + name)
     assert value(final, P + "running_to_waiting_count_total") > 0  # the first server's burst preempted
     assert value(second_text, P + "running_to_waiting_count_total") == 0  # none of those crossed over

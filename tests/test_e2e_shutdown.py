@@ -16,12 +16,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from otlp_receiver import Receiver, _value  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess  # noqa: E402
 from prometheus_client.mmap_dict import MmapedDict  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total  # noqa: E402
-from otlp_receiver import Receiver, _value  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -126,9 +126,13 @@ def test_clean_stop_exports_everything_the_engine_core_and_worker_recorded(model
         from_otlp = {k: v for k, v in pushed.items() if k[0] == pid}
         assert from_otlp, role
         assert from_files == from_otlp, role
-    forward = [v for (pid, name, labels), v in pushed.items()
-               if pid == pids["worker"] and name == "vllm_profiling_record_function_or_nullcontext_count"
-               and ("name", "gpu_model_runner: forward") in labels]
+    forward = [
+        v
+        for (pid, name, labels), v in pushed.items()
+        if pid == pids["worker"]
+        and name == "vllm_profiling_record_function_or_nullcontext_count"
+        and ("name", "gpu_model_runner: forward") in labels
+    ]
     assert forward and forward[0] > 0
     # The live gauges of the killed processes are gone from the directory (vLLM's collector would serve them).
     live = [n for n in os.listdir(directory) if n.startswith("gauge_live") and "otel-" in n]
@@ -203,8 +207,11 @@ def run_kill_9_sequence(model, tmp_path, directory, orphans):
     from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import samples
 
     alive = [pid for pid in orphan_pids if os.path.exists(f"/proc/{pid}")]
-    procs = sorted((labels["process"], value) for name, labels, value in samples(text)
-                   if name == "vllm_profiling_instrumented_processes")
+    procs = sorted(
+        (labels["process"], value)
+        for name, labels, value in samples(text)
+        if name == "vllm_profiling_instrumented_processes"
+    )
     assert procs == [("api_server", 1.0), ("engine_core", 1.0), ("worker", 1.0)], (procs, alive)
     assert preemptions > 0
     assert total(text, R2W + "_total") == preemptions  # this run's EngineCore only

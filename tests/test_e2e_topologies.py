@@ -23,10 +23,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from otlp_receiver import Receiver  # noqa: E402
+
 from opentelemetry_instrumentation_vllm_ascend import catalogue  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
-from otlp_receiver import Receiver  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -46,8 +47,9 @@ ONE_CORE_EACH = _one_core_each()
 
 
 def value(text, metric, /, **match):
-    return sum(v for n, labels, v in samples(text) if n == metric
-               and all(labels.get(k) == val for k, val in match.items()))
+    return sum(
+        v for n, labels, v in samples(text) if n == metric and all(labels.get(k) == val for k, val in match.items())
+    )
 
 
 def delta(after, before, metric, /, **match):
@@ -107,6 +109,7 @@ def concurrently(calls):
 
 # -- 1. vllm serve --data-parallel-size 2 (two engines, two API servers) ---------------------------------
 
+
 def api_server_requests(receiver) -> dict:
     """{API server pid: requests it served} from what each API server pushed (engine:generate's count)."""
     counts: dict = {}
@@ -148,8 +151,9 @@ def dp(tmp_path_factory):
                 served = settle_requests(receiver, sent)
                 if len(served) == 2:
                     break
-                concurrently([lambda i=i: server.complete(tiny_model.prompt(900 + sent + i), MAX_TOKENS)
-                              for i in range(2)])
+                concurrently(
+                    [lambda i=i: server.complete(tiny_model.prompt(900 + sent + i), MAX_TOKENS) for i in range(2)]
+                )
                 sent += 2
             text = settle_dp(server, receiver)
             yield {"text": text, "receiver": receiver, "log": log, "sent": sent}
@@ -176,12 +180,13 @@ def settle_dp(server, receiver, timeout=60.0):
         state = (
             tuple(value(text, P + "running_to_waiting_count_total", dp=d) for d in ("0", "1")),
             tuple(value(text, "vllm:num_preemptions_total", engine=d) for d in ("0", "1")),
-            value(text, P + "output_sum"), generated, sum(api_server_sums(receiver, "output").values()),
+            value(text, P + "output_sum"),
+            generated,
+            sum(api_server_sums(receiver, "output").values()),
             value(text, P + "executor:model_runner_execute_model:duration_count"),
             sum(receiver.histogram_counts(P + "executor:model_runner_execute_model:duration").values()),
         )
-        done = (state[0] == state[1] and generated > 0 and state[2] == generated == state[4]
-                and state[5] == state[6])
+        done = state[0] == state[1] and generated > 0 and state[2] == generated == state[4] and state[5] == state[6]
         if (done and state == previous) or time.monotonic() > deadline:
             return text
         previous = state
@@ -203,17 +208,18 @@ def test_dp_engines_and_workers_know_their_dp(dp):
     unknown = set()
     for name, labels, _ in samples(text):
         if name.startswith(P) and labels.get("dp") == "unknown":
-            family = name[:-len("_total")] if name.endswith("_total") else name
+            family = name[: -len("_total")] if name.endswith("_total") else name
             for suffix in ("_bucket", "_count", "_sum"):
-                family = family[:-len(suffix)] if family.endswith(suffix) else family
+                family = family[: -len(suffix)] if family.endswith(suffix) else family
             if family not in api_side and labels.get("process") != "api_server":
                 unknown.add(name)
     assert unknown == set()
     # Each engine's steps are its own: scheduled in its EngineCore, run by its worker (rank 0 of its engine),
     # which pushed the same count over OTLP, labelled with its dp and rank, from its own process.
     pushed: dict = {}
-    for (pid, attrs), count in dp["receiver"].histogram_counts(
-            P + "executor:model_runner_execute_model:duration").items():
+    for (pid, attrs), count in (
+        dp["receiver"].histogram_counts(P + "executor:model_runner_execute_model:duration").items()
+    ):
         attrs = dict(attrs)
         key = (attrs["dp"], attrs["rank"])
         pushed.setdefault(key, [set(), 0])
@@ -233,8 +239,13 @@ def test_dp_engines_and_workers_know_their_dp(dp):
 
 def test_dp_every_process_of_both_engines_and_both_api_servers_is_counted(dp):
     procs = {(labels["process"], labels["dp"]): v for labels, v in series(dp["text"], P + "instrumented_processes")}
-    assert procs == {("api_server", "unknown"): 2.0, ("engine_core", "0"): 1.0, ("engine_core", "1"): 1.0,
-                     ("worker", "0"): 1.0, ("worker", "1"): 1.0}
+    assert procs == {
+        ("api_server", "unknown"): 2.0,
+        ("engine_core", "0"): 1.0,
+        ("engine_core", "1"): 1.0,
+        ("worker", "0"): 1.0,
+        ("worker", "1"): 1.0,
+    }
     roles = {}
     for resource in dp["receiver"].resources():
         roles.setdefault(resource["vllm.process.role"], set()).add(resource["process.pid"])
@@ -253,16 +264,19 @@ def test_dp_totals_over_both_api_servers_equal_vllms(dp):
     # One EngineCoreOutput per request per step that gave it a token (no speculative decoding here).
     assert value(text, P + "engine_core_outputs_len_sum") == generated
     for engine in ("0", "1"):
-        assert value(text, P + "output_sum", engine=engine) == value(text, "vllm:generation_tokens_total",
-                                                                    engine=engine)
+        assert value(text, P + "output_sum", engine=engine) == value(
+            text, "vllm:generation_tokens_total", engine=engine
+        )
         assert value(text, P + "fine_grained_ttft_count", engine=engine) == value(
-            text, "vllm:request_success_total", engine=engine)
+            text, "vllm:request_success_total", engine=engine
+        )
     assert value(text, P + "engine:generate:duration_count") == requests
     # An engine step's scheduler stats go to one API server only (the first with outputs in the step):
     # one stats update per scheduled step, over both API servers.
     for engine in ("0", "1"):
         assert value(text, P + "batch_size_count", engine=engine) == value(
-            text, P + "scheduler:duration_count", dp=engine)
+            text, P + "scheduler:duration_count", dp=engine
+        )
 
 
 def test_dp_each_api_server_sees_only_its_requests_share_of_an_iteration(dp):
@@ -289,6 +303,7 @@ def test_dp_server_log_has_no_instrumentation_failure(dp):
 
 
 # -- 2. --tensor-parallel-size 2 (two workers of one engine) ---------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tp(tmp_path_factory):
@@ -341,8 +356,11 @@ def test_tp_each_rank_ran_every_step_the_engine_dispatched(tp):
     for rank in ("0", "1"):
         assert value(text, P + "worker:model_inference:duration_count", rank=rank) == dispatched
         forward = value(text, P + "npu:forward_duration_count", rank=rank)
-        assert forward == value(text, P + "record_function_or_nullcontext_count", rank=rank,
-                                name="gpu_model_runner: forward") == busy
+        assert (
+            forward
+            == value(text, P + "record_function_or_nullcontext_count", rank=rank, name="gpu_model_runner: forward")
+            == busy
+        )
 
 
 def test_tp_worker_series_carry_their_rank_and_engine_core_series_none(tp):
@@ -353,7 +371,7 @@ def test_tp_worker_series_carry_their_rank_and_engine_core_series_none(tp):
     for name, labels, _ in samples(text):
         family = name
         for suffix in ("_bucket", "_count", "_sum", "_total"):
-            family = family[:-len(suffix)] if family.endswith(suffix) else family
+            family = family[: -len(suffix)] if family.endswith(suffix) else family
         if family in worker_recorded:
             ranks_seen.add(labels.get("rank"))
         elif family in engine_recorded:

@@ -6,13 +6,13 @@ import multiprocessing
 import os
 
 import pytest
-
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.hooks import patches, wrappers
-from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
 from otlp_receiver import Receiver
 from test_prometheus import exposition, sample_lines
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
+from opentelemetry_instrumentation_vllm_ascend.hooks import patches, wrappers
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
@@ -33,9 +33,11 @@ OLD_PLACEMENT = [[[0, 1], [0, 2]], [[0, 1], [0, 2]]]
 NEW_PLACEMENT = [[[0, 2], [1, 2]], [[0, 1], [0, 2]]]
 LOAD = [[[4, 2], [6, 20]], [[0, 0], [0, 0]]]
 # The same load over 3 collection stages: [T, L, ep, E_local] (vllm-ascend's multi-stage layout) ...
-_STAGES = ([[[1, 2], [6, 5]], [[0, 0], [0, 0]]],
-           [[[3, 0], [0, 15]], [[0, 0], [0, 0]]],
-           [[[0, 0], [0, 0]], [[0, 0], [0, 0]]])
+_STAGES = (
+    [[[1, 2], [6, 5]], [[0, 0], [0, 0]]],
+    [[[3, 0], [0, 15]], [[0, 0], [0, 0]]],
+    [[[0, 0], [0, 0]], [[0, 0], [0, 0]]],
+)
 STAGED_LOAD = [list(stage) for stage in _STAGES]
 # ... and unpermuted, [L, ep, T, E_local].
 STAGED_LOAD_L_FIRST = [[[_STAGES[t][layer][rank] for t in range(3)] for rank in range(2)] for layer in range(2)]
@@ -147,13 +149,18 @@ class FakeEplbWorker:
                 hotness = self._calculate_hotness(old_placement, load_info)
             with np.errstate(invalid="ignore"):  # 0 / 0 on a layer without load, as in vllm-ascend
                 current_mean, current_max, current_imbalance_list = self._compute_imbalance(
-                    old_placement, hotness, return_list=True)
+                    old_placement, hotness, return_list=True
+                )
                 update_mean, update_max, update_imbalance_list = self._compute_imbalance(
-                    new_placement, hotness, return_list=True)
+                    new_placement, hotness, return_list=True
+                )
             self.latest_expert_hotness = {
-                "current_mean": current_mean, "current_max": current_max,
-                "update_mean": update_mean, "update_max": update_max,
-                "current_imbalance_list": current_imbalance_list, "update_imbalance_list": update_imbalance_list,
+                "current_mean": current_mean,
+                "current_max": current_max,
+                "update_mean": update_mean,
+                "update_max": update_max,
+                "current_imbalance_list": current_imbalance_list,
+                "update_imbalance_list": update_imbalance_list,
             }
         new_expert_maps = self.local2global(new_placement)
         self.shared_dict["expert_maps"] = new_expert_maps
@@ -237,16 +244,20 @@ def eplb_series(metrics):
     out = {}
     for name, series in metrics.points().items():
         if name.startswith("vllm_profiling_eplb:") and "duration" not in name:
-            out[name[len("vllm_profiling_eplb:"):]] = {
-                tuple((k, v) for k, v in key if k not in ("dp", "role")): value for key, value in series.items()}
+            out[name[len("vllm_profiling_eplb:") :]] = {
+                tuple((k, v) for k, v in key if k not in ("dp", "role")): value for key, value in series.items()
+            }
     return out
 
 
 def expected_series(rank="0"):
     out = {f"expert_hotness:{k}": {(("phase", "all"), ("rank", rank)): v} for k, v in EXPECTED_SUMMARY.items()}
     for name, position in (("expert_hotness:imbalance", 0), ("layer_load:mean", 1), ("layer_load:max", 2)):
-        out[name] = {(("layer", str(layer)), ("phase", phase), ("rank", rank)): rows[layer][position]
-                     for phase, rows in EXPECTED_STATS.items() for layer in range(2)}
+        out[name] = {
+            (("layer", str(layer)), ("phase", phase), ("rank", rank)): rows[layer][position]
+            for phase, rows in EXPECTED_STATS.items()
+            for layer in range(2)
+        }
     return out
 
 
@@ -384,12 +395,17 @@ def test_forked_eplb_process_exports_its_gauges_once(exported, hooked):
 
     lines = sample_lines(text, "vllm_profiling_eplb:")
     assert lines == sorted(
-        [f'vllm_profiling_eplb:expert_hotness:{k}{{dp="0",phase="all",rank="0",role="mixed"}} {v}'
-         for k, v in EXPECTED_SUMMARY.items()]
-        + [f'vllm_profiling_eplb:{name}{{dp="0",layer="{layer}",phase="{phase}",rank="0",role="mixed"}} '
-           f'{float(EXPECTED_STATS[phase][layer][position])}'
-           for name, position in (("expert_hotness:imbalance", 0), ("layer_load:mean", 1), ("layer_load:max", 2))
-           for phase in ("current", "update") for layer in (0, 1)]
+        [
+            f'vllm_profiling_eplb:expert_hotness:{k}{{dp="0",phase="all",rank="0",role="mixed"}} {v}'
+            for k, v in EXPECTED_SUMMARY.items()
+        ]
+        + [
+            f'vllm_profiling_eplb:{name}{{dp="0",layer="{layer}",phase="{phase}",rank="0",role="mixed"}} '
+            f"{float(EXPECTED_STATS[phase][layer][position])}"
+            for name, position in (("expert_hotness:imbalance", 0), ("layer_load:mean", 1), ("layer_load:max", 2))
+            for phase in ("current", "update")
+            for layer in (0, 1)
+        ]
     )
     assert len(lines) == len({line.rsplit(" ", 1)[0] for line in lines})  # one series per label set
     assert sample_lines(text, "vllm_profiling_instrumented_processes") == [
@@ -409,11 +425,16 @@ def test_forked_eplb_process_exports_its_gauges_once(exported, hooked):
     assert resources[child.pid]["service.instance.id"] != resources[os.getpid()]["service.instance.id"]
     points = receiver.points("vllm_profiling_eplb:expert_hotness:current_max")
     assert {(p[0]["process.pid"], tuple(sorted(p[1].items())), p[2]) for p in points} == {
-        (child.pid, (("dp", "0"), ("phase", "all"), ("rank", "0"), ("role", "mixed")), 1.5625)}
+        (child.pid, (("dp", "0"), ("phase", "all"), ("rank", "0"), ("role", "mixed")), 1.5625)
+    }
     imbalance = receiver.points("vllm_profiling_eplb:expert_hotness:imbalance")
     assert {p[0]["process.pid"] for p in imbalance} == {child.pid}
     assert {(p[1]["layer"], p[1]["phase"], p[2]) for p in imbalance} == {
-        ("0", "current", 1.5625), ("1", "current", 1.0), ("0", "update", 1.25), ("1", "update", 1.0)}
+        ("0", "current", 1.5625),
+        ("1", "current", 1.0),
+        ("0", "update", 1.25),
+        ("1", "update", 1.0),
+    }
 
 
 # -- applying a new placement: the transfer timers ------------------------------------------------------
@@ -475,11 +496,14 @@ class FakeLoader:
 
 @pytest.fixture
 def transfer_hooks():
-    installed = [patches.patch_method(FakeLoader, "update_expert_map_and_weight", eplb.UpdateExpertMapAndWeight(),
-                                     wrappers.SYNC)]
-    for method, handler in (("do_update_expert_map", eplb.UpdateExpertMap),
-                            ("do_update_log2phy_map", eplb.UpdateLog2PhyMap),
-                            ("do_update_expert_weight", eplb.UpdateExpertWeight)):
+    installed = [
+        patches.patch_method(FakeLoader, "update_expert_map_and_weight", eplb.UpdateExpertMapAndWeight(), wrappers.SYNC)
+    ]
+    for method, handler in (
+        ("do_update_expert_map", eplb.UpdateExpertMap),
+        ("do_update_log2phy_map", eplb.UpdateLog2PhyMap),
+        ("do_update_expert_weight", eplb.UpdateExpertWeight),
+    ):
         installed.append(patches.patch_method(FakeAdaptor, method, handler(), wrappers.SYNC_TIMER))
     yield
     for patch in installed:
@@ -522,8 +546,12 @@ def test_transfer_timer_records_only_calls_that_did_work(metrics, transfer_hooks
     assert loader.state is ExpertWeightUpdateState.WAITING
     loader.update_expert_map_and_weight(reqs)  # the following steps: nothing to do, not recorded
     labels = ("3", "all", "prefill")  # dp, phase, role (sorted by label name)
-    assert counts(metrics) == {"expert_weight_update": {labels: 1}, "expert_map_update": {labels: 1},
-                               "log2phy_map_update": {labels: 1}, "expert_weight_replace": {labels: 2}}
+    assert counts(metrics) == {
+        "expert_weight_update": {labels: 1},
+        "expert_map_update": {labels: 1},
+        "log2phy_map_update": {labels: 1},
+        "expert_weight_replace": {labels: 2},
+    }
     (point,) = metrics.points()["vllm_profiling_eplb:expert_weight_update:duration"].values()
     assert point[1] > 0
 

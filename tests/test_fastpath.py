@@ -14,11 +14,16 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
-from opentelemetry_instrumentation_vllm_ascend.recording.pipeline import Pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
+from opentelemetry_instrumentation_vllm_ascend.recording.pipeline import Pipeline
 
-HIST = catalogue.MetricSpec(seed="test:step:duration", kind=catalogue.HISTOGRAM, unit="s",
-                            description="A test timer.", buckets=(0.001, 0.01, 0.1, 1.0, 10.0))
+HIST = catalogue.MetricSpec(
+    seed="test:step:duration",
+    kind=catalogue.HISTOGRAM,
+    unit="s",
+    description="A test timer.",
+    buckets=(0.001, 0.01, 0.1, 1.0, 10.0),
+)
 SPECS = [catalogue.RUNNING_TO_WAITING, catalogue.RPC_ERRORS, catalogue.INSTRUMENTED_PROCESSES, HIST, HIST, HIST]
 RECORD_MANY = 4  # the same histogram, several values at once (a scheduling step's per-request scopes)
 RECORD_N = 5  # the same histogram, one value n times (equal batch sizes of several steps)
@@ -28,6 +33,7 @@ LABELS = {
     catalogue.INSTRUMENTED_PROCESSES.seed: [("worker", "0", "mixed"), ("engine_core", "1", "prefill")],
     HIST.seed: [("0", "mixed", "decode"), ("0", "mixed", "prefill")],
 }
+
 
 def ops(values):
     return st.one_of(
@@ -89,15 +95,26 @@ def normalized(metrics_data, round_sums=False):
                         value = (p.count, total, tuple(p.bucket_counts), tuple(p.explicit_bounds), p.min, p.max)
                     else:
                         value = p.value
-                    out.add((sm.scope.name, sm.scope.version, m.name, m.description, m.unit, type(d).__name__,
-                             getattr(d, "aggregation_temporality", None), getattr(d, "is_monotonic", None),
-                             attrs, value))
+                    out.add(
+                        (
+                            sm.scope.name,
+                            sm.scope.version,
+                            m.name,
+                            m.description,
+                            m.unit,
+                            type(d).__name__,
+                            getattr(d, "aggregation_temporality", None),
+                            getattr(d, "is_monotonic", None),
+                            attrs,
+                            value,
+                        )
+                    )
     return out
 
 
 def histogram_sums(metrics_data):
     out = {}
-    for rm in (metrics_data.resource_metrics if metrics_data else ()):
+    for rm in metrics_data.resource_metrics if metrics_data else ():
         for sm in rm.scope_metrics:
             for m in sm.metrics:
                 for p in m.data.data_points:
@@ -180,7 +197,10 @@ def test_arbitrary_values_agree_up_to_float_rounding_of_sums(batches, temporalit
 def test_histogram_bucket_edges_match_the_sdk():
     """A value equal to a bound belongs to that bound's bucket (le semantics), in both paths."""
     ops = [(3, 0, v) for v in (0.001, 0.0010001, 10.0, 10.5, 0.0)]
-    fast, sdk = run("fast", [ops], AggregationTemporality.CUMULATIVE), run("sdk", [ops], AggregationTemporality.CUMULATIVE)
+    fast, sdk = (
+        run("fast", [ops], AggregationTemporality.CUMULATIVE),
+        run("sdk", [ops], AggregationTemporality.CUMULATIVE),
+    )
     assert normalized(fast[0]) == normalized(sdk[0])
     (point,) = [p for p in normalized(fast[0]) if p[2] == HIST.exposed_name]
     assert point[-1][2] == (2, 1, 0, 0, 1, 1)

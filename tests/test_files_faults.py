@@ -13,7 +13,7 @@ from opentelemetry_instrumentation_vllm_ascend import catalogue, context, enviro
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, remove_dead_files
 
-DEAD_PID = 2 ** 22 + 12345  # above the default pid_max: never a live process
+DEAD_PID = 2**22 + 12345  # above the default pid_max: never a live process
 
 
 def write_counter(directory, pid, key=None, value=1.0):
@@ -34,7 +34,7 @@ def corrupt_random(path):
 
 def corrupt_used_header(path):
     with open(path, "r+b") as f:
-        f.write(struct.pack("i", 2 ** 31 - 1))
+        f.write(struct.pack("i", 2**31 - 1))
 
 
 def corrupt_truncated(path):
@@ -61,8 +61,14 @@ def corrupt_negative_header(path):
         f.write(struct.pack("i", -5))  # read naively, this file would just look empty
 
 
-CORRUPTIONS = [corrupt_random, corrupt_used_header, corrupt_truncated, corrupt_key, corrupt_empty,
-               corrupt_negative_header]
+CORRUPTIONS = [
+    corrupt_random,
+    corrupt_used_header,
+    corrupt_truncated,
+    corrupt_key,
+    corrupt_empty,
+    corrupt_negative_header,
+]
 #: The damage that makes prometheus_client's own multiprocess reader raise (the others it reads as empty).
 BREAK_PROMETHEUS_CLIENT = {corrupt_used_header, corrupt_truncated, corrupt_key, corrupt_empty}
 
@@ -90,8 +96,7 @@ def test_our_series_are_found_and_cleaned_up_under_a_directory_with_glob_charact
     recording.flush()
     registry = CollectorRegistry()
     registry.register(FilesCollector(files_dir))
-    assert scrape(registry) == [
-        'vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="mixed"} 3.0']
+    assert scrape(registry) == ['vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="mixed"} 3.0']
     stale = write_counter(files_dir, DEAD_PID)
     remove_dead_files(files_dir)
     assert not os.path.exists(stale)
@@ -106,9 +111,11 @@ def test_an_unreadable_file_is_left_out_with_one_warning(files_dir, corrupt, cap
     Counter("vllm_stand_in_requests", "vLLM's own metrics, on the same registry", registry=registry).inc(7)
     registry.register(FilesCollector(files_dir))
     healthy = scrape(registry)
-    assert healthy == ['vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="mixed"} 3.0',
-                       "vllm_stand_in_requests_created " + healthy[1].split()[-1],
-                       "vllm_stand_in_requests_total 7.0"]
+    assert healthy == [
+        'vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="mixed"} 3.0',
+        "vllm_stand_in_requests_created " + healthy[1].split()[-1],
+        "vllm_stand_in_requests_total 7.0",
+    ]
     bad = write_counter(files_dir, DEAD_PID)
     corrupt(bad)
     with caplog.at_level(logging.WARNING):
@@ -119,8 +126,7 @@ def test_an_unreadable_file_is_left_out_with_one_warning(files_dir, corrupt, cap
 
 
 @pytest.mark.parametrize("corrupt", CORRUPTIONS, ids=lambda f: f.__name__)
-def test_with_prometheus_multiproc_dir_vllms_own_metrics_survive_a_file_of_ours(tmp_path, monkeypatch, corrupt,
-                                                                                caplog):
+def test_with_prometheus_multiproc_dir_vllms_own_metrics_survive_a_file_of_ours(tmp_path, monkeypatch, corrupt, caplog):
     """vLLM serves /metrics from PROMETHEUS_MULTIPROC_DIR with prometheus_client's MultiProcessCollector,
     which raised on the first unreadable file: one file of ours took vLLM's own metrics down with it.
     Exposition.setup() guards it there: our unreadable files are left out (one warning each), vLLM's and our
@@ -142,7 +148,7 @@ def test_with_prometheus_multiproc_dir_vllms_own_metrics_survive_a_file_of_ours(
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(directory))
     healthy = scrape(registry)
-    assert healthy == ['vllm:num_requests_total 5.0', 'vllm_profiling_x_total{dp="9"} 1.0']
+    assert healthy == ["vllm:num_requests_total 5.0", 'vllm_profiling_x_total{dp="9"} 1.0']
     corrupt(write_counter(str(directory), DEAD_PID))
     if corrupt in BREAK_PROMETHEUS_CLIENT:
         with pytest.raises(Exception):

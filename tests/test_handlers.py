@@ -19,8 +19,12 @@ RPC = "vllm_profiling_rpc_errors"
 
 def req(computed, num_tokens, prompt=None, request_id=None):
     """A request: tokens computed so far, tokens known (prompt + outputs), prompt length."""
-    return NS(num_computed_tokens=computed, num_tokens=num_tokens, request_id=request_id,
-              num_prompt_tokens=num_tokens if prompt is None else prompt)
+    return NS(
+        num_computed_tokens=computed,
+        num_tokens=num_tokens,
+        request_id=request_id,
+        num_prompt_tokens=num_tokens if prompt is None else prompt,
+    )
 
 
 def output(requests, new=(), cached=(), resumed=()):
@@ -173,15 +177,20 @@ def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():
 
 # -- preemption, recompute, allocation failures ---------------------------------------------
 
+
 def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
     victim = req(40, 41)  # had computed tokens: a recompute event
     fresh = req(0, 5)  # preempted before computing anything: no recompute
     decode_req = req(41, 41)
     decoding = lambda requests: output(requests, cached=[("d", 1)])  # noqa: E731
-    s = instrumented(FakeScheduler([
-        ([("alloc", victim), ("preempt", victim), ("alloc", fresh), ("preempt", fresh)], decoding),
-        ([], decoding),
-    ]))
+    s = instrumented(
+        FakeScheduler(
+            [
+                ([("alloc", victim), ("preempt", victim), ("alloc", fresh), ("preempt", fresh)], decoding),
+                ([], decoding),
+            ]
+        )
+    )
     s.requests["d"] = decode_req
     s.kv_cache_manager.results = [None, None]
     s.schedule()
@@ -235,6 +244,7 @@ def test_schedule_that_raises_still_records_its_events(metrics):
 
 
 # -- RPC errors -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "exc, label",
@@ -295,6 +305,7 @@ def test_rpc_errors_blocking_and_through_the_future(metrics):
 
 # -- labels -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "parallel, model, expected",
     [
@@ -311,8 +322,13 @@ def test_dp_label(parallel, model, expected):
 
 @pytest.mark.parametrize(
     "kv, expected",
-    [(NS(kv_role="kv_producer"), "prefill"), (NS(kv_role="kv_consumer"), "decode"),
-     (NS(kv_role="kv_both"), "mixed"), (NS(kv_role=None), "mixed"), (None, "mixed")],
+    [
+        (NS(kv_role="kv_producer"), "prefill"),
+        (NS(kv_role="kv_consumer"), "decode"),
+        (NS(kv_role="kv_both"), "mixed"),
+        (NS(kv_role=None), "mixed"),
+        (None, "mixed"),
+    ],
 )
 def test_role_label(kv, expected):
     assert context.role_of(NS(kv_transfer_config=kv)) == expected

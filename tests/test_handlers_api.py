@@ -7,8 +7,8 @@ from types import SimpleNamespace as NS
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.handlers import api
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE,
@@ -61,6 +61,7 @@ def api_process(metrics):
 
 # -- vLLM-shaped stats --------------------------------------------------------------------------
 
+
 class PromptTokenStats:
     def __init__(self, total=0):
         self.total = total
@@ -82,13 +83,17 @@ class IterationStats:
 
 
 def finished(tokens, decode_time):
-    return NS(num_generation_tokens=tokens, decode_time=decode_time,
-              mean_time_per_output_token=decode_time / (tokens - 1) if tokens > 1 else 0)
+    return NS(
+        num_generation_tokens=tokens,
+        decode_time=decode_time,
+        mean_time_per_output_token=decode_time / (tokens - 1) if tokens > 1 else 0,
+    )
 
 
 def scheduler_stats(running=0, waiting=0, skipped=0, spec=None):
-    return NS(num_running_reqs=running, num_waiting_reqs=waiting, num_skipped_waiting_reqs=skipped,
-              spec_decoding_stats=spec)
+    return NS(
+        num_running_reqs=running, num_waiting_reqs=waiting, num_skipped_waiting_reqs=skipped, spec_decoding_stats=spec
+    )
 
 
 class StatLoggerManager:
@@ -108,18 +113,25 @@ def record_fn():
 
 # -- StatLoggerManager.record --------------------------------------------------------------------
 
+
 def test_record_stats_one_engine_update(api_process, clock):
     m = api_process
     mgr = StatLoggerManager(clock)
     it = IterationStats(
-        prompt=100, generated=7,
+        prompt=100,
+        generated=7,
         ttfts=[0.5, 6.0, 25.0],  # three requests completed prefill (3 of the 7 tokens are first tokens)
         itls=[0.25, 1.5, 0.5, 2.0],
         finished=[finished(5, 1.0), finished(1, 0.0), finished(2, 0.5)],
     )
     # As AsyncLLM's output handler calls it: all by keyword.
-    record_fn()(mgr, engine_idx=2, scheduler_stats=scheduler_stats(5, 3, 1, NS(num_draft_tokens=12)),
-                iteration_stats=it, mm_cache_stats=None)
+    record_fn()(
+        mgr,
+        engine_idx=2,
+        scheduler_stats=scheduler_stats(5, 3, 1, NS(num_draft_tokens=12)),
+        iteration_stats=it,
+        mm_cache_stats=None,
+    )
     assert mgr.calls == 1
     step = {"dp": "2", "engine": "2", "role": "decode", "phase": "mixed"}  # first tokens and further tokens
     req = {"dp": "2", "engine": "2", "role": "decode", "phase": "all"}
@@ -154,8 +166,16 @@ def test_record_stats_without_stats_objects_records_only_what_is_there(api_proce
     idle0 = {"dp": "0", "engine": "0", "role": "decode", "phase": "idle"}
     idle1 = {"dp": "1", "engine": "1", "role": "decode", "phase": "idle"}
     points = m.points()
-    for seed in ("input", "output", "total_tokens", "num_spec_tokens", "fine_grained_ttft", "fine_grained_tpot",
-                 "decode_over_1s_count", "prefill_over_threshold_count"):
+    for seed in (
+        "input",
+        "output",
+        "total_tokens",
+        "num_spec_tokens",
+        "fine_grained_ttft",
+        "fine_grained_tpot",
+        "decode_over_1s_count",
+        "prefill_over_threshold_count",
+    ):
         assert name(seed) not in points
     assert set(points[name("batch_size")]) == {tuple(sorted(idle1.items()))}
     assert m.value(name("batch_size"), **idle1) == (1, 2, counts(catalogue.REQUESTS, b2=1))
@@ -218,6 +238,7 @@ def test_record_stats_survives_objects_missing_attributes(api_process, clock):
 
 # -- second token latency ------------------------------------------------------------------------
 
+
 class FakeIterationStats:
     """The parts of IterationStats.update_from_output that second_token_latency depends on."""
 
@@ -244,7 +265,10 @@ def test_second_token_latency(api_process):
     K = catalogue.TOKEN_SECONDS
     # 0.25 in (0.2, 0.3], 0.5 in (0.3, 0.5]; this process's dp as dp and engine
     assert m.value(name("second_token_latency"), dp="0", engine="0", role="decode", phase="all") == (
-        2, 0.75, counts(K, b11=1, b12=1))
+        2,
+        0.75,
+        counts(K, b11=1, b12=1),
+    )
 
 
 def test_second_token_latency_on_real_vllm_iteration_stats(api_process):
@@ -257,14 +281,16 @@ def test_second_token_latency_on_real_vllm_iteration_stats(api_process):
     lora = LoRARequestStates(log_stats=False)
     req = RequestStateStats(arrival_time=0.0)
     for ts, prefilling in ((5.0, True), (5.0625, False), (5.125, False)):
-        update(RealIterationStats(), EngineCoreOutput(request_id="r", new_token_ids=[1]), ts, prefilling, req, lora,
-               None)
+        update(
+            RealIterationStats(), EngineCoreOutput(request_id="r", new_token_ids=[1]), ts, prefilling, req, lora, None
+        )
     assert req.num_generation_tokens == 3
     value = api_process.value(name("second_token_latency"), dp="0", engine="0", role="decode", phase="all")
     assert value[:2] == (1, 0.0625)
 
 
 # -- AsyncLLM / engine client / serving -----------------------------------------------------------
+
 
 def run(coro):
     return asyncio.run(coro)
@@ -329,7 +355,10 @@ def test_add_request_and_abort_are_timed_awaited(api_process, clock):
     STEP = catalogue.STEP_SECONDS
     assert m.value(name("engine:async_add_request:duration"), **labels) == (1, 0.25, counts(STEP, b11=1))
     assert m.value(name("async_llm:abort_requests:duration"), **labels) == (
-        1, 0.015625, counts(catalogue.FINE_SECONDS, b13=1))  # (0.01, 0.025]
+        1,
+        0.015625,
+        counts(catalogue.FINE_SECONDS, b13=1),
+    )  # (0.01, 0.025]
 
 
 def test_generate_is_timed_to_exhaustion_not_creation(api_process, clock):
@@ -412,7 +441,10 @@ def test_process_inputs_is_timed(api_process, clock):
     process = wrap(InputProcessor.process_inputs, api.ProcessInputs(), SYNC_TIMER)[0]
     assert process(InputProcessor(), "id", "prompt", "params", supported_tasks=("generate",)) == "engine core request"
     assert m.value(name("engine:tokenizer_encode"), dp="0", role="decode", phase="all") == (
-        1, 0.001953125, counts(catalogue.STEP_SECONDS, b5=1))  # (0.001, 0.0025]
+        1,
+        0.001953125,
+        counts(catalogue.STEP_SECONDS, b5=1),
+    )  # (0.001, 0.0025]
 
 
 class OutputProcessor:
@@ -421,8 +453,9 @@ class OutputProcessor:
     def __init__(self, clock):
         self.clock = clock
 
-    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None,
-                        weight_version=None):
+    def process_outputs(
+        self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None, weight_version=None
+    ):
         self.clock.t += 0.0625
         if iteration_stats is not None:
             for out in engine_core_outputs:
@@ -456,6 +489,7 @@ def test_process_outputs_phase_of_each_chunk(api_process, clock):
 
 
 # -- the wrappers keep vLLM's signatures -----------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "fn, handler, kind",
@@ -493,8 +527,9 @@ def test_output_loop_values_carry_the_engine_whose_outputs_are_processed(metrics
             return self.batches.pop(0)
 
     class OutputProcessor:
-        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None,
-                            weight_version=None):
+        def process_outputs(
+            self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None, weight_version=None
+        ):
             return None
 
     Client.get_output_async = wrap(Client.get_output_async, api_handlers.GetOutput(), COROUTINE)[0]
@@ -525,8 +560,14 @@ def test_a_slow_multi_token_output_counts_once(api_process, clock):
 
     it = stats.IterationStats()
     req_stats = stats.RequestStateStats(first_token_ts=100.0, last_token_ts=100.0)
-    it.update_from_output(EngineCoreOutput(request_id="r", new_token_ids=[11, 12, 13]), 101.5, False, req_stats,
-                          stats.LoRARequestStates(), None)
+    it.update_from_output(
+        EngineCoreOutput(request_id="r", new_token_ids=[11, 12, 13]),
+        101.5,
+        False,
+        req_stats,
+        stats.LoRARequestStates(),
+        None,
+    )
     assert it.num_generation_tokens == 3 and it.inter_token_latencies_iter == [1.5]
     record_fn()(StatLoggerManager(clock), None, it, engine_idx=0)
     req = {"dp": "0", "engine": "0", "role": "decode", "phase": "all"}

@@ -7,14 +7,13 @@ import types
 from types import SimpleNamespace as NS
 
 import pytest
+from test_handlers import output, req
 
 from opentelemetry_instrumentation_vllm_ascend import context, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
-
-from test_handlers import output, req
 
 
 class AscendAttentionState(enum.Enum):  # vllm_ascend.attention.attention_v1
@@ -55,11 +54,16 @@ def npu_runner(attn_state):
     return NPUModelRunner()
 
 
-@pytest.mark.parametrize("state, phase", [
-    (AscendAttentionState.PrefillNoCache, "prefill"), (AscendAttentionState.PrefillCacheHit, "prefill"),
-    (AscendAttentionState.DecodeOnly, "decode"), (AscendAttentionState.SpecDecoding, "decode"),
-    (AscendAttentionState.ChunkedPrefill, "mixed"),
-])
+@pytest.mark.parametrize(
+    "state, phase",
+    [
+        (AscendAttentionState.PrefillNoCache, "prefill"),
+        (AscendAttentionState.PrefillCacheHit, "prefill"),
+        (AscendAttentionState.DecodeOnly, "decode"),
+        (AscendAttentionState.SpecDecoding, "decode"),
+        (AscendAttentionState.ChunkedPrefill, "mixed"),
+    ],
+)
 def test_npu_step_phase_from_attn_state_when_the_output_carries_none(metrics, state, phase):
     runner = npu_runner(state)
     runner.execute_model(NS())  # no phase attribute: the EngineCore was not instrumented
@@ -75,8 +79,9 @@ def test_npu_step_phase_carried_by_the_output_wins(metrics):
     out = NS(**{context.PHASE_ATTRIBUTE: "prefill"})  # exact, from the EngineCore: a chunked prefill
     runner.execute_model(out)
     runner.sample_tokens(None)
-    assert metrics.value("vllm_profiling_worker:model_inference:duration",
-                         dp="0", role="mixed", phase="prefill")[0] == 1
+    assert (
+        metrics.value("vllm_profiling_worker:model_inference:duration", dp="0", role="mixed", phase="prefill")[0] == 1
+    )
     assert metrics.value("vllm_profiling_worker:model_inference:duration", dp="0", role="mixed", phase="mixed") is None
 
 
@@ -115,6 +120,7 @@ def test_requests_sent_back_for_recompute_are_recompute_events(metrics):
 
 def test_a_subclass_schedule_calling_the_base_is_measured_once(metrics):
     """BalanceScheduler.schedule may return super().schedule(): both are hooked, one step is recorded."""
+
     class Base(RecomputeScheduler):
         pass
 
@@ -134,11 +140,15 @@ def test_a_subclass_schedule_calling_the_base_is_measured_once(metrics):
 def npu_worker(**stored):
     """The attributes NPUWorker stores while profiling and warming up (GiB multiples here)."""
     gib = 1 << 30
-    worker = NS(rank=3, cache_config=NS(gpu_memory_utilization=0.9),
-                model_runner=NS(model_memory_usage=2 * gib))
-    values = dict(init_snapshot=NS(total_memory=64 * gib), requested_memory=int(57.6 * gib),
-                  available_kv_cache_memory_bytes=40 * gib, non_torch_memory=gib // 2,
-                  peak_activation_memory=3 * gib, npugraph_memory_bytes=gib // 4)
+    worker = NS(rank=3, cache_config=NS(gpu_memory_utilization=0.9), model_runner=NS(model_memory_usage=2 * gib))
+    values = dict(
+        init_snapshot=NS(total_memory=64 * gib),
+        requested_memory=int(57.6 * gib),
+        available_kv_cache_memory_bytes=40 * gib,
+        non_torch_memory=gib // 2,
+        peak_activation_memory=3 * gib,
+        npugraph_memory_bytes=gib // 4,
+    )
     values.update(stored)
     for k, v in values.items():
         if v is not None:
@@ -147,8 +157,11 @@ def npu_worker(**stored):
 
 
 def memory_values(metrics):
-    return {name.split(":")[-1]: series for name, series in metrics.points().items()
-            if name.startswith("vllm_profiling_engine:memory:")}
+    return {
+        name.split(":")[-1]: series
+        for name, series in metrics.points().items()
+        if name.startswith("vllm_profiling_engine:memory:")
+    }
 
 
 def test_memory_after_warm_up_in_gib_with_the_workers_rank(metrics):
@@ -161,15 +174,27 @@ def test_memory_after_warm_up_in_gib_with_the_workers_rank(metrics):
     assert Worker.compile_or_warm_up_model(worker) == 1.5
     labels = (("dp", "0"), ("phase", "all"), ("rank", "3"), ("role", "mixed"))
     got = {k: v[labels] for k, v in memory_values(metrics).items()}
-    assert got == {"total_gb": 64.0, "utilization_ratio": 0.9, "reserved_gb": pytest.approx(57.6),
-                   "weights_gb": 2.0, "kvcache_gb": 40.0, "non_torch_gb": 0.5, "activation_gb": 3.0,
-                   "graph_gb": 0.25}
+    assert got == {
+        "total_gb": 64.0,
+        "utilization_ratio": 0.9,
+        "reserved_gb": pytest.approx(57.6),
+        "weights_gb": 2.0,
+        "kvcache_gb": 40.0,
+        "non_torch_gb": 0.5,
+        "activation_gb": 3.0,
+        "graph_gb": 0.25,
+    }
 
 
 def test_memory_values_a_worker_does_not_store_are_absent_not_zero(metrics):
     memory.capture(npu_worker(non_torch_memory=None, npugraph_memory_bytes=None, init_snapshot=None))
-    assert set(memory_values(metrics)) == {"utilization_ratio", "reserved_gb", "weights_gb", "kvcache_gb",
-                                           "activation_gb"}
+    assert set(memory_values(metrics)) == {
+        "utilization_ratio",
+        "reserved_gb",
+        "weights_gb",
+        "kvcache_gb",
+        "activation_gb",
+    }
 
 
 def test_memory_is_captured_at_the_first_step_when_instrumented_after_warm_up(metrics):
@@ -195,8 +220,12 @@ def test_memory_is_captured_at_the_first_step_when_instrumented_after_warm_up(me
 def test_device_utilization_is_observed_at_collection_and_absent_without_a_device(metrics, monkeypatch):
     readings = iter([37.0, 55.0])
     calls = []
-    npu = NS(is_available=lambda: True, is_initialized=lambda: True, current_device=lambda: 1,
-             utilization=lambda index: calls.append(index) or next(readings))
+    npu = NS(
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        current_device=lambda: 1,
+        utilization=lambda index: calls.append(index) or next(readings),
+    )
     monkeypatch.setitem(sys.modules, "torch", NS(npu=npu, cuda=None))
     monkeypatch.setattr(recording, "_observers", [])
     monkeypatch.setattr(memory, "_observing", [False])
@@ -215,12 +244,12 @@ def test_device_utilization_is_observed_at_collection_and_absent_without_a_devic
 def test_observable_gauges_work_with_both_recorders(monkeypatch, recorder):
     """recording.observe: read at each collection, with the fast recorder and the OTel SDK alike, and
     registered again when the pipeline is rebuilt (as after a fork)."""
+    from conftest import Metrics
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from conftest import Metrics
     from opentelemetry_instrumentation_vllm_ascend import environment
-    from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
     from opentelemetry_instrumentation_vllm_ascend.catalogue import M
+    from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
         monkeypatch.delenv(name, raising=False)

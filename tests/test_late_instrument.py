@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from conftest import Metrics  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from conftest import Metrics  # noqa: E402
 
 SCOPES = "vllm_profiling_record_function_or_nullcontext"
 
@@ -29,20 +29,34 @@ def build_scheduler(model_path):
     from vllm.v1.structured_output import StructuredOutputManager
 
     model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=256, skip_tokenizer_init=True)
-    scheduler_config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
-                                       enable_chunked_prefill=True, is_encoder_decoder=False)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=4,
+        max_num_batched_tokens=64,
+        max_model_len=256,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+    )
     cache_config = CacheConfig(block_size=16, cache_dtype="auto", enable_prefix_caching=False)
     cache_config.num_gpu_blocks = 20
     config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return Scheduler(vllm_config=config, kv_cache_config=kv, log_stats=True,
-                     structured_output_manager=StructuredOutputManager(config), block_size=16)
+    return Scheduler(
+        vllm_config=config,
+        kv_cache_config=kv,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=16,
+    )
 
 
 def test_scopes_and_step_timers_are_measured_when_instrumenting_late(model, monkeypatch):
-    for name in (environment.ENABLED, environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR,
-                 environment.METRICS_EXPORTER):
+    for name in (
+        environment.ENABLED,
+        environment.PROMETHEUS_MULTIPROC_DIR,
+        environment.FILES_DIR,
+        environment.METRICS_EXPORTER,
+    ):
         monkeypatch.delenv(name, raising=False)
     # vLLM first: its modules imported (callers bind record_function_or_nullcontext by name), its
     # scope factory chosen, a scheduler built and requests added — all before instrument().
@@ -54,8 +68,14 @@ def test_scopes_and_step_timers_are_measured_when_instrumenting_late(model, monk
         pass
     scheduler = build_scheduler(model)
     for i in range(3):
-        scheduler.add_request(Request(request_id=f"r{i}", prompt_token_ids=list(range(40)),
-                                      sampling_params=SamplingParams(max_tokens=3), pooling_params=None))
+        scheduler.add_request(
+            Request(
+                request_id=f"r{i}",
+                prompt_token_ids=list(range(40)),
+                sampling_params=SamplingParams(max_tokens=3),
+                pooling_params=None,
+            )
+        )
 
     reader = InMemoryMetricReader()
     instrumentor = VllmAscendInstrumentor()
@@ -68,8 +88,10 @@ def test_scopes_and_step_timers_are_measured_when_instrumenting_late(model, monk
         from vllm.v1.outputs import ModelRunnerOutput
 
         # r0 finished its prompt and sampled a token; r1 is mid-prompt.
-        scheduler.update_from_output(output, ModelRunnerOutput(
-            req_ids=["r0", "r1"], req_id_to_index={"r0": 0, "r1": 1}, sampled_token_ids=[[7], []]))
+        scheduler.update_from_output(
+            output,
+            ModelRunnerOutput(req_ids=["r0", "r1"], req_id_to_index={"r0": 0, "r1": 1}, sampled_token_ids=[[7], []]),
+        )
         # A scope entered through the name the runner module imported long ago.
         with runner_module.record_function_or_nullcontext("gpu_model_runner: forward"):
             pass

@@ -9,8 +9,8 @@ import re
 import pytest
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
 from opentelemetry_instrumentation_vllm_ascend import catalogue, paths
+from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
 from opentelemetry_instrumentation_vllm_ascend.hooks import installer
 
 
@@ -35,8 +35,10 @@ def test_verdicts_follow_the_table():
     get_output = "worker:model_runner_get_output:duration"
     cpu = dict(scheduling="sync", worker="mrv1", executor="multiproc", frontend="single_api")
     assert paths.verdict(get_output, config(**cpu)) == (
-        "absent", "sync + MRV1: without async scheduling this model runner returns its output directly: there is "
-        "no asynchronous output to wait for")
+        "absent",
+        "sync + MRV1: without async scheduling this model runner returns its output directly: there is "
+        "no asynchronous output to wait for",
+    )
     assert paths.verdict(get_output, config(**dict(cpu, scheduling="batch_queue"))) == ("fed", "")
     assert paths.verdict(get_output, config(**dict(cpu, worker="mrv2"))) == ("fed", "")  # MRV2 always has one
     status, detail = paths.verdict(get_output, config(**dict(cpu, worker=None)))
@@ -65,20 +67,29 @@ def test_detect_reads_what_the_environment_decides():
     assert npu_v2.paths["worker"] == "mrv2"  # vllm-ascend's V2 NPU runner is a model runner V2 subclass
     old = paths.detect(Version("0.23.0"), False, "vllm", environ={})
     assert old.paths["worker"] == "mrv1"
-    given = paths.detect(Version("0.33.0"), False, "vllm", environ={},
-                         overrides={"scheduling": "sync", "worker": "mrv2", "executor": "uniproc",
-                                    "frontend": "multi_api"})
+    given = paths.detect(
+        Version("0.33.0"),
+        False,
+        "vllm",
+        environ={},
+        overrides={"scheduling": "sync", "worker": "mrv2", "executor": "uniproc", "frontend": "multi_api"},
+    )
     assert given.paths == {"scheduling": "sync", "worker": "mrv2", "executor": "uniproc", "frontend": "multi_api"}
     assert npu.paths["executor"] is None  # one worker or several: the parallel sizes decide
 
 
 def test_metric_status_says_not_hooked_when_no_target_resolved():
-    rows = [{"symbol": "m:A.f", "status": installer.MISSING, "feeds": ["vllm_profiling_scheduler:duration"]},
-            {"symbol": "m:A.g", "status": installer.RESOLVED, "feeds": ["vllm_profiling_rpc_errors"]}]
+    rows = [
+        {"symbol": "m:A.f", "status": installer.MISSING, "feeds": ["vllm_profiling_scheduler:duration"]},
+        {"symbol": "m:A.g", "status": installer.RESOLVED, "feeds": ["vllm_profiling_rpc_errors"]},
+    ]
     chosen = config(scheduling="sync", worker="mrv1", executor="multiproc")
     by_name = {m["metric"]: m for m in installer.metric_status(rows, chosen)}
     assert by_name["vllm_profiling_scheduler:duration"] == {
-        "metric": "vllm_profiling_scheduler:duration", "status": "not hooked", "detail": "m:A.f: missing"}
+        "metric": "vllm_profiling_scheduler:duration",
+        "status": "not hooked",
+        "detail": "m:A.f: missing",
+    }
     assert by_name["vllm_profiling_rpc_errors"]["status"] == "fed"
     assert by_name["vllm_profiling_batch_size"]["detail"] == "no target feeds it"
 
@@ -104,8 +115,23 @@ def test_check_on_this_cpu_environment(capsys):
     assert metrics["vllm_profiling_output"]["status"] == "fed"
     assert "each API server's share" in metrics["vllm_profiling_output"]["detail"]
     # A single-GPU server's defaults, as an operator would give them: no sampling time, launch-time execute.
-    assert cli.main(["check", "--json", "--async-scheduling", "on", "--model-runner", "v2", "--executor", "uni",
-                     "--api-server-count", "1"]) == 0
+    assert (
+        cli.main(
+            [
+                "check",
+                "--json",
+                "--async-scheduling",
+                "on",
+                "--model-runner",
+                "v2",
+                "--executor",
+                "uni",
+                "--api-server-count",
+                "1",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     metrics = {m["metric"]: m for m in report["metrics"]}
     assert metrics["vllm_profiling_executor:sample_tokens:duration"]["status"] == "absent"
@@ -115,6 +141,7 @@ def test_check_on_this_cpu_environment(capsys):
 
 
 # -- the facts the table states about vLLM, against the source of every supported version -------------
+
 
 def _trees():
     from test_contract_vllm import _TREES, tree_for  # parsed once per session, shared with the contract tests
@@ -141,9 +168,8 @@ def test_model_runner_v2_enters_no_profiling_scopes(trees):
             seen += 1
             assert not re.search(r"record_function_or_nullcontext\s*\(", source), (version, name)
     assert seen > 0
-    from source_archives import sdist
-
     from contract import SourceTree
+    from source_archives import sdist
 
     ascend = SourceTree.from_archive(sdist("vllm-ascend", "0.23.0.post1"), strip_prefix=True)
     v2 = {name: source for name, source in ascend.files.items() if name.startswith("vllm_ascend/worker/v2/")}
@@ -182,8 +208,9 @@ def test_check_names_the_uncovered_overrides_of_the_installed_versions(capsys):
     found = json.loads(capsys.readouterr().out)["uncovered_overrides"]
     feeds = {t.symbol: t.feeds for t in targets.TARGETS}
     installed = installer.vllm_version()
-    expected = [o for o in targets.UNCOVERED_OVERRIDES
-                if o.vllm_ascend is None and installer.in_range(installed, o.vllm)]
+    expected = [
+        o for o in targets.UNCOVERED_OVERRIDES if o.vllm_ascend is None and installer.in_range(installed, o.vllm)
+    ]
     assert [o["symbol"] for o in found] == [o.symbol for o in expected]
     for row, override in zip(found, expected):
         assert row["absent"] == [f"vllm_profiling_{seed}" for seed in feeds[override.hooked]]

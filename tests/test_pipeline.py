@@ -5,10 +5,10 @@ import multiprocessing
 import os
 
 import pytest
+from otlp_receiver import Receiver
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from otlp_receiver import Receiver
 
 R2W = "vllm_profiling_running_to_waiting_count"
 
@@ -112,10 +112,21 @@ def test_bad_interval_is_a_log_line_and_the_default(monkeypatch, caplog):
     assert "is not a positive integer" in caplog.text
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ("0", 2000), ("-5", 2000), ("1.5", 2000), ("", 2000), ("50", 100), ("100", 100), ("2500", 2500),
-    ("86400000", 86_400_000), ("86400001", 86_400_000), (str(10 ** 12), 86_400_000),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("0", 2000),
+        ("-5", 2000),
+        ("1.5", 2000),
+        ("", 2000),
+        ("50", 100),
+        ("100", 100),
+        ("2500", 2500),
+        ("86400000", 86_400_000),
+        ("86400001", 86_400_000),
+        (str(10**12), 86_400_000),
+    ],
+)
 def test_intervals_are_clamped_to_a_documented_range(monkeypatch, caplog, raw, expected):
     """Above threading.TIMEOUT_MAX (~9.2e12 ms here) the SDK's reader thread died with an OverflowError and
     nothing was ever exported; 0 or a negative value made its constructor raise."""
@@ -128,7 +139,7 @@ def test_intervals_are_clamped_to_a_documented_range(monkeypatch, caplog, raw, e
     assert len(warned) == (0 if raw in ("100", "2500", "86400000") else 1)
 
 
-@pytest.mark.parametrize("raw, expected", [("0", 60_000), ("50", 100), (str(10 ** 13), 86_400_000)])
+@pytest.mark.parametrize("raw, expected", [("0", 60_000), ("50", 100), (str(10**13), 86_400_000)])
 def test_push_interval_is_read_once_and_clamped(monkeypatch, tmp_path, raw, expected):
     monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
     monkeypatch.setenv(environment.METRICS_EXPORTER, "console")

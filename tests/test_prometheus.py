@@ -45,11 +45,13 @@ def test_exact_exposition_names_and_help(files_dir):
     recording.process_started()
     recording.flush()
     text = exposition(files_dir)
-    assert sample_lines(text) == sorted([
-        'vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="decode"} 3.0',
-        'vllm_profiling_rpc_errors_total{dp="0",exception_type="timeout",phase="prefill",role="decode"} 1.0',
-        'vllm_profiling_instrumented_processes{dp="0",process="engine_core",role="decode"} 1.0',
-    ])
+    assert sample_lines(text) == sorted(
+        [
+            'vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="decode"} 3.0',
+            'vllm_profiling_rpc_errors_total{dp="0",exception_type="timeout",phase="prefill",role="decode"} 1.0',
+            'vllm_profiling_instrumented_processes{dp="0",process="engine_core",role="decode"} 1.0',
+        ]
+    )
     assert "# TYPE vllm_profiling_running_to_waiting_count_total counter" in text
     assert "# TYPE vllm_profiling_instrumented_processes gauge" in text
     assert "Unit: {preemption}." in text
@@ -57,8 +59,9 @@ def test_exact_exposition_names_and_help(files_dir):
 
 def test_histogram_buckets_are_cumulative_with_count_and_sum(files_dir, monkeypatch):
     """A histogram through a View with explicit buckets (test-only spec) lands as prometheus expects."""
-    spec = catalogue.MetricSpec(seed="test:duration", kind=catalogue.HISTOGRAM, unit="s",
-                                description="test histogram", buckets=(0.01, 0.1, 1.0))
+    spec = catalogue.MetricSpec(
+        seed="test:duration", kind=catalogue.HISTOGRAM, unit="s", description="test histogram", buckets=(0.01, 0.1, 1.0)
+    )
     monkeypatch.setattr(catalogue, "CATALOGUE", catalogue.CATALOGUE + (spec,))
     pipeline.reset()
     for v in (0.005, 0.05, 0.05, 0.5, 5.0):
@@ -66,14 +69,16 @@ def test_histogram_buckets_are_cumulative_with_count_and_sum(files_dir, monkeypa
     recording.flush()
     lines = sample_lines(exposition(files_dir), "vllm_profiling_test")
     labels = 'dp="0",phase="prefill",role="decode"'
-    assert lines == sorted([
-        'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="prefill",role="decode"} 1.0',
-        'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="prefill",role="decode"} 3.0',
-        'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="prefill",role="decode"} 4.0',
-        'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="prefill",role="decode"} 5.0',
-        f'vllm_profiling_test:duration_count{{{labels}}} 5.0',
-        f'vllm_profiling_test:duration_sum{{{labels}}} 5.605',
-    ])
+    assert lines == sorted(
+        [
+            'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="prefill",role="decode"} 1.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="prefill",role="decode"} 3.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="prefill",role="decode"} 4.0',
+            'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="prefill",role="decode"} 5.0',
+            f"vllm_profiling_test:duration_count{{{labels}}} 5.0",
+            f"vllm_profiling_test:duration_sum{{{labels}}} 5.605",
+        ]
+    )
 
 
 def _child(kind, dp, n, directory, delay):
@@ -114,8 +119,17 @@ def test_live_gauge_of_a_killed_process_is_dropped(files_dir):
 
     path = os.path.join(files_dir, f"gauge_livesum_otel-{p.pid}.db")
     d = MmapedDict(path)
-    d.write_value(mmap_key("vllm_profiling_instrumented_processes", "vllm_profiling_instrumented_processes",
-                           ["dp", "process", "role"], ["0", "worker", "mixed"], "h"), 1.0, time.time())
+    d.write_value(
+        mmap_key(
+            "vllm_profiling_instrumented_processes",
+            "vllm_profiling_instrumented_processes",
+            ["dp", "process", "role"],
+            ["0", "worker", "mixed"],
+            "h",
+        ),
+        1.0,
+        time.time(),
+    )
     d.close()
     assert 'vllm_profiling_instrumented_processes{dp="0",process="worker",role="mixed"} 1.0' in exposition(files_dir)
     p.kill()
@@ -181,7 +195,9 @@ def test_files_collector_merges_exactly_like_prometheus_client(tmp_path):
     theirs = CollectorRegistry()
     MultiProcessCollector(theirs, path=str(tmp_path))
     for _ in range(2):  # the second scrape uses the cached keys
-        assert sorted(generate_latest(ours).decode().splitlines()) == sorted(generate_latest(theirs).decode().splitlines())
+        assert sorted(generate_latest(ours).decode().splitlines()) == sorted(
+            generate_latest(theirs).decode().splitlines()
+        )
 
 
 def test_incremental_exports_write_what_one_full_export_writes(tmp_path, monkeypatch):
@@ -193,8 +209,9 @@ def test_incremental_exports_write_what_one_full_export_writes(tmp_path, monkeyp
 
     from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesExporter
 
-    spec = catalogue.MetricSpec(seed="test:duration", kind=catalogue.HISTOGRAM, unit="s",
-                                description="test histogram", buckets=(0.01, 0.1, 1.0))
+    spec = catalogue.MetricSpec(
+        seed="test:duration", kind=catalogue.HISTOGRAM, unit="s", description="test histogram", buckets=(0.01, 0.1, 1.0)
+    )
     monkeypatch.setattr(catalogue, "CATALOGUE", catalogue.CATALOGUE + (spec,))
     monkeypatch.delenv(environment.FILES_DIR, raising=False)
     monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
@@ -226,21 +243,24 @@ def test_incremental_exports_write_what_one_full_export_writes(tmp_path, monkeyp
         full.shutdown()
         text = exposition(str(tmp_path / "incremental"))
         assert sample_lines(text) == sample_lines(exposition(str(tmp_path / "full")))
-        assert sample_lines(text, "vllm_profiling_test") == sorted([
-            'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="decode",role="decode"} 1.0',
-            'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="decode",role="decode"} 2.0',
-            'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="decode",role="decode"} 3.0',
-            'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="decode",role="decode"} 3.0',
-            'vllm_profiling_test:duration_count{dp="0",phase="decode",role="decode"} 3.0',
-            'vllm_profiling_test:duration_sum{dp="0",phase="decode",role="decode"} 0.555',
-            'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="prefill",role="decode"} 0.0',
-            'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="prefill",role="decode"} 1.0',
-            'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="prefill",role="decode"} 1.0',
-            'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="prefill",role="decode"} 2.0',
-            'vllm_profiling_test:duration_count{dp="0",phase="prefill",role="decode"} 2.0',
-            'vllm_profiling_test:duration_sum{dp="0",phase="prefill",role="decode"} 5.05',
-        ])
-        assert ('vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="decode"} 3.0'
-                in sample_lines(text))
+        assert sample_lines(text, "vllm_profiling_test") == sorted(
+            [
+                'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="decode",role="decode"} 1.0',
+                'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="decode",role="decode"} 2.0',
+                'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="decode",role="decode"} 3.0',
+                'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="decode",role="decode"} 3.0',
+                'vllm_profiling_test:duration_count{dp="0",phase="decode",role="decode"} 3.0',
+                'vllm_profiling_test:duration_sum{dp="0",phase="decode",role="decode"} 0.555',
+                'vllm_profiling_test:duration_bucket{dp="0",le="0.01",phase="prefill",role="decode"} 0.0',
+                'vllm_profiling_test:duration_bucket{dp="0",le="0.1",phase="prefill",role="decode"} 1.0',
+                'vllm_profiling_test:duration_bucket{dp="0",le="1.0",phase="prefill",role="decode"} 1.0',
+                'vllm_profiling_test:duration_bucket{dp="0",le="+Inf",phase="prefill",role="decode"} 2.0',
+                'vllm_profiling_test:duration_count{dp="0",phase="prefill",role="decode"} 2.0',
+                'vllm_profiling_test:duration_sum{dp="0",phase="prefill",role="decode"} 5.05',
+            ]
+        )
+        assert 'vllm_profiling_running_to_waiting_count_total{dp="0",phase="decode",role="decode"} 3.0' in sample_lines(
+            text
+        )
     finally:
         pipeline.reset()

@@ -6,17 +6,17 @@ import multiprocessing
 import os
 
 import pytest
+from conftest import Metrics
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from otlp_receiver import Receiver
 from prometheus_client import CollectorRegistry, generate_latest
 
-from conftest import Metrics
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.catalogue import M
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory
 from opentelemetry_instrumentation_vllm_ascend.handlers.process import WorkerInit
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
-from otlp_receiver import Receiver
 
 WORKER_STEP = M["executor:model_runner_execute_model:duration"]
 SCOPES = M["record_function_or_nullcontext"]
@@ -48,19 +48,26 @@ def test_worker_series_carry_the_process_rank_and_engine_core_series_none(record
     memory.capture(type("W", (), {"rank": 9, "cache_config": type("C", (), {"gpu_memory_utilization": 0.8})})())
     recording.observe(M["npu:utilization"], lambda: [(context.step_labels_with("all", "0"), 42.0)])
     points = recorder.points()
-    (key, (count, total, _)), = points["vllm_profiling_executor:model_runner_execute_model:duration"].items()
+    ((key, (count, total, _)),) = points["vllm_profiling_executor:model_runner_execute_model:duration"].items()
     assert dict(key) == {"dp": "1", "role": "mixed", "phase": "decode", "rank": "3"} and (count, total) == (1, 0.5)
     (scope_key,) = points["vllm_profiling_record_function_or_nullcontext"]
-    assert dict(scope_key) == {"dp": "1", "role": "mixed", "phase": "decode", "name": "gpu_model_runner: forward",
-                               "rank": "3"}
+    assert dict(scope_key) == {
+        "dp": "1",
+        "role": "mixed",
+        "phase": "decode",
+        "name": "gpu_model_runner: forward",
+        "rank": "3",
+    }
     (inference_key,) = points["vllm_profiling_worker:model_inference:duration"]
     assert dict(inference_key)["rank"] == "3"
     assert points["vllm_profiling_worker:model_inference:duration"][inference_key][:2] == (4, 1.0)
     # The process's rank, not the worker object's: WorkerInit set it first.
     assert points["vllm_profiling_engine:memory:utilization_ratio"] == {
-        (("dp", "1"), ("phase", "all"), ("rank", "3"), ("role", "mixed")): 0.8}
+        (("dp", "1"), ("phase", "all"), ("rank", "3"), ("role", "mixed")): 0.8
+    }
     assert points["vllm_profiling_npu:utilization"] == {
-        (("device", "0"), ("dp", "1"), ("phase", "all"), ("rank", "3"), ("role", "mixed")): 42.0}
+        (("device", "0"), ("dp", "1"), ("phase", "all"), ("rank", "3"), ("role", "mixed")): 42.0
+    }
 
 
 def test_a_process_hosting_no_worker_adds_no_rank(recorder):
@@ -69,12 +76,13 @@ def test_a_process_hosting_no_worker_adds_no_rank(recorder):
     recording.record(SCOPES, 0.001, context.step_labels_with("decode", "schedule: allocate_slots"))
     recording.process_started()
     points = recorder.points()
-    assert list(points["vllm_profiling_scheduler:duration"]) == [
-        (("dp", "0"), ("phase", "decode"), ("role", "mixed"))]
+    assert list(points["vllm_profiling_scheduler:duration"]) == [(("dp", "0"), ("phase", "decode"), ("role", "mixed"))]
     assert list(points["vllm_profiling_record_function_or_nullcontext"]) == [
-        (("dp", "0"), ("name", "schedule: allocate_slots"), ("phase", "decode"), ("role", "mixed"))]
+        (("dp", "0"), ("name", "schedule: allocate_slots"), ("phase", "decode"), ("role", "mixed"))
+    ]
     assert list(points["vllm_profiling_instrumented_processes"]) == [
-        (("dp", "0"), ("process", "engine_core"), ("role", "mixed"))]
+        (("dp", "0"), ("process", "engine_core"), ("role", "mixed"))
+    ]
 
 
 def test_engine_core_metrics_of_a_worker_hosting_process_stay_without_rank(recorder):
@@ -87,9 +95,11 @@ def test_engine_core_metrics_of_a_worker_hosting_process_stay_without_rank(recor
     points = recorder.points()
     assert list(points["vllm_profiling_scheduler:duration"]) == [(("dp", "0"), ("phase", "decode"), ("role", "mixed"))]
     assert list(points["vllm_profiling_running_to_waiting_count"]) == [
-        (("dp", "0"), ("phase", "decode"), ("role", "mixed"))]
+        (("dp", "0"), ("phase", "decode"), ("role", "mixed"))
+    ]
     assert list(points["vllm_profiling_executor:model_runner_execute_model:duration"]) == [
-        (("dp", "0"), ("phase", "decode"), ("rank", "0"), ("role", "mixed"))]
+        (("dp", "0"), ("phase", "decode"), ("rank", "0"), ("role", "mixed"))
+    ]
 
 
 def test_eplb_gauges_keep_their_explicit_ep_rank(recorder):
@@ -97,7 +107,8 @@ def test_eplb_gauges_keep_their_explicit_ep_rank(recorder):
     spec = M["eplb:expert_hotness:current_mean"]
     recording.set_gauge(spec, 1.5, context.step_labels_with("all", "2"))  # EP rank 2
     assert recorder.points()["vllm_profiling_eplb:expert_hotness:current_mean"] == {
-        (("dp", "0"), ("phase", "all"), ("rank", "2"), ("role", "mixed")): 1.5}
+        (("dp", "0"), ("phase", "all"), ("rank", "2"), ("role", "mixed")): 1.5
+    }
 
 
 @pytest.mark.parametrize("call", ["positional", "keyword"])
@@ -132,6 +143,7 @@ def test_catalogue_declares_rank_on_worker_recorded_metrics_only():
 
 # -- across real processes: /metrics and OTLP -----------------------------------------------------------
 
+
 def _worker(rank, steps, directory, endpoint):
     os.environ[environment.FILES_DIR] = directory
     os.environ[environment.METRICS_EXPORTER] = "otlp_proto_http"
@@ -158,8 +170,10 @@ def test_tp_workers_stay_apart_on_metrics_and_otlp(recorder_name, tmp_path, monk
         for p in procs:
             p.join(120)
             assert p.exitcode == 0
-        otlp = {(resource["process.pid"], attrs.get("rank")) for resource, attrs, *_ in
-                receiver.points("vllm_profiling_instrumented_processes")}
+        otlp = {
+            (resource["process.pid"], attrs.get("rank"))
+            for resource, attrs, *_ in receiver.points("vllm_profiling_instrumented_processes")
+        }
         histograms = receiver.histogram_counts("vllm_profiling_executor:model_runner_execute_model:duration")
     registry = CollectorRegistry()
     registry.register(FilesCollector(str(tmp_path)))
@@ -170,5 +184,7 @@ def test_tp_workers_stay_apart_on_metrics_and_otlp(recorder_name, tmp_path, monk
         name + '{dp="0",phase="decode",rank="1",role="mixed"} 7.0',
     ]
     assert {(pid, dict(attrs)["rank"]): count for (pid, attrs), count in histograms.items()} == {
-        (procs[0].pid, "0"): 7, (procs[1].pid, "1"): 7}
+        (procs[0].pid, "0"): 7,
+        (procs[1].pid, "1"): 7,
+    }
     assert otlp == {(procs[0].pid, None), (procs[1].pid, None)}  # a process count, not a worker series

@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from conftest import Metrics  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, catalogue, context, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap  # noqa: E402
-from conftest import Metrics  # noqa: E402
 
 P = catalogue.PREFIX
 
@@ -25,8 +25,12 @@ def model(tmp_path_factory):
 
 @pytest.fixture
 def metrics(monkeypatch):
-    for name in (environment.ENABLED, environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR,
-                 environment.METRICS_EXPORTER):
+    for name in (
+        environment.ENABLED,
+        environment.PROMETHEUS_MULTIPROC_DIR,
+        environment.FILES_DIR,
+        environment.METRICS_EXPORTER,
+    ):
         monkeypatch.delenv(name, raising=False)
     reader = InMemoryMetricReader()
     instrumentor = VllmAscendInstrumentor()
@@ -41,8 +45,9 @@ def metrics(monkeypatch):
         context.set_process(*saved)
 
 
-def build(model_path, *, blocks=64, max_num_seqs=4, max_num_active_seqs=None, prefix_caching=False,
-          budget=64, cls=None):
+def build(
+    model_path, *, blocks=64, max_num_seqs=4, max_num_active_seqs=None, prefix_caching=False, budget=64, cls=None
+):
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -51,15 +56,26 @@ def build(model_path, *, blocks=64, max_num_seqs=4, max_num_active_seqs=None, pr
 
     model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=256, skip_tokenizer_init=True)
     extra = {} if max_num_active_seqs is None else {"max_num_active_seqs": max_num_active_seqs}
-    scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256,
-                                       enable_chunked_prefill=True, is_encoder_decoder=False, **extra)
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=256,
+        enable_chunked_prefill=True,
+        is_encoder_decoder=False,
+        **extra,
+    )
     cache_config = CacheConfig(block_size=16, cache_dtype="auto", enable_prefix_caching=prefix_caching)
     cache_config.num_gpu_blocks = blocks
     config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
     spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return (cls or Scheduler)(vllm_config=config, kv_cache_config=kv, log_stats=True,
-                              structured_output_manager=StructuredOutputManager(config), block_size=16)
+    return (cls or Scheduler)(
+        vllm_config=config,
+        kv_cache_config=kv,
+        log_stats=True,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=16,
+    )
 
 
 def request(req_id, prompt_len, max_tokens, seed=0, hashed=False):
@@ -75,9 +91,13 @@ def request(req_id, prompt_len, max_tokens, seed=0, hashed=False):
 
         init_none_hash(sha256)
         hasher = get_request_block_hasher(16, sha256)
-    return Request(request_id=req_id, prompt_token_ids=[(seed * 31 + k * 7) % 400 + 4 for k in range(prompt_len)],
-                   sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True), pooling_params=None,
-                   block_hasher=hasher)
+    return Request(
+        request_id=req_id,
+        prompt_token_ids=[(seed * 31 + k * 7) % 400 + 4 for k in range(prompt_len)],
+        sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+        pooling_params=None,
+        block_hasher=hasher,
+    )
 
 
 def finish_step(scheduler, output):
@@ -89,8 +109,10 @@ def finish_step(scheduler, output):
     for req_id in ids:
         req = scheduler.requests[req_id]
         sampled.append([7] if req.num_computed_tokens >= req.num_tokens else [])
-    scheduler.update_from_output(output, ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled))
+    scheduler.update_from_output(
+        output,
+        ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled),
+    )
 
 
 def total(points, seed, index=None):

@@ -14,7 +14,8 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
 from opentelemetry_instrumentation_vllm_ascend import environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import pipeline, metrics_files as prometheus_files, shutdown
+from opentelemetry_instrumentation_vllm_ascend.recording import metrics_files as prometheus_files
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline, shutdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,11 +34,17 @@ CHILD = textwrap.dedent("""
 
 def child_env(files_dir, tree):
     env = dict(os.environ)
-    env.update({
-        "PYTHONPATH": ROOT, environment.FILES_DIR: str(files_dir), environment.ROOT_PID: str(os.getpid()),
-        environment.TREE: tree, environment.PROMETHEUS_INTERVAL_MS: "600000", environment.ENABLED: "true",
-        environment.METRICS_EXPORTER: "none",
-    })
+    env.update(
+        {
+            "PYTHONPATH": ROOT,
+            environment.FILES_DIR: str(files_dir),
+            environment.ROOT_PID: str(os.getpid()),
+            environment.TREE: tree,
+            environment.PROMETHEUS_INTERVAL_MS: "600000",
+            environment.ENABLED: "true",
+            environment.METRICS_EXPORTER: "none",
+        }
+    )
     env.pop(environment.PROMETHEUS_MULTIPROC_DIR, None)
     return env
 
@@ -47,8 +54,9 @@ def counter_values(path):
 
 
 def start_child(tmp_path, tree):
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], env=child_env(tmp_path, tree), stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD], env=child_env(tmp_path, tree), stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
@@ -132,12 +140,14 @@ def test_exit_time_export_to_an_unreachable_collector_is_bounded(monkeypatch, tm
         assert took < bound + 0.25, (setting, took)
         # the files reader went first: its final export is there
         assert counter_values(tmp_path / f"counter_otel-{os.getpid()}.db") == {
-            "vllm_profiling_running_to_waiting_count_total": 1.0}
+            "vllm_profiling_running_to_waiting_count_total": 1.0
+        }
         os.remove(tmp_path / f"counter_otel-{os.getpid()}.db")
 
 
-@pytest.mark.parametrize("raw, expected", [("250", 250), ("0", 1000), ("-5", 1000), ("x", 1000),
-                                           ("999999999", 60_000), (None, 1000)])
+@pytest.mark.parametrize(
+    "raw, expected", [("250", 250), ("0", 1000), ("-5", 1000), ("x", 1000), ("999999999", 60_000), (None, 1000)]
+)
 def test_shutdown_timeout_setting(monkeypatch, raw, expected, caplog):
     if raw is None:
         monkeypatch.delenv(environment.SHUTDOWN_TIMEOUT_MS, raising=False)

@@ -24,8 +24,9 @@ def serve(sha256: str):
             requests.append((self.path, self.headers.get("Range")))
             if self.path == "/simple/demo/":
                 url = f"http://127.0.0.1:{self.server.server_port}/files/demo-1.0.tar.gz"
-                body = json.dumps({"files": [{"filename": "demo-1.0.tar.gz", "url": url,
-                                              "hashes": {"sha256": sha256}}]}).encode()
+                body = json.dumps(
+                    {"files": [{"filename": "demo-1.0.tar.gz", "url": url, "hashes": {"sha256": sha256}}]}
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -68,8 +69,11 @@ def test_an_interrupted_transfer_resumes_and_the_file_is_whole(index, tmp_path):
     path = source_archives.sdist("demo", "1.0")
     with open(path, "rb") as f:
         assert f.read() == PAYLOAD
-    assert requests == [("/simple/demo/", None), ("/files/demo-1.0.tar.gz", None),
-                        ("/files/demo-1.0.tar.gz", "bytes=300000-")]
+    assert requests == [
+        ("/simple/demo/", None),
+        ("/files/demo-1.0.tar.gz", None),
+        ("/files/demo-1.0.tar.gz", "bytes=300000-"),
+    ]
     assert os.listdir(tmp_path) == ["demo-1.0.tar.gz"]
     assert source_archives.sdist("demo", "1.0") == path  # cached: no further request
     assert len(requests) == 3

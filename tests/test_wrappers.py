@@ -7,8 +7,7 @@ import logging
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend.hooks import wrappers
-from opentelemetry_instrumentation_vllm_ascend.hooks import futures, patches
+from opentelemetry_instrumentation_vllm_ascend.hooks import futures, patches, wrappers
 from opentelemetry_instrumentation_vllm_ascend.hooks import handler as handler_protocol
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR, COROUTINE, FUTURE, SYNC
@@ -377,9 +376,16 @@ def test_coroutine_timer_times_to_completion(raise_it, fail):
 
 
 @pytest.mark.parametrize("where", ["none", "future_done"])
-@pytest.mark.parametrize("outcome, completes_later", [
-    ("result", False), ("exception", False), ("done_before_return", False), ("result", True), ("exception", True),
-])
+@pytest.mark.parametrize(
+    "outcome, completes_later",
+    [
+        ("result", False),
+        ("exception", False),
+        ("done_before_return", False),
+        ("result", True),
+        ("exception", True),
+    ],
+)
 def test_future_class_delivers_completion_once(where, outcome, completes_later):
     class Fut(concurrent.futures.Future):
         pass

@@ -15,16 +15,23 @@ import sys
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m opentelemetry_instrumentation_vllm_ascend", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m opentelemetry_instrumentation_vllm_ascend",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     check_parser = sub.add_parser("check", help="which hook targets resolve in this environment")
     check_parser.add_argument("--json", action="store_true", help="machine-readable output")
-    check_parser.add_argument("--async-scheduling", choices=("on", "off"),
-                              help="whether the server runs async scheduling (the batch queue)")
+    check_parser.add_argument(
+        "--async-scheduling", choices=("on", "off"), help="whether the server runs async scheduling (the batch queue)"
+    )
     check_parser.add_argument("--model-runner", choices=("v1", "v2", "npu"), help="the worker's model runner")
-    check_parser.add_argument("--executor", choices=("uni", "mp"),
-                              help="the engine's executor (--distributed-executor-backend; uni: one in-process worker)")
+    check_parser.add_argument(
+        "--executor",
+        choices=("uni", "mp"),
+        help="the engine's executor (--distributed-executor-backend; uni: one in-process worker)",
+    )
     check_parser.add_argument("--api-server-count", type=int, help="API server processes of the server")
     args = parser.parse_args(argv)
 
@@ -47,15 +54,28 @@ def main(argv=None) -> int:
     vllm, ascend = installer.vllm_version(), installer.vllm_ascend_version()
     missing = [r for r in rows if r["status"] == installer.MISSING]
     if args.json:
-        print(json.dumps({"package": __version__, "vllm": str(vllm) if vllm else None,
-                          "vllm_ascend": str(ascend) if ascend else None, "targets": rows,
-                          "configuration": {axis: {"path": config.paths[axis], "reason": config.reasons[axis]}
-                                            for axis in config.paths},
-                          "metrics": metrics, "uncovered_overrides": overrides_found, "ok": not missing},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "package": __version__,
+                    "vllm": str(vllm) if vllm else None,
+                    "vllm_ascend": str(ascend) if ascend else None,
+                    "targets": rows,
+                    "configuration": {
+                        axis: {"path": config.paths[axis], "reason": config.reasons[axis]} for axis in config.paths
+                    },
+                    "metrics": metrics,
+                    "uncovered_overrides": overrides_found,
+                    "ok": not missing,
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"opentelemetry-instrumentation-vllm-ascend {__version__}; vLLM {vllm or 'not installed'}; "
-              f"vllm-ascend {ascend or 'not installed'}")
+        print(
+            f"opentelemetry-instrumentation-vllm-ascend {__version__}; vLLM {vllm or 'not installed'}; "
+            f"vllm-ascend {ascend or 'not installed'}"
+        )
         width = max(len(r["symbol"]) for r in rows)
         for r in rows:
             feeds = ", ".join(r["feeds"]) or "(context)"

@@ -80,8 +80,11 @@ def iteration_phase(iteration_stats) -> str:
 
 def _token_counts(iteration_stats) -> tuple:
     """(first tokens, prompt tokens, generated tokens) an ``IterationStats`` has counted so far."""
-    return (len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()),
-            _prompt_tokens(iteration_stats), getattr(iteration_stats, "num_generation_tokens", 0) or 0)
+    return (
+        len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()),
+        _prompt_tokens(iteration_stats),
+        getattr(iteration_stats, "num_generation_tokens", 0) or 0,
+    )
 
 
 #: Index of the engine whose outputs the API server's output loop is processing: set when the loop
@@ -111,6 +114,7 @@ class GetOutput(Handler):
 
 
 # -- StatLoggerManager.record ---------------------------------------------------------------------
+
 
 class RecordStats(Handler):
     """``StatLoggerManager.record(self, scheduler_stats, iteration_stats, mm_cache_stats=None,
@@ -147,7 +151,8 @@ class RecordStats(Handler):
         if scheduler_stats is not None:
             _record(BATCH_SIZE, getattr(scheduler_stats, "num_running_reqs", 0) or 0, labels)
             waiting = (getattr(scheduler_stats, "num_waiting_reqs", 0) or 0) + (
-                getattr(scheduler_stats, "num_skipped_waiting_reqs", 0) or 0)
+                getattr(scheduler_stats, "num_skipped_waiting_reqs", 0) or 0
+            )
             _record(WAITING_BATCH_SIZE, waiting, labels)
             spec = getattr(scheduler_stats, "spec_decoding_stats", None)
             if spec is not None:
@@ -184,6 +189,7 @@ class RecordStats(Handler):
 
 # -- IterationStats.update_from_output ------------------------------------------------------------
 
+
 class SecondTokenLatency(Handler):
     """``IterationStats.update_from_output(self, output, engine_core_timestamp, is_prefilling,
     req_stats, …)``, once per request output per iteration (kept cheap: no ``before``, an early
@@ -215,6 +221,7 @@ class SecondTokenLatency(Handler):
 
 
 # -- AsyncLLM ---------------------------------------------------------------------------------------
+
 
 class CheckHealth(Handler):
     """``AsyncLLM.check_health`` (COROUTINE): +1 ``health_check_failed`` when it raises (an
@@ -286,6 +293,7 @@ class CreateChatCompletion(_UntilStreamEnd):
 
 
 # -- OutputProcessor.process_outputs ---------------------------------------------------------------
+
 
 class ProcessOutputs(Handler):
     """``OutputProcessor.process_outputs(self, engine_core_outputs, engine_core_timestamp=None,

@@ -65,6 +65,7 @@ class NPUPrepareInputs(PrepareInputs):
     def timed(self, seconds, args, kwargs, result):
         step = CURRENT[0]
         if step is not None and step.phase == _PENDING:
-            step.phase = LAST_STEP_PHASE[0] = phase_of_attn_state(getattr(args[0], "attn_state", None)) \
-                or context.UNKNOWN
+            step.phase = LAST_STEP_PHASE[0] = (
+                phase_of_attn_state(getattr(args[0], "attn_state", None)) or context.UNKNOWN
+            )
         super().timed(seconds, args, kwargs, result)

@@ -91,11 +91,18 @@ def slot_load(load, placement, multi_stage=None) -> list:
         staged_first = shape[1:] == want
         staged_third = (shape[0], shape[1], shape[3]) == want
         if staged_first and (not staged_third or multi_stage is not False):
-            return [[[_total([stage[layer][rank][slot] for stage in load]) for slot in range(want[2])]
-                     for rank in range(want[1])] for layer in range(want[0])]
+            return [
+                [
+                    [_total([stage[layer][rank][slot] for stage in load]) for slot in range(want[2])]
+                    for rank in range(want[1])
+                ]
+                for layer in range(want[0])
+            ]
         if staged_third:
-            return [[[_total([stages[t][slot] for t in range(shape[2])]) for slot in range(want[2])]
-                     for stages in layer] for layer in load]
+            return [
+                [[_total([stages[t][slot] for t in range(shape[2])]) for slot in range(want[2])] for stages in layer]
+                for layer in load
+            ]
     raise ValueError(f"moe_load of shape {shape} does not match the expert placement {want}")
 
 
@@ -262,8 +269,9 @@ class UpdateExpertMapAndWeight(Handler):
 
     def after(self, state, args, kwargs, result):
         if state is not None:
-            recording.record(_M["eplb:expert_weight_update:duration"], perf_counter() - state,
-                             context.step_labels(_ALL))
+            recording.record(
+                _M["eplb:expert_weight_update:duration"], perf_counter() - state, context.step_labels(_ALL)
+            )
 
 
 class UpdateExpertMap(AllPhaseTimer):

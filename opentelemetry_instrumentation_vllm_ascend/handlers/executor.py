@@ -7,7 +7,14 @@ from time import perf_counter
 
 from .. import catalogue, recording
 from ..context import (
-    EXEC_PHASE, HOST_CLOCK, LAST_STEP_PHASE, PHASE_ATTRIBUTE, READY_ATTRIBUTE, UNKNOWN, _step_labels, step_labels,
+    EXEC_PHASE,
+    HOST_CLOCK,
+    LAST_STEP_PHASE,
+    PHASE_ATTRIBUTE,
+    READY_ATTRIBUTE,
+    UNKNOWN,
+    _step_labels,
+    step_labels,
 )
 from ..hooks.handler import Handler
 
@@ -44,8 +51,10 @@ def _count(labels: tuple, exc: BaseException | None) -> None:
 
 
 #: RPCs whose duration is measured.
-TIMED = {"execute_model": catalogue.M["executor:execute_model:duration"],
-         "sample_tokens": catalogue.M["executor:sample_tokens:duration"]}
+TIMED = {
+    "execute_model": catalogue.M["executor:execute_model:duration"],
+    "sample_tokens": catalogue.M["executor:sample_tokens:duration"],
+}
 _EXECUTE, _SAMPLE = TIMED["execute_model"], TIMED["sample_tokens"]
 
 #: The state of the execute_model RPC dispatched last (EngineCore): the sample_tokens that follows
@@ -99,9 +108,20 @@ class CollectiveRpc(Handler):
     name = "collective_rpc"
     reads_args = 4  # self, method, timeout, args
 
-    def before(self, args, kwargs, _step_methods=STEP_METHODS, _phase=LAST_STEP_PHASE, _exec=EXEC_PHASE,
-               _timed=TIMED.get, _cached=_step_labels.get, _labels=step_labels, _last=LAST_EXECUTE,
-               _execute=_EXECUTE, _sample=_SAMPLE):
+    def before(
+        self,
+        args,
+        kwargs,
+        _step_methods=STEP_METHODS,
+        _phase=LAST_STEP_PHASE,
+        _exec=EXEC_PHASE,
+        _timed=TIMED.get,
+        _cached=_step_labels.get,
+        _labels=step_labels,
+        _last=LAST_EXECUTE,
+        _execute=_EXECUTE,
+        _sample=_SAMPLE,
+    ):
         """State: (step labels, duration spec or None, dispatch time, the step's execute_model state)."""
         try:
             method = args[1]

@@ -13,13 +13,13 @@ where no device exists or the API is unavailable.
 
 from __future__ import annotations
 
-
 from .. import context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler
 from .common import device_module
 
 GIB = float(1 << 30)
+
 
 #: gauge seed → how to read it from a worker (None: not stored).
 def _getter(*path, scale=GIB):
@@ -52,8 +52,9 @@ MEMORY = {
     "engine:memory:utilization_ratio": _getter("cache_config", "gpu_memory_utilization", scale=None),
     "engine:memory:reserved_gb": _getter("requested_memory"),
     "engine:memory:weights_gb": _getter("model_runner", "model_memory_usage"),
-    "engine:memory:kvcache_gb": _first(_getter("available_kv_cache_memory_bytes"),
-                                       _getter("cache_config", "kv_cache_memory_bytes")),  # CPU workers, explicit sizes
+    "engine:memory:kvcache_gb": _first(
+        _getter("available_kv_cache_memory_bytes"), _getter("cache_config", "kv_cache_memory_bytes")
+    ),  # CPU workers, explicit sizes
     "engine:memory:non_torch_gb": _getter("non_torch_memory"),
     "engine:memory:activation_gb": _getter("peak_activation_memory"),
     "engine:memory:graph_gb": _getter("npugraph_memory_bytes"),
@@ -101,6 +102,7 @@ class LateCapture(Handler):
 
 
 # -- device utilization ---------------------------------------------------------------------------------
+
 
 def utilization():
     """[(labels, percent)] for this process's device; [] where there is none or no API answers."""

@@ -23,7 +23,14 @@ from time import perf_counter
 from .. import context, environment, recording
 from ..catalogue import M
 from ..context import (
-    CURRENT_STEP, HOST_CLOCK, LAST_STEP_PHASE, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, UNKNOWN, Step,
+    CURRENT_STEP,
+    HOST_CLOCK,
+    LAST_STEP_PHASE,
+    PHASE_ATTRIBUTE,
+    READY_ATTRIBUTE,
+    STEP_ATTRIBUTE,
+    UNKNOWN,
+    Step,
 )
 from ..hooks.handler import Handler, report
 from .common import StepTimer, device_module
@@ -47,8 +54,18 @@ MAX_SCOPE_NAMES = 64
 class WorkerStep:
     """The timeline of the step the worker is running (one at a time per worker)."""
 
-    __slots__ = ("phase", "start", "execute_seconds", "returned", "forward_start", "forward_end", "post_end",
-                 "device", "start_event", "end_event")
+    __slots__ = (
+        "phase",
+        "start",
+        "execute_seconds",
+        "returned",
+        "forward_start",
+        "forward_end",
+        "post_end",
+        "device",
+        "start_event",
+        "end_event",
+    )
 
     def __init__(self, phase: str, start: float) -> None:
         self.phase = phase
@@ -65,6 +82,7 @@ CURRENT = [None]  # the WorkerStep in progress
 
 
 # -- device events ------------------------------------------------------------------------------------
+
 
 class DeviceTimeline:
     """A step's times on the device: an event recorded when execute_model starts, a pair around the
@@ -83,7 +101,7 @@ class DeviceTimeline:
         event.record()
         return event
 
-    def step_ended(self, step: "WorkerStep") -> None:
+    def step_ended(self, step: WorkerStep) -> None:
         step.end_event = self.start()
         if len(self.pending) >= self.limit:
             self.pending.popleft()
@@ -297,8 +315,9 @@ class ProfilerScopes:
         plain = inner is contextlib.nullcontext
         untimed = untimed_scopes(environment.disabled_scope_patterns())
 
-        def factory(name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope, _step=CURRENT_STEP.get,
-                    _untimed=untimed):
+        def factory(
+            name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope, _step=CURRENT_STEP.get, _untimed=untimed
+        ):
             if _plain:
                 step = _step()
                 if step is not None:  # inside Scheduler.schedule: once per running request
@@ -334,6 +353,7 @@ class _ModuleGlobalPatch:
 
 
 # -- the worker's step ----------------------------------------------------------------------------------
+
 
 def _finish(step: WorkerStep, seconds: float) -> None:
     """The step ended in the worker (``seconds``: its host time, execute_model + sample_tokens):

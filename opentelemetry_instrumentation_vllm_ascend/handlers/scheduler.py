@@ -169,8 +169,10 @@ def _record_schedules(steps: list) -> None:
         record_n(_BATCH, n, count, labels)
         if n:
             _, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
-            for req_phase, reqs, tokens in (("prefill", prefill_reqs, prefill_tokens),
-                                            ("decode", decode_reqs, decode_tokens)):
+            for req_phase, reqs, tokens in (
+                ("prefill", prefill_reqs, prefill_tokens),
+                ("decode", decode_reqs, decode_tokens),
+            ):
                 phase_labels = with_phase(phase, req_phase)
                 record_n(_PHASE_BATCH, reqs, count, phase_labels)
                 record_n(_PHASE_TOKENS, tokens, count, phase_labels)
@@ -266,8 +268,11 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
         preempted = _preempted_status()
         for request in waiting:
-            if preempted is not None and getattr(request, "status", None) is preempted \
-                    and request.request_id not in pending:
+            if (
+                preempted is not None
+                and getattr(request, "status", None) is preempted
+                and request.request_id not in pending
+            ):
                 found = found or {}
                 found[request.request_id] = request
     if found:

@@ -143,8 +143,13 @@ _GUARD = """\
 
 
 def generate(original, hook, body: str, *, is_async: bool, head, guard: str | None = None, **extra):
-    namespace = {"_otel_hook": hook, "_otel_original": original, "_otel_report": report,
-                 "_otel_clock": perf_counter, **{"_otel_" + k: v for k, v in extra.items()}}
+    namespace = {
+        "_otel_hook": hook,
+        "_otel_original": original,
+        "_otel_report": report,
+        "_otel_clock": perf_counter,
+        **{"_otel_" + k: v for k, v in extra.items()},
+    }
     signature = _signature(original, head)
     if signature is not None:
         params, call, args, defaults = signature
@@ -155,8 +160,16 @@ def generate(original, hook, body: str, *, is_async: bool, head, guard: str | No
         args, kwargs = "_otel_a", "_otel_k"
     # A handler's after_if needs the target's parameter names: only in the signature form.
     guard = _GUARD.format(guard=guard) if guard and signature is not None else ""
-    source = body.format(name="_otel_vllm_ascend_wrapper", params=params, call=call, args=args, kwargs=kwargs,
-                         guard=guard, def_="async def" if is_async else "def", await_="await " if is_async else "")
+    source = body.format(
+        name="_otel_vllm_ascend_wrapper",
+        params=params,
+        call=call,
+        args=args,
+        kwargs=kwargs,
+        guard=guard,
+        def_="async def" if is_async else "def",
+        await_="await " if is_async else "",
+    )
     filename = f"<otel-vllm-ascend wrapper of {getattr(original, '__qualname__', original)} #{id(hook):x}>"
     # Registered so that tracebacks and debuggers show the wrapper's lines (no file holds them); a
     # None mtime keeps ``linecache.checkcache`` from dropping the entry.

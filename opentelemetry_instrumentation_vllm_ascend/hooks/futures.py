@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import codegen
 from .handler import Handler, report
 
+
 class FutureAdapter(Handler):
     """Turns a handler's ``future_done`` into the ``after`` of a sync wrapper: when the call returns
     a future (vLLM's non-blocking RPC), failures arriving through it reach ``future_done``, in
@@ -72,5 +73,12 @@ def deliver(future) -> None:
 
 def future_wrapper(original, hook):
     hook.handler = FutureAdapter(hook.handler)
-    return codegen.generate(original, hook, codegen.FULL_BODY.replace("{on_result}", codegen.FUTURE_AFTER), is_async=False,
-                     head=hook.handler.inner.reads_args, FAILED=codegen.FAILED, completes_later=COMPLETES_LATER)
+    return codegen.generate(
+        original,
+        hook,
+        codegen.FULL_BODY.replace("{on_result}", codegen.FUTURE_AFTER),
+        is_async=False,
+        head=hook.handler.inner.reads_args,
+        FAILED=codegen.FAILED,
+        completes_later=COMPLETES_LATER,
+    )

@@ -12,6 +12,7 @@ import sys
 
 logger = logging.getLogger(__name__)
 
+
 class Handler:
     """Measurements from arguments. Override what you need; every method may raise safely.
 
@@ -75,7 +76,9 @@ def report(handler, where: str) -> None:
     logger.warning(
         "opentelemetry-instrumentation-vllm-ascend: handler %s failed in %s; vLLM continues unaffected, "
         "this handler's measurement is skipped (further failures of it are not logged)",
-        handler.name, where, exc_info=sys.exc_info()[0] is not None,
+        handler.name,
+        where,
+        exc_info=sys.exc_info()[0] is not None,
     )
 
 

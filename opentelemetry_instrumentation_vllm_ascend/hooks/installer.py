@@ -57,8 +57,12 @@ def gate_of(target, vllm: Version | None, ascend: Version | None) -> str | None:
     from ..environment import disabled_metric_patterns, metric_disabled
 
     patterns = disabled_metric_patterns()
-    if (patterns and target.feeds and not target.provides_context
-            and all(metric_disabled(seed, patterns) for seed in target.feeds)):
+    if (
+        patterns
+        and target.feeds
+        and not target.provides_context
+        and all(metric_disabled(seed, patterns) for seed in target.feeds)
+    ):
         return DISABLED
     if target.vllm_ascend is not None:
         if ascend is None:
@@ -98,9 +102,17 @@ def check(table=None) -> list[dict]:
     for target in table if table is not None else targets_module.TARGETS:
         gate = gate_of(target, vllm, ascend)
         status, detail = (gate, "") if gate is not None else resolve(target)
-        rows.append({"symbol": target.symbol, "status": status, "detail": detail, "kind": target.kind,
-                     "vllm": target.vllm, "vllm_ascend": target.vllm_ascend,
-                     "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds]})
+        rows.append(
+            {
+                "symbol": target.symbol,
+                "status": status,
+                "detail": detail,
+                "kind": target.kind,
+                "vllm": target.vllm,
+                "vllm_ascend": target.vllm_ascend,
+                "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds],
+            }
+        )
     return rows
 
 
@@ -119,8 +131,7 @@ def configuration(overrides: dict | None = None):
     """The execution paths (``paths.detect``) a server started from this environment takes."""
     from .. import paths
 
-    return paths.detect(vllm_version(), vllm_ascend_version() is not None, vllm_distribution(),
-                        overrides=overrides)
+    return paths.detect(vllm_version(), vllm_ascend_version() is not None, vllm_distribution(), overrides=overrides)
 
 
 def uncovered_overrides(table=None) -> list[dict]:
@@ -133,8 +144,14 @@ def uncovered_overrides(table=None) -> list[dict]:
             continue
         if not in_range(vllm, override.vllm):
             continue
-        out.append({"symbol": override.symbol, "bypasses": override.hooked, "reason": override.reason,
-                    "absent": [f"vllm_profiling_{seed}" for seed in targets_module.bypassed_feeds(override)]})
+        out.append(
+            {
+                "symbol": override.symbol,
+                "bypasses": override.hooked,
+                "reason": override.reason,
+                "absent": [f"vllm_profiling_{seed}" for seed in targets_module.bypassed_feeds(override)],
+            }
+        )
     return out
 
 
@@ -213,7 +230,10 @@ class Installer:
                     logger.warning(
                         "opentelemetry-instrumentation-vllm-ascend: cannot hook %s (%s: %s); metrics %s "
                         "will not be recorded, vLLM runs on",
-                        target.symbol, type(exc).__name__, exc, ", ".join(target.feeds) or "(none)",
+                        target.symbol,
+                        type(exc).__name__,
+                        exc,
+                        ", ".join(target.feeds) or "(none)",
                     )
 
     def uninstall(self) -> None:

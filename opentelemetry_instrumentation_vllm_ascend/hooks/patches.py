@@ -13,6 +13,7 @@ from .wrappers import wrap
 #: An attribute the class did not define itself before we patched it.
 ABSENT = object()
 
+
 class Patch:
     __slots__ = ("owner", "attribute", "original", "wrapper", "hook")
 
@@ -95,8 +96,10 @@ def hook_future_class(cls, completes_later: bool = False) -> list:
             _inherited(self, exception)
             futures.deliver(self)
 
-        for name, inherited, completion in (("set_result", set_result, completed),
-                                            ("set_exception", set_exception, failed)):
+        for name, inherited, completion in (
+            ("set_result", set_result, completed),
+            ("set_exception", set_exception, failed),
+        ):
             functools.update_wrapper(completion, inherited)
             original = cls.__dict__.get(name, ABSENT)
             setattr(cls, name, completion)

@@ -8,7 +8,14 @@ from dataclasses import dataclass
 
 from .. import catalogue as c
 from .wrappers import (  # noqa: F401  (kinds used in rows)
-    ASYNC_GENERATOR, COROUTINE, COROUTINE_STREAM, COROUTINE_TIMER, FUTURE, FUTURE_CLASS, SCOPE_FACTORY, SYNC,
+    ASYNC_GENERATOR,
+    COROUTINE,
+    COROUTINE_STREAM,
+    COROUTINE_TIMER,
+    FUTURE,
+    FUTURE_CLASS,
+    SCOPE_FACTORY,
+    SYNC,
     SYNC_TIMER,
 )
 
@@ -55,163 +62,421 @@ _MRV2 = "vllm.v1.worker.gpu.model_runner"
 _ALLM, _CC = "vllm.v1.engine.async_llm", "vllm.v1.engine.core_client"
 
 _SCHEDULE_FEEDS = (
-    c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed, c.BLOCK_ALLOCATE_FAILURES.seed, "scheduler:duration",
-    "scheduler:batch_size", "scheduler:running_queue_size", "scheduler:seqlen:sum", "scheduler:seqlen:avg",
-    "scheduler:phase_batch_size", "scheduler:phase_scheduled_tokens", "scheduler:phase_scheduled_token_counter",
-    "running_phase_batch_size", "waiting_phase_batch_size", "total_kvcache_blocks", "free_kvcache_blocks",
-    "allocated_kvcache_blocks", "request_prefill_pending_nums", "record_function_or_nullcontext",
+    c.RUNNING_TO_WAITING.seed,
+    c.RECOMPUTE_EVENTS.seed,
+    c.RECOMPUTED_TOKENS.seed,
+    c.BLOCK_ALLOCATE_FAILURES.seed,
+    "scheduler:duration",
+    "scheduler:batch_size",
+    "scheduler:running_queue_size",
+    "scheduler:seqlen:sum",
+    "scheduler:seqlen:avg",
+    "scheduler:phase_batch_size",
+    "scheduler:phase_scheduled_tokens",
+    "scheduler:phase_scheduled_token_counter",
+    "running_phase_batch_size",
+    "waiting_phase_batch_size",
+    "total_kvcache_blocks",
+    "free_kvcache_blocks",
+    "allocated_kvcache_blocks",
+    "request_prefill_pending_nums",
+    "record_function_or_nullcontext",
 )
 _RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
 _MEMORY = tuple(spec.seed for spec in c.CATALOGUE if spec.seed.startswith("engine:memory:"))
 #: What the end of a worker step records (sample_tokens ends it): the inference time and the timeline.
-_STEP_END_FEEDS = ("worker:model_inference:duration", "npu:forward_duration", "npu:kernel_launch",
-                   "npu:non_forward_duration")
-_RUNNER_FEEDS = ("executor:model_runner_execute_model:duration", "worker:model_inference:duration",
-                 "npu:forward_duration", "npu:kernel_launch", "npu:non_forward_duration")
+_STEP_END_FEEDS = (
+    "worker:model_inference:duration",
+    "npu:forward_duration",
+    "npu:kernel_launch",
+    "npu:non_forward_duration",
+)
+_RUNNER_FEEDS = (
+    "executor:model_runner_execute_model:duration",
+    "worker:model_inference:duration",
+    "npu:forward_duration",
+    "npu:kernel_launch",
+    "npu:non_forward_duration",
+)
 
 TARGETS: tuple[Target, ...] = (
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
     Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule", feeds=_SCHEDULE_FEEDS, provides_context=True),
-    Target(_SCHED, "Scheduler._preempt_request", SYNC, "scheduler:PreemptRequest",
-           feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed), params=("request",),
-           provides_context=True),
+    Target(
+        _SCHED,
+        "Scheduler._preempt_request",
+        SYNC,
+        "scheduler:PreemptRequest",
+        feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed),
+        params=("request",),
+        provides_context=True,
+    ),
     Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache"),
     # Right after the step's execute_model RPC was sent: the scheduler hook's deferred records run here.
     Target(_SCHED, "Scheduler.get_grammar_bitmask", SYNC, "scheduler:GrammarBitmask", provides_context=True),
-    Target(_SCHED, "Scheduler.update_from_output", SYNC, "scheduler:UpdateFromOutput",
-           feeds=("scheduler:update_from_output:duration",), params=("scheduler_output",)),
-    Target(_SCHED, "Scheduler.add_request", SYNC_TIMER, "scheduler:AddRequest",
-           feeds=("scheduler:add_request:duration",)),
-    Target("vllm.v1.core.kv_cache_manager", "KVCacheManager.allocate_slots", SYNC, "kv_cache:AllocateSlots",
-           feeds=(c.BLOCK_ALLOCATE_FAILURES.seed,)),
+    Target(
+        _SCHED,
+        "Scheduler.update_from_output",
+        SYNC,
+        "scheduler:UpdateFromOutput",
+        feeds=("scheduler:update_from_output:duration",),
+        params=("scheduler_output",),
+    ),
+    Target(
+        _SCHED, "Scheduler.add_request", SYNC_TIMER, "scheduler:AddRequest", feeds=("scheduler:add_request:duration",)
+    ),
+    Target(
+        "vllm.v1.core.kv_cache_manager",
+        "KVCacheManager.allocate_slots",
+        SYNC,
+        "kv_cache:AllocateSlots",
+        feeds=(c.BLOCK_ALLOCATE_FAILURES.seed,),
+    ),
     # -- engine core loop -----------------------------------------------------------------------------
-    Target(_CORE, "EngineCore.step", SYNC_TIMER, "engine:EngineCoreStep",
-           feeds=("engine_core:engine_core_step:duration",)),
-    Target(_CORE, "EngineCore.step_with_batch_queue", SYNC_TIMER, "engine:EngineCoreStep",
-           feeds=("engine_core:engine_core_step:duration",)),
-    Target(_CORE, "EngineCoreProc._process_engine_step", SYNC_TIMER, "engine:ProcessEngineStep",
-           feeds=("engine_core:process_engine_step:duration",)),
-    Target(_CORE, "EngineCoreProc._process_input_queue", SYNC, "engine:ProcessInputQueue",
-           feeds=("engine_core:process_input_queue:duration",)),
+    Target(
+        _CORE, "EngineCore.step", SYNC_TIMER, "engine:EngineCoreStep", feeds=("engine_core:engine_core_step:duration",)
+    ),
+    Target(
+        _CORE,
+        "EngineCore.step_with_batch_queue",
+        SYNC_TIMER,
+        "engine:EngineCoreStep",
+        feeds=("engine_core:engine_core_step:duration",),
+    ),
+    Target(
+        _CORE,
+        "EngineCoreProc._process_engine_step",
+        SYNC_TIMER,
+        "engine:ProcessEngineStep",
+        feeds=("engine_core:process_engine_step:duration",),
+    ),
+    Target(
+        _CORE,
+        "EngineCoreProc._process_input_queue",
+        SYNC,
+        "engine:ProcessInputQueue",
+        feeds=("engine_core:process_input_queue:duration",),
+    ),
     Target(_CORE, "EngineCoreProc._handle_client_request", SYNC, "engine:HandleClientRequest"),
     # -- executor RPC ---------------------------------------------------------------------------------
-    Target(_MP, "MultiprocExecutor.collective_rpc", FUTURE, "executor:CollectiveRpc", feeds=_RPC_FEEDS,
-           params=("method", "timeout", "args")),
+    Target(
+        _MP,
+        "MultiprocExecutor.collective_rpc",
+        FUTURE,
+        "executor:CollectiveRpc",
+        feeds=_RPC_FEEDS,
+        params=("method", "timeout", "args"),
+    ),
     # The futures non-blocking RPCs return report their own completion (cheaper than a callback each).
     Target(_MP, "FutureWrapper", FUTURE_CLASS, ""),
     # Single-device GPU/NPU engines run their worker in-process (no message queues), same contract.
-    Target("vllm.v1.executor.uniproc_executor", "UniProcExecutor.collective_rpc", FUTURE,
-           "executor:CollectiveRpc", feeds=_RPC_FEEDS, params=("method", "timeout", "args")),
+    Target(
+        "vllm.v1.executor.uniproc_executor",
+        "UniProcExecutor.collective_rpc",
+        FUTURE,
+        "executor:CollectiveRpc",
+        feeds=_RPC_FEEDS,
+        params=("method", "timeout", "args"),
+    ),
     # -- worker: model runner V1 (GPU, CPU subclass) and V2 (default on CUDA from vLLM 0.32) ---------------
-    Target(_MRV1, "GPUModelRunner.execute_model", SYNC, "model_runner:ExecuteModel", feeds=_RUNNER_FEEDS,
-           params=("scheduler_output",), provides_context=True),
-    Target(_MRV1, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens",
-           feeds=_STEP_END_FEEDS),
-    Target(_MRV1, "GPUModelRunner._prepare_inputs", SYNC_TIMER, "model_runner:PrepareInputs",
-           feeds=("executor:prepare_inputs:duration",)),
-    Target(_MRV1, "AsyncGPUModelRunnerOutput.get_output", SYNC_TIMER, "model_runner:GetOutput",
-           feeds=("worker:model_runner_get_output:duration",)),
-    Target(_MRV2, "GPUModelRunner.execute_model", SYNC, "model_runner:ExecuteModelV2", feeds=_RUNNER_FEEDS,
-           params=("scheduler_output", "intermediate_tensors", "dummy_run"), provides_context=True),
-    Target(_MRV2, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens",
-           feeds=_STEP_END_FEEDS),
-    Target(_MRV2, "GPUModelRunner.prepare_inputs", SYNC_TIMER, "model_runner:PrepareInputs",
-           feeds=("executor:prepare_inputs:duration",)),
+    Target(
+        _MRV1,
+        "GPUModelRunner.execute_model",
+        SYNC,
+        "model_runner:ExecuteModel",
+        feeds=_RUNNER_FEEDS,
+        params=("scheduler_output",),
+        provides_context=True,
+    ),
+    Target(_MRV1, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", feeds=_STEP_END_FEEDS),
+    Target(
+        _MRV1,
+        "GPUModelRunner._prepare_inputs",
+        SYNC_TIMER,
+        "model_runner:PrepareInputs",
+        feeds=("executor:prepare_inputs:duration",),
+    ),
+    Target(
+        _MRV1,
+        "AsyncGPUModelRunnerOutput.get_output",
+        SYNC_TIMER,
+        "model_runner:GetOutput",
+        feeds=("worker:model_runner_get_output:duration",),
+    ),
+    Target(
+        _MRV2,
+        "GPUModelRunner.execute_model",
+        SYNC,
+        "model_runner:ExecuteModelV2",
+        feeds=_RUNNER_FEEDS,
+        params=("scheduler_output", "intermediate_tensors", "dummy_run"),
+        provides_context=True,
+    ),
+    Target(_MRV2, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", feeds=_STEP_END_FEEDS),
+    Target(
+        _MRV2,
+        "GPUModelRunner.prepare_inputs",
+        SYNC_TIMER,
+        "model_runner:PrepareInputs",
+        feeds=("executor:prepare_inputs:duration",),
+    ),
     # MRV2's own async output (vllm/v1/worker/gpu/async_utils.py, the same get_output in 0.23-0.33).
-    Target("vllm.v1.worker.gpu.async_utils", "AsyncOutput.get_output", SYNC_TIMER, "model_runner:GetOutput",
-           feeds=("worker:model_runner_get_output:duration",)),
+    Target(
+        "vllm.v1.worker.gpu.async_utils",
+        "AsyncOutput.get_output",
+        SYNC_TIMER,
+        "model_runner:GetOutput",
+        feeds=("worker:model_runner_get_output:duration",),
+    ),
     # vLLM's profiling scopes, wherever record_function_or_nullcontext was imported (see model_runner.py).
-    Target("vllm.v1.utils", "_PROFILER_FUNC", SCOPE_FACTORY, "model_runner:ProfilerScopes",
-           feeds=("record_function_or_nullcontext", "npu:forward_duration", "npu:kernel_launch",
-                  "npu:non_forward_duration")),
+    Target(
+        "vllm.v1.utils",
+        "_PROFILER_FUNC",
+        SCOPE_FACTORY,
+        "model_runner:ProfilerScopes",
+        feeds=(
+            "record_function_or_nullcontext",
+            "npu:forward_duration",
+            "npu:kernel_launch",
+            "npu:non_forward_duration",
+        ),
+    ),
     # -- API server -----------------------------------------------------------------------------------
-    Target("vllm.v1.metrics.loggers", "StatLoggerManager.record", SYNC_TIMER, "api:RecordStats",
-           feeds=("batch_size", "waiting_batch_size", "num_spec_tokens", "total_tokens", "input", "output",
-                  "fine_grained_ttft", "fine_grained_tpot", "decode_over_1s_count",
-                  "prefill_over_threshold_count", "async_llm:record_stats:duration"),
-           params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx")),
-    Target("vllm.v1.metrics.stats", "IterationStats.update_from_output", SYNC, "api:SecondTokenLatency",
-           feeds=("second_token_latency",), params=("output", "engine_core_timestamp", "is_prefilling", "req_stats")),
+    Target(
+        "vllm.v1.metrics.loggers",
+        "StatLoggerManager.record",
+        SYNC_TIMER,
+        "api:RecordStats",
+        feeds=(
+            "batch_size",
+            "waiting_batch_size",
+            "num_spec_tokens",
+            "total_tokens",
+            "input",
+            "output",
+            "fine_grained_ttft",
+            "fine_grained_tpot",
+            "decode_over_1s_count",
+            "prefill_over_threshold_count",
+            "async_llm:record_stats:duration",
+        ),
+        params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
+    ),
+    Target(
+        "vllm.v1.metrics.stats",
+        "IterationStats.update_from_output",
+        SYNC,
+        "api:SecondTokenLatency",
+        feeds=("second_token_latency",),
+        params=("output", "engine_core_timestamp", "is_prefilling", "req_stats"),
+    ),
     Target(_ALLM, "AsyncLLM.check_health", COROUTINE, "api:CheckHealth", feeds=("health_check_failed",)),
     # The engine whose outputs the output loop processes next: the dp of output_processor_duration & co.
     Target(_CC, "AsyncMPClient.get_output_async", COROUTINE, "api:GetOutput"),
     # DPLBAsyncMPClient's override does not call super(): the two rows never count one abort twice.
-    Target(_CC, "AsyncMPClient.abort_requests_async", COROUTINE_TIMER, "api:AbortRequests",
-           feeds=("async_llm:abort_requests:duration",)),
-    Target(_CC, "DPLBAsyncMPClient.abort_requests_async", COROUTINE_TIMER, "api:AbortRequests",
-           feeds=("async_llm:abort_requests:duration",)),
-    Target(_ALLM, "AsyncLLM.add_request", COROUTINE_TIMER, "api:AddRequest",
-           feeds=("engine:async_add_request:duration",)),
+    Target(
+        _CC,
+        "AsyncMPClient.abort_requests_async",
+        COROUTINE_TIMER,
+        "api:AbortRequests",
+        feeds=("async_llm:abort_requests:duration",),
+    ),
+    Target(
+        _CC,
+        "DPLBAsyncMPClient.abort_requests_async",
+        COROUTINE_TIMER,
+        "api:AbortRequests",
+        feeds=("async_llm:abort_requests:duration",),
+    ),
+    Target(
+        _ALLM, "AsyncLLM.add_request", COROUTINE_TIMER, "api:AddRequest", feeds=("engine:async_add_request:duration",)
+    ),
     Target(_ALLM, "AsyncLLM.generate", ASYNC_GENERATOR, "api:Generate", feeds=("engine:generate:duration",)),
-    Target("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat.create_chat_completion",
-           COROUTINE_STREAM, "api:CreateChatCompletion", feeds=("server:create_chat_completion:duration",)),
-    Target("vllm.v1.engine.input_processor", "InputProcessor.process_inputs", SYNC_TIMER, "api:ProcessInputs",
-           feeds=("engine:tokenizer_encode",)),
-    Target("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs", SYNC, "api:ProcessOutputs",
-           feeds=("output_processor_duration", "engine_core_outputs_len"),
-           params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats")),
+    Target(
+        "vllm.entrypoints.openai.chat_completion.serving",
+        "OpenAIServingChat.create_chat_completion",
+        COROUTINE_STREAM,
+        "api:CreateChatCompletion",
+        feeds=("server:create_chat_completion:duration",),
+    ),
+    Target(
+        "vllm.v1.engine.input_processor",
+        "InputProcessor.process_inputs",
+        SYNC_TIMER,
+        "api:ProcessInputs",
+        feeds=("engine:tokenizer_encode",),
+    ),
+    Target(
+        "vllm.v1.engine.output_processor",
+        "OutputProcessor.process_outputs",
+        SYNC,
+        "api:ProcessOutputs",
+        feeds=("output_processor_duration", "engine_core_outputs_len"),
+        params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats"),
+    ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
     # Runs in the EPLB process forked from each NPU worker; EP rank 0 records hotness and imbalance.
-    Target("vllm_ascend.eplb.core.eplb_worker", "EplbWorker.do_update", SYNC, "eplb:DoUpdate",
-           vllm_ascend=">=0.23.0",
-           feeds=tuple(f"eplb:expert_hotness:{s}" for s in ("current_mean", "current_max", "update_mean",
-                                                             "update_max", "imbalance"))
-           + ("eplb:layer_load:mean", "eplb:layer_load:max", c.INSTRUMENTED_PROCESSES.seed)),
+    Target(
+        "vllm_ascend.eplb.core.eplb_worker",
+        "EplbWorker.do_update",
+        SYNC,
+        "eplb:DoUpdate",
+        vllm_ascend=">=0.23.0",
+        feeds=tuple(
+            f"eplb:expert_hotness:{s}"
+            for s in ("current_mean", "current_max", "update_mean", "update_max", "imbalance")
+        )
+        + ("eplb:layer_load:mean", "eplb:layer_load:max", c.INSTRUMENTED_PROCESSES.seed),
+    ),
     # Worker side: timed only when a transfer was in flight (state TRANSFERRING before the call).
-    Target("vllm_ascend.eplb.core.eplb_device_transfer_loader", "D2DExpertWeightLoader.update_expert_map_and_weight",
-           SYNC, "eplb:UpdateExpertMapAndWeight", vllm_ascend=">=0.23.0",
-           feeds=("eplb:expert_weight_update:duration",)),
-    *(Target("vllm_ascend.eplb.adaptor.vllm_adaptor", f"VllmEplbAdaptor.{method}", SYNC_TIMER, f"eplb:{handler}",
-             vllm_ascend=">=0.23.0", feeds=(seed,))
-      for method, handler, seed in (
-          ("do_update_expert_map", "UpdateExpertMap", "eplb:expert_map_update:duration"),
-          ("do_update_log2phy_map", "UpdateLog2PhyMap", "eplb:log2phy_map_update:duration"),
-          ("do_update_expert_weight", "UpdateExpertWeight", "eplb:expert_weight_replace:duration"),
-      )),
+    Target(
+        "vllm_ascend.eplb.core.eplb_device_transfer_loader",
+        "D2DExpertWeightLoader.update_expert_map_and_weight",
+        SYNC,
+        "eplb:UpdateExpertMapAndWeight",
+        vllm_ascend=">=0.23.0",
+        feeds=("eplb:expert_weight_update:duration",),
+    ),
+    *(
+        Target(
+            "vllm_ascend.eplb.adaptor.vllm_adaptor",
+            f"VllmEplbAdaptor.{method}",
+            SYNC_TIMER,
+            f"eplb:{handler}",
+            vllm_ascend=">=0.23.0",
+            feeds=(seed,),
+        )
+        for method, handler, seed in (
+            ("do_update_expert_map", "UpdateExpertMap", "eplb:expert_map_update:duration"),
+            ("do_update_log2phy_map", "UpdateLog2PhyMap", "eplb:log2phy_map_update:duration"),
+            ("do_update_expert_weight", "UpdateExpertWeight", "eplb:expert_weight_replace:duration"),
+        )
+    ),
     # -- vllm-ascend: NPU model runner, Ascend schedulers, memory ------------------------------------------
-    *(Target("vllm_ascend.worker.model_runner_v1", qualname, kind, handler, vllm_ascend=">=0.23.0", feeds=feeds,
-             params=params, provides_context=handler == "ascend:NPUExecuteModel")
-      for qualname, kind, handler, feeds, params in (
-          ("NPUModelRunner.execute_model", SYNC, "ascend:NPUExecuteModel", _RUNNER_FEEDS, ("scheduler_output",)),
-          ("NPUModelRunner._prepare_inputs", SYNC_TIMER, "ascend:NPUPrepareInputs",
-           ("executor:prepare_inputs:duration",), ()),
-          ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", _STEP_END_FEEDS, ()),
-      )),
+    *(
+        Target(
+            "vllm_ascend.worker.model_runner_v1",
+            qualname,
+            kind,
+            handler,
+            vllm_ascend=">=0.23.0",
+            feeds=feeds,
+            params=params,
+            provides_context=handler == "ascend:NPUExecuteModel",
+        )
+        for qualname, kind, handler, feeds, params in (
+            ("NPUModelRunner.execute_model", SYNC, "ascend:NPUExecuteModel", _RUNNER_FEEDS, ("scheduler_output",)),
+            (
+                "NPUModelRunner._prepare_inputs",
+                SYNC_TIMER,
+                "ascend:NPUPrepareInputs",
+                ("executor:prepare_inputs:duration",),
+                (),
+            ),
+            ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", _STEP_END_FEEDS, ()),
+        )
+    ),
     # 310P's runner and the NPU model runner V2 re-implement input preparation without the base's.
-    Target("vllm_ascend._310p.model_runner_310p", "NPUModelRunner310._prepare_inputs", SYNC_TIMER,
-           "ascend:NPUPrepareInputs", vllm_ascend=">=0.23.0", feeds=("executor:prepare_inputs:duration",)),
-    Target("vllm_ascend.worker.v2.model_runner", "NPUModelRunner.prepare_inputs", SYNC_TIMER,
-           "model_runner:PrepareInputs", vllm_ascend=">=0.23.0", feeds=("executor:prepare_inputs:duration",)),
+    Target(
+        "vllm_ascend._310p.model_runner_310p",
+        "NPUModelRunner310._prepare_inputs",
+        SYNC_TIMER,
+        "ascend:NPUPrepareInputs",
+        vllm_ascend=">=0.23.0",
+        feeds=("executor:prepare_inputs:duration",),
+    ),
+    Target(
+        "vllm_ascend.worker.v2.model_runner",
+        "NPUModelRunner.prepare_inputs",
+        SYNC_TIMER,
+        "model_runner:PrepareInputs",
+        vllm_ascend=">=0.23.0",
+        feeds=("executor:prepare_inputs:duration",),
+    ),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
-    *(Target(module, f"{cls}.schedule", SYNC, "scheduler:Schedule", vllm_ascend=">=0.23.0", feeds=_SCHEDULE_FEEDS,
-             provides_context=True)
-      for module, cls in (("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
-                          ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
-                          ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
-                          ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"))),
+    *(
+        Target(
+            module,
+            f"{cls}.schedule",
+            SYNC,
+            "scheduler:Schedule",
+            vllm_ascend=">=0.23.0",
+            feeds=_SCHEDULE_FEEDS,
+            provides_context=True,
+        )
+        for module, cls in (
+            ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
+            ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
+            ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
+            ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"),
+        )
+    ),
     # RecomputeScheduler (PD decode nodes) re-implements these two without calling the base's.
-    Target("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler.update_from_output", SYNC,
-           "scheduler:UpdateFromOutput", vllm_ascend=">=0.23.0", feeds=("scheduler:update_from_output:duration",),
-           params=("scheduler_output",)),
-    Target("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler.add_request", SYNC_TIMER,
-           "scheduler:AddRequest", vllm_ascend=">=0.23.0", feeds=("scheduler:add_request:duration",)),
+    Target(
+        "vllm_ascend.core.recompute_scheduler",
+        "RecomputeScheduler.update_from_output",
+        SYNC,
+        "scheduler:UpdateFromOutput",
+        vllm_ascend=">=0.23.0",
+        feeds=("scheduler:update_from_output:duration",),
+        params=("scheduler_output",),
+    ),
+    Target(
+        "vllm_ascend.core.recompute_scheduler",
+        "RecomputeScheduler.add_request",
+        SYNC_TIMER,
+        "scheduler:AddRequest",
+        vllm_ascend=">=0.23.0",
+        feeds=("scheduler:add_request:duration",),
+    ),
     # Memory after warm-up (and, when instrumented late, at the first step), vLLM's workers and vllm-ascend's.
     Target("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model", SYNC, "memory:WarmUp", feeds=_MEMORY),
-    Target("vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp",
-           feeds=_MEMORY),
+    Target("vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp", feeds=_MEMORY),
     Target("vllm.v1.worker.gpu_worker", "Worker.execute_model", SYNC, "memory:LateCapture", feeds=_MEMORY),
-    Target("vllm_ascend.worker.worker", "NPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp",
-           vllm_ascend=">=0.23.0", feeds=_MEMORY),
-    Target("vllm_ascend.worker.worker", "NPUWorker.execute_model", SYNC, "memory:LateCapture",
-           vllm_ascend=">=0.23.0", feeds=_MEMORY),
+    Target(
+        "vllm_ascend.worker.worker",
+        "NPUWorker.compile_or_warm_up_model",
+        SYNC,
+        "memory:WarmUp",
+        vllm_ascend=">=0.23.0",
+        feeds=_MEMORY,
+    ),
+    Target(
+        "vllm_ascend.worker.worker",
+        "NPUWorker.execute_model",
+        SYNC,
+        "memory:LateCapture",
+        vllm_ascend=">=0.23.0",
+        feeds=_MEMORY,
+    ),
     # -- process identity -----------------------------------------------------------------------------
-    Target("vllm.v1.engine.async_llm", "AsyncLLM.__init__", SYNC, "process:ApiServerInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",), provides_context=True),
-    Target("vllm.v1.executor.abstract", "Executor.__init__", SYNC, "process:EngineCoreInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed,), params=("vllm_config",), provides_context=True),
-    Target("vllm.v1.worker.worker_base", "WorkerBase.__init__", SYNC, "process:WorkerInit",
-           feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"), params=("vllm_config", "local_rank", "rank"),
-           provides_context=True),
+    Target(
+        "vllm.v1.engine.async_llm",
+        "AsyncLLM.__init__",
+        SYNC,
+        "process:ApiServerInit",
+        feeds=(c.INSTRUMENTED_PROCESSES.seed,),
+        params=("vllm_config",),
+        provides_context=True,
+    ),
+    Target(
+        "vllm.v1.executor.abstract",
+        "Executor.__init__",
+        SYNC,
+        "process:EngineCoreInit",
+        feeds=(c.INSTRUMENTED_PROCESSES.seed,),
+        params=("vllm_config",),
+        provides_context=True,
+    ),
+    Target(
+        "vllm.v1.worker.worker_base",
+        "WorkerBase.__init__",
+        SYNC,
+        "process:WorkerInit",
+        feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"),
+        params=("vllm_config", "local_rank", "rank"),
+        provides_context=True,
+    ),
     # -- shutdown: the processes about to be stopped export first (vLLM SIGKILLs them right after SIGTERM)
     Target("vllm.v1.engine.utils", "CoreEngineProcManager.shutdown", SYNC, "process:StopEngines"),
     Target(_MP, "MultiprocExecutor.shutdown", SYNC, "process:StopWorkers"),
@@ -239,14 +504,16 @@ UNCOVERED_OVERRIDES: tuple[UncoveredOverride, ...] = (
         "Encoder-only instances of a disaggregated multimodal deployment (vllm_config.is_mm_encoder_only, "
         "model runner V2) run the multimodal encoder and no language-model step: there is no model step, "
         "sampling or forward scope to measure; the worker step metrics are absent there.",
-        vllm=">=0.32.0"),
+        vllm=">=0.32.0",
+    ),
     UncoveredOverride(
         "vllm.v1.executor.ray_executor_v2:RayExecutorV2.shutdown",
         f"{_MP}:MultiprocExecutor.shutdown",
         "vLLM's Ray executor (--distributed-executor-backend ray) stops its workers with ray.kill, on Ray's nodes: "
         "the shutdown hook does not ask them to export first (it feeds no metric; what those workers recorded "
         "since their last periodic export is lost at a clean stop, as at a crash).",
-        vllm=">=0.23.0"),
+        vllm=">=0.23.0",
+    ),
 )
 
 

@@ -69,20 +69,47 @@ def _build(original, hook, is_async: bool):
     handler = hook.handler
     inner = handler.inner if isinstance(handler, futures.FutureAdapter) else handler
     if not is_async and not isinstance(handler, futures.FutureAdapter) and type(handler).before is Handler.before:
-        return codegen.generate(original, hook, codegen.OUTCOME_BODY, is_async=False, head=inner.reads_args,
-                         guard=handler.after_if, none_only=handler.after_only_on_none)
-    return codegen.generate(original, hook, codegen.FULL_BODY.replace("{on_result}", codegen.AFTER), is_async=is_async,
-                     head=inner.reads_args, FAILED=codegen.FAILED)
+        return codegen.generate(
+            original,
+            hook,
+            codegen.OUTCOME_BODY,
+            is_async=False,
+            head=inner.reads_args,
+            guard=handler.after_if,
+            none_only=handler.after_only_on_none,
+        )
+    return codegen.generate(
+        original,
+        hook,
+        codegen.FULL_BODY.replace("{on_result}", codegen.AFTER),
+        is_async=is_async,
+        head=inner.reads_args,
+        FAILED=codegen.FAILED,
+    )
 
 
 def _coroutine_stream(original, hook):
     import inspect
 
-    return codegen.generate(original, hook, codegen.FULL_BODY.replace("{on_result}", codegen.STREAM_RESULT), is_async=True,
-                     head=hook.handler.reads_args, FAILED=codegen.FAILED, proxy=codegen.delegate,
-                     isasyncgen=inspect.isasyncgen)
+    return codegen.generate(
+        original,
+        hook,
+        codegen.FULL_BODY.replace("{on_result}", codegen.STREAM_RESULT),
+        is_async=True,
+        head=hook.handler.reads_args,
+        FAILED=codegen.FAILED,
+        proxy=codegen.delegate,
+        isasyncgen=inspect.isasyncgen,
+    )
 
 
 def _async_generator(original, hook):
-    return codegen.generate(original, hook, codegen.FULL_BODY.replace("{on_result}", codegen.ASYNC_GENERATOR_RESULT), is_async=False,
-                     head=hook.handler.reads_args, FAILED=codegen.FAILED, proxy=codegen.delegate)
+    return codegen.generate(
+        original,
+        hook,
+        codegen.FULL_BODY.replace("{on_result}", codegen.ASYNC_GENERATOR_RESULT),
+        is_async=False,
+        head=hook.handler.reads_args,
+        FAILED=codegen.FAILED,
+        proxy=codegen.delegate,
+    )

@@ -146,8 +146,13 @@ def record_n(spec: catalogue.MetricSpec, value: float, n: int, labels: tuple, _g
     instrument.record_n(value, n, labels)
 
 
-def record_in_step(spec: catalogue.MetricSpec, value: float, _get=_instruments.get,
-                   _phase=context.LAST_STEP_PHASE, _labels=context._step_labels) -> None:
+def record_in_step(
+    spec: catalogue.MetricSpec,
+    value: float,
+    _get=_instruments.get,
+    _phase=context.LAST_STEP_PHASE,
+    _labels=context._step_labels,
+) -> None:
     """One histogram observation labelled (dp, role, phase of the step most recently scheduled)."""
     phase = _phase[0]
     labels = _labels.get(phase) or context.step_labels(phase)

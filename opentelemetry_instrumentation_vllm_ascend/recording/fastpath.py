@@ -23,7 +23,8 @@ import threading
 from bisect import bisect_left, bisect_right
 from time import time_ns
 
-from opentelemetry.sdk.metrics import Counter, Histogram as HistogramInstrument
+from opentelemetry.sdk.metrics import Counter
+from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -311,26 +312,37 @@ class Store:
             if isinstance(instrument, FastCounter):
                 snap = instrument.snapshot()
                 current[spec.seed] = snap
-                points = self._sum_points(snap, previous.get(spec.seed, {}), labels, counter_t,
-                                          instrument.start_ns, previous_time, now, extra)
+                points = self._sum_points(
+                    snap, previous.get(spec.seed, {}), labels, counter_t, instrument.start_ns, previous_time, now, extra
+                )
                 if points:
-                    metrics.append(Metric(spec.exposed_name, spec.description, spec.unit,
-                                          Sum(points, counter_t, True)))
+                    metrics.append(Metric(spec.exposed_name, spec.description, spec.unit, Sum(points, counter_t, True)))
             elif isinstance(instrument, FastHistogram):
                 snap = instrument.snapshot(reset_window=histogram_t == DELTA)
                 current[spec.seed] = snap
-                points = self._histogram_points(snap, previous.get(spec.seed, {}), labels, histogram_t,
-                                                instrument.bounds, instrument.start_ns, previous_time, now, extra)
+                points = self._histogram_points(
+                    snap,
+                    previous.get(spec.seed, {}),
+                    labels,
+                    histogram_t,
+                    instrument.bounds,
+                    instrument.start_ns,
+                    previous_time,
+                    now,
+                    extra,
+                )
                 if points:
-                    metrics.append(Metric(spec.exposed_name, spec.description, spec.unit,
-                                          Histogram(points, histogram_t)))
+                    metrics.append(
+                        Metric(spec.exposed_name, spec.description, spec.unit, Histogram(points, histogram_t))
+                    )
             else:
                 # Like the SDK's last-value aggregation: every collection reports the last value,
                 # except a delta collection, which reports only gauges set since its previous one.
                 since = previous_time if gauge_t == DELTA and previous_time is not None else -1
                 snap = instrument.snapshot(since)
-                points = [NumberDataPoint(_attributes(labels, key, extra), None, now, value)
-                          for key, value in snap.items()]
+                points = [
+                    NumberDataPoint(_attributes(labels, key, extra), None, now, value) for key, value in snap.items()
+                ]
                 if points:
                     metrics.append(Metric(spec.exposed_name, spec.description, spec.unit, Gauge(points)))
         if delta:
@@ -367,6 +379,7 @@ class Store:
                 start = previous_time or start_ns
             else:
                 start = start_ns
-            points.append(HistogramDataPoint(_attributes(labels, key, extra), start, now, count, sum_, buckets,
-                                             bounds, mn, mx))
+            points.append(
+                HistogramDataPoint(_attributes(labels, key, extra), start, now, count, sum_, buckets, bounds, mn, mx)
+            )
         return points

@@ -41,8 +41,11 @@ class Exposition:
             try:
                 self._guard = guard_multiprocess_collector()
             except Exception:
-                logger.warning("opentelemetry-instrumentation-vllm-ascend: cannot guard prometheus_client's "
-                               "multiprocess collector against unreadable files", exc_info=True)
+                logger.warning(
+                    "opentelemetry-instrumentation-vllm-ascend: cannot guard prometheus_client's "
+                    "multiprocess collector against unreadable files",
+                    exc_info=True,
+                )
         if environment.ROOT_PID in os.environ:
             return  # a child: the root already arranged everything, the directory is in our environment
         os.environ[environment.ROOT_PID] = str(os.getpid())
@@ -135,8 +138,12 @@ def drop_foreign_identity() -> None:
     if ancestor is False:
         for name in (environment.ROOT_PID, environment.FILES_DIR, environment.TREE):
             os.environ.pop(name, None)
-        logger.info("opentelemetry-instrumentation-vllm-ascend: %s=%s is not an ancestor of this process; "
-                    "it starts a process tree of its own", environment.ROOT_PID, raw)
+        logger.info(
+            "opentelemetry-instrumentation-vllm-ascend: %s=%s is not an ancestor of this process; "
+            "it starts a process tree of its own",
+            environment.ROOT_PID,
+            raw,
+        )
 
 
 def _write_owner(directory: str) -> None:
@@ -180,6 +187,9 @@ def remove_leaked_directories(parent: str | None = None) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if removed:
-        logger.info("opentelemetry-instrumentation-vllm-ascend: removed %d metric director%s left by killed "
-                    "processes", len(removed), "y" if len(removed) == 1 else "ies")
+        logger.info(
+            "opentelemetry-instrumentation-vllm-ascend: removed %d metric director%s left by killed processes",
+            len(removed),
+            "y" if len(removed) == 1 else "ies",
+        )
     return removed

@@ -27,6 +27,16 @@ import re
 import struct
 import time
 
+from opentelemetry.sdk.metrics import (
+    Counter,
+    ObservableCounter,
+    ObservableGauge,
+    ObservableUpDownCounter,
+    UpDownCounter,
+)
+from opentelemetry.sdk.metrics import (
+    Histogram as HistogramInstrument,
+)
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -34,14 +44,6 @@ from opentelemetry.sdk.metrics.export import (
     MetricExporter,
     MetricExportResult,
     Sum,
-)
-from opentelemetry.sdk.metrics import (
-    Counter,
-    Histogram as HistogramInstrument,
-    ObservableCounter,
-    ObservableGauge,
-    ObservableUpDownCounter,
-    UpDownCounter,
 )
 
 from .. import catalogue
@@ -56,7 +58,14 @@ _PID_RE = re.compile(r"_otel-(\d+)\.(?:db|id)$")
 
 _CUMULATIVE = {
     cls: AggregationTemporality.CUMULATIVE
-    for cls in (Counter, UpDownCounter, HistogramInstrument, ObservableCounter, ObservableUpDownCounter, ObservableGauge)
+    for cls in (
+        Counter,
+        UpDownCounter,
+        HistogramInstrument,
+        ObservableCounter,
+        ObservableUpDownCounter,
+        ObservableGauge,
+    )
 }
 
 
@@ -87,9 +96,9 @@ class FilesExporter(MetricExporter):
         super().__init__(preferred_temporality=_CUMULATIVE)
         self._dir = directory
         self._pid = os.getpid()
-        self._gauge_modes = gauge_modes if gauge_modes is not None else {
-            s.exposed_name: s.gauge_mode for s in catalogue.CATALOGUE
-        }
+        self._gauge_modes = (
+            gauge_modes if gauge_modes is not None else {s.exposed_name: s.gauge_mode for s in catalogue.CATALOGUE}
+        )
         self._files: dict[str, object] = {}
         #: Per series (kind, OTel name, attribute items): its file keys and the values last written.
         self._series: dict[tuple, list] = {}
@@ -127,9 +136,13 @@ class FilesExporter(MetricExporter):
             self._export(metrics_data)
         except OSError as exc:  # the disk is full (or gone): stop writing, once
             self._closed = True
-            logger.error("opentelemetry-instrumentation-vllm-ascend: cannot write metrics for /metrics into %s "
-                         "(%s); this process stops writing them (its series on /metrics stop updating), vLLM "
-                         "runs on", self._dir, exc)
+            logger.error(
+                "opentelemetry-instrumentation-vllm-ascend: cannot write metrics for /metrics into %s "
+                "(%s); this process stops writing them (its series on /metrics stop updating), vLLM "
+                "runs on",
+                self._dir,
+                exc,
+            )
             return MetricExportResult.FAILURE
         except Exception:  # never let /metrics plumbing hurt the host
             if not self._failed_once:
@@ -192,8 +205,10 @@ class FilesExporter(MetricExporter):
         name, help_text = metric_name(metric.name), _help(metric.description or "", metric.unit or "")
         keys, values = self._labels(point.attributes)
         bounds = tuple(point.explicit_bounds)
-        bucket_keys = [mmap_key(name, name + "_bucket", keys + ["le"], values + [_go_float(bound)], help_text)
-                       for bound in bounds + (math.inf,)]
+        bucket_keys = [
+            mmap_key(name, name + "_bucket", keys + ["le"], values + [_go_float(bound)], help_text)
+            for bound in bounds + (math.inf,)
+        ]
         return [bucket_keys, mmap_key(name, name + "_sum", keys, values, help_text), bounds, None, None]
 
     def _write_histogram(self, series: list, counts: tuple, sum_: float) -> None:
@@ -213,8 +228,7 @@ class FilesExporter(MetricExporter):
         name = metric_name(metric.name)
         base = name[:-6] if name.endswith("_total") else name
         keys, values = self._labels(point.attributes)
-        return [mmap_key(base, base + "_total", keys, values, _help(metric.description or "", metric.unit or "")),
-                None]
+        return [mmap_key(base, base + "_total", keys, values, _help(metric.description or "", metric.unit or "")), None]
 
     def _new_gauge(self, metric, point) -> tuple:
         """(key, file type)"""
@@ -222,8 +236,10 @@ class FilesExporter(MetricExporter):
 
         name = metric_name(metric.name)
         keys, values = self._labels(point.attributes)
-        return (mmap_key(name, name, keys, values, _help(metric.description or "", metric.unit or "")),
-                "gauge_" + self._gauge_modes.get(metric.name, "livemostrecent"))
+        return (
+            mmap_key(name, name, keys, values, _help(metric.description or "", metric.unit or "")),
+            "gauge_" + self._gauge_modes.get(metric.name, "livemostrecent"),
+        )
 
     @staticmethod
     def _labels(attributes) -> tuple[list, list]:
@@ -290,7 +306,7 @@ def proc_stat(pid: int) -> list[bytes]:
     19); raises OSError (FileNotFoundError: no such process)."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         stat = f.read()
-    return stat[stat.rfind(b")") + 2:].split()
+    return stat[stat.rfind(b")") + 2 :].split()
 
 
 def process_identity(pid: int) -> str | None:
@@ -405,8 +421,13 @@ def _warn_unreadable(seen: set, path: str, exc: Exception) -> None:
     if path in seen:
         return
     seen.add(path)
-    logger.warning("opentelemetry-instrumentation-vllm-ascend: skipping unreadable metrics file %s (%s: %s); "
-                   "the rest of /metrics is served", path, type(exc).__name__, exc)
+    logger.warning(
+        "opentelemetry-instrumentation-vllm-ascend: skipping unreadable metrics file %s (%s: %s); "
+        "the rest of /metrics is served",
+        path,
+        type(exc).__name__,
+        exc,
+    )
 
 
 def _key_fields(key: str) -> None:

@@ -48,8 +48,11 @@ def push_exporters() -> list[MetricExporter]:
         try:
             found = list(entry_points(group="opentelemetry_metrics_exporter", name=name))
             if not found:
-                environment.warn_once(("exporter", name), "OTEL_METRICS_EXPORTER names %r, which is not "
-                                      "installed: not exporting there", name)
+                environment.warn_once(
+                    ("exporter", name),
+                    "OTEL_METRICS_EXPORTER names %r, which is not installed: not exporting there",
+                    name,
+                )
                 continue
             exporters.append(PidGuardedExporter(found[0].load()()))
         except Exception:

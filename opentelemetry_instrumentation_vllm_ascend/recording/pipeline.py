@@ -107,8 +107,9 @@ class Pipeline:
         else:
             from .fastpath import Store
 
-            self.store = Store(resource, catalogue.SCOPE_NAME, __version__,
-                               process_attributes=context.process_attributes)
+            self.store = Store(
+                resource, catalogue.SCOPE_NAME, __version__, process_attributes=context.process_attributes
+            )
             self.store.before_collect.append(_before_collect)
             for reader in readers:
                 self.store.attach(reader)
@@ -151,8 +152,9 @@ class Pipeline:
 
         exporters = push_exporters()
         if exporters:  # OTEL_METRIC_EXPORT_INTERVAL, read once and clamped (0 made the SDK's reader raise)
-            push_interval = environment.interval_ms(environment.METRIC_EXPORT_INTERVAL,
-                                                    environment.DEFAULT_METRIC_EXPORT_INTERVAL_MS)
+            push_interval = environment.interval_ms(
+                environment.METRIC_EXPORT_INTERVAL, environment.DEFAULT_METRIC_EXPORT_INTERVAL_MS
+            )
         for exporter in exporters:
             readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=push_interval))
 
@@ -165,7 +167,9 @@ class Pipeline:
             inst = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
         elif spec.kind == catalogue.HISTOGRAM:
             inst = meter.create_histogram(
-                spec.instrument_name, unit=spec.unit, description=spec.description,
+                spec.instrument_name,
+                unit=spec.unit,
+                description=spec.description,
                 explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
             )
         else:
@@ -188,11 +192,14 @@ class Pipeline:
 
         def sdk_callback(_options):
             extra = context.process_attributes(spec.process_labels)
-            return [Observation(value, context.series_attributes(spec.labels, labels, extra))
-                    for labels, value in callback()]
+            return [
+                Observation(value, context.series_attributes(spec.labels, labels, extra))
+                for labels, value in callback()
+            ]
 
-        self.meter.create_observable_gauge(spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit,
-                                           description=spec.description)
+        self.meter.create_observable_gauge(
+            spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit, description=spec.description
+        )
 
     def flush(self, timeout_millis: float = 5_000) -> None:
         if os.getpid() != self.pid or self._closed:
@@ -272,9 +279,12 @@ def _build() -> Pipeline:
             except Exception as exc:
                 # Never a retry per record (each would start reader threads again): this process
                 # records into a pipeline without readers of its own until the next reset().
-                logger.error("opentelemetry-instrumentation-vllm-ascend: cannot build the metrics pipeline "
-                             "(%s: %s); this process's metrics are not exported, vLLM runs on",
-                             type(exc).__name__, exc)
+                logger.error(
+                    "opentelemetry-instrumentation-vllm-ascend: cannot build the metrics pipeline "
+                    "(%s: %s); this process's metrics are not exported, vLLM runs on",
+                    type(exc).__name__,
+                    exc,
+                )
                 _pipeline = Pipeline(extra_readers=_extra_readers, disabled=True)
             _register_exit(_pipeline)
             for callback in _on_new_pipeline:

@@ -117,8 +117,9 @@ def _serve(sock, pid: int) -> None:
             return
         if os.getpid() != pid or _listener[1] is not sock:
             return  # stopped (teardown), or a forked child's copy
-        credentials = [d for level, kind, d in ancillary
-                       if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS]
+        credentials = [
+            d for level, kind, d in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
+        ]
         if data != _REQUEST or not sender or not credentials:
             continue
         if struct.unpack("3i", credentials[0][:_CREDENTIALS])[1] != uid:
@@ -135,8 +136,8 @@ def _serve(sock, pid: int) -> None:
 
 def flush_here() -> None:
     """Export what this process recorded, now (or wait for the final export already under way)."""
-    from . import pipeline
     from .. import recording
+    from . import pipeline
 
     current = pipeline.current()
     if current is None or current.pid != os.getpid():
@@ -203,7 +204,7 @@ def flush_processes(pids, timeout_s: float | None = None, with_descendants: bool
             sock.settimeout(remaining)
             try:
                 data, sender = sock.recvfrom(64)
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 break
             if isinstance(sender, str):
                 sender = sender.encode()
@@ -211,9 +212,12 @@ def flush_processes(pids, timeout_s: float | None = None, with_descendants: bool
             if pid is not None and data == _DONE:
                 answered.add(pid)
         if waiting:
-            logger.info("opentelemetry-instrumentation-vllm-ascend: %d process(es) did not finish exporting "
-                        "their metrics within %.0f ms before vLLM stops them (OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS)",
-                        len(waiting), timeout_s * 1000)
+            logger.info(
+                "opentelemetry-instrumentation-vllm-ascend: %d process(es) did not finish exporting "
+                "their metrics within %.0f ms before vLLM stops them (OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS)",
+                len(waiting),
+                timeout_s * 1000,
+            )
     return answered
 
 

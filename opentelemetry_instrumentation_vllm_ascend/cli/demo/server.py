@@ -17,13 +17,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 #: Settings that make a 2-core CPU machine preempt under 16 concurrent 150-token requests.
 DEFAULT_ARGS = (
-    "--num-gpu-blocks-override", "16",
-    "--block-size", "32",
-    "--max-model-len", "256",
-    "--max-num-seqs", "16",
-    "--dtype", "float32",
+    "--num-gpu-blocks-override",
+    "16",
+    "--block-size",
+    "32",
+    "--max-model-len",
+    "256",
+    "--max-num-seqs",
+    "16",
+    "--dtype",
+    "float32",
     "--enforce-eager",
-    "--served-model-name", "tiny",
+    "--served-model-name",
+    "tiny",
 )
 
 
@@ -38,8 +44,17 @@ class Server:
     ``cli=True``, ``[opentelemetry-instrument] vllm serve MODEL …`` (the command users run: it alone starts
     several API servers, ``--api-server-count``, the default with ``--data-parallel-size`` > 1)."""
 
-    def __init__(self, model: str, *, instrument: bool = True, env: dict | None = None,
-                 extra_args=(), log_path: str | None = None, port: int | None = None, cli: bool = False) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        instrument: bool = True,
+        env: dict | None = None,
+        extra_args=(),
+        log_path: str | None = None,
+        port: int | None = None,
+        cli: bool = False,
+    ) -> None:
         self.model = model
         self.cli = cli
         self.port = port or free_port()
@@ -71,7 +86,7 @@ class Server:
             cmd = [launcher, *cmd]
         return cmd
 
-    def start(self, timeout: float = 300.0) -> "Server":
+    def start(self, timeout: float = 300.0) -> Server:
         env = os.environ.copy()
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         env.setdefault("OTEL_METRICS_EXPORTER", "none")
@@ -83,8 +98,9 @@ class Server:
         env.setdefault("DO_NOT_TRACK", "1")
         env.update(self.env)
         self._log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.command(), env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -123,12 +139,18 @@ class Server:
         self.stop()
 
     # -- client ------------------------------------------------------------------------------
-    def complete(self, prompt: str, max_tokens: int = 150, *, ignore_eos: bool = True,
-                 timeout: float = 300.0) -> dict:
-        body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": ignore_eos, "return_token_ids": True}
-        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    def complete(self, prompt: str, max_tokens: int = 150, *, ignore_eos: bool = True, timeout: float = 300.0) -> dict:
+        body = {
+            "model": "tiny",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": ignore_eos,
+            "return_token_ids": True,
+        }
+        req = urllib.request.Request(
+            self.url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
@@ -138,18 +160,25 @@ class Server:
         thread per prompt, as this harness had before) do not guarantee that: on a loaded 2-core machine
         their requests were seen to arrive one after another, and 16 of them into 16 KV blocks then caused
         no preemption at all."""
-        body = {"model": "tiny", "prompt": list(prompts), "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True}
-        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        body = {
+            "model": "tiny",
+            "prompt": list(prompts),
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
+        req = urllib.request.Request(
+            self.url + "/v1/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             response = json.loads(r.read())
         assert len(response["choices"]) == len(prompts), response
         return response
 
     def post(self, path: str, body: dict, timeout: float = 60.0) -> tuple[int, str]:
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 return r.status, r.read().decode()
@@ -171,5 +200,6 @@ def samples(text: str) -> list:
 
 
 def total(text: str, name: str, **match) -> float:
-    return sum(v for n, labels, v in samples(text) if n == name
-               and all(labels.get(k) == val for k, val in match.items()))
+    return sum(
+        v for n, labels, v in samples(text) if n == name and all(labels.get(k) == val for k, val in match.items())
+    )

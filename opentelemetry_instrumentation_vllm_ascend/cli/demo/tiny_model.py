@@ -14,7 +14,7 @@ def build(path: str, seed: int = 0) -> str:
     if os.path.exists(os.path.join(path, MARKER)):
         return path
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     os.makedirs(path, exist_ok=True)
