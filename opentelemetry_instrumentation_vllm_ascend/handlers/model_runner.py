@@ -300,7 +300,6 @@ class ProfilerScopes:
     Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES get vLLM's own choice (outside a scheduling
     step: ``inner(name)``; inside one with nullcontext: one shared nullcontext), untimed."""
 
-    name = "record_function_or_nullcontext"
     attribute = "_PROFILER_FUNC"
 
     def install(self, module):

@@ -100,6 +100,8 @@ def problems(target, catalogue_by_seed) -> list[str]:
             out.append(f"{target.symbol}: {m.metric} is a {spec.kind}, the measure a {m.kind}")
         if m.phase not in MEASURE_PHASES or (m.phase == PHASE_ENGINE_STEP and m.kind != TIMER):
             out.append(f"{target.symbol}: {m.metric}: phase {m.phase!r} not allowed for a {m.kind}")
+        if m.phase == PHASE_ENGINE_STEP and len(target.measures) > 1:
+            out.append(f"{target.symbol}: {m.metric}: an engine_step timer is the row's only measure")
         if m.kind == TIMER and target.kind not in timer_kinds:
             out.append(f"{target.symbol}: {m.metric}: a timer needs wrapper kind {timer_kinds}")
         if spec.labels != ("dp", "role", "phase"):
