@@ -679,8 +679,6 @@ def load_handler(target: Target):
     instance; named after the hooked symbol (what reports name). None for rows without either."""
     import importlib
 
-    from .handler import Handler
-
     if target.measures:
         handler = build_handler(target)
     elif not target.handler:
@@ -688,8 +686,7 @@ def load_handler(target: Target):
     else:
         module_name, class_name = target.handler.split(":")
         handler = getattr(importlib.import_module(f"{_HANDLERS_PACKAGE}.{module_name}"), class_name)()
-    if isinstance(handler, Handler):
-        handler.name = target.qualname
+    handler.name = target.qualname
     return handler
 
 
