@@ -35,7 +35,7 @@ _warned = [False]
 
 
 def _belongs(module: str | None, neighbour: Neighbour) -> bool:
-    return bool(module) and any(module == m or module.startswith(m + ".") for m in neighbour.modules)
+    return module is not None and any(module == m or module.startswith(m + ".") for m in neighbour.modules)
 
 
 def loaded(modules=None) -> list[Neighbour]:

