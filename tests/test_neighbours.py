@@ -63,7 +63,12 @@ def test_names_neighbours_and_the_double_wrapped_symbols(caplog):
     cls.update_from_output = functools_wrapper(
         "ddtrace.contrib.internal.vllm.patch", cls.__dict__["update_from_output"]
     )
-    modules = {"ms_service_metric": types.ModuleType("ms_service_metric"), "ddtrace.contrib.internal.vllm.patch": 1}
+    # As in sys.modules: a loaded submodule's packages have their entries too.
+    modules = {
+        "ms_service_metric": types.ModuleType("ms_service_metric"),
+        "ddtrace.contrib.internal.vllm": 1,
+        "ddtrace.contrib.internal.vllm.patch": 1,
+    }
     with caplog.at_level(logging.WARNING, logger=neighbours.__name__):
         assert neighbours.check(ours, modules) is True
         assert neighbours.check(ours, modules) is False  # once per process
