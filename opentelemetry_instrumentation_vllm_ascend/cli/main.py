@@ -14,6 +14,23 @@ import json
 import sys
 
 
+def add_summary_parser(sub) -> None:
+    summary_parser = sub.add_parser("summary", help="a short human summary of a running server's /metrics")
+    summary_parser.add_argument("--url", required=True, help="the server (http://host:port) or its /metrics URL")
+
+
+def summary_command(args) -> int:
+    from .summary import fetch, summarize
+
+    try:
+        text = fetch(args.url)
+    except OSError as exc:
+        print(f"cannot read {args.url}: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(summarize(text)))
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m opentelemetry_instrumentation_vllm_ascend",
@@ -33,7 +50,10 @@ def main(argv=None) -> int:
         help="the engine's executor (--distributed-executor-backend; uni: one in-process worker)",
     )
     check_parser.add_argument("--api-server-count", type=int, help="API server processes of the server")
+    add_summary_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "summary":
+        return summary_command(args)
 
     from ..hooks import installer
     from ..version import __version__

@@ -11,6 +11,7 @@ from importlib import metadata
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from .. import neighbours
 from . import targets as targets_module
 from .patches import hook_future_class, original_class, patch_method
 from .wrappers import FUTURE_CLASS, SCOPE_FACTORY
@@ -204,6 +205,7 @@ class Installer:
             by_module.setdefault(target.module, []).append(target)
         for module_name, rows in by_module.items():
             register_post_import_hook(lambda module, rows=rows: self._apply(module, rows), module_name)
+        neighbours.check(self.patches)
 
     def _apply(self, module, rows) -> None:
         with self._lock:
@@ -235,6 +237,7 @@ class Installer:
                         exc,
                         ", ".join(target.feeds) or "(none)",
                     )
+            neighbours.check(self.patches)  # one warning per process, once another vLLM instrumentation is seen
 
     def uninstall(self) -> None:
         with self._lock:

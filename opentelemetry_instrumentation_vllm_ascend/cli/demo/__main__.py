@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 
+from ..summary import summarize
 from . import tiny_model
 from .server import Server, samples, total
 
@@ -56,6 +57,10 @@ def main(argv=None) -> int:
         print(f"done in {time.monotonic() - t:.1f} s; waiting for the per-process export interval …", flush=True)
         time.sleep(3)
         text = server.scrape()
+        print()
+        print(f"Summary (python -m opentelemetry_instrumentation_vllm_ascend summary --url {server.url}):")
+        for line in summarize(text):
+            print("  " + line)
         print()
         print(f"vllm_profiling_ series on {server.url}/metrics (histograms as count and mean; buckets left out):")
         for line in summary(text):

@@ -1,0 +1,107 @@
+"""A short human summary of one /metrics scrape: where an engine step's time goes, the exception counters
+beside vLLM's own, which processes reported, and where the dashboards are.
+``python -m opentelemetry_instrumentation_vllm_ascend summary --url http://host:8000`` prints it for any
+running server; the demo prints it after its load."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from .. import catalogue
+
+P = catalogue.PREFIX
+
+#: The engine step and, under it, the parts the engine core times: (label, seed).
+STEP = "engine_core:engine_core_step:duration"
+STEP_PARTS = (
+    ("schedule", "scheduler:duration"),
+    ("execute_model RPC", "executor:execute_model:duration"),
+    ("sample_tokens RPC", "executor:sample_tokens:duration"),
+    ("update_from_output", "scheduler:update_from_output:duration"),
+)
+#: In the workers, per model-runner execute_model: (label, seed).
+WORKER = "executor:model_runner_execute_model:duration"
+WORKER_PARTS = (
+    ("prepare inputs", "executor:prepare_inputs:duration"),
+    ("forward", "npu:forward_duration"),
+    ("non-forward", "npu:non_forward_duration"),
+)
+#: Our exception counters and the vLLM counter that counts the same thing, where there is one.
+EXCEPTIONS = (
+    ("preemptions", "running_to_waiting_count", "vllm:num_preemptions_total"),
+    ("recompute events", "scheduler:recompute_events", None),
+    ("KV block allocation failures", "block_allocate_failures", None),
+    ("worker RPC errors", "rpc_errors", None),
+    ("health-check failures", "health_check_failed", None),
+    ("scheduler blocked on capacity", "request_prefill_pending_nums", None),
+)
+WHERE = (
+    "dashboards: deploy/grafana/vllm-ascend.json (Grafana); rules: deploy/prometheus/rules.yml "
+    "(or deploy/kubernetes/prometheusrule.yaml); alerts and runbooks: docs/deploy.md"
+)
+
+
+def parse(text: str) -> list[tuple[str, dict, float]]:
+    return [(s.name, dict(s.labels), s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
+def _sum(samples, name: str, keep=lambda labels: True) -> float:
+    return sum(v for n, labels, v in samples if n == name and keep(labels))
+
+
+def _busy(labels) -> bool:
+    return labels.get("phase") != "idle"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3g} ms"
+
+
+def summarize(text: str) -> list[str]:
+    s = parse(text)
+    lines = []
+    count = _sum(s, P + STEP + "_count", _busy)
+    total = _sum(s, P + STEP + "_sum", _busy)
+    if count:
+        lines.append(f"Engine steps: {count:g} (idle steps left out), mean {_ms(total / count)}; of the step time:")
+        for label, seed in STEP_PARTS:
+            part = _sum(s, P + seed + "_sum", _busy)
+            n = _sum(s, P + seed + "_count", _busy)
+            if n:
+                lines.append(f"  {label:<20} {100 * part / total:5.1f}%  (mean {_ms(part / n)} x {n:g})")
+        w_count = _sum(s, P + WORKER + "_count", _busy)
+        w_total = _sum(s, P + WORKER + "_sum", _busy)
+        if w_count:
+            lines.append(f"  in the workers: execute_model mean {_ms(w_total / w_count)}; of it:")
+            for label, seed in WORKER_PARTS:
+                part = _sum(s, P + seed + "_sum", _busy)
+                if _sum(s, P + seed + "_count", _busy):
+                    lines.append(f"    {label:<18} {100 * part / w_total:5.1f}%")
+    else:
+        lines.append("Engine steps: none recorded yet (no load, or the engine core is not instrumented).")
+    lines.append("Exceptions (ours | vLLM's own):")
+    for label, seed, theirs in EXCEPTIONS:
+        ours = _sum(s, P + seed + "_total")
+        line = f"  {label:<30} {ours:g}"
+        if theirs:
+            line += f" | {theirs} {_sum(s, theirs):g}"
+        lines.append(line)
+    processes: dict[str, float] = {}
+    for name, labels, value in s:
+        if name == catalogue.INSTRUMENTED_PROCESSES.prometheus_name and value:
+            key = f"{labels.get('process', '?')} dp={labels.get('dp', '?')}"
+            processes[key] = processes.get(key, 0) + value
+    reported = ", ".join(f"{k} x{v:g}" for k, v in sorted(processes.items())) or "none"
+    lines.append(f"Processes reporting: {reported}")
+    lines.append("Where to look: " + WHERE)
+    return lines
+
+
+def fetch(url: str, timeout: float = 30.0) -> str:
+    url = url.rstrip("/")
+    if not url.endswith("/metrics"):
+        url += "/metrics"
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode()

@@ -1,0 +1,79 @@
+"""The summary of a /metrics text (cli/summary.py) and the ``summary --url`` subcommand: a real
+prometheus_client exposition with hand-chosen observations; the printed shares are computed by hand."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
+from opentelemetry_instrumentation_vllm_ascend.cli.summary import summarize
+
+P = "vllm_profiling_"
+
+
+def exposition() -> str:
+    r = CollectorRegistry()
+    labels = ["dp", "role", "phase"]
+
+    def hist(seed, *values, phase="decode"):
+        h = Histogram(P + seed, "x", labels, registry=r, buckets=(0.001, 0.01, 0.1, 1.0))
+        for v in values:
+            h.labels("0", "mixed", phase).observe(v)
+        return h
+
+    step = hist("engine_core:engine_core_step:duration", 0.010, 0.030)  # 40 ms in 2 steps: mean 20 ms
+    step.labels("0", "mixed", "idle").observe(5.0)  # idle steps are left out
+    hist("scheduler:duration", 0.001, 0.003)  # 4 ms of 40: 10 %
+    hist("executor:execute_model:duration", 0.008, 0.022)  # 30 ms: 75 %
+    hist("executor:model_runner_execute_model:duration", 0.010, 0.010)  # 20 ms in the workers
+    hist("npu:forward_duration", 0.006, 0.009)  # 15 of 20: 75 %
+    c = Counter(P + "running_to_waiting_count", "x", labels, registry=r)
+    c.labels("0", "mixed", "decode").inc(7)
+    Counter("vllm:num_preemptions", "x", ["engine"], registry=r).labels("0").inc(7)
+    g = Gauge(P + "instrumented_processes", "x", ["process", "dp", "role"], registry=r)
+    g.labels("engine_core", "0", "mixed").set(1)
+    g.labels("worker", "0", "mixed").set(2)
+    return generate_latest(r).decode()
+
+
+def test_summary_lines():
+    lines = summarize(exposition())
+    text = "\n".join(lines)
+    assert lines[0] == "Engine steps: 2 (idle steps left out), mean 20 ms; of the step time:"
+    assert "  schedule              10.0%  (mean 2 ms x 2)" in lines
+    assert "  execute_model RPC     75.0%  (mean 15 ms x 2)" in lines
+    assert "  in the workers: execute_model mean 10 ms; of it:" in lines
+    assert "    forward             75.0%" in lines
+    assert "  preemptions                    7 | vllm:num_preemptions_total 7" in lines
+    assert "  worker RPC errors              0" in lines
+    assert "Processes reporting: engine_core dp=0 x1, worker dp=0 x2" in lines
+    assert "deploy/grafana/vllm-ascend.json" in text and "docs/deploy.md" in text
+
+
+def test_summary_of_an_idle_server():
+    assert summarize("")[0].startswith("Engine steps: none recorded yet")
+
+
+def test_summary_subcommand_reads_a_server(capsys):
+    body = exposition().encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        assert cli.main(["summary", "--url", f"http://127.0.0.1:{server.server_address[1]}"]) == 0
+    finally:
+        server.shutdown()
+    assert capsys.readouterr().out.splitlines() == summarize(exposition())
+    assert cli.main(["summary", "--url", "http://127.0.0.1:9/"]) == 2
