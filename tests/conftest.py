@@ -1,7 +1,7 @@
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import context, environment
+from opentelemetry_instrumentation_vllm_ascend import context, environment, state
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 
@@ -34,6 +34,15 @@ class Metrics:
         return series.get(tuple(sorted(attrs.items())))
 
 
+@pytest.fixture(autouse=True)
+def fresh_state():
+    """Every test starts (and leaves) this process's state as a freshly forked child finds it: the same
+    ``state.reset()`` the fork handler runs."""
+    state.reset()
+    yield
+    state.reset()
+
+
 @pytest.fixture
 def metrics(monkeypatch):
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
@@ -42,7 +51,6 @@ def metrics(monkeypatch):
     pipeline.reset(extra_readers=[reader])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
     context.set_process("engine_core", "0", "mixed")
-    context.LAST_STEP_PHASE[0] = context.UNKNOWN
     yield Metrics(reader)
     pipeline.reset()
     context.set_process(*saved)

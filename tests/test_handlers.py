@@ -6,10 +6,12 @@ from types import SimpleNamespace as NS
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import context
+from opentelemetry_instrumentation_vllm_ascend.handlers import steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc, exception_type
 from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, wrap
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 R2W = "vllm_profiling_running_to_waiting_count"
 RECOMPUTE = "vllm_profiling_scheduler:recompute_events"
@@ -137,11 +139,11 @@ def test_step_phase(new, cached, resumed, recomputing, expected, path):
     one) and the exact per-request loop (forced by an unrelated recomputing request)."""
     sched = Sched(dict(REQUESTS))
     for rid in recomputing:
-        context.mark_recomputing(sched, rid)
+        steps.mark_recomputing(sched, rid)
     if path == "exact":
         sched.requests["other"] = req(3, 20, prompt=10)
-        context.mark_recomputing(sched, "other")
-    assert context.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
+        steps.mark_recomputing(sched, "other")
+    assert steps.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
 
 
 @pytest.mark.parametrize("path", ["fast", "exact"])
@@ -150,29 +152,29 @@ def test_classify_step_splits_requests_and_tokens_by_req_phase(path):
     sched = Sched(dict(REQUESTS))
     if path == "exact":
         sched.requests["other"] = req(3, 20, prompt=10)
-        context.mark_recomputing(sched, "other")
+        steps.mark_recomputing(sched, "other")
     out = output(REQUESTS, [("new", 6)], [("chunk", 4), ("decode", 1), ("spec", 3)])
-    assert context.classify_step(sched, out) == ("mixed", 2, 10, 2, 4)
+    assert steps.classify_step(sched, out) == ("mixed", 2, 10, 2, 4)
     out = output(REQUESTS, [], [("decode", 1), ("spec", 3)])
-    assert context.classify_step(sched, out) == ("decode", 0, 0, 2, 4)
+    assert steps.classify_step(sched, out) == ("decode", 0, 0, 2, 4)
     out = output(REQUESTS, [("new", 6)], [("last_chunk", 2)])
-    assert context.classify_step(sched, out) == ("prefill", 2, 8, 0, 0)
+    assert steps.classify_step(sched, out) == ("prefill", 2, 8, 0, 0)
     if path == "exact":  # a resumed request recomputes: prefill tokens, even though it has outputs
         out = output(REQUESTS, [], [("resumed", 13), ("decode", 1)], ["resumed"])
-        assert context.classify_step(sched, out) == ("mixed", 1, 13, 1, 1)
+        assert steps.classify_step(sched, out) == ("mixed", 1, 13, 1, 1)
 
 
 def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():
     sched = Sched({"r": req(5, 13, prompt=10), "gone": req(0, 4)})
-    context.mark_recomputing(sched, "r")
-    context.mark_recomputing(sched, "gone")
+    steps.mark_recomputing(sched, "r")
+    steps.mark_recomputing(sched, "gone")
     del sched.requests["gone"]
     out = output(sched.requests, cached=[("r", 5)])
-    assert context.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
-    assert context._RECOMPUTING[sched] == {"r"}
+    assert steps.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
+    assert STATE.recomputing[sched] == {"r"}
     sched.requests["r"].num_computed_tokens = 12  # after this step: caught up (12 == 13 - 1)
-    context.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
-    assert context._RECOMPUTING[sched] == set()
+    steps.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
+    assert STATE.recomputing[sched] == set()
 
 
 # -- preemption, recompute, allocation failures ---------------------------------------------
@@ -203,7 +205,7 @@ def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
     s.schedule()  # a step with no events adds nothing (and creates no zero series)
     assert metrics.value(R2W, **attrs) == 2
     assert set(metrics.points()[R2W]) == {tuple(sorted(attrs.items()))}
-    assert context.LAST_STEP_PHASE[0] == "decode"
+    assert STATE.last_step_phase == "decode"
 
 
 def test_successful_allocation_is_not_a_failure_and_raise_is(metrics):
@@ -240,7 +242,7 @@ def test_schedule_that_raises_still_records_its_events(metrics):
     with pytest.raises(RuntimeError, match="scheduler bug"):
         s.schedule()
     assert metrics.value(R2W, dp="0", role="mixed", phase="unknown") == 1
-    assert context.CURRENT_STEP.get() is None
+    assert steps.CURRENT_STEP.get() is None
 
 
 # -- RPC errors -------------------------------------------------------------------------------
@@ -283,7 +285,7 @@ class FakeExecutor:
 def test_rpc_errors_blocking_and_through_the_future(metrics):
     ex = FakeExecutor()
     rpc = wrap(FakeExecutor.collective_rpc, CollectiveRpc(), FUTURE)[0]
-    context.LAST_STEP_PHASE[0] = "prefill"
+    STATE.last_step_phase = "prefill"
 
     fut = rpc(ex, "execute_model", args=("so",), non_block=True)
     assert metrics.points().get("vllm_profiling_rpc_errors") is None  # nothing failed yet

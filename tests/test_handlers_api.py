@@ -542,13 +542,10 @@ def test_output_loop_values_carry_the_engine_whose_outputs_are_processed(metrics
             outputs = await client.get_output_async()
             processor.process_outputs(outputs.outputs, 1.0, None)
 
-    try:
-        asyncio.run(loop())
-        series = metrics.points()["vllm_profiling_engine_core_outputs_len"]
-        by_engine = {dict(k)["engine"]: (dict(k)["dp"], v[0], v[1]) for k, v in series.items()}
-        assert by_engine == {"1": ("1", 1, 3), "0": ("0", 1, 1)}
-    finally:
-        api_handlers.CURRENT_ENGINE[0] = None
+    asyncio.run(loop())
+    series = metrics.points()["vllm_profiling_engine_core_outputs_len"]
+    by_engine = {dict(k)["engine"]: (dict(k)["dp"], v[0], v[1]) for k, v in series.items()}
+    assert by_engine == {"1": ("1", 1, 3), "0": ("0", 1, 1)}
 
 
 def test_a_slow_multi_token_output_counts_once(api_process, clock):

@@ -12,12 +12,13 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
-from opentelemetry_instrumentation_vllm_ascend.context import PHASE_ATTRIBUTE
-from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, state
+from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler, steps
+from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, patches
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
 F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, scopes, add_request, the input queue
@@ -52,22 +53,6 @@ class Clock:
 
     def __call__(self):
         return self.t
-
-
-@pytest.fixture(autouse=True)
-def reset_state():
-    def reset():
-        model_runner.CURRENT[0] = None
-        model_runner._DEVICE[0] = False
-        model_runner._names.clear()
-        scheduler._BLOCKED.clear()
-        engine.CURRENT_PASS[0] = None
-        context.EXEC_PHASE[0] = context.UNKNOWN
-        executor.LAST_EXECUTE[0] = None
-
-    reset()
-    yield
-    reset()
 
 
 @pytest.fixture
@@ -265,12 +250,12 @@ def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils
     s.plan = [(out, 0.0625, [("schedule: allocate_slots", 0.0625)])]
     seen_inside = []
     s.during = lambda: seen_inside.append(name("record_function_or_nullcontext") in metrics.points())
-    context.LAST_STEP_PHASE[0] = "decode"  # the previous step's: not the phase of scopes in this one
+    STATE.last_step_phase = "decode"  # the previous step's: not the phase of scopes in this one
 
     assert s.schedule() is out
     assert seen_inside == [False]  # the scope ended inside schedule(): held until the step's phase is known
     assert getattr(out, PHASE_ATTRIBUTE) == "mixed"
-    assert context.LAST_STEP_PHASE[0] == "mixed"
+    assert STATE.last_step_phase == "mixed"
 
     m, mixed = metrics, step("mixed")
     pre, dec = step("mixed", req_phase="prefill"), step("mixed", req_phase="decode")
@@ -339,16 +324,16 @@ def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, ut
 
     assert s.schedule() is out
     assert getattr(out, PHASE_ATTRIBUTE) == "decode"  # known at once: it travels with the RPC
-    assert len(recording._deferred) == 1  # nothing recorded yet
+    assert len(STATE.deferred) == 1  # nothing recorded yet
     s.get_grammar_bitmask(out)
-    assert len(recording._deferred) == 1  # one step waits: not yet
+    assert len(STATE.deferred) == 1  # one step waits: not yet
     s.running.append(req(0, 5))  # what happens after schedule() returned is not this step's state
     s.waiting.clear()
     s.kv_cache_manager.block_pool.free = 3
     s.schedule()
-    assert len(recording._deferred) == 2
+    assert len(STATE.deferred) == 2
     s.get_grammar_bitmask(out)
-    assert len(recording._deferred) == 0
+    assert len(STATE.deferred) == 0
 
     dec = step("decode")
     assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(F, b16=2))  # 0.1875, 0.25
@@ -379,7 +364,7 @@ def test_deferred_records_do_not_keep_the_step_output(metrics, clock, utils):
     s.plan = [(Output(**vars(output(requests, cached=[("decode", 1)]))), 0.125, [])]
     gone = weakref.ref(s.schedule())
     gc.collect()
-    assert len(recording._deferred) == 1  # not recorded yet…
+    assert len(STATE.deferred) == 1  # not recorded yet…
     assert gone() is None  # …and the output is not held for it
     assert metrics.value(name("scheduler:seqlen:sum"), **step("decode")) == 13
 
@@ -428,8 +413,8 @@ def _varied_steps(clock, utils):
         s.running[:], s.waiting[:] = queues[i]
         s.kv_cache_manager.block_pool.free = free[i]
         if i == 5:  # as the preemption hook counts them, inside schedule()
-            context.CURRENT_STEP.get().preemptions += 1
-            context.CURRENT_STEP.get().recomputes += 1
+            steps.CURRENT_STEP.get().preemptions += 1
+            steps.CURRENT_STEP.get().recomputes += 1
 
     s.during = after_each
     return s
@@ -443,8 +428,7 @@ def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock,
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     def run(collect_each):
-        scheduler._BLOCKED.clear()
-        scheduler._BLOCKS.clear()
+        state.reset()  # a fresh process each run
         reader = Metrics(InMemoryMetricReader())
         pipeline.reset(extra_readers=[reader.reader])
         context.set_process("engine_core", "0", "mixed")
@@ -452,10 +436,10 @@ def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock,
         for _ in range(len(s.plan)):
             s.schedule()
             if collect_each:
-                assert len(recording._deferred) == 1
+                assert len(STATE.deferred) == 1
                 reader.points()  # a collection records the one pending step: the per-step path
         points = reader.points()
-        assert not recording._deferred
+        assert not STATE.deferred
         return points
 
     one_by_one = run(True)
@@ -477,11 +461,11 @@ def test_deferred_records_run_at_collection_and_are_dropped_by_reset(metrics, cl
     s.schedule()
     # A collection (the periodic export, a scrape's files, OTLP) runs what is pending first.
     assert metrics.value(name("scheduler:duration"), **step("decode"))[0] == 1
-    assert not recording._deferred
+    assert not STATE.deferred
     s.schedule()
-    assert len(recording._deferred) == 1
+    assert len(STATE.deferred) == 1
     pipeline.reset()  # its final export ran it; nothing is left over
-    assert not recording._deferred
+    assert not STATE.deferred
 
 
 def test_schedule_prefill_pending_counted_once_per_episode(metrics, clock, utils):
@@ -582,7 +566,7 @@ def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock
             ],
         )
     ]
-    context.LAST_STEP_PHASE[0] = "prefill"
+    STATE.last_step_phase = "prefill"
 
     s.schedule()
     assert metrics.points()[name("record_function_or_nullcontext")] == {
@@ -622,10 +606,10 @@ def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
 def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clock, utils):
     s = instrumented()(clock, utils)
     s.plan = [(RuntimeError("scheduler bug"), 0.5, [("schedule: allocate_slots", 0.125)])]
-    context.LAST_STEP_PHASE[0] = "decode"
+    STATE.last_step_phase = "decode"
     with pytest.raises(RuntimeError, match="scheduler bug"):
         s.schedule()
-    assert context.LAST_STEP_PHASE[0] == "unknown"
+    assert STATE.last_step_phase == "unknown"
     assert metrics.points()[name("record_function_or_nullcontext")] == {
         key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(F, b16=1))
     }
@@ -634,7 +618,7 @@ def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clo
 
 def test_update_from_output_phase_from_the_scheduler_output(metrics, clock):
     s = instrumented()(clock)
-    context.LAST_STEP_PHASE[0] = "decode"  # the next step was already scheduled (async scheduling)
+    STATE.last_step_phase = "decode"  # the next step was already scheduled (async scheduling)
     so = NS(**{PHASE_ATTRIBUTE: "prefill"})
     assert s.update_from_output(so, 0.25) == {}
     s.update_from_output(model_runner_output=0.5, scheduler_output=NS())  # no phase stored: the last step's
@@ -649,7 +633,7 @@ def test_update_from_output_phase_from_the_scheduler_output(metrics, clock):
 
 def test_add_request_phase_all(metrics, clock):
     s = instrumented()(clock)
-    context.LAST_STEP_PHASE[0] = "prefill"
+    STATE.last_step_phase = "prefill"
     s.add_request(0.001953125)  # 2**-9 s
     s.add_request(request=0.001953125)
     with pytest.raises(ValueError, match="bad request"):
@@ -690,7 +674,7 @@ def rpc_fn():
 
 def stamped(returned, ready, host=context.HOST_CLOCK):
     """A worker's reply that ends a step: stamped by the worker's hooks (see model_runner.reply)."""
-    return NS(**{context.READY_ATTRIBUTE: (host, returned, ready)})
+    return NS(**{steps.READY_ATTRIBUTE: (host, returned, ready)})
 
 
 EXEC, SAMPLE, RPC = (
@@ -702,12 +686,12 @@ EXEC, SAMPLE, RPC = (
 
 def test_blocking_rpcs_are_timed_to_the_moments_the_worker_stamped(metrics, clock):
     ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
-    context.LAST_STEP_PHASE[0] = "decode"  # async scheduling: the next step is already scheduled
+    STATE.last_step_phase = "decode"  # async scheduling: the next step is already scheduled
     so = NS(**{PHASE_ATTRIBUTE: "prefill"})
     assert rpc(ex, "execute_model", args=(so,)) is None  # sampling follows: its reply will say
     assert EXEC not in metrics.points()
     ex.cost = 0.125
-    context.LAST_STEP_PHASE[0] = "mixed"
+    STATE.last_step_phase = "mixed"
     ex.replies["sample_tokens"] = reply = stamped(100.1875, 100.3125)  # dispatched at 100.0 and 100.25
     assert rpc(ex, "sample_tokens", None, (None,)) is reply  # follows its execute_model
     ex.cost = 0.5
@@ -861,8 +845,8 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
 
 def scheduled(phase):
     """What the scheduler hook leaves behind when schedule() ran: one more call, and its step's phase."""
-    context.SCHEDULE_CALLS[0] += 1
-    context.LAST_STEP_PHASE[0] = phase
+    STATE.schedule_calls += 1
+    STATE.last_step_phase = phase
 
 
 class FakeEngineCore:
@@ -928,7 +912,7 @@ def instrumented_engine():
 
 def test_engine_steps_get_the_phase_set_during_the_call(metrics, clock):
     core = instrumented_engine()(clock)
-    context.LAST_STEP_PHASE[0] = "decode"
+    STATE.last_step_phase = "decode"
     assert core.step() == ({}, True)
     assert core.step_with_batch_queue() == (None, True)
     assert core._process_engine_step() is True  # runs a (timed) step inside
@@ -996,7 +980,7 @@ def test_an_engine_step_that_scheduled_nothing_is_idle(metrics):
     """An idle DP rank's busy loop runs vLLM's _process_engine_step, whose step() returns before
     scheduling: those steps are phase idle, not the phase of the last step the rank scheduled."""
     idle = _real_engine_loop()
-    context.LAST_STEP_PHASE[0] = "decode"  # the rank's last real step
+    STATE.last_step_phase = "decode"  # the rank's last real step
     for _ in range(3):
         assert idle._process_engine_step() is False
     points = metrics.points()
@@ -1067,7 +1051,7 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     core.work = True
     core._process_input_queue()
     assert metrics.value(spec, **ALL_LABELS) == (4, 0.8125, counts(F, b15=1, b16=2, b17=1))
-    assert engine.CURRENT_PASS[0] is None
+    assert STATE.current_pass is None
 
     # A request handled outside any pass changes nothing; a pass that raises is not timed.
     core._handle_client_request("ADD", 0.25)
@@ -1075,7 +1059,7 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     core.queue.extend([(1.0, "BOOM", 0.0)])
     with pytest.raises(RuntimeError, match="bad request"):
         core._process_input_queue()
-    assert engine.CURRENT_PASS[0] is None
+    assert STATE.current_pass is None
     assert metrics.points()[spec] == {key(**ALL_LABELS): (4, 0.8125, counts(F, b15=1, b16=2, b17=1))}
 
 
@@ -1140,15 +1124,15 @@ SCOPES = name("record_function_or_nullcontext")
 
 
 def test_worker_step_execute_then_sample_on_the_host_timeline(metrics, clock, utils):
-    model_runner._DEVICE[0] = None  # no device events
+    STATE.device = None  # no device events
     runner = instrumented_runner()(clock, utils)
     runner.plan = {"prepare": 0.0625, "forward": 0.25, "post": 0.125, "tail": 0.0625, "result": None, "sample": 0.25}
-    context.LAST_STEP_PHASE[0] = "decode"
+    STATE.last_step_phase = "decode"
     assert runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"})) is None
-    assert context.LAST_STEP_PHASE[0] == "prefill"
+    assert STATE.last_step_phase == "prefill"
     assert INFERENCE not in metrics.points()  # the step goes on in sample_tokens
     assert runner.sample_tokens(None) == "sampled"
-    assert model_runner.CURRENT[0] is None
+    assert STATE.worker_step is None
 
     m, pre = metrics.points(), step("prefill")
     assert m[EXECUTE] == {key(**pre): (1, 0.5, counts(S, b12=1))}
@@ -1164,13 +1148,13 @@ def test_worker_step_execute_then_sample_on_the_host_timeline(metrics, clock, ut
 
 
 def test_worker_step_that_returns_its_output_and_classifies_itself(metrics, clock, utils):
-    model_runner._DEVICE[0] = None
+    STATE.device = None
     runner = instrumented_runner()(clock, utils)
     runner.plan = {"forward": 0.125, "post": 0.0625, "result": "output", "sample": 1.0}
     requests = {"d": req(12, 13, prompt=10)}
     so = output(requests, cached=[("d", 1)])  # from an uninstrumented EngineCore: no phase stored
     assert runner.execute_model(so) == "output"
-    assert model_runner.CURRENT[0] is None
+    assert STATE.worker_step is None
     runner.sample_tokens(None)  # not part of a step any more: no second inference value
     m, dec = metrics.points(), step("decode")
     assert m[EXECUTE] == {key(**dec): (1, 0.1875, counts(S, b11=1))}
@@ -1193,15 +1177,15 @@ class FakeRunnerV2:
 
 
 def test_model_runner_v2_skips_dummy_runs(metrics, clock):
-    model_runner._DEVICE[0] = None
+    STATE.device = None
     run = wrap(FakeRunnerV2.execute_model, model_runner.ExecuteModelV2(), SYNC)[0]
     runner = FakeRunnerV2(clock)
     so = NS(**{PHASE_ATTRIBUTE: "prefill"})
-    context.LAST_STEP_PHASE[0] = "decode"
+    STATE.last_step_phase = "decode"
     run(runner, so, None, True)
     run(runner, so, dummy_run=True)
     run(runner, so, dummy_run=True, skip_attn_for_dummy_run=True)
-    assert model_runner.CURRENT[0] is None and context.LAST_STEP_PHASE[0] == "decode"
+    assert STATE.worker_step is None and STATE.last_step_phase == "decode"
     assert EXECUTE not in metrics.points() and INFERENCE not in metrics.points()
     assert run(runner, so) == "output"
     assert run(runner, so, None, False) == "output"
@@ -1239,7 +1223,7 @@ def test_step_times_from_device_events_recorded_once_they_are_done(metrics, cloc
     from the device timeline (events at execute_model's start, around the forward scope and at the
     step's end), read once the device has passed them; npu:kernel_launch stays host time."""
     Event = make_event_class()
-    timeline = model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)  # reset by reset_state
+    timeline = STATE.device = model_runner.DeviceTimeline(Event)  # reset by the autouse state.reset()
     runner = instrumented_runner()(clock, utils, event=Event)
 
     # Step 1 (prefill): device forward 125 ms, device sampling 62.5 ms; the device is not there yet.
@@ -1298,7 +1282,7 @@ def test_non_forward_time_is_on_one_clock_when_the_host_only_launches(metrics, c
     work); the device computes the forward for 20 ms and samples for 10 ms. Inference is the device's
     30 ms and non-forward its 10 ms — not host launch time minus device forward time (clamped to 0)."""
     Event = make_event_class()
-    model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)
+    STATE.device = model_runner.DeviceTimeline(Event)
     runner = instrumented_runner()(clock, utils, event=Event)
     runner.plan = {"forward": 0.0, "device_ms": 20.0, "result": None, "sample": 0.0, "device_sample_ms": 10.0}
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
@@ -1316,7 +1300,7 @@ def test_pending_device_step_is_recorded_at_the_end_of_a_later_step_without_forw
     """A step without a forward scope (KV connector without forward) still ends a step: earlier steps
     that the device has finished are recorded then, not held back until the next forward step."""
     Event = make_event_class()
-    timeline = model_runner._DEVICE[0] = model_runner.DeviceTimeline(Event)
+    timeline = STATE.device = model_runner.DeviceTimeline(Event)
     runner = instrumented_runner()(clock, utils, event=Event)
     runner.plan = {"forward": 0.25, "device_ms": 125.0, "result": "output"}
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))  # 0.25 s on the host
@@ -1350,7 +1334,7 @@ def test_get_output_in_the_output_thread_gets_its_own_steps_phase_and_stamps_the
     """vLLM's worker process runs get_output() in its output thread while the main thread already
     runs the next step: a prefill step's get_output that ends after the decode step's execute_model
     began is labelled prefill, and the reply it returns carries the prefill step's moments."""
-    model_runner._DEVICE[0] = None
+    STATE.device = None
     runner = instrumented_runner()(clock, utils)
     get_output = wrap(AsyncOutput.get_output, model_runner.GetOutput(), SYNC_TIMER)[0]
     reply = NS()
@@ -1370,12 +1354,12 @@ def test_get_output_in_the_output_thread_gets_its_own_steps_phase_and_stamps_the
     started.wait(10)
     runner.plan = {"forward": 0.0625, "result": None, "sample": 0.0, "sampled": None}
     step_before = model_runner.ExecuteModel().before((runner, NS(**{PHASE_ATTRIBUTE: "decode"})), None)
-    assert model_runner.CURRENT[0] is step_before and context.LAST_STEP_PHASE[0] == "decode"
+    assert STATE.worker_step is step_before and STATE.last_step_phase == "decode"
     decoding.set()
     thread.join(10)
     m = metrics.points()
     assert m[name("worker:model_runner_get_output:duration")] == {key(**step("prefill")): (1, 0.5, counts(S, b12=1))}
-    assert getattr(reply, context.READY_ATTRIBUTE) == (context.HOST_CLOCK, 100.25, 100.875)
+    assert getattr(reply, steps.READY_ATTRIBUTE) == (context.HOST_CLOCK, 100.25, 100.875)
 
 
 # -- profiling scopes ---------------------------------------------------------------------------------
@@ -1399,7 +1383,7 @@ def test_scope_names_beyond_the_limit_are_other(metrics, clock, utils):
     for i in range(1000):
         with utils.record_function_or_nullcontext(f"dynamic {i}"):
             pass
-    assert len(model_runner._names) == model_runner.MAX_SCOPE_NAMES
+    assert len(STATE.scope_names) == model_runner.MAX_SCOPE_NAMES
     assert metrics.points()[SCOPES][key(**unknown, name="other")][0] == 1006
 
 
@@ -1441,7 +1425,7 @@ def test_scope_in_a_step_with_vllms_profiler_on_is_recorded_with_the_step(metric
         requests = {"decode": req(12, 13, prompt=10)}
         s = instrumented()(clock, module, requests, running=[req(13, 14, prompt=10)])
         s.plan = [(output(requests, cached=[("decode", 1)]), 0.0, [("schedule: allocate_slots", 0.0625)] * 2)]
-        context.LAST_STEP_PHASE[0] = "prefill"
+        STATE.last_step_phase = "prefill"
         s.schedule()
         assert [entry[0] for entry in log] == ["enter", "exit", "enter", "exit"]
         assert metrics.points()[SCOPES] == {

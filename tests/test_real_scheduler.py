@@ -37,7 +37,6 @@ def metrics(monkeypatch):
     instrumentor.instrument(metric_readers=[reader])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
     context.set_process("engine_core", "0", "mixed")
-    scheduler_handlers._BLOCKED.clear()
     try:
         yield Metrics(reader)
     finally:

@@ -9,10 +9,11 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
-from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
 from ..hooks.handler import Handler, report
+from ..state import STATE, UNKNOWN
 from .common import AllPhaseTimer
-from .model_runner import _name_label
+from .model_runner import name_label
+from .steps import CURRENT_STEP, IN_PREFIX_CACHE_RESET, PHASE_ATTRIBUTE, Step, classify_step, mark_recomputing
 
 _DURATION = M["scheduler:duration"]
 _BATCH = M["scheduler:batch_size"]
@@ -35,7 +36,7 @@ def flush_step(step: Step, phase: str) -> None:
     """Record what one scheduling step saw, once, labelled with that step's phase."""
     if step.scopes:
         for name, values in step.scopes.items():
-            recording.record_many(_SCOPES, values, context.step_labels_with(phase, _name_label(name)))
+            recording.record_many(_SCOPES, values, context.step_labels_with(phase, name_label(name)))
     if not (step.preemptions or step.recomputes or step.allocate_failures or step.recomputed_tokens):
         return
     labels = context.step_labels(phase)
@@ -50,7 +51,7 @@ def flush_step(step: Step, phase: str) -> None:
 FLUSH_STEPS = 32
 
 #: Per scheduler (by id; one per EngineCore): was it blocked on capacity after its last step?
-_BLOCKED: dict[int, bool] = {}
+_BLOCKED = STATE.blocked
 
 
 def _step_sizes(output) -> tuple:
@@ -96,7 +97,7 @@ def _queue_state(scheduler, phase: str, step_class) -> tuple:
 
 
 #: Per scheduler (by id): (total, free, pipeline generation) last recorded; unchanged values are not set again.
-_BLOCKS: dict[int, tuple] = {}
+_BLOCKS = STATE.blocks
 
 
 def _block_state(scheduler) -> tuple:
@@ -216,15 +217,15 @@ def _preempted_of(scheduler) -> dict:
 
 
 _deque_len, _deque_iter = deque.__len__, deque.__iter__
-_STATUS_PREEMPTED = [None]  # vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen
 
 
 def _preempted_status():
-    status = _STATUS_PREEMPTED[0]
+    """vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen (STATE.status_preempted)."""
+    status = STATE.status_preempted
     if status is None:
         module = sys.modules.get("vllm.v1.request")
         if module is not None:
-            status = _STATUS_PREEMPTED[0] = module.RequestStatus.PREEMPTED
+            status = STATE.status_preempted = module.RequestStatus.PREEMPTED
     return status
 
 
@@ -257,7 +258,7 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     # preempted requests are put back at its head.
     if isinstance(waiting, deque):
         if _deque_len(waiting):
-            preempted = _STATUS_PREEMPTED[0] or _preempted_status()
+            preempted = STATE.status_preempted or _preempted_status()
             if getattr(waiting[0], "status", None) is preempted:
                 for request in _deque_iter(waiting):
                     if request.status is not preempted:
@@ -277,7 +278,7 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
                 found[request.request_id] = request
     if found:
         for req_id, request in found.items():
-            context.mark_recomputing(scheduler, req_id)
+            mark_recomputing(scheduler, req_id)
             pending[req_id] = max(request.num_tokens - 1, 0)
             step.preemptions += 1
             step.recomputes += 1  # a running request has computed tokens
@@ -309,12 +310,12 @@ class Schedule(Handler):
     name = "Scheduler.schedule"
     reads_args = 1  # self
 
-    def before(self, args, kwargs, _pending=recording._deferred):
+    def before(self, args, kwargs, _pending=STATE.deferred, _state=STATE):
         if CURRENT_STEP.get() is not None:
             return None  # a subclass's schedule() calling the base's: the outermost hook measures
         if len(_pending) >= FLUSH_STEPS:  # an engine that never asks for grammar bitmasks
             recording.run_deferred()
-        context.SCHEDULE_CALLS[0] += 1
+        _state.schedule_calls += 1
         step = Step()
         return step, CURRENT_STEP.set(step), perf_counter()
 
@@ -334,8 +335,8 @@ class Schedule(Handler):
             _count_preemptions(scheduler, result, step)
         except Exception:
             report(self, "_count_preemptions")
-        step_class = context.classify_step(scheduler, result)
-        phase = LAST_STEP_PHASE[0] = step_class[0]
+        step_class = classify_step(scheduler, result)
+        phase = STATE.last_step_phase = step_class[0]
         try:
             setattr(result, PHASE_ATTRIBUTE, phase)
         except (AttributeError, TypeError):
@@ -366,7 +367,7 @@ class Schedule(Handler):
             return
         step, token, _start = state
         CURRENT_STEP.reset(token)
-        LAST_STEP_PHASE[0] = UNKNOWN
+        STATE.last_step_phase = UNKNOWN
         flush_step(step, UNKNOWN)
 
 
@@ -384,7 +385,7 @@ class PreemptRequest(Handler):
         scheduler, request = args[0], args[1]
         req_id = request.request_id
         # Whatever the reason, the request will recompute its tokens when it resumes.
-        context.mark_recomputing(scheduler, req_id)
+        mark_recomputing(scheduler, req_id)
         if IN_PREFIX_CACHE_RESET.get():
             _preempted_of(scheduler)[req_id] = None
             return None
@@ -433,7 +434,7 @@ class GrammarBitmask(Handler):
     name = "Scheduler.get_grammar_bitmask"
     reads_args = 0
 
-    def before(self, args, kwargs, _pending=recording._deferred):
+    def before(self, args, kwargs, _pending=STATE.deferred):
         if len(_pending) >= FLUSH_STEPS:
             recording.run_deferred()
 
@@ -452,7 +453,7 @@ class UpdateFromOutput(Handler):
     def after(self, state, args, kwargs, result):
         seconds = perf_counter() - state
         phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
-        recording.record(self.spec, seconds, context.step_labels(phase or LAST_STEP_PHASE[0]))
+        recording.record(self.spec, seconds, context.step_labels(phase or STATE.last_step_phase))
 
 
 class AddRequest(AllPhaseTimer):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from ..state import STATE
+
 logger = logging.getLogger(__name__)
 
 
@@ -64,7 +66,7 @@ class Handler:
         """Timer kinds only: the call returned after ``seconds`` (perf_counter)."""
 
 
-_reported: set = set()
+_reported = STATE.reported
 
 
 def report(handler, where: str) -> None:

@@ -22,8 +22,10 @@ import threading
 import time
 import uuid
 
-from .. import catalogue, context, environment
+from .. import catalogue, context, environment, state
+from ..state import STATE
 from ..version import __version__
+from .deferred import run_deferred
 
 logger = logging.getLogger(__name__)
 
@@ -246,17 +248,14 @@ class Pipeline:
 _lock = threading.Lock()
 _pipeline: Pipeline | None = None
 _extra_readers: tuple = ()
-_on_new_pipeline = []  # callbacks(meter) run when a pipeline is built (recording layer's caches)
-#: Run at the start of every collection, in the collecting thread (the recording layer's deferred records).
-before_collect_hooks: list = []
 
 
 def _before_collect() -> None:
-    for hook in list(before_collect_hooks):
-        try:
-            hook()
-        except Exception:
-            logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
+    """Run at the start of every collection, in the collecting thread: the deferred records go in."""
+    try:
+        run_deferred()
+    except Exception:
+        logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
 
 def get() -> Pipeline:
@@ -287,8 +286,9 @@ def _build() -> Pipeline:
                 )
                 _pipeline = Pipeline(extra_readers=_extra_readers, disabled=True)
             _register_exit(_pipeline)
-            for callback in _on_new_pipeline:
-                callback(_pipeline)
+            state.forget_pipeline(closed=False)  # the recording layer's instruments were the old one's
+            for spec, callback in STATE.observers:  # every observable gauge of this process
+                _pipeline.observe(spec, callback)
         return _pipeline
 
 
@@ -321,20 +321,17 @@ def reset(extra_readers=()) -> None:
         _extra_readers = tuple(extra_readers)
     if old is not None:
         old.close()
-    for callback in _on_new_pipeline:
-        callback(None)
+    state.forget_pipeline(closed=True)
 
 
 def _after_fork_in_child() -> None:
     global _pipeline, _lock, _extra_readers
     _lock = threading.Lock()
     _extra_readers = ()  # a reader belongs to one provider: the parent's
-    context.reset_after_fork()
     old, _pipeline = _pipeline, None
     if old is not None:
         old.abandon()
-    for callback in _on_new_pipeline:
-        callback(None)
+    state.reset()  # a parent's pending records, caches and steps are not this process's
 
 
 if hasattr(os, "register_at_fork"):
