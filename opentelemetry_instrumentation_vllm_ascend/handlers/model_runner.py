@@ -19,6 +19,7 @@ import contextlib
 import fnmatch
 import sys
 from time import perf_counter
+from typing import Any
 
 from .. import context, environment, recording
 from ..catalogue import M
@@ -64,11 +65,15 @@ class WorkerStep:
         self.phase = phase
         self.start = start
         self.execute_seconds = 0.0
-        self.returned = None  # perf_counter when execute_model returned
-        self.forward_start = self.forward_end = self.post_end = None
-        self.device = None  # (start event, end event) of the forward pass on the device
-        # Device events at the start of execute_model and the end of the step (device timeline only).
-        self.start_event = self.end_event = None
+        self.returned: float | None = None  # perf_counter when execute_model returned
+        self.forward_start: float | None = None
+        self.forward_end: float | None = None
+        self.post_end: float | None = None
+        self.device: tuple | None = None  # (start event, end event) of the forward pass on the device
+        # Device events (torch.cuda/npu Event) at the start of execute_model and the end of the step
+        # (device timeline only).
+        self.start_event: Any = None
+        self.end_event: Any = None
 
 
 # STATE.worker_step: the WorkerStep in progress.
@@ -86,7 +91,7 @@ class DeviceTimeline:
 
     def __init__(self, event_class, limit: int = 64) -> None:
         self.event_class = event_class
-        self.pending = collections.deque()
+        self.pending: collections.deque[WorkerStep] = collections.deque()
         self.limit = limit
 
     def start(self):
@@ -147,6 +152,10 @@ class _Scope:
     Built by the scope factory (``ProfilerScopes``), which sets ``name``, ``inner`` and ``device``."""
 
     __slots__ = ("name", "inner", "start", "device")
+    name: Any  # vLLM passes a str; anything else is labelled "other"
+    inner: Any  # vLLM's own scope (a context manager), or None
+    start: float
+    device: Any  # the device event at the start of a forward scope, or None
 
     def __enter__(self):
         value = self.inner.__enter__() if self.inner is not None else None
@@ -191,6 +200,8 @@ class _InStepScope:
     is); starts are kept on a stack, so nested blocks of one name pair up correctly."""
 
     __slots__ = ("starts", "values")
+    starts: list[float]
+    values: list[float]
 
     def __enter__(self):
         self.starts.append(perf_counter())

@@ -86,7 +86,7 @@ def _queue_state(scheduler, phase: str, step_class) -> tuple:
     # Requests that have not computed their prompt (preemption resets it) or wait for KV: prefill.
     held = getattr(scheduler, "kv_holding_waiting", None)
     if held is None:
-        held = getattr(scheduler, "skipped_waiting", ())
+        held = getattr(scheduler, "skipped_waiting", None) or ()
     waiting = len(scheduler.waiting) + len(held)
     limit = getattr(scheduler, "max_num_active_reqs", None)
     if limit is None:
@@ -153,8 +153,8 @@ def _record_schedules(steps: list) -> None:
                 last_sizes[phase] = sizes
         if queues is not None:
             running, prefill, waiting, limit = queues
-            shape = (phase, running, prefill, waiting)
-            queue_shapes[shape] = queue_shapes.get(shape, 0) + 1
+            queue_shape = (phase, running, prefill, waiting)
+            queue_shapes[queue_shape] = queue_shapes.get(queue_shape, 0) + 1
             blocked = waiting > 0 and running >= limit
             if blocked and not _BLOCKED.get(key):
                 pending[phase] = pending.get(phase, 0) + 1
@@ -193,7 +193,7 @@ def _record_schedules(steps: list) -> None:
         _record_blocks(key, blocks)
 
 
-_record_schedule.many = _record_schedules
+_record_schedule.many = _record_schedules  # type: ignore[attr-defined]  # read by recording.defer
 
 
 #: Attribute of each scheduler: {request id: tokens it had computed when it was preempted (None:

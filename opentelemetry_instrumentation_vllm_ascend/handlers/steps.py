@@ -9,6 +9,7 @@ are fields of ``state.STATE``.
 from __future__ import annotations
 
 from contextvars import ContextVar
+from typing import Any
 
 from ..state import STATE, UNKNOWN
 
@@ -26,10 +27,10 @@ class Step:
         self.allocate_failures = 0
         #: {scope name: [seconds, …]} of profiling scopes that ended inside the schedule() call
         #: (vLLM's per-request "schedule: allocate_slots" scope ends once per running request).
-        self.scopes = None
+        self.scopes: dict[Any, list[float]] | None = None
         #: {scope name: the one timing context manager the scope factory hands out for that name in
         #: this step} (handlers.model_runner._InStepScope).
-        self.timers = None
+        self.timers: dict[Any, Any] | None = None
 
 
 CURRENT_STEP: ContextVar[Step | None] = ContextVar("otel_vllm_ascend_step", default=None)

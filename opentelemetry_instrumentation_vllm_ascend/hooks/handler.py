@@ -90,5 +90,5 @@ class Hook:
 
     __slots__ = ("handler",)
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler | None) -> None:
         self.handler = handler

@@ -21,11 +21,19 @@ import os
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from .. import catalogue, context, environment, state
 from ..state import STATE
 from ..version import __version__
 from .deferred import run_deferred
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from .fastpath import Store
+    from .metrics_files import FilesExporter
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +82,7 @@ class Pipeline:
 
         self.pid = os.getpid()
         self.recorder = recorder or environment.recorder()
-        self.files_exporter = None
+        self.files_exporter: FilesExporter | None = None
         self.disabled = disabled
         readers = [] if disabled else self._readers()
         readers.extend(extra_readers)
@@ -92,20 +100,22 @@ class Pipeline:
         if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
             attributes["service.name"] = "vllm"
         resource = Resource.create(attributes)
-        self.provider = self.meter = self.store = None
+        self.provider: MeterProvider | None = None
+        self.meter: Meter | None = None  # the SDK recorder's
+        self.store: Store | None = None  # the fast recorder's
         if self.recorder == "sdk":
             from opentelemetry.sdk.metrics import MeterProvider
 
             self.provider = MeterProvider(
                 metric_readers=readers, resource=resource, views=catalogue.views(), shutdown_on_exit=False
             )
-            self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
+            meter = self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
 
             def run_hooks(_options):  # an observable instrument that observes nothing: exports nothing
                 _before_collect()
                 return []
 
-            self.meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
+            meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
         else:
             from .fastpath import Store
 
@@ -165,6 +175,7 @@ class Pipeline:
         if self.store is not None:
             return self.store.instrument(spec)
         meter = self.meter
+        assert meter is not None  # no store: the SDK recorder
         if spec.kind == catalogue.COUNTER:
             inst = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
         elif spec.kind == catalogue.HISTOGRAM:
@@ -199,6 +210,7 @@ class Pipeline:
                 for labels, value in callback()
             ]
 
+        assert self.meter is not None  # no store: the SDK recorder
         self.meter.create_observable_gauge(
             spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit, description=spec.description
         )
