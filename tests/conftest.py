@@ -1,7 +1,9 @@
 import pytest
+from fakes import fake_utils, patch_clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import context, environment, state
+from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 
@@ -54,3 +56,19 @@ def metrics(monkeypatch):
     yield Metrics(reader)
     pipeline.reset()
     context.set_process(*saved)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """perf_counter of the timer wrappers and of the EngineCore / worker handlers that read the clock
+    themselves (a test module may override it for other handlers)."""
+    return patch_clock(monkeypatch, scheduler, engine, executor, model_runner)
+
+
+@pytest.fixture
+def utils():
+    """A stand-in for vllm.v1.utils with the package's profiling-scope factory installed."""
+    module = fake_utils()
+    patch = model_runner.ProfilerScopes().install(module)
+    yield module
+    patch.remove()

@@ -5,10 +5,10 @@ import asyncio
 from types import SimpleNamespace as NS
 
 import pytest
+from fakes import patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE,
@@ -35,22 +35,9 @@ def counts(bounds, **hits):
     return tuple(out)
 
 
-class Clock:
-    """perf_counter stand-in: the fakes below advance it by exact binary fractions."""
-
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    c = Clock()
-    monkeypatch.setattr(codegen, "perf_counter", c)  # timer kinds: bound at wrap time
-    monkeypatch.setattr(api, "perf_counter", c)  # handlers that read the clock themselves
-    return c
+    return patch_clock(monkeypatch, api)  # the API handlers read the clock themselves
 
 
 @pytest.fixture
