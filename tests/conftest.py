@@ -1,8 +1,10 @@
+import contextlib
+
 import pytest
 from fakes import fake_utils, patch_clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import context, environment, state
+from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment, state
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
@@ -72,3 +74,25 @@ def utils():
     patch = model_runner.ProfilerScopes().install(module)
     yield module
     patch.remove()
+
+
+@contextlib.contextmanager
+def instrumented(monkeypatch, **kwargs):
+    """The package instrumented as vLLM's plugin does it (the real installer patching the real vLLM
+    classes) for the block, uninstrumented after it: the setUp / tearDown of opentelemetry-python-
+    contrib's TestBase. ``kwargs`` go to ``instrument()`` (``metric_readers``)."""
+    monkeypatch.delenv(environment.ENABLED, raising=False)
+    instrumentor = VllmAscendInstrumentor()
+    instrumentor.instrument(**kwargs)
+    try:
+        yield instrumentor
+    finally:
+        instrumentor.uninstrument()
+
+
+@pytest.fixture
+def instrumentation(metrics, monkeypatch):
+    """The package instrumented (``instrumented``) for the test, recording into ``metrics``' in-memory
+    reader. Yields ``metrics``."""
+    with instrumented(monkeypatch):
+        yield metrics

@@ -20,7 +20,6 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import (
     steps,
 )
@@ -36,12 +35,8 @@ PHASES = ("prefill", "decode")
 
 
 @pytest.fixture
-def instrumented(metrics, monkeypatch):
-    monkeypatch.delenv("OTEL_VLLM_ASCEND_ENABLED", raising=False)
+def instrumented(instrumentation):
     STATE.device = None  # host timeline (CPU)
-    VllmAscendInstrumentor().instrument()
-    yield
-    VllmAscendInstrumentor().uninstrument()
 
 
 def row(qualname):

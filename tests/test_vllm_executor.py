@@ -5,10 +5,10 @@ when vLLM reads the reply, are counted once; blocking failures too."""
 from collections import deque
 
 import pytest
+from conftest import instrumented
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 RPC = "vllm_profiling_rpc_errors"
@@ -37,14 +37,12 @@ class Replies:
 
 @pytest.fixture
 def executor_cls(metrics, monkeypatch):
-    monkeypatch.delenv("OTEL_VLLM_ASCEND_ENABLED", raising=False)
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
     original = MultiprocExecutor.__dict__["collective_rpc"]
-    VllmAscendInstrumentor().instrument()
-    assert MultiprocExecutor.__dict__["collective_rpc"] is not original
-    yield MultiprocExecutor
-    VllmAscendInstrumentor().uninstrument()
+    with instrumented(monkeypatch):
+        assert MultiprocExecutor.__dict__["collective_rpc"] is not original
+        yield MultiprocExecutor
     assert MultiprocExecutor.__dict__["collective_rpc"] is original
 
 
