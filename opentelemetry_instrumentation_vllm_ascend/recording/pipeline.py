@@ -129,6 +129,11 @@ class Pipeline:
         #: Set once close() is done (its final export made or timed out).
         self.closed = threading.Event()
 
+    @property
+    def closing(self) -> bool:
+        """close() (or abandon()) has begun: no further export but its final one."""
+        return self._closed
+
     def _readers(self) -> list:
         """The readers the environment asks for. Each starts its export thread when it is built: if a
         later one fails, those already started are shut down before the failure propagates."""
