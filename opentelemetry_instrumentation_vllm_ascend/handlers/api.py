@@ -19,6 +19,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..hooks.handler import Handler, RowParams
+from ..state import STATE
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -86,13 +87,13 @@ def _token_counts(iteration_stats) -> tuple:
 #: Index of the engine whose outputs the API server's output loop is processing: set when the loop
 #: receives an EngineCoreOutputs (``get_output_async``); it processes them (``process_outputs``, the
 #: per-request stats updates) before it asks for the next, in one task.
-CURRENT_ENGINE = [None]
+# (STATE.current_engine)
 
 
 def _api_labels(phase: str) -> tuple:
     """(dp, role, phase, engine) of a value from the output loop: the engine whose outputs are being
     processed, or, before any arrived, this process's dp twice."""
-    engine = CURRENT_ENGINE[0]
+    engine = STATE.current_engine
     if engine is None:
         return context.step_labels(phase) + (context.PROCESS.dp,)
     return (engine, context.PROCESS.role, phase, engine)
@@ -105,7 +106,7 @@ class GetOutput(Handler):
 
     def after(self, state, args, kwargs, result):
         index = getattr(result, "engine_index", None)
-        CURRENT_ENGINE[0] = str(index) if isinstance(index, int) else None
+        STATE.current_engine = str(index) if isinstance(index, int) else None
 
 
 # -- StatLoggerManager.record ---------------------------------------------------------------------
