@@ -14,9 +14,11 @@ from itertools import groupby
 from operator import itemgetter
 
 from .. import catalogue, context, environment
-from . import pipeline
+from . import control, pipeline
 
 _instruments: dict[str, object] = {}
+#: The pipeline's instrument per seed, also while runtime control has it switched off.
+_real: dict[str, object] = {}
 _process_labels: list = [None]
 
 
@@ -31,6 +33,7 @@ def generation() -> int:
 
 def _forget(new_pipeline) -> None:
     _instruments.clear()
+    _real.clear()
     _process_labels[0] = None
     _generation[0] += 1
     if new_pipeline is None:  # reset (after its final export) or fork: a parent's pending records are not ours
@@ -105,11 +108,22 @@ class _Disabled:
 def _instrument(spec: catalogue.MetricSpec):
     instrument = _instruments.get(spec.seed)
     if instrument is None:
-        if environment.metric_disabled(spec.seed):
+        if environment.metric_disabled(spec.seed) or control.switched_off(spec.seed):
             instrument = _instruments[spec.seed] = _Disabled()
         else:
-            instrument = _instruments[spec.seed] = pipeline.get().instrument(spec)
+            real = _real.get(spec.seed)
+            if real is None:
+                real = _real[spec.seed] = pipeline.get().instrument(spec)
+            instrument = _instruments[spec.seed] = real
     return instrument
+
+
+def control_changed() -> None:
+    """Runtime control switched metrics on or off: every instrument is looked up again at its next
+    record (the pipeline's own instruments, kept in ``_real``, keep their values)."""
+    _instruments.clear()
+    if not control.is_on():
+        _deferred.clear()  # records a hook left for later are not made while off
 
 
 def add(spec: catalogue.MetricSpec, value: int | float, labels: tuple, _get=_instruments.get) -> None:
@@ -225,6 +239,7 @@ def process_started() -> None:
 
 
 pipeline.before_collect_hooks.append(run_deferred)
+pipeline.before_collect_hooks.append(control.exported)
 
 
 def flush(timeout_millis: float = 5_000) -> None:
