@@ -9,6 +9,7 @@ import types
 import zipfile
 
 import pytest
+from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
@@ -17,7 +18,6 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Hook
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import control
-from packaging.version import Version
 
 P = catalogue.PREFIX
 V = Version("0.32.0")
@@ -43,7 +43,10 @@ def test_expressions_read_parameters_attributes_subscripts_and_fixed_functions()
         ("self", "request"),
     )
     assert e.names == ("request", "result", "duration")
-    assert e.evaluate({"request": request, "result": None, "duration": 0.04}) == 14 + 3 + 5 + 2 + 1 + 0 + 7 + 1 + 2 + 1 + 3 + 8
+    assert (
+        e.evaluate({"request": request, "result": None, "duration": 0.04})
+        == 14 + 3 + 5 + 2 + 1 + 0 + 7 + 1 + 2 + 1 + 3 + 8
+    )
 
 
 def test_unknown_parameter_names_are_rejected_when_the_parameters_are_known():
@@ -140,7 +143,9 @@ MALFORMED = {
     "min_version a bool": "- symbol: m:C.f\n  min_version: true\n  metrics: [{name: a}]\n",
     "foreign handler": "- symbol: m:C.f\n  handler: os:system\n",
     "handler a list": "- symbol: m:C.f\n  handler: [a]\n",
-    "handler and metrics": "- symbol: m:C.f\n  handler: " + userfile._MSM + "meta_handlers:make_stats\n  metrics: [{name: a}]\n",
+    "handler and metrics": "- symbol: m:C.f\n  handler: "
+    + userfile._MSM
+    + "meta_handlers:make_stats\n  metrics: [{name: a}]\n",
     "no metrics": "- symbol: m:C.f\n",
     "metrics empty": "- symbol: m:C.f\n  metrics: []\n",
     "metrics a mapping": "- symbol: m:C.f\n  metrics: {name: a}\n",
@@ -166,7 +171,11 @@ MALFORMED = {
     "expr dunder chain": "- symbol: m:C.f\n  metrics: [{name: a, type: gauge, expr: 'self.__init__.__globals__'}]\n",
     "expr subclasses": "- symbol: m:C.f\n  metrics: [{name: a, type: gauge, expr: '().__class__.__bases__[0].__subclasses__()'}]\n",
     "expr huge power": "- symbol: m:C.f\n  metrics: [{name: a, type: gauge, expr: '9 ** 9 ** 9'}]\n",
-    "expr deep nesting": "- symbol: m:C.f\n  metrics: [{name: a, type: gauge, expr: '" + "(" * 50 + "1" + ")" * 50 + "'}]\n",
+    "expr deep nesting": "- symbol: m:C.f\n  metrics: [{name: a, type: gauge, expr: '"
+    + "(" * 50
+    + "1"
+    + ")" * 50
+    + "'}]\n",
     "expr call": "- symbol: m:C.f\n  metrics: [{name: a, type: gauge, expr: 'self.shutdown()'}]\n",
     "expr not a string": "- symbol: m:C.f\n  metrics: [{name: a, type: gauge, expr: [1]}]\n",
     "builtin name redefined kind": "- symbol: m:C.f\n  metrics: [{name: a, type: counter}, {name: a, type: histogram}]\n",

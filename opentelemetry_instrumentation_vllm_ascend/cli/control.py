@@ -29,7 +29,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--metrics", nargs="+", metavar="PATTERN", help="metric names or shell-style patterns")
     parser.add_argument("--server", type=int, metavar="PID", help="the server (any of its process ids)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--wait", type=float, default=None, help="seconds to wait for every process (default: 3 intervals)")
+    parser.add_argument(
+        "--wait", type=float, default=None, help="seconds to wait for every process (default: 3 intervals)"
+    )
 
 
 def servers(parent: str | None = None) -> list[dict]:
@@ -40,7 +42,7 @@ def servers(parent: str | None = None) -> list[dict]:
     from ..recording.metrics_files import process_identity
 
     parent = parent or tempfile.gettempdir()
-    out = []
+    out: list[dict] = []
     try:
         names = sorted(os.listdir(parent))
     except OSError:

@@ -172,9 +172,7 @@ def _check(node, allowed, names: list, depth: int) -> None:
                 _fail(node, f"'**' needs a literal exponent of at most {MAX_EXPONENT}")
             if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node.left)):
                 _fail(node, "a power of a power is not allowed")
-        if isinstance(node.op, ast.Mult) and (
-            _is_sequence_literal(node.left) or _is_sequence_literal(node.right)
-        ):
+        if isinstance(node.op, ast.Mult) and (_is_sequence_literal(node.left) or _is_sequence_literal(node.right)):
             _fail(node, "a string or sequence literal may not be multiplied")
         _check(node.left, allowed, names, below)
         _check(node.right, allowed, names, below)

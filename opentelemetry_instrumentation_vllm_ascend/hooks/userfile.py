@@ -28,11 +28,12 @@ import re
 import threading
 from dataclasses import dataclass, field
 from time import perf_counter
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from .. import catalogue, context
-from .expressions import ExpressionError, compile_expression
+from .expressions import Expression, ExpressionError, compile_expression
 from .handler import Handler
 
 logger = logging.getLogger(__name__)
@@ -77,8 +78,7 @@ HANDLER_MAP = {
     "AsyncLLM / OutputProcessor)",
     _MSM + "meta_handlers:record_dp_rank": "dp on every series from the process identity (no stats transport)",
     _MSM + "meta_handlers:make_stats": "scheduler:Schedule (queue, batch and KV cache gauges per step)",
-    _MSM + "metric_handlers:scheduler_scheduler_hooker": "scheduler:Schedule (scheduler:duration, batch "
-    "sizes, phases)",
+    _MSM + "metric_handlers:scheduler_scheduler_hooker": "scheduler:Schedule (scheduler:duration, batch sizes, phases)",
     _MSM + "metric_handlers:runner_get_output_hooker": "model_runner hooks (worker:model_runner_get_output:"
     "duration, worker:model_inference:duration)",
     _MSM + "metric_handlers:record_function_timer_hook": "model_runner:RecordFunction (the "
@@ -94,7 +94,7 @@ class Measure:
 
     metric: str  # seed name
     kind: str  # timer | histogram | counter | gauge
-    value: object | None  # a compiled Expression, or None (timer/histogram: the duration; counter: 1)
+    value: Expression | None  # a compiled Expression, or None (timer/histogram: the duration; counter: 1)
     spec: catalogue.MetricSpec
     labels: tuple = ()  # ((label name, Expression), …)
 
@@ -161,8 +161,10 @@ def _buckets(value) -> tuple:
         raise ValueError("buckets must be a non-empty list of numbers")
     if len(value) > MAX_BUCKETS:
         raise ValueError(f"more than {MAX_BUCKETS} buckets")
-    if any(isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b in (float("inf"), float("-inf"))
-           for b in value):
+    if any(
+        isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b in (float("inf"), float("-inf"))
+        for b in value
+    ):
         raise ValueError("buckets must be finite numbers")
     if any(later <= earlier for earlier, later in zip(value, value[1:])):
         raise ValueError("buckets must be strictly increasing")
@@ -221,7 +223,11 @@ def _metric(raw, n: int, seen: dict) -> Measure:
         raise _Rejected(f"metric {n} ({name}): a label name appears twice")
     spec = catalogue.MetricSpec(
         seed,
-        catalogue.HISTOGRAM if kind in (TIMER, HISTOGRAM) else catalogue.COUNTER if kind == COUNTER else catalogue.GAUGE,
+        catalogue.HISTOGRAM
+        if kind in (TIMER, HISTOGRAM)
+        else catalogue.COUNTER
+        if kind == COUNTER
+        else catalogue.GAUGE,
         "s" if kind == TIMER and value is None else "1",
         f"User hook metric ({kind}) from {OTEL_CONFIG_NAME}.",
         labels=catalogue.STEP_LABELS + tuple(lname for lname, _ in labels),
@@ -288,7 +294,8 @@ def _entry(raw, entry: Entry, seen: dict, feeds: dict, vllm, ascend) -> None:
         return
     if not isinstance(metrics, list) or not metrics:
         raise _Rejected("an entry needs a non-empty metrics list (or a handler)")
-    measures, mapped_names = [], []
+    measures: list[Measure] = []
+    mapped_names: list[str] = []
     local = dict(seen)
     for n, raw_metric in enumerate(metrics, 1):
         measure = _metric(raw_metric, n, local)
@@ -537,7 +544,7 @@ class UserHooks:
         self.paths = list(paths) if paths is not None else paths_from_environment()
         self.entries: list[Entry] = []
         #: entry key -> Patch of its installed hook
-        self.installed: dict[tuple, object] = {}
+        self.installed: dict[tuple, Any] = {}
         self.pending: set[tuple] = set()
         self._lock = threading.RLock()
         self.active = False
@@ -583,7 +590,13 @@ class UserHooks:
                 self.pending.add(key)
                 by_module.setdefault(entry.module, []).append(entry)
         for module_name, rows in by_module.items():
-            register_post_import_hook(lambda module, rows=rows: self._apply(module, rows), module_name)
+            register_post_import_hook(self._when_imported(rows), module_name)
+
+    def _when_imported(self, rows: list):
+        def apply(module) -> None:
+            self._apply(module, rows)
+
+        return apply
 
     def _apply(self, module, rows) -> None:
         from ..recording import control

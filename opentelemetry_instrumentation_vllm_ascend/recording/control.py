@@ -125,23 +125,34 @@ def setup() -> None:
     from .metrics_endpoint import DIRECTORY_PREFIX, _write_owner
 
     path = directory()
+    made = path is None
     if path is None:
         path = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # 0700
         _write_owner(path)
         os.environ[environment.CONTROL_DIR] = path
         _set_env.append(environment.CONTROL_DIR)
-        owner = os.getpid()
-        import atexit
-
-        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(path, ignore_errors=True))
+        _remove_at_exit(path)
     initial = initial_state()
-    if initial is False and environment.ROOT_PID in os.environ and os.environ[environment.ROOT_PID] == str(os.getpid()):
-        if not os.path.exists(os.path.join(path, CONTROL_FILE)):
-            write_control(path, {"state": "off", "off_metrics": [], "reload": 0, "serial": 1})
+    first = made or os.environ.get(environment.ROOT_PID) == str(os.getpid())
+    if initial is False and first and not os.path.exists(os.path.join(path, CONTROL_FILE)):
+        # The server's first process: its children (started later) find the server off too.
+        write_control(path, {"state": "off", "off_metrics": [], "reload": 0, "serial": 1})
     if initial is False:
         set_state(False, ())
     poll_once()  # the server's current state before any hook runs
     start()
+
+
+def _remove_at_exit(path: str) -> None:
+    import atexit
+
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
 
 
 def initial_state() -> bool | None:
@@ -219,7 +230,7 @@ def read_control(path: str) -> dict | None:
     return content
 
 
-_seen = [None]
+_seen: list = [None]
 _warned_dir: set = set()
 
 
