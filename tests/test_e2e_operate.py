@@ -122,6 +122,15 @@ def server(tmp_path_factory):
     user = root / "user.yaml"
     user.write_text(USER_FILE)
     files = [str(user), *incumbent_files(str(root))]
+    # Every malformed file and entry of the unit tests, one file each: vLLM starts and serves regardless.
+    from test_userfile import MALFORMED
+
+    bad = root / "malformed"
+    bad.mkdir()
+    for i, name in enumerate(sorted(MALFORMED)):
+        path = bad / f"bad{i:02d}.yaml"
+        path.write_text(MALFORMED[name].replace("touch PWNED", f"touch {root / 'PWNED'}"))
+        files.append(str(path))
     env = {
         "OTEL_VLLM_ASCEND_CONFIG": ",".join(files),
         "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": str(INTERVAL_MS),
@@ -130,7 +139,9 @@ def server(tmp_path_factory):
     with Server(model, env=env, log_path=log) as s:
         s.user_file = user
         s.log = log
+        s.malformed = sorted(str(p) for p in bad.iterdir())
         yield s
+    assert not (root / "PWNED").exists()
 
 
 def load(server, n, seed):
@@ -151,6 +162,18 @@ def test_1_hook_file_counts_equal_vllms_own(server):
     with open(server.log, errors="replace") as f:
         log = f.read()
     assert "Traceback" not in log
+
+
+def test_1b_each_malformed_file_is_one_log_line_per_process_and_nothing_ran(server):
+    with open(server.log, errors="replace") as f:
+        lines = [line for line in f if "opentelemetry-instrumentation-vllm-ascend: " in line]
+    per_file = []
+    for path in server.malformed:
+        mine = [line for line in lines if path + ":" in line or path + " entry" in line]
+        assert mine and all(" rejected: " in line for line in mine), (path, mine)
+        per_file.append(len(mine))
+    # one line per file in each instrumented process (API server, EngineCore, worker, ...)
+    assert len(set(per_file)) == 1 and per_file[0] >= 3, per_file
 
 
 def test_2_control_off_stops_every_metric_of_ours(server):
@@ -237,6 +260,7 @@ def test_6_status_lists_every_process(server):
     for p in status["processes"]:  # multiprocessing's resource tracker runs our plugin too: it records nothing
         assert p["state"] == "on" and p["off_metrics"] == []
         assert p["hook_files"]["loaded"] == 2 and p["hook_files"]["mapped"] == 18 + 4
+        assert p["hook_files"]["rejected"] == len(server.malformed)
         assert p["last_export"] is not None or p["process"] == "unknown"
     text = control("status", "--server", str(server.proc.pid)).stdout
     assert f"pid {server.proc.pid:>7}" in text

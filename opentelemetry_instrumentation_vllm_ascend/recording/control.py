@@ -240,6 +240,8 @@ def poll_once() -> None:
     if path is None:
         return
     if not private(path):
+        if not os.path.lexists(path):
+            return  # removed: the server is stopping
         if path not in _warned_dir:
             _warned_dir.add(path)
             logger.warning(
