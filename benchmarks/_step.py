@@ -27,6 +27,7 @@ from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import FLUSH_STEPS
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class, patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER
 
@@ -216,8 +217,13 @@ def build(batch: int, hooked=PROCESSES):
             patch_method(Scheduler, "get_grammar_bitmask", sched_handlers.GrammarBitmask(), SYNC),
             patch_method(Scheduler, "update_from_output", sched_handlers.UpdateFromOutput(), SYNC),
             patch_method(KV, "allocate_slots", kv_cache.AllocateSlots(), SYNC),
-            patch_method(Engine, "step", engine.EngineCoreStep(), SYNC_TIMER),
-            patch_method(Engine, "_process_engine_step", engine.ProcessEngineStep(), SYNC_TIMER),
+            patch_method(Engine, "step", targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER),
+            patch_method(
+                Engine,
+                "_process_engine_step",
+                targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
+                SYNC_TIMER,
+            ),
             patch_method(Engine, "_process_input_queue", engine.ProcessInputQueue(), SYNC),
             patch_method(Executor, "collective_rpc", executor.CollectiveRpc(), FUTURE),
         ]
@@ -227,7 +233,12 @@ def build(batch: int, hooked=PROCESSES):
         patches += [
             patch_method(Worker, "execute_model", memory.LateCapture(), SYNC),
             patch_method(Runner, "execute_model", model_runner.ExecuteModel(), SYNC),
-            patch_method(Runner, "_prepare_inputs", model_runner.PrepareInputs(), SYNC_TIMER),
+            patch_method(
+                Runner,
+                "_prepare_inputs",
+                targets.handler_of("vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs"),
+                SYNC_TIMER,
+            ),
             patch_method(Runner, "sample_tokens", model_runner.SampleTokens(), SYNC),
         ]
         patches.append(model_runner.ProfilerScopes().install(worker_utils))

@@ -12,7 +12,7 @@ unit is stated in each metric's HELP text and in docs/metrics.md. Counters get `
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 PREFIX = "vllm_profiling_"
 INSTRUMENT_PREFIX = "vllm_ascend."
@@ -48,6 +48,9 @@ PROCESS_KINDS = ("api_server", "engine_core", "worker", "eplb", "unknown")
 WORKER_LABELS = ("rank",)
 
 
+_PROCESS_LABELS: dict[str, tuple[str, ...]] = {}
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     seed: str  # e.g. "scheduler:recompute_events"
@@ -58,11 +61,25 @@ class MetricSpec:
     buckets: tuple[float, ...] | None = None
     #: How /metrics merges a gauge over processes (prometheus_client multiprocess mode).
     gauge_mode: str = "livemostrecent"
-    #: Where the value is recorded, for docs: (process, hooked symbol).
-    recorded_in: str = ""
-    hooked: tuple[str, ...] = field(default_factory=tuple)
-    #: Labels the pipeline adds from the recording process (WORKER_LABELS), after ``labels``.
-    process_labels: tuple[str, ...] = ()
+    # Which symbols feed it and in which processes it is recorded are the target table's facts
+    # (``hooks/targets.py``: ``hooked_symbols``, ``recorded_in``), not restated here.
+
+    @property
+    def recorded_in(self) -> str:
+        """The process kinds that record it (from the target rows feeding it), for docs and labels."""
+        from .hooks.targets import recorded_in
+
+        return recorded_in(self.seed)
+
+    @property
+    def process_labels(self) -> tuple[str, ...]:
+        """Labels the pipeline adds from the recording process, after ``labels``: the worker's rank
+        (WORKER_LABELS) on metrics recorded in workers."""
+        labels = _PROCESS_LABELS.get(self.seed)
+        if labels is None:
+            in_worker = "worker" in self.recorded_in.split(", ")
+            labels = _PROCESS_LABELS[self.seed] = WORKER_LABELS if in_worker else ()
+        return labels
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -119,78 +136,55 @@ REQUESTS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 #: Numbers of tokens (per step, per iteration).
 TOKENS = (0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
+#: Named bucket sets (the docs' names for them).
+BUCKET_SETS = {
+    "step seconds": STEP_SECONDS,
+    "fine seconds": FINE_SECONDS,
+    "token seconds": TOKEN_SECONDS,
+    "request seconds": REQUEST_SECONDS,
+    "requests": REQUESTS,
+    "tokens": TOKENS,
+}
+
+#: Distinct ``name`` values of ``record_function_or_nullcontext`` per process; later names are ``other``.
+MAX_SCOPE_NAMES = 64
+
 #: ``threshold`` values of ``prefill_over_threshold_count`` (seconds, as label strings).
 TTFT_THRESHOLDS = (("5s", 5.0), ("10s", 10.0), ("20s", 20.0))
+#: EPLB placements (``phase`` of the per-layer EPLB gauges: the placement in use while the load was
+#: collected, the one EPLB computed) and the statistics over MoE layers / EP ranks EPLB gauges give.
+EPLB_PLACEMENTS = ("current", "update")
+EPLB_STATS = ("mean", "max")
+
+
+def eplb_hotness_seed(placement: str, stat: str) -> str:
+    """The seed of an EPLB cycle's imbalance summary: the one place these names are spelled."""
+    return f"eplb:expert_hotness:{placement}_{stat}"
+
+
+def eplb_layer_load_seed(stat: str) -> str:
+    """The seed of an EPLB cycle's per-layer load gauge (``stat`` over EP ranks)."""
+    return f"eplb:layer_load:{stat}"
+
+
 #: ``req_phase`` values: a request still computing its prompt (or recomputing after preemption), or decoding.
 REQ_PHASES = ("prefill", "decode")
 
-_SCHED = "vllm.v1.core.sched.scheduler:Scheduler"
-_CORE = "vllm.v1.engine.core"
-_MP = "vllm.v1.executor.multiproc_executor:MultiprocExecutor"
-_UNI = "vllm.v1.executor.uniproc_executor:UniProcExecutor"
-_MRV1 = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
-_MRV2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
-_STATS = "vllm.v1.metrics.loggers:StatLoggerManager.record"
-_WORKER_SCOPES = "vllm.v1.utils:_PROFILER_FUNC (record_function_or_nullcontext)"
+
+def _timer(seed, description, buckets=STEP_SECONDS, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=HISTOGRAM, unit="s", description=description, labels=labels, buckets=buckets)
 
 
-def _in_worker(recorded_in: str) -> tuple[str, ...]:
-    """Metrics recorded in worker processes carry the worker's rank (WORKER_LABELS)."""
-    return WORKER_LABELS if "worker" in recorded_in.split(", ") else ()
+def _sizes(seed, unit, description, buckets, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=HISTOGRAM, unit=unit, description=description, labels=labels, buckets=buckets)
 
 
-def _timer(seed, description, recorded_in, hooked, buckets=STEP_SECONDS, labels=STEP_LABELS):
-    return MetricSpec(
-        seed=seed,
-        kind=HISTOGRAM,
-        unit="s",
-        description=description,
-        labels=labels,
-        buckets=buckets,
-        recorded_in=recorded_in,
-        hooked=tuple(hooked),
-        process_labels=_in_worker(recorded_in),
-    )
+def _gauge(seed, unit, description, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=GAUGE, unit=unit, description=description, labels=labels)
 
 
-def _sizes(seed, unit, description, recorded_in, hooked, buckets, labels=STEP_LABELS):
-    return MetricSpec(
-        seed=seed,
-        kind=HISTOGRAM,
-        unit=unit,
-        description=description,
-        labels=labels,
-        buckets=buckets,
-        recorded_in=recorded_in,
-        hooked=tuple(hooked),
-        process_labels=_in_worker(recorded_in),
-    )
-
-
-def _gauge(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
-    return MetricSpec(
-        seed=seed,
-        kind=GAUGE,
-        unit=unit,
-        description=description,
-        labels=labels,
-        recorded_in=recorded_in,
-        hooked=tuple(hooked),
-        process_labels=_in_worker(recorded_in),
-    )
-
-
-def _counter(seed, unit, description, recorded_in, hooked, labels=STEP_LABELS):
-    return MetricSpec(
-        seed=seed,
-        kind=COUNTER,
-        unit=unit,
-        description=description,
-        labels=labels,
-        recorded_in=recorded_in,
-        hooked=tuple(hooked),
-        process_labels=_in_worker(recorded_in),
-    )
+def _counter(seed, unit, description, labels=STEP_LABELS):
+    return MetricSpec(seed=seed, kind=COUNTER, unit=unit, description=description, labels=labels)
 
 
 _API_STEP = STEP_LABELS + ("engine",)
@@ -203,7 +197,6 @@ _SHARE = (
     "share of a step, so the sums over API servers are the engine's totals, and the counts are the steps "
     "times the API servers that had outputs in them."
 )
-_EC, _W, _API = "engine_core", "worker", "api_server"
 
 CATALOGUE: tuple[MetricSpec, ...] = (
     # -- exception monitoring ------------------------------------------------------------------------
@@ -215,8 +208,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "SchedulerDynamicBatch preempts inline), found in SchedulerOutput.preempted_req_ids or at the head of "
         "the waiting queue with status PREEMPTED; each preemption once. reset_prefix_cache's preemptions are "
         "not counted.",
-        _EC,
-        (_SCHED + "._preempt_request", _SCHED + ".schedule"),
     ),
     _counter(
         "scheduler:recompute_events",
@@ -227,16 +218,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "recomputation: a preempted request's blocks go to the prefix cache, and with prefix caching (vLLM's "
         "default) its resume often finds most of them; scheduler:recomputed_tokens counts what is computed "
         "again.",
-        _EC,
-        (_SCHED + "._preempt_request", _SCHED + ".schedule"),
     ),
     _counter(
         "block_allocate_failures",
         "{failure}",
         "KVCacheManager.allocate_slots calls that found no room (returned None) or raised. Each failed "
         "call counts once, retries after a preemption included.",
-        _EC,
-        ("vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots",),
     ),
     _counter(
         "rpc_errors",
@@ -244,16 +231,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Failed executor collective_rpc calls (to workers in other processes, or in-process with one "
         "device), blocking or not: a non-blocking call's failure is counted when its future fails. "
         "exception_type is one of " + ", ".join(RPC_EXCEPTION_TYPES) + ".",
-        _EC,
-        (_MP + ".collective_rpc", _UNI + ".collective_rpc"),
         labels=STEP_LABELS + ("exception_type",),
     ),
     _counter(
         "health_check_failed",
         "{failure}",
         "Health checks (GET /health) that found the engine dead: AsyncLLM.check_health raised.",
-        _API,
-        ("vllm.v1.engine.async_llm:AsyncLLM.check_health",),
     ),
     _counter(
         "request_prefill_pending_nums",
@@ -262,8 +245,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "(running requests at the admission limit: max_num_seqs on vLLM 0.23; on 0.32+ max_num_active_seqs "
         "(default max_num_seqs), paused streaming sessions counting against it) while requests wait (as "
         "waiting_phase_batch_size counts them). Counted once per episode (on the edge into that state).",
-        _EC,
-        (_SCHED + ".schedule",),
     ),
     MetricSpec(
         seed="instrumented_processes",
@@ -273,31 +254,19 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "(api_server, engine_core, worker, eplb) and engine dp rank.",
         labels=("process", "dp", "role"),
         gauge_mode="livesum",
-        recorded_in="every process",
-        hooked=(
-            "vllm.v1.engine.async_llm:AsyncLLM.__init__",
-            "vllm.v1.executor.abstract:Executor.__init__",
-            "vllm.v1.worker.worker_base:WorkerBase.__init__",
-        ),
     ),
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
-    _timer(
-        "scheduler:duration", "Duration of one Scheduler.schedule call.", _EC, (_SCHED + ".schedule",), FINE_SECONDS
-    ),
+    _timer("scheduler:duration", "Duration of one Scheduler.schedule call.", FINE_SECONDS),
     _sizes(
         "scheduler:batch_size",
         "{request}",
         "Requests scheduled in one step (entries of SchedulerOutput.num_scheduled_tokens).",
-        _EC,
-        (_SCHED + ".schedule",),
         REQUESTS,
     ),
     _sizes(
         "scheduler:running_queue_size",
         "{request}",
         "Requests in the running queue after a step was scheduled.",
-        _EC,
-        (_SCHED + ".schedule",),
         REQUESTS,
     ),
     _gauge(
@@ -305,23 +274,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "{token}",
         "Context length summed over the requests one step scheduled: "
         "tokens computed before the step plus tokens scheduled in it (the KV the step attends over).",
-        _EC,
-        (_SCHED + ".schedule",),
     ),
     _gauge(
         "scheduler:seqlen:avg",
         "{token}",
         "scheduler:seqlen:sum divided by the number of requests the step scheduled.",
-        _EC,
-        (_SCHED + ".schedule",),
     ),
     _sizes(
         "scheduler:phase_batch_size",
         "{request}",
         "Requests one step scheduled, by req_phase: prefill "
         "(new, resumed after preemption, chunked-prefill continuation, recomputing) or decode.",
-        _EC,
-        (_SCHED + ".schedule",),
         REQUESTS,
         labels=STEP_LABELS + ("req_phase",),
     ),
@@ -329,8 +292,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "scheduler:phase_scheduled_tokens",
         "{token}",
         "Tokens one step scheduled, by req_phase.",
-        _EC,
-        (_SCHED + ".schedule",),
         TOKENS,
         labels=STEP_LABELS + ("req_phase",),
     ),
@@ -338,8 +299,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "scheduler:phase_scheduled_token_counter",
         "{token}",
         "Tokens scheduled, by req_phase (cumulative; a step adds exactly what it scheduled).",
-        _EC,
-        (_SCHED + ".schedule",),
         labels=STEP_LABELS + ("req_phase",),
     ),
     _counter(
@@ -351,16 +310,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "SchedulerDynamicBatch), the tokens computed before are taken as all of its tokens but the last "
         "sampled one (exact for a decoding request). reset_prefix_cache's preemptions and RecomputeScheduler "
         "hand-backs are not counted. phase: the step the request resumed in.",
-        _EC,
-        (_SCHED + "._preempt_request", _SCHED + ".schedule"),
     ),
     _sizes(
         "running_phase_batch_size",
         "{request}",
         "Requests in the running queue after a step was "
         "scheduled, by req_phase (prefill while the prompt is not yet computed).",
-        _EC,
-        (_SCHED + ".schedule",),
         REQUESTS,
         labels=STEP_LABELS + ("req_phase",),
     ),
@@ -372,8 +327,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "kv_holding_waiting on 0.32+: requests waiting with KV blocks, e.g. P/D decode requests waiting for "
         "remote KV, streaming sessions waiting for input). req_phase is always prefill: a waiting request "
         "has not computed its prompt (preemption resets what it had) or waits for its KV.",
-        _EC,
-        (_SCHED + ".schedule",),
         REQUESTS,
         labels=STEP_LABELS + ("req_phase",),
     ),
@@ -381,35 +334,25 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "total_kvcache_blocks",
         "{block}",
         "KV cache blocks of the engine (block_pool.num_gpu_blocks).",
-        _EC,
-        (_SCHED + ".schedule",),
     ),
     _gauge(
         "free_kvcache_blocks",
         "{block}",
         "Free KV cache blocks after the last step was scheduled.",
-        _EC,
-        (_SCHED + ".schedule",),
     ),
     _gauge(
         "allocated_kvcache_blocks",
         "{block}",
         "Allocated KV cache blocks after the last step was scheduled (total - free - the null block).",
-        _EC,
-        (_SCHED + ".schedule",),
     ),
     _timer(
         "scheduler:update_from_output:duration",
         "Duration of Scheduler.update_from_output (turning a step's model output into request outputs).",
-        _EC,
-        (_SCHED + ".update_from_output",),
         FINE_SECONDS,
     ),
     _timer(
         "scheduler:add_request:duration",
         "Duration of Scheduler.add_request.",
-        _EC,
-        (_SCHED + ".add_request",),
         FINE_SECONDS,
     ),
     # -- engine core loop -----------------------------------------------------------------------------
@@ -419,24 +362,18 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "(EngineCore.step, or step_with_batch_queue with async scheduling / pipeline parallelism), with the "
         "phase of the step it scheduled; phase idle when it scheduled nothing (an idle DP rank's step returns "
         "before scheduling; a batch-queue call with a full queue only waits for its oldest batch).",
-        _EC,
-        (_CORE + ":EngineCore.step", _CORE + ":EngineCore.step_with_batch_queue"),
     ),
     _timer(
         "engine_core:process_engine_step:duration",
         "One busy-loop engine step including queueing its "
         "outputs (EngineCoreProc._process_engine_step); phase as engine_core:engine_core_step:duration "
         "(idle when nothing was scheduled in it).",
-        _EC,
-        (_CORE + ":EngineCoreProc._process_engine_step",),
     ),
     _timer(
         "engine_core:process_input_queue:duration",
         "Time one busy-loop pass spent on client requests "
         "(EngineCoreProc._process_input_queue), excluding the time it blocked idle: waiting for the first "
         "request, and again after each request that left the engine without work (a utility call, an abort).",
-        _EC,
-        (_CORE + ":EngineCoreProc._process_input_queue", _CORE + ":EngineCoreProc._handle_client_request"),
         FINE_SECONDS,
     ),
     # -- executor (EngineCore side) -------------------------------------------------------------------
@@ -449,8 +386,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "depend on when the engine reads the reply (with async scheduling a step later). One host clock "
         "(CLOCK_MONOTONIC); absent for a worker on another machine, for steps that scheduled no tokens, and "
         "where the worker is not instrumented.",
-        _EC,
-        (_MP + ".collective_rpc", _UNI + ".collective_rpc"),
     ),
     _timer(
         "executor:sample_tokens:duration",
@@ -461,22 +396,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "independent of when the engine reads the reply. Absent with async scheduling on the in-process "
         "executor (UniProcExecutor), which fetches the tokens only when the engine reads them, and where "
         "execute_model is absent.",
-        _EC,
-        (_MP + ".collective_rpc", _UNI + ".collective_rpc"),
     ),
     # -- worker / model runner ------------------------------------------------------------------------
     _timer(
         "executor:model_runner_execute_model:duration",
         "Duration of the model runner's execute_model "
         "in the worker (input preparation, forward, post-processing; sampling follows in sample_tokens).",
-        _W,
-        (_MRV1 + ".execute_model", _MRV2 + ".execute_model"),
     ),
     _timer(
         "executor:prepare_inputs:duration",
         "Duration of the model runner's input preparation.",
-        _W,
-        (_MRV1 + "._prepare_inputs", _MRV2 + ".prepare_inputs"),
     ),
     _timer(
         "worker:model_runner_get_output:duration",
@@ -484,11 +413,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "get_output (async scheduling: waiting for the sampled tokens to reach the host, then building the "
         "output; model runner V1 and the NPU runner: AsyncGPUModelRunnerOutput, V2: AsyncOutput). It runs in "
         "vLLM's output thread while later steps run; phase: the step whose output it is.",
-        _W,
-        (
-            "vllm.v1.worker.gpu_model_runner:AsyncGPUModelRunnerOutput.get_output",
-            "vllm.v1.worker.gpu.async_utils:AsyncOutput.get_output",
-        ),
     ),
     _timer(
         "worker:model_inference:duration",
@@ -498,8 +422,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "returned, or execute_model returned the output), read without synchronising — the launched work "
         "itself, also with async scheduling where the host only launches. Without events (CPU): host time of "
         "execute_model plus sample_tokens, which compute synchronously there.",
-        _W,
-        (_MRV1 + ".execute_model", _MRV1 + ".sample_tokens", _MRV2 + ".execute_model", _MRV2 + ".sample_tokens"),
     ),
     _timer(
         "record_function_or_nullcontext",
@@ -507,8 +429,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
         "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled. "
         "Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES are not timed.",
-        "worker, engine_core",
-        (_WORKER_SCOPES,),
         FINE_SECONDS,
         labels=STEP_LABELS + ("name",),
     ),
@@ -518,16 +438,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "device timeline (device events, read without synchronising) where the device offers events, "
         "otherwise on the host (CPU: the forward computation itself). Model runners with the scope: V1 "
         "(GPU, CPU) and the NPU runner; model runner V2 has none, so it is absent there.",
-        _W,
-        (_WORKER_SCOPES,),
     ),
     _timer(
         "npu:kernel_launch",
         "Host time from the start of a step's forward scope to the end of its "
         "post-processing scope: launching the forward and post-processing work (absent on model runner V2, "
         "which has no such scopes).",
-        _W,
-        (_WORKER_SCOPES,),
     ),
     _timer(
         "npu:non_forward_duration",
@@ -535,16 +451,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "same step, both on one clock (device events where the device offers them, else the host): the step's "
         "time outside the forward pass. Steps without a forward scope are skipped (so it is absent on model "
         "runner V2).",
-        _W,
-        (_WORKER_SCOPES,),
     ),
     # -- API server -----------------------------------------------------------------------------------
     _sizes(
         "batch_size",
         "{request}",
         "Running requests of an engine, per stats update it sends.",
-        _API,
-        (_STATS,),
         REQUESTS,
         labels=_API_STEP,
     ),
@@ -553,8 +465,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "{request}",
         "Waiting requests of an engine, per stats update (deferred / skipped "
         "waiting requests included, as in vllm:num_requests_waiting).",
-        _API,
-        (_STATS,),
         REQUESTS,
         labels=_API_STEP,
     ),
@@ -563,8 +473,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "{token}",
         "Draft tokens verified in one engine step (speculative decoding, after "
         "grammar-invalidated drafts; nothing is recorded for a step without drafts).",
-        _API,
-        (_STATS,),
         TOKENS,
         labels=_API_STEP,
     ),
@@ -574,8 +482,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Prompt plus generated tokens of one iteration, as vLLM's stats count "
         "them: the full prompts of the requests that got their first token in it (prefix-cache hits and earlier "
         "chunks included) plus the tokens generated." + _SHARE,
-        _API,
-        (_STATS,),
         TOKENS,
         labels=_API_STEP,
     ),
@@ -584,19 +490,13 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "{token}",
         "Full prompt lengths of the requests that got their first token in one iteration "
         "(prefix-cache hits and earlier prefill chunks included)." + _SHARE,
-        _API,
-        (_STATS,),
         TOKENS,
         labels=_API_STEP,
     ),
-    _sizes(
-        "output", "{token}", "Tokens generated in one iteration." + _SHARE, _API, (_STATS,), TOKENS, labels=_API_STEP
-    ),
+    _sizes("output", "{token}", "Tokens generated in one iteration." + _SHARE, TOKENS, labels=_API_STEP),
     _timer(
         "fine_grained_ttft",
         "Time to first token of each request (as vLLM's vllm:time_to_first_token_seconds, per request).",
-        _API,
-        (_STATS,),
         REQUEST_SECONDS,
         labels=_API_STEP,
     ),
@@ -604,16 +504,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "fine_grained_tpot",
         "Mean time per output token of each finished request with at least two "
         "generated tokens (decode time / (generated tokens - 1)).",
-        _API,
-        (_STATS,),
         TOKEN_SECONDS,
         labels=_API_STEP,
     ),
     _timer(
         "second_token_latency",
         "Time from a request's first generated token to its second.",
-        _API,
-        ("vllm.v1.metrics.stats:IterationStats.update_from_output",),
         TOKEN_SECONDS,
         labels=_API_STEP,
     ),
@@ -623,55 +519,39 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Inter-token latencies over 1 s: vLLM takes one per request "
         "output after the first (the time since the request's previous output), so a speculative-decoding "
         "output carrying several tokens counts once; each latency counts once.",
-        _API,
-        (_STATS,),
         labels=_API_STEP,
     ),
     _counter(
         "prefill_over_threshold_count",
         "{request}",
         "Requests whose time to first token exceeded "
-        "threshold (5s, 10s, 20s; a request counts once under each threshold it exceeded).",
-        _API,
-        (_STATS,),
+        f"threshold ({', '.join(name for name, _ in TTFT_THRESHOLDS)}; a request counts once under each threshold "
+        "it exceeded).",
         labels=_API_STEP + ("threshold",),
     ),
     _timer(
         "async_llm:record_stats:duration",
         "Duration of StatLoggerManager.record (vLLM's stat loggers for one engine update).",
-        _API,
-        (_STATS,),
         labels=_API_STEP,
     ),
     _timer(
         "async_llm:abort_requests:duration",
         "Duration of aborting requests in the engine client (abort_requests_async, awaited).",
-        _API,
-        (
-            "vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async",
-            "vllm.v1.engine.core_client:DPLBAsyncMPClient.abort_requests_async",
-        ),
         FINE_SECONDS,
     ),
     _timer(
         "engine:async_add_request:duration",
         "Duration of AsyncLLM.add_request (awaited: input processing and sending the request to the engine).",
-        _API,
-        ("vllm.v1.engine.async_llm:AsyncLLM.add_request",),
     ),
     _timer(
         "engine:generate:duration",
         "Duration of AsyncLLM.generate, from the call until its output stream ended (exhausted, failed or closed).",
-        _API,
-        ("vllm.v1.engine.async_llm:AsyncLLM.generate",),
         REQUEST_SECONDS,
     ),
     _timer(
         "server:create_chat_completion:duration",
         "Duration of a chat completion request, until the "
         "response is complete (a streaming response: until its stream ended).",
-        _API,
-        ("vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.create_chat_completion",),
         REQUEST_SECONDS,
     ),
     _timer(
@@ -679,23 +559,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Duration of InputProcessor.process_inputs: validating and building "
         "the engine request (and tokenizing raw prompts; chat and completion requests arrive already "
         "tokenized by vLLM's renderer).",
-        _API,
-        ("vllm.v1.engine.input_processor:InputProcessor.process_inputs",),
     ),
     _timer(
         "output_processor_duration",
         "Duration of OutputProcessor.process_outputs for one chunk of "
         "engine outputs (detokenization, request state updates); phase from the tokens of that chunk." + _SHARE,
-        _API,
-        ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",),
         labels=_API_STEP,
     ),
     _sizes(
         "engine_core_outputs_len",
         "{output}",
         "Request outputs in one chunk handed to OutputProcessor.process_outputs." + _SHARE,
-        _API,
-        ("vllm.v1.engine.output_processor:OutputProcessor.process_outputs",),
         REQUESTS,
         labels=_API_STEP,
     ),
@@ -709,19 +583,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     # (vllm-ascend's EplbWorker._compute_imbalance); a layer with no load at all counts as 1.0.
     *(
         _gauge(
-            f"eplb:expert_hotness:{which}_{stat}",
+            eplb_hotness_seed(which, stat),
             "1",
             f"{'Mean' if stat == 'mean' else 'Largest'} over MoE layers of the expert load imbalance "
             f"(eplb:expert_hotness:imbalance) of the {placement}, in the last EPLB cycle. phase=all.",
-            "eplb",
-            ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
             labels=STEP_LABELS + ("rank",),
         )
         for which, placement in (
             ("current", "placement in use while the load was collected"),
             ("update", "placement EPLB computed, on the same load"),
         )
-        for stat in ("mean", "max")
+        for stat in EPLB_STATS
     ),
     _gauge(
         "eplb:expert_hotness:imbalance",
@@ -731,20 +603,16 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "load counts as 1.0). layer: index among the MoE layers, as EPLB numbers them. phase: current "
         "(placement in use while the load was collected) or update (placement EPLB computed), not the "
         "step phase.",
-        "eplb",
-        ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
         labels=STEP_LABELS + ("rank", "layer"),
     ),
     *(
         _gauge(
-            f"eplb:layer_load:{stat}",
+            eplb_layer_load_seed(stat),
             "{token}",
             f"{meaning} of one MoE layer's per-EP-rank load in the "
             "last EPLB cycle: token-to-expert routings counted during load collection, each expert's count "
             "split evenly over its replicas (as eplb:expert_hotness:imbalance counts them). phase: current "
             "or update placement (before / after the rebalance), not the step phase.",
-            "eplb",
-            ("vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update",),
             labels=STEP_LABELS + ("rank", "layer"),
         )
         for stat, meaning in (("mean", "Mean over EP ranks"), ("max", "Maximum over EP ranks (the busiest rank)"))
@@ -761,16 +629,12 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Host time, not device time: on device streams wait() makes the stream wait and copy_() is "
         "enqueued, so the call can return before the transfers and copies ran (not measured on NPU). "
         "Calls that found no transfer in flight do nothing and are not recorded. phase=all.",
-        _W,
-        ("vllm_ascend.eplb.core.eplb_device_transfer_loader:D2DExpertWeightLoader.update_expert_map_and_weight",),
     ),
     *(
         _timer(
             seed,
             f"Host time of VllmEplbAdaptor.{method} ({meaning}; a device tensor's copy_() is only "
             "enqueued on its stream). phase=all.",
-            _W,
-            (f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}",),
             FINE_SECONDS,
         )
         for seed, method, meaning in (
@@ -795,12 +659,6 @@ CATALOGUE: tuple[MetricSpec, ...] = (
             f"{meaning} Read once per worker after warm-up (or, when "
             "instrumented after start-up, at its first step) from what the worker stored; absent where the "
             "worker does not store it.",
-            _W,
-            (
-                "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
-                "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model",
-                "vllm_ascend.worker.worker:NPUWorker.compile_or_warm_up_model",
-            ),
         )
         for name, unit, meaning in (
             ("total_gb", "GiBy", "Device memory of the worker's device (init_snapshot.total_memory)."),
@@ -824,13 +682,17 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Utilization of the worker's device (torch_npu's torch.npu.utilization, or "
         "torch.cuda.utilization on CUDA), read at each collection; absent where there is no device or the "
         "API does not answer. device: the device index.",
-        _W,
-        ("vllm.v1.worker.worker_base:WorkerBase.__init__",),
         labels=STEP_LABELS + ("device",),
     ),
 )
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
+#: What one EPLB cycle (EplbWorker.do_update) sets.
+EPLB_CYCLE_SEEDS = (
+    *(eplb_hotness_seed(p, s) for p in EPLB_PLACEMENTS for s in EPLB_STATS),
+    "eplb:expert_hotness:imbalance",
+    *(eplb_layer_load_seed(s) for s in EPLB_STATS),
+)
 
 RUNNING_TO_WAITING = BY_SEED["running_to_waiting_count"]
 RECOMPUTE_EVENTS = BY_SEED["scheduler:recompute_events"]

@@ -21,6 +21,7 @@ pytest.importorskip("vllm")
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -43,7 +44,7 @@ NOT_ON_CPU = {
 
 
 def ascend_only(spec) -> bool:
-    return all(symbol.startswith("vllm_ascend") for symbol in spec.hooked)
+    return all(symbol.startswith("vllm_ascend") for symbol in targets.hooked_symbols(spec.seed))
 
 
 #: Under load 3 the running queue holds 4 requests at most.

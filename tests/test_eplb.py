@@ -11,7 +11,7 @@ from test_prometheus import exposition, sample_lines
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
-from opentelemetry_instrumentation_vllm_ascend.hooks import patches, wrappers
+from opentelemetry_instrumentation_vllm_ascend.hooks import patches, targets, wrappers
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 np = pytest.importorskip("numpy")
@@ -499,12 +499,9 @@ def transfer_hooks():
     installed = [
         patches.patch_method(FakeLoader, "update_expert_map_and_weight", eplb.UpdateExpertMapAndWeight(), wrappers.SYNC)
     ]
-    for method, handler in (
-        ("do_update_expert_map", eplb.UpdateExpertMap),
-        ("do_update_log2phy_map", eplb.UpdateLog2PhyMap),
-        ("do_update_expert_weight", eplb.UpdateExpertWeight),
-    ):
-        installed.append(patches.patch_method(FakeAdaptor, method, handler(), wrappers.SYNC_TIMER))
+    for method in ("do_update_expert_map", "do_update_log2phy_map", "do_update_expert_weight"):
+        handler = targets.handler_of(f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}")
+        installed.append(patches.patch_method(FakeAdaptor, method, handler, wrappers.SYNC_TIMER))
     yield
     for patch in installed:
         patch.remove()

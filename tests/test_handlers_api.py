@@ -8,7 +8,7 @@ import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE,
@@ -341,14 +341,20 @@ def test_health_check_failures_count(api_process, clock):
 
 def test_add_request_and_abort_are_timed_awaited(api_process, clock):
     m = api_process
-    add = wrap(FakeAsyncLLM.add_request, api.AddRequest(), COROUTINE_TIMER)[0]
+    add = wrap(
+        FakeAsyncLLM.add_request, targets.handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"), COROUTINE_TIMER
+    )[0]
 
     class Client:
         async def abort_requests_async(self, request_ids):
             await asyncio.sleep(0)
             clock.t += 0.0078125 * len(request_ids)
 
-    abort = wrap(Client.abort_requests_async, api.AbortRequests(), COROUTINE_TIMER)[0]
+    abort = wrap(
+        Client.abort_requests_async,
+        targets.handler_of("vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async"),
+        COROUTINE_TIMER,
+    )[0]
     assert run(add(FakeAsyncLLM(clock), "id-1", "prompt", "params", priority=1)) == "collector"
     run(abort(Client(), ["a", "b"]))
     labels = {"dp": "0", "role": "decode", "phase": "all"}
@@ -438,7 +444,11 @@ def test_process_inputs_is_timed(api_process, clock):
             clock.t += 0.001953125
             return "engine core request"
 
-    process = wrap(InputProcessor.process_inputs, api.ProcessInputs(), SYNC_TIMER)[0]
+    process = wrap(
+        InputProcessor.process_inputs,
+        targets.handler_of("vllm.v1.engine.input_processor:InputProcessor.process_inputs"),
+        SYNC_TIMER,
+    )[0]
     assert process(InputProcessor(), "id", "prompt", "params", supported_tasks=("generate",)) == "engine core request"
     assert m.value(name("engine:tokenizer_encode"), dp="0", role="decode", phase="all") == (
         1,
@@ -499,7 +509,11 @@ def test_process_outputs_phase_of_each_chunk(api_process, clock):
         (OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC),
         (FakeAsyncLLM.generate, api.Generate(), ASYNC_GENERATOR),
         (Chat.create_chat_completion, api.CreateChatCompletion(), COROUTINE_STREAM),
-        (FakeAsyncLLM.add_request, api.AddRequest(), COROUTINE_TIMER),
+        (
+            FakeAsyncLLM.add_request,
+            targets.handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"),
+            COROUTINE_TIMER,
+        ),
     ],
 )
 def test_handlers_get_signature_preserving_wrappers(fn, handler, kind):

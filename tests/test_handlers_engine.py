@@ -15,7 +15,7 @@ import pytest
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
 from opentelemetry_instrumentation_vllm_ascend.context import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, patches
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, patches, targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
@@ -229,7 +229,9 @@ def instrumented(cls=FakeScheduler):
         {
             "schedule": wrap(cls.schedule, scheduler.Schedule(), SYNC)[0],
             "update_from_output": wrap(cls.update_from_output, scheduler.UpdateFromOutput(), SYNC)[0],
-            "add_request": wrap(cls.add_request, scheduler.AddRequest(), SYNC_TIMER)[0],
+            "add_request": wrap(
+                cls.add_request, targets.handler_of("vllm.v1.core.sched.scheduler:Scheduler.add_request"), SYNC_TIMER
+            )[0],
         },
     )
 
@@ -917,9 +919,15 @@ def instrumented_engine():
         "InstrumentedEngineCore",
         (cls,),
         {
-            "step": wrap(cls.step, engine.EngineCoreStep(), SYNC_TIMER)[0],
-            "step_with_batch_queue": wrap(cls.step_with_batch_queue, engine.EngineCoreStep(), SYNC_TIMER)[0],
-            "_process_engine_step": wrap(cls._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER)[0],
+            "step": wrap(cls.step, targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[0],
+            "step_with_batch_queue": wrap(
+                cls.step_with_batch_queue, targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER
+            )[0],
+            "_process_engine_step": wrap(
+                cls._process_engine_step,
+                targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
+                SYNC_TIMER,
+            )[0],
             "_process_input_queue": wrap(cls._process_input_queue, engine.ProcessInputQueue(), SYNC)[0],
             "_handle_client_request": wrap(cls._handle_client_request, engine.HandleClientRequest(), SYNC)[0],
         },
@@ -982,9 +990,13 @@ def _real_engine_loop():
                 self.work = True
 
     IdleEngine._handle_client_request = wrap(IdleEngine._handle_client_request, engine.HandleClientRequest(), SYNC)[0]
-    IdleEngine.step = wrap(core.EngineCore.step, engine.EngineCoreStep(), SYNC_TIMER)[0]
+    IdleEngine.step = wrap(core.EngineCore.step, targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[
+        0
+    ]
     IdleEngine._process_engine_step = wrap(
-        core.EngineCoreProc._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER
+        core.EngineCoreProc._process_engine_step,
+        targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
+        SYNC_TIMER,
     )[0]
     IdleEngine._process_input_queue = wrap(core.EngineCoreProc._process_input_queue, engine.ProcessInputQueue(), SYNC)[
         0

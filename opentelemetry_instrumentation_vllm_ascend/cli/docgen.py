@@ -15,14 +15,13 @@ def _labels(spec: catalogue.MetricSpec) -> str:
 
 
 #: Named bucket sets of the catalogue (docs column and section).
-BUCKET_SETS = {
-    "step seconds": catalogue.STEP_SECONDS,
-    "fine seconds": catalogue.FINE_SECONDS,
-    "token seconds": catalogue.TOKEN_SECONDS,
-    "request seconds": catalogue.REQUEST_SECONDS,
-    "requests": catalogue.REQUESTS,
-    "tokens": catalogue.TOKENS,
-}
+BUCKET_SETS = catalogue.BUCKET_SETS
+
+
+def _handler(t: targets.Target) -> str:
+    if t.measures:
+        return "<br>".join(f"{m.kind} (phase {m.phase})" for m in t.measures)
+    return f"`{t.handler}`" if t.handler else "-"
 
 
 def _buckets(spec: catalogue.MetricSpec) -> str:
@@ -51,7 +50,7 @@ def render_metrics_md() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for spec in catalogue.CATALOGUE:
-        hooked = "<br>".join(f"`{h}`" for h in spec.hooked)
+        hooked = "<br>".join(f"`{h}`" for h in targets.hooked_symbols(spec.seed))
         lines.append(
             f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} "
             f"| {spec.recorded_in} | {hooked} | {spec.description} |"
@@ -110,7 +109,8 @@ def render_metrics_md() -> str:
         "",
         "## Targets",
         "",
-        "Each wrapped symbol, the vLLM versions it is hooked on, the wrapper kind and what it feeds.",
+        "Each wrapped symbol, the vLLM versions it is hooked on, the wrapper kind, its handler (or, for a declarative",
+        "row, what it records) and what it feeds.",
         "",
         "| Symbol | vLLM | vllm-ascend | Wrapper | Handler | Feeds |",
         "|---|---|---|---|---|---|",
@@ -121,7 +121,7 @@ def render_metrics_md() -> str:
         )
         lines.append(
             f"| `{t.symbol}` | `{t.vllm}` | {('`' + t.vllm_ascend + '`') if t.vllm_ascend else '-'} | {t.kind} "
-            f"| {('`' + t.handler + '`') if t.handler else '-'} | {feeds} |"
+            f"| {_handler(t)} | {feeds} |"
         )
     lines += [
         "",
@@ -132,14 +132,16 @@ def render_metrics_md() -> str:
         f"- `exception_type` (`rpc_errors`): {', '.join(f'`{e}`' for e in catalogue.RPC_EXCEPTION_TYPES)}",
         f"- `process` (`instrumented_processes`): {', '.join(f'`{p}`' for p in catalogue.PROCESS_KINDS)}",
         f"- `req_phase`: {', '.join(f'`{p}`' for p in catalogue.REQ_PHASES)}",
-        "- `phase` of `eplb:expert_hotness:imbalance` and `eplb:layer_load:*`: `current` (the placement in use while "
-        "the load was collected), `update` (the placement EPLB computed)",
+        "- `phase` of `eplb:expert_hotness:imbalance` and `eplb:layer_load:*`: "
+        + ", ".join(f"`{p}`" for p in catalogue.EPLB_PLACEMENTS)
+        + " (the placement in use while the load was collected, the placement EPLB computed)",
         "- `layer` (EPLB): the MoE layer index as EPLB numbers them; `rank` (`eplb:*` gauges): the EP rank; "
         "`rank` (every metric recorded in workers): the worker's global rank within its engine, 0 … TP×PP−1, "
         "added by the pipeline to every series the worker's process records (absent on series of processes "
         "hosting no worker); `device` (`npu:utilization`): the device index",
         f"- `threshold` (`prefill_over_threshold_count`): {', '.join(f'`{t}`' for t, _ in catalogue.TTFT_THRESHOLDS)}",
-        "- `name` (`record_function_or_nullcontext`): vLLM's scope names; after 64 distinct names, `other`",
+        f"- `name` (`record_function_or_nullcontext`): vLLM's scope names; after {catalogue.MAX_SCOPE_NAMES} distinct "
+        "names, `other`",
         "- `engine`: the engine index of an API-side value (equal to its `dp`)",
         "",
     ]

@@ -18,8 +18,7 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
-from ..hooks.handler import Handler
-from .common import AllPhaseTimer
+from ..hooks.handler import Handler, RowParams
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -34,11 +33,8 @@ SECOND_TOKEN = M["second_token_latency"]
 DECODE_OVER_1S = M["decode_over_1s_count"]
 PREFILL_OVER_THRESHOLD = M["prefill_over_threshold_count"]
 RECORD_STATS = M["async_llm:record_stats:duration"]
-ABORT = M["async_llm:abort_requests:duration"]
-ADD_REQUEST = M["engine:async_add_request:duration"]
 GENERATE = M["engine:generate:duration"]
 CHAT = M["server:create_chat_completion:duration"]
-TOKENIZER_ENCODE = M["engine:tokenizer_encode"]
 OUTPUT_PROCESSOR = M["output_processor_duration"]
 OUTPUTS_LEN = M["engine_core_outputs_len"]
 HEALTH_CHECK_FAILED = M["health_check_failed"]
@@ -105,7 +101,6 @@ def _api_labels(phase: str) -> tuple:
 class GetOutput(Handler):
     """``AsyncMPClient.get_output_async`` (COROUTINE): the engine index of the outputs just received."""
 
-    name = "AsyncMPClient.get_output_async"
     reads_args = 0
 
     def after(self, state, args, kwargs, result):
@@ -136,8 +131,7 @@ class RecordStats(Handler):
     A call that raised records nothing (its caller, vLLM's output handler, fails with it).
     """
 
-    name = "StatLoggerManager.record"
-    reads_args = 5  # self, scheduler_stats, iteration_stats, mm_cache_stats, engine_idx
+    reads_args = RowParams()
 
     def timed(self, seconds, args, kwargs, result, _record=recording.record, _add=recording.add):
         scheduler_stats = args[1]
@@ -199,8 +193,7 @@ class SecondTokenLatency(Handler):
     core timestamps (the same monotonic clock), and ``first_token_ts`` is only set by the prefilling
     output. Labels: this process's dp (the hook does not know the engine), phase ``all``."""
 
-    name = "IterationStats.update_from_output"
-    reads_args = 5  # self, output, engine_core_timestamp, is_prefilling, req_stats
+    reads_args = RowParams()
     #: In the wrapper: only an output that brought the request's second generated token reaches after().
     after_if = "not is_prefilling and req_stats.num_generation_tokens - len(output.new_token_ids) == 1"
 
@@ -227,34 +220,11 @@ class CheckHealth(Handler):
     """``AsyncLLM.check_health`` (COROUTINE): +1 ``health_check_failed`` when it raises (an
     Exception: a cancelled health check is not a failure). Labels: this process's dp, phase ``all``."""
 
-    name = "AsyncLLM.check_health"
     reads_args = 0
 
     def error(self, state, args, kwargs, exc):
         if isinstance(exc, Exception):
             recording.add(HEALTH_CHECK_FAILED, 1, context.step_labels(ALL))
-
-
-class AbortRequests(AllPhaseTimer):
-    """``abort_requests_async`` of the async engine clients (COROUTINE_TIMER)."""
-
-    name = "EngineCoreClient.abort_requests_async"
-    spec = ABORT
-
-
-class AddRequest(AllPhaseTimer):
-    """``AsyncLLM.add_request`` (COROUTINE_TIMER): input processing and sending to the engine."""
-
-    name = "AsyncLLM.add_request"
-    spec = ADD_REQUEST
-
-
-class ProcessInputs(AllPhaseTimer):
-    """``InputProcessor.process_inputs`` (SYNC_TIMER; also when run in the renderer's executor
-    through ``process_inputs_async``, if the hook was installed before the InputProcessor was made)."""
-
-    name = "InputProcessor.process_inputs"
-    spec = TOKENIZER_ENCODE
 
 
 class _UntilStreamEnd(Handler):
@@ -279,7 +249,6 @@ class Generate(_UntilStreamEnd):
     """``AsyncLLM.generate`` (ASYNC_GENERATOR): from the call (which creates the output stream) until
     the stream ended — exhausted, failed, or closed / cancelled early (recorded in every case)."""
 
-    name = "AsyncLLM.generate"
     spec = GENERATE
 
 
@@ -288,7 +257,6 @@ class CreateChatCompletion(_UntilStreamEnd):
     its awaited response (an error response included); a streaming one until its stream of chunks
     ended (exhausted, failed, or closed / cancelled by a client disconnect)."""
 
-    name = "OpenAIServingChat.create_chat_completion"
     spec = CHAT
 
 
@@ -305,8 +273,7 @@ class ProcessOutputs(Handler):
     outputs the output loop is processing (see :class:`GetOutput`).
     A call that raised records nothing."""
 
-    name = "OutputProcessor.process_outputs"
-    reads_args = 4  # self, engine_core_outputs, engine_core_timestamp, iteration_stats
+    reads_args = RowParams()
 
     def before(self, args, kwargs):
         stats = args[3]

@@ -19,9 +19,11 @@ recomputation without ``_preempt_request`` (``recomputed_reqs`` of its output): 
 from __future__ import annotations
 
 from .. import context
+from ..catalogue import M
 from ..context import LAST_STEP_PHASE, PHASE_ATTRIBUTE
 from . import model_runner
-from .model_runner import CURRENT, ExecuteModel, PrepareInputs
+from .common import StepTimer
+from .model_runner import CURRENT, ExecuteModel
 
 #: AscendAttentionState names → step phase.
 ATTN_STATE_PHASES = {
@@ -42,8 +44,6 @@ def phase_of_attn_state(state) -> str | None:
 class NPUExecuteModel(ExecuteModel):
     """``NPUModelRunner.execute_model(scheduler_output, intermediate_tensors=None)``."""
 
-    name = "NPUModelRunner.execute_model"
-
     def before(self, args, kwargs):
         phase = getattr(args[1], PHASE_ATTRIBUTE, None)
         LAST_STEP_PHASE[0] = phase or context.UNKNOWN
@@ -55,12 +55,15 @@ class NPUExecuteModel(ExecuteModel):
         super().after(step, args, kwargs, result)
 
 
-class NPUPrepareInputs(PrepareInputs):
-    """``NPUModelRunner._prepare_inputs``: timed; when the step's phase did not come with its
-    SchedulerOutput, it is read from the ``attn_state`` this call just set."""
+class NPUPrepareInputs(StepTimer):
+    """``NPUModelRunner._prepare_inputs``: timed as the model runner's input preparation (the step's
+    phase); when the step's phase did not come with its SchedulerOutput, it is read from the
+    ``attn_state`` this call just set."""
 
-    name = "NPUModelRunner._prepare_inputs"
     reads_args = 1  # self
+
+    def __init__(self) -> None:
+        super().__init__(M["executor:prepare_inputs:duration"])
 
     def timed(self, seconds, args, kwargs, result):
         step = CURRENT[0]

@@ -1,4 +1,4 @@
-"""Building blocks shared by subsystem handlers: step-labelled timers."""
+"""Building blocks shared by subsystem handlers: the timers and the handler declarative rows build."""
 
 from __future__ import annotations
 
@@ -10,29 +10,58 @@ from ..hooks.handler import Handler
 
 class StepTimer(Handler):
     """Wrapper kind SYNC_TIMER / COROUTINE_TIMER: the call's duration into ``spec`` (a histogram),
-    labelled dp/role and the phase of the step most recently scheduled in this process."""
+    labelled dp/role and the phase of the step most recently scheduled in this process (a declarative
+    row's timer with ``phase="step"``)."""
 
-    __slots__ = ("spec", "name")
+    __slots__ = ("spec",)
     reads_args = 0
 
-    def __init__(self, spec: catalogue.MetricSpec, name: str | None = None) -> None:
+    def __init__(self, spec: catalogue.MetricSpec) -> None:
         self.spec = spec
-        self.name = name or spec.seed
 
     def timed(self, seconds, args, kwargs, result, _record=recording.record_in_step):
         _record(self.spec, seconds)
 
 
 class AllPhaseTimer(Handler):
-    """SYNC_TIMER / COROUTINE_TIMER: the (awaited) call's duration into the class's ``spec``, labelled
-    with this process's dp / role and phase ``all`` (work not tied to one step). Calls that raised are
-    not timed."""
+    """SYNC_TIMER / COROUTINE_TIMER: the (awaited) call's duration into ``spec``, labelled with this
+    process's dp / role and phase ``all`` (work not tied to one step; a declarative row's timer with
+    ``phase="all"``). Calls that raised are not timed."""
 
-    spec: catalogue.MetricSpec
+    __slots__ = ("spec",)
     reads_args = 0
+
+    def __init__(self, spec: catalogue.MetricSpec) -> None:
+        self.spec = spec
 
     def timed(self, seconds, args, kwargs, result):
         recording.record(self.spec, seconds, context.step_labels(catalogue.ALL))
+
+
+class MeasuresHandler(Handler):
+    """A declarative row's handler (``hooks/declarative.py``) when it is more than one plain timer:
+    after each call that returned, every measure's value (``value_reader``) into its metric, labelled
+    dp / role and phase ``all`` or the step's. Timer wrapper kinds call ``timed``; sync / coroutine
+    kinds ``after`` (no duration then)."""
+
+    def __init__(self, measures: tuple, reads_args: int) -> None:
+        #: (spec, measure kind, step phase?, reader) per measure.
+        self.measures = measures
+        self.reads_args = reads_args
+
+    def timed(self, seconds, args, kwargs, result):
+        for spec, kind, in_step, reader in self.measures:
+            value = reader(args, result, seconds)
+            labels = context.step_labels(context.LAST_STEP_PHASE[0] if in_step else catalogue.ALL)
+            if kind == "counter":
+                recording.add(spec, value, labels)
+            elif kind == "gauge":
+                recording.set_gauge(spec, value, labels)
+            else:
+                recording.record(spec, value, labels)
+
+    def after(self, state, args, kwargs, result):
+        self.timed(None, args, kwargs, result)
 
 
 def device_module():

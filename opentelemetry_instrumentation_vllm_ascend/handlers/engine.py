@@ -13,14 +13,15 @@ from .common import StepTimer
 IDLE = "idle"
 
 
-class _EngineStepTimer(StepTimer):
-    """An engine step's duration, labelled with the phase of the step it scheduled (the scheduler hook
-    set it during the call) — or ``idle`` when no ``schedule()`` ran inside it: an idle DP rank's
-    step returns before scheduling (``has_requests()`` false) and a batch-queue call with a full queue
-    only waits for the oldest batch; neither takes the last scheduled step's phase. ``schedule()``
-    runs only inside these calls (one EngineCore thread), so a ``schedule()`` counter
-    (``context.SCHEDULE_CALLS``) unchanged since this hook's previous call ended means none ran in
-    this one."""
+class EngineStepTimer(StepTimer):
+    """A declarative timer with ``phase="engine_step"`` (``EngineCore.step``, ``step_with_batch_queue``,
+    ``EngineCoreProc._process_engine_step``): an engine step's duration, labelled with the phase of
+    the step it scheduled (the scheduler hook set it during the call) — or ``idle`` when no
+    ``schedule()`` ran inside it: an idle DP rank's step returns before scheduling (``has_requests()``
+    false) and a batch-queue call with a full queue only waits for the oldest batch; neither takes the
+    last scheduled step's phase. ``schedule()`` runs only inside these calls (one EngineCore thread),
+    so a ``schedule()`` counter (``context.SCHEDULE_CALLS``) unchanged since this hook's previous call
+    ended means none ran in this one."""
 
     def __init__(self, spec) -> None:
         super().__init__(spec)
@@ -33,24 +34,6 @@ class _EngineStepTimer(StepTimer):
             _record(self.spec, seconds)
         else:
             recording.record(self.spec, seconds, context.step_labels(IDLE))
-
-
-class EngineCoreStep(_EngineStepTimer):
-    """``EngineCore.step`` / ``step_with_batch_queue``: one engine step (see ``_EngineStepTimer``)."""
-
-    name = "EngineCore.step"
-
-    def __init__(self) -> None:
-        super().__init__(M["engine_core:engine_core_step:duration"])
-
-
-class ProcessEngineStep(_EngineStepTimer):
-    """``EngineCoreProc._process_engine_step``: a busy-loop step, queueing its outputs included."""
-
-    name = "EngineCoreProc._process_engine_step"
-
-    def __init__(self) -> None:
-        super().__init__(M["engine_core:process_engine_step:duration"])
 
 
 class _Pass:
@@ -79,7 +62,6 @@ class ProcessInputQueue(Handler):
     excluded: the requests handled while idle count (``_handle_client_request``), and from the moment
     one gave the engine work, the rest of the pass does."""
 
-    name = "EngineCoreProc._process_input_queue"
     reads_args = 1  # self
     spec = M["engine_core:process_input_queue:duration"]
 
@@ -109,7 +91,6 @@ class HandleClientRequest(Handler):
     counts; when a request leaves the engine with work (``has_work()``), the rest of the pass counts
     from its end, otherwise vLLM goes back to blocking and that wait does not count."""
 
-    name = "EngineCoreProc._handle_client_request"
     reads_args = 1  # self
 
     def before(self, args, kwargs):

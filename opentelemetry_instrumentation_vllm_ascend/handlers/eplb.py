@@ -33,11 +33,10 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..hooks.handler import Handler, report
-from .common import AllPhaseTimer
 
 _M = catalogue.M
 _ALL = catalogue.ALL
-PHASES = ("current", "update")  # placement before / after the rebalance (label ``phase`` of the layer gauges)
+PHASES = catalogue.EPLB_PLACEMENTS  # placement before / after the rebalance (label ``phase`` of the layer gauges)
 
 
 # -- arithmetic (plain Python, on anything with .tolist() or nested lists) -------------------------
@@ -179,7 +178,6 @@ class DoUpdate(Handler):
     """``EplbWorker.do_update`` (EPLB process): claims the process, then, on EP rank 0, records the
     cycle's hotness / imbalance gauges."""
 
-    name = "EplbWorker.do_update"
     reads_args = 1
 
     def before(self, args, kwargs):
@@ -228,19 +226,19 @@ def record_cycle(rank: str, stats, latest=None) -> None:
         for phase in PHASES:
             values = imbalances[phase]
             mean, peak = mean_max(values)
-            set_gauge(_M[f"eplb:expert_hotness:{phase}_mean"], mean, scalar_labels)
-            set_gauge(_M[f"eplb:expert_hotness:{phase}_max"], peak, scalar_labels)
+            set_gauge(_M[catalogue.eplb_hotness_seed(phase, "mean")], mean, scalar_labels)
+            set_gauge(_M[catalogue.eplb_hotness_seed(phase, "max")], peak, scalar_labels)
             spec = _M["eplb:expert_hotness:imbalance"]
             for layer, value in enumerate(values):
                 set_gauge(spec, value, (dp, role, phase, rank, str(layer)))
     elif latest is not None:  # only the summary values
         for phase in PHASES:
-            for stat in ("mean", "max"):
+            for stat in catalogue.EPLB_STATS:
                 value = latest.get(f"{phase}_{stat}")
                 if value is not None:
-                    set_gauge(_M[f"eplb:expert_hotness:{phase}_{stat}"], _finite(value), scalar_labels)
+                    set_gauge(_M[catalogue.eplb_hotness_seed(phase, stat)], _finite(value), scalar_labels)
     if stats is not None:
-        mean_spec, max_spec = _M["eplb:layer_load:mean"], _M["eplb:layer_load:max"]
+        mean_spec, max_spec = (_M[catalogue.eplb_layer_load_seed(s)] for s in ("mean", "max"))
         for phase in PHASES:
             for layer, (_, mean, peak) in enumerate(stats[phase]):
                 labels = (dp, role, phase, rank, str(layer))
@@ -252,7 +250,6 @@ class UpdateExpertMapAndWeight(Handler):
     """``D2DExpertWeightLoader.update_expert_map_and_weight`` (worker): timed only when it did work,
     i.e. when its ``state`` was TRANSFERRING before the call (otherwise it returns at once)."""
 
-    name = "D2DExpertWeightLoader.update_expert_map_and_weight"
     reads_args = 1
 
     def __init__(self) -> None:
@@ -272,18 +269,3 @@ class UpdateExpertMapAndWeight(Handler):
             recording.record(
                 _M["eplb:expert_weight_update:duration"], perf_counter() - state, context.step_labels(_ALL)
             )
-
-
-class UpdateExpertMap(AllPhaseTimer):
-    name = "VllmEplbAdaptor.do_update_expert_map"
-    spec = _M["eplb:expert_map_update:duration"]
-
-
-class UpdateLog2PhyMap(AllPhaseTimer):
-    name = "VllmEplbAdaptor.do_update_log2phy_map"
-    spec = _M["eplb:log2phy_map_update:duration"]
-
-
-class UpdateExpertWeight(AllPhaseTimer):
-    name = "VllmEplbAdaptor.do_update_expert_weight"
-    spec = _M["eplb:expert_weight_replace:duration"]

@@ -16,7 +16,7 @@ from ..context import (
     _step_labels,
     step_labels,
 )
-from ..hooks.handler import Handler
+from ..hooks.handler import Handler, RowParams
 
 #: RPCs that carry a scheduled step's work; their errors get that step's phase.
 STEP_METHODS = frozenset({"execute_model", "sample_tokens", "execute_dummy_batch", "take_draft_token_ids"})
@@ -105,8 +105,7 @@ class CollectiveRpc(Handler):
     Phase: an ``execute_model`` RPC carries its step's SchedulerOutput, on which the scheduler hook
     stored the step's phase; ``sample_tokens`` follows the ``execute_model`` of the same step."""
 
-    name = "collective_rpc"
-    reads_args = 4  # self, method, timeout, args
+    reads_args = RowParams()
 
     def before(
         self,

@@ -21,7 +21,6 @@ class AllocateSlots(Handler):
     """``KVCacheManager.allocate_slots``: a call that returned None (no room) or raised is one failure.
     The exception itself reaches the caller unchanged."""
 
-    name = "KVCacheManager.allocate_slots"
     after_only_on_none = True  # called once per scheduled request per step: keep success free
     reads_args = 0
 

@@ -82,7 +82,6 @@ def capture(worker) -> int:
 class WarmUp(Handler):
     """``compile_or_warm_up_model``: the worker's memory numbers are final when it returns."""
 
-    name = "Worker.compile_or_warm_up_model"
     reads_args = 1  # self
 
     def after(self, state, args, kwargs, result):
@@ -93,7 +92,6 @@ class LateCapture(Handler):
     """The worker's ``execute_model``: captures memory once if warm-up happened before we were
     installed (one set lookup per step otherwise)."""
 
-    name = "Worker.execute_model (memory)"
     reads_args = 1  # self
 
     def before(self, args, kwargs, _captured=_captured):

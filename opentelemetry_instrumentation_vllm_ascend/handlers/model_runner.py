@@ -20,7 +20,7 @@ import fnmatch
 import sys
 from time import perf_counter
 
-from .. import context, environment, recording
+from .. import catalogue, context, environment, recording
 from ..catalogue import M
 from ..context import (
     CURRENT_STEP,
@@ -32,8 +32,8 @@ from ..context import (
     UNKNOWN,
     Step,
 )
-from ..hooks.handler import Handler, report
-from .common import StepTimer, device_module
+from ..hooks.handler import Handler, RowParams, report
+from .common import device_module
 
 _EXECUTE = M["executor:model_runner_execute_model:duration"]
 _INFERENCE = M["worker:model_inference:duration"]
@@ -48,7 +48,7 @@ _GET_OUTPUT = M["worker:model_runner_get_output:duration"]
 FORWARD_SCOPES = frozenset({"gpu_model_runner: forward", "forward"})
 POSTPROCESS_SCOPES = frozenset({"gpu_model_runner: postprocess", "post process"})
 #: At most this many distinct scope names get their own series; later ones are recorded as "other".
-MAX_SCOPE_NAMES = 64
+MAX_SCOPE_NAMES = catalogue.MAX_SCOPE_NAMES
 
 
 class WorkerStep:
@@ -300,7 +300,6 @@ class ProfilerScopes:
     Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES get vLLM's own choice (outside a scheduling
     step: ``inner(name)``; inside one with nullcontext: one shared nullcontext), untimed."""
 
-    name = "record_function_or_nullcontext"
     attribute = "_PROFILER_FUNC"
 
     def install(self, module):
@@ -428,8 +427,7 @@ class ExecuteModel(Handler):
     worker records during the step, times the call, and ends the step when no ``sample_tokens``
     follows (it returned an output itself)."""
 
-    name = "GPUModelRunner.execute_model"
-    reads_args = 2  # self, scheduler_output
+    reads_args = RowParams()
 
     def before(self, args, kwargs):
         phase = LAST_STEP_PHASE[0] = _phase_of(args[0], args[1])
@@ -467,7 +465,6 @@ class SampleTokens(Handler):
     """The model runner's ``sample_tokens(grammar_output)``: ends the step that execute_model began,
     and stamps its reply (``reply``)."""
 
-    name = "GPUModelRunner.sample_tokens"
     reads_args = 0
 
     def before(self, args, kwargs):
@@ -484,15 +481,6 @@ class SampleTokens(Handler):
         CURRENT[0] = None
 
 
-class PrepareInputs(StepTimer):
-    """The model runner's input preparation (MRV1 ``_prepare_inputs``, MRV2 ``prepare_inputs``)."""
-
-    name = "GPUModelRunner._prepare_inputs"
-
-    def __init__(self) -> None:
-        super().__init__(M["executor:prepare_inputs:duration"])
-
-
 class GetOutput(Handler):
     """An async model runner output's ``get_output()`` (MRV1 ``AsyncGPUModelRunnerOutput``, which the
     NPU runner uses too; MRV2 ``AsyncOutput``): waits for the sampled tokens to reach the host and
@@ -501,7 +489,6 @@ class GetOutput(Handler):
     output it is), not the step running now. The output it returns is stamped as the reply (ready
     now). Called inside sample_tokens (MRV2 without async scheduling): the step still running there."""
 
-    name = "AsyncModelRunnerOutput.get_output"
     reads_args = 1  # self
 
     def timed(self, seconds, args, kwargs, result):
@@ -520,8 +507,7 @@ class ExecuteModelV2(ExecuteModel):
     """Model runner V2's ``execute_model(scheduler_output, intermediate_tensors=None, dummy_run=False,
     …)``: as V1, but dummy runs (warm-up, DP padding) are not steps."""
 
-    name = "GPUModelRunner(V2).execute_model"
-    reads_args = 4  # self, scheduler_output, intermediate_tensors, dummy_run
+    reads_args = RowParams()
 
     def before(self, args, kwargs):
         if args[3]:

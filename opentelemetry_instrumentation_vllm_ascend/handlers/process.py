@@ -22,7 +22,6 @@ class _Claim(Handler):
 class ApiServerInit(_Claim):
     """``AsyncLLM.__init__`` runs in each API server process."""
 
-    name = "AsyncLLM.__init__"
     process = "api_server"
     api = True
 
@@ -30,7 +29,6 @@ class ApiServerInit(_Claim):
 class EngineCoreInit(_Claim):
     """``Executor.__init__`` runs in each EngineCore process (before its workers start)."""
 
-    name = "Executor.__init__"
     process = "engine_core"
 
 
@@ -39,7 +37,6 @@ class WorkerInit(_Claim):
     its ``rank`` (the worker's global rank) becomes the process's ``rank`` label; the worker's device
     utilization gauge is registered here (read at each collection)."""
 
-    name = "WorkerBase.__init__"
     process = "worker"
 
     def before(self, args, kwargs):
@@ -99,8 +96,6 @@ class StopEngines(_BeforeStop):
     """``CoreEngineProcManager.shutdown`` (API server, or ``vllm serve``'s parent with several API
     servers): the EngineCores and their workers."""
 
-    name = "CoreEngineProcManager.shutdown"
-
     def processes(self, owner) -> list:
         finalizer = getattr(owner, "_finalizer", None)
         if finalizer is not None and not finalizer.alive:  # stopped already
@@ -110,8 +105,6 @@ class StopEngines(_BeforeStop):
 
 class StopWorkers(_BeforeStop):
     """``MultiprocExecutor.shutdown`` (EngineCore): its worker processes."""
-
-    name = "MultiprocExecutor.shutdown"
 
     def processes(self, owner) -> list:
         if getattr(owner, "shutting_down", False):

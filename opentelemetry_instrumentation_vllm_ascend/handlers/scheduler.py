@@ -10,8 +10,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
-from ..hooks.handler import Handler, report
-from .common import AllPhaseTimer
+from ..hooks.handler import Handler, RowParams, report
 from .model_runner import _name_label
 
 _DURATION = M["scheduler:duration"]
@@ -306,7 +305,6 @@ class Schedule(Handler):
     ``schedule()`` for an engine that never asks for grammar bitmasks — and always before a
     collection or ``flush()``, so no export misses a step."""
 
-    name = "Scheduler.schedule"
     reads_args = 1  # self
 
     def before(self, args, kwargs, _pending=recording._deferred):
@@ -377,8 +375,7 @@ class PreemptRequest(Handler):
     (``scheduler:recomputed_tokens``) in ``_preempted_of``; reset_prefix_cache's preemptions are only
     noted there, so that vLLM 0.32+'s ``preempted_req_ids`` does not count them."""
 
-    name = "Scheduler._preempt_request"
-    reads_args = 2  # self, request
+    reads_args = RowParams()
 
     def before(self, args, kwargs):
         scheduler, request = args[0], args[1]
@@ -411,7 +408,6 @@ class PreemptRequest(Handler):
 class ResetPrefixCache(Handler):
     """``Scheduler.reset_prefix_cache``: preemptions it makes are bookkeeping, not memory pressure."""
 
-    name = "Scheduler.reset_prefix_cache"
     reads_args = 0
 
     def before(self, args, kwargs):
@@ -430,7 +426,6 @@ class GrammarBitmask(Handler):
     scheduler hook deferred (once ``FLUSH_STEPS`` steps wait), while the workers compute (no
     measurement of its own)."""
 
-    name = "Scheduler.get_grammar_bitmask"
     reads_args = 0
 
     def before(self, args, kwargs, _pending=recording._deferred):
@@ -442,8 +437,7 @@ class UpdateFromOutput(Handler):
     """``Scheduler.update_from_output(scheduler_output, model_runner_output)``: its duration, with the
     phase of the step whose output it processes (read from that step's SchedulerOutput)."""
 
-    name = "Scheduler.update_from_output"
-    reads_args = 2  # self, scheduler_output
+    reads_args = RowParams()
     spec = M["scheduler:update_from_output:duration"]
 
     def before(self, args, kwargs):
@@ -453,10 +447,3 @@ class UpdateFromOutput(Handler):
         seconds = perf_counter() - state
         phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
         recording.record(self.spec, seconds, context.step_labels(phase or LAST_STEP_PHASE[0]))
-
-
-class AddRequest(AllPhaseTimer):
-    """``Scheduler.add_request``: its duration (between steps: phase ``all``)."""
-
-    name = "Scheduler.add_request"
-    spec = M["scheduler:add_request:duration"]

@@ -25,6 +25,8 @@ class Handler:
     as ``GeneratorExit``). ``future_done`` sees a future the original returned, once it is done.
     """
 
+    #: What reports call the handler: its class's qualname, and, once ``targets.load_handler`` built it
+    #: for a row, the hooked symbol's qualname.
     name = "handler"
     failures_only = False
     #: Sync hooks only: call ``after`` only when the result is None (vLLM's "no room" answer),
@@ -41,7 +43,13 @@ class Handler:
     #: ``args`` is the tuple of exactly those leading parameters (whether the caller passed them by
     #: position or by name) and ``kwargs`` is None — no packing of every argument into a tuple and a
     #: dict on each call.
+    #: ``RowParams()``: self plus the parameters the class's rows name (``Target.params``), from the row.
     reads_args: int | None = None
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__qualname__
 
     def before(self, args, kwargs):
         return None
@@ -62,6 +70,17 @@ class Handler:
 
     def timed(self, seconds, args, kwargs, result):
         """Timer kinds only: the call returned after ``seconds`` (perf_counter)."""
+
+
+class RowParams:
+    """``reads_args = RowParams()`` on a handler class: it reads ``self`` and the parameters its
+    target rows list in ``Target.params`` (the contract test checks them against vLLM's source), so
+    the count is the row's, not restated. Resolved when a wrapper is built, never per call."""
+
+    def __get__(self, obj, owner) -> int | None:
+        from .targets import reads_args_of
+
+        return reads_args_of(owner)
 
 
 _reported: set = set()

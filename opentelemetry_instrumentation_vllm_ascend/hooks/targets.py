@@ -1,12 +1,20 @@
 """The target table: every vLLM / vllm-ascend symbol this package wraps, with the versions it is
-known to exist in (vLLM and vllm-ascend gated separately), the wrapper kind, the handler and the
-metrics it feeds. ``docs/metrics.md`` and the installer are driven from it."""
+known to exist in (vLLM and vllm-ascend gated separately), the wrapper kind, the process it runs in,
+the handler (or, for a plain timer / counter / value-of-an-argument hook, its ``measures``) and the
+metrics it feeds. The one place that says which symbol feeds which metric and in which process: the
+catalogue's "hooked" and "recorded in" (``hooked_symbols``, ``recorded_in``), ``docs/metrics.md``,
+``check`` and the installer are derived from it.
+
+Adding a plain timer takes two edits: its ``MetricSpec`` in ``catalogue.CATALOGUE`` and one row here,
+``Target(module, "Class.method", SYNC_TIMER, measures=(Measure(seed, TIMER),), process=ENGINE_CORE)``
+(``tests/test_one_owner.py`` follows that recipe)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .. import catalogue as c
+from .declarative import PHASE_ALL, PHASE_ENGINE_STEP, PHASE_STEP, TIMER, Measure, build_handler
 from .wrappers import (  # noqa: F401  (kinds used in rows)
     ASYNC_GENERATOR,
     COROUTINE,
@@ -25,16 +33,28 @@ class Target:
     module: str
     qualname: str  # "Class.method"
     kind: str
-    handler: str  # "module:Class" under opentelemetry_instrumentation_vllm_ascend.handlers
+    #: "module:Class" under opentelemetry_instrumentation_vllm_ascend.handlers, where real logic lives;
+    #: "" for a declarative row (``measures``) and for rows that need no handler.
+    handler: str = ""
     vllm: str = ">=0.23.0"  # PEP 440 specifier on the installed vLLM version
     vllm_ascend: str | None = None  # a specifier when this symbol comes from vllm-ascend
-    feeds: tuple[str, ...] = ()  # catalogue seed names; () for context-only hooks
+    #: Catalogue seeds of the metrics this hook's absence would lose (it records them, or records what
+    #: they are computed from); () for context-only hooks. A declarative row's come from its measures.
+    feeds: tuple[str, ...] = ()
     #: Names of the positional parameters (after self) the handler reads by position, in order:
     #: the contract test checks them against the source of every supported version.
     params: tuple[str, ...] = ()
     #: Other hooks depend on what this one keeps (the step's phase, the process identity, requests
     #: recomputing after preemption): installed even when every metric it feeds is disabled.
     provides_context: bool = False
+    #: What a declarative row records per call (``declarative.Measure``); its handler is built from them.
+    measures: tuple[Measure, ...] = ()
+    #: The process kind (``catalogue.PROCESS_KINDS``) whose series this row's handler records.
+    process: str = ""
+
+    def __post_init__(self) -> None:
+        if self.measures and not self.feeds:
+            object.__setattr__(self, "feeds", tuple(dict.fromkeys(m.metric for m in self.measures)))
 
     @property
     def symbol(self) -> str:
@@ -60,6 +80,8 @@ _MP = "vllm.v1.executor.multiproc_executor"
 _MRV1 = "vllm.v1.worker.gpu_model_runner"
 _MRV2 = "vllm.v1.worker.gpu.model_runner"
 _ALLM, _CC = "vllm.v1.engine.async_llm", "vllm.v1.engine.core_client"
+#: Process kinds (``catalogue.PROCESS_KINDS``) of the rows.
+API_SERVER, ENGINE_CORE, WORKER, EPLB = "api_server", "engine_core", "worker", "eplb"
 
 _SCHEDULE_FEEDS = (
     c.RUNNING_TO_WAITING.seed,
@@ -99,9 +121,23 @@ _RUNNER_FEEDS = (
     "npu:non_forward_duration",
 )
 
+
+def _timer(seed: str, phase: str = PHASE_ALL) -> tuple[Measure, ...]:
+    """The measures of a plain timer row (phase ``all`` unless said)."""
+    return (Measure(seed, TIMER, phase=phase),)
+
+
 TARGETS: tuple[Target, ...] = (
     # -- scheduler (EngineCore) -----------------------------------------------------------------------
-    Target(_SCHED, "Scheduler.schedule", SYNC, "scheduler:Schedule", feeds=_SCHEDULE_FEEDS, provides_context=True),
+    Target(
+        _SCHED,
+        "Scheduler.schedule",
+        SYNC,
+        "scheduler:Schedule",
+        feeds=_SCHEDULE_FEEDS,
+        provides_context=True,
+        process=ENGINE_CORE,
+    ),
     Target(
         _SCHED,
         "Scheduler._preempt_request",
@@ -110,10 +146,18 @@ TARGETS: tuple[Target, ...] = (
         feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed),
         params=("request",),
         provides_context=True,
+        process=ENGINE_CORE,
     ),
-    Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache"),
+    Target(_SCHED, "Scheduler.reset_prefix_cache", SYNC, "scheduler:ResetPrefixCache", process=ENGINE_CORE),
     # Right after the step's execute_model RPC was sent: the scheduler hook's deferred records run here.
-    Target(_SCHED, "Scheduler.get_grammar_bitmask", SYNC, "scheduler:GrammarBitmask", provides_context=True),
+    Target(
+        _SCHED,
+        "Scheduler.get_grammar_bitmask",
+        SYNC,
+        "scheduler:GrammarBitmask",
+        provides_context=True,
+        process=ENGINE_CORE,
+    ),
     Target(
         _SCHED,
         "Scheduler.update_from_output",
@@ -121,9 +165,14 @@ TARGETS: tuple[Target, ...] = (
         "scheduler:UpdateFromOutput",
         feeds=("scheduler:update_from_output:duration",),
         params=("scheduler_output",),
+        process=ENGINE_CORE,
     ),
     Target(
-        _SCHED, "Scheduler.add_request", SYNC_TIMER, "scheduler:AddRequest", feeds=("scheduler:add_request:duration",)
+        _SCHED,
+        "Scheduler.add_request",
+        SYNC_TIMER,
+        measures=_timer("scheduler:add_request:duration"),
+        process=ENGINE_CORE,
     ),
     Target(
         "vllm.v1.core.kv_cache_manager",
@@ -131,24 +180,29 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "kv_cache:AllocateSlots",
         feeds=(c.BLOCK_ALLOCATE_FAILURES.seed,),
+        process=ENGINE_CORE,
     ),
     # -- engine core loop -----------------------------------------------------------------------------
     Target(
-        _CORE, "EngineCore.step", SYNC_TIMER, "engine:EngineCoreStep", feeds=("engine_core:engine_core_step:duration",)
+        _CORE,
+        "EngineCore.step",
+        SYNC_TIMER,
+        measures=_timer("engine_core:engine_core_step:duration", PHASE_ENGINE_STEP),
+        process=ENGINE_CORE,
     ),
     Target(
         _CORE,
         "EngineCore.step_with_batch_queue",
         SYNC_TIMER,
-        "engine:EngineCoreStep",
-        feeds=("engine_core:engine_core_step:duration",),
+        measures=_timer("engine_core:engine_core_step:duration", PHASE_ENGINE_STEP),
+        process=ENGINE_CORE,
     ),
     Target(
         _CORE,
         "EngineCoreProc._process_engine_step",
         SYNC_TIMER,
-        "engine:ProcessEngineStep",
-        feeds=("engine_core:process_engine_step:duration",),
+        measures=_timer("engine_core:process_engine_step:duration", PHASE_ENGINE_STEP),
+        process=ENGINE_CORE,
     ),
     Target(
         _CORE,
@@ -156,8 +210,17 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "engine:ProcessInputQueue",
         feeds=("engine_core:process_input_queue:duration",),
+        process=ENGINE_CORE,
     ),
-    Target(_CORE, "EngineCoreProc._handle_client_request", SYNC, "engine:HandleClientRequest"),
+    # The requests handled while the engine has no work: what _process_input_queue's duration counts.
+    Target(
+        _CORE,
+        "EngineCoreProc._handle_client_request",
+        SYNC,
+        "engine:HandleClientRequest",
+        feeds=("engine_core:process_input_queue:duration",),
+        process=ENGINE_CORE,
+    ),
     # -- executor RPC ---------------------------------------------------------------------------------
     Target(
         _MP,
@@ -166,9 +229,10 @@ TARGETS: tuple[Target, ...] = (
         "executor:CollectiveRpc",
         feeds=_RPC_FEEDS,
         params=("method", "timeout", "args"),
+        process=ENGINE_CORE,
     ),
     # The futures non-blocking RPCs return report their own completion (cheaper than a callback each).
-    Target(_MP, "FutureWrapper", FUTURE_CLASS, ""),
+    Target(_MP, "FutureWrapper", FUTURE_CLASS, process=ENGINE_CORE),
     # Single-device GPU/NPU engines run their worker in-process (no message queues), same contract.
     Target(
         "vllm.v1.executor.uniproc_executor",
@@ -177,6 +241,7 @@ TARGETS: tuple[Target, ...] = (
         "executor:CollectiveRpc",
         feeds=_RPC_FEEDS,
         params=("method", "timeout", "args"),
+        process=ENGINE_CORE,
     ),
     # -- worker: model runner V1 (GPU, CPU subclass) and V2 (default on CUDA from vLLM 0.32) ---------------
     Target(
@@ -187,14 +252,22 @@ TARGETS: tuple[Target, ...] = (
         feeds=_RUNNER_FEEDS,
         params=("scheduler_output",),
         provides_context=True,
+        process=WORKER,
     ),
-    Target(_MRV1, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", feeds=_STEP_END_FEEDS),
+    Target(
+        _MRV1,
+        "GPUModelRunner.sample_tokens",
+        SYNC,
+        "model_runner:SampleTokens",
+        feeds=_STEP_END_FEEDS,
+        process=WORKER,
+    ),
     Target(
         _MRV1,
         "GPUModelRunner._prepare_inputs",
         SYNC_TIMER,
-        "model_runner:PrepareInputs",
-        feeds=("executor:prepare_inputs:duration",),
+        measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
+        process=WORKER,
     ),
     Target(
         _MRV1,
@@ -202,6 +275,7 @@ TARGETS: tuple[Target, ...] = (
         SYNC_TIMER,
         "model_runner:GetOutput",
         feeds=("worker:model_runner_get_output:duration",),
+        process=WORKER,
     ),
     Target(
         _MRV2,
@@ -211,14 +285,22 @@ TARGETS: tuple[Target, ...] = (
         feeds=_RUNNER_FEEDS,
         params=("scheduler_output", "intermediate_tensors", "dummy_run"),
         provides_context=True,
+        process=WORKER,
     ),
-    Target(_MRV2, "GPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", feeds=_STEP_END_FEEDS),
+    Target(
+        _MRV2,
+        "GPUModelRunner.sample_tokens",
+        SYNC,
+        "model_runner:SampleTokens",
+        feeds=_STEP_END_FEEDS,
+        process=WORKER,
+    ),
     Target(
         _MRV2,
         "GPUModelRunner.prepare_inputs",
         SYNC_TIMER,
-        "model_runner:PrepareInputs",
-        feeds=("executor:prepare_inputs:duration",),
+        measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
+        process=WORKER,
     ),
     # MRV2's own async output (vllm/v1/worker/gpu/async_utils.py, the same get_output in 0.23-0.33).
     Target(
@@ -227,8 +309,10 @@ TARGETS: tuple[Target, ...] = (
         SYNC_TIMER,
         "model_runner:GetOutput",
         feeds=("worker:model_runner_get_output:duration",),
+        process=WORKER,
     ),
     # vLLM's profiling scopes, wherever record_function_or_nullcontext was imported (see model_runner.py).
+    # The scheduler's scopes (in the EngineCore) are recorded by the Scheduler.schedule rows.
     Target(
         "vllm.v1.utils",
         "_PROFILER_FUNC",
@@ -240,6 +324,7 @@ TARGETS: tuple[Target, ...] = (
             "npu:kernel_launch",
             "npu:non_forward_duration",
         ),
+        process=WORKER,
     ),
     # -- API server -----------------------------------------------------------------------------------
     Target(
@@ -261,6 +346,7 @@ TARGETS: tuple[Target, ...] = (
             "async_llm:record_stats:duration",
         ),
         params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
+        process=API_SERVER,
     ),
     Target(
         "vllm.v1.metrics.stats",
@@ -269,42 +355,64 @@ TARGETS: tuple[Target, ...] = (
         "api:SecondTokenLatency",
         feeds=("second_token_latency",),
         params=("output", "engine_core_timestamp", "is_prefilling", "req_stats"),
+        process=API_SERVER,
     ),
-    Target(_ALLM, "AsyncLLM.check_health", COROUTINE, "api:CheckHealth", feeds=("health_check_failed",)),
+    Target(
+        _ALLM,
+        "AsyncLLM.check_health",
+        COROUTINE,
+        "api:CheckHealth",
+        feeds=("health_check_failed",),
+        process=API_SERVER,
+    ),
     # The engine whose outputs the output loop processes next: the dp of output_processor_duration & co.
-    Target(_CC, "AsyncMPClient.get_output_async", COROUTINE, "api:GetOutput"),
+    Target(_CC, "AsyncMPClient.get_output_async", COROUTINE, "api:GetOutput", process=API_SERVER),
     # DPLBAsyncMPClient's override does not call super(): the two rows never count one abort twice.
     Target(
         _CC,
         "AsyncMPClient.abort_requests_async",
         COROUTINE_TIMER,
-        "api:AbortRequests",
-        feeds=("async_llm:abort_requests:duration",),
+        measures=_timer("async_llm:abort_requests:duration"),
+        process=API_SERVER,
     ),
     Target(
         _CC,
         "DPLBAsyncMPClient.abort_requests_async",
         COROUTINE_TIMER,
-        "api:AbortRequests",
-        feeds=("async_llm:abort_requests:duration",),
+        measures=_timer("async_llm:abort_requests:duration"),
+        process=API_SERVER,
     ),
     Target(
-        _ALLM, "AsyncLLM.add_request", COROUTINE_TIMER, "api:AddRequest", feeds=("engine:async_add_request:duration",)
+        _ALLM,
+        "AsyncLLM.add_request",
+        COROUTINE_TIMER,
+        measures=_timer("engine:async_add_request:duration"),
+        process=API_SERVER,
     ),
-    Target(_ALLM, "AsyncLLM.generate", ASYNC_GENERATOR, "api:Generate", feeds=("engine:generate:duration",)),
+    Target(
+        _ALLM,
+        "AsyncLLM.generate",
+        ASYNC_GENERATOR,
+        "api:Generate",
+        feeds=("engine:generate:duration",),
+        process=API_SERVER,
+    ),
     Target(
         "vllm.entrypoints.openai.chat_completion.serving",
         "OpenAIServingChat.create_chat_completion",
         COROUTINE_STREAM,
         "api:CreateChatCompletion",
         feeds=("server:create_chat_completion:duration",),
+        process=API_SERVER,
     ),
+    # Also when run in the renderer's executor through process_inputs_async, if the hook was installed
+    # before the InputProcessor was made.
     Target(
         "vllm.v1.engine.input_processor",
         "InputProcessor.process_inputs",
         SYNC_TIMER,
-        "api:ProcessInputs",
-        feeds=("engine:tokenizer_encode",),
+        measures=_timer("engine:tokenizer_encode"),
+        process=API_SERVER,
     ),
     Target(
         "vllm.v1.engine.output_processor",
@@ -313,6 +421,7 @@ TARGETS: tuple[Target, ...] = (
         "api:ProcessOutputs",
         feeds=("output_processor_duration", "engine_core_outputs_len"),
         params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats"),
+        process=API_SERVER,
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
     # Runs in the EPLB process forked from each NPU worker; EP rank 0 records hotness and imbalance.
@@ -322,11 +431,8 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "eplb:DoUpdate",
         vllm_ascend=">=0.23.0",
-        feeds=tuple(
-            f"eplb:expert_hotness:{s}"
-            for s in ("current_mean", "current_max", "update_mean", "update_max", "imbalance")
-        )
-        + ("eplb:layer_load:mean", "eplb:layer_load:max", c.INSTRUMENTED_PROCESSES.seed),
+        feeds=c.EPLB_CYCLE_SEEDS + (c.INSTRUMENTED_PROCESSES.seed,),
+        process=EPLB,
     ),
     # Worker side: timed only when a transfer was in flight (state TRANSFERRING before the call).
     Target(
@@ -336,45 +442,52 @@ TARGETS: tuple[Target, ...] = (
         "eplb:UpdateExpertMapAndWeight",
         vllm_ascend=">=0.23.0",
         feeds=("eplb:expert_weight_update:duration",),
+        process=WORKER,
     ),
     *(
         Target(
             "vllm_ascend.eplb.adaptor.vllm_adaptor",
             f"VllmEplbAdaptor.{method}",
             SYNC_TIMER,
-            f"eplb:{handler}",
             vllm_ascend=">=0.23.0",
-            feeds=(seed,),
+            measures=_timer(seed),
+            process=WORKER,
         )
-        for method, handler, seed in (
-            ("do_update_expert_map", "UpdateExpertMap", "eplb:expert_map_update:duration"),
-            ("do_update_log2phy_map", "UpdateLog2PhyMap", "eplb:log2phy_map_update:duration"),
-            ("do_update_expert_weight", "UpdateExpertWeight", "eplb:expert_weight_replace:duration"),
+        for method, seed in (
+            ("do_update_expert_map", "eplb:expert_map_update:duration"),
+            ("do_update_log2phy_map", "eplb:log2phy_map_update:duration"),
+            ("do_update_expert_weight", "eplb:expert_weight_replace:duration"),
         )
     ),
     # -- vllm-ascend: NPU model runner, Ascend schedulers, memory ------------------------------------------
-    *(
-        Target(
-            "vllm_ascend.worker.model_runner_v1",
-            qualname,
-            kind,
-            handler,
-            vllm_ascend=">=0.23.0",
-            feeds=feeds,
-            params=params,
-            provides_context=handler == "ascend:NPUExecuteModel",
-        )
-        for qualname, kind, handler, feeds, params in (
-            ("NPUModelRunner.execute_model", SYNC, "ascend:NPUExecuteModel", _RUNNER_FEEDS, ("scheduler_output",)),
-            (
-                "NPUModelRunner._prepare_inputs",
-                SYNC_TIMER,
-                "ascend:NPUPrepareInputs",
-                ("executor:prepare_inputs:duration",),
-                (),
-            ),
-            ("NPUModelRunner.sample_tokens", SYNC, "model_runner:SampleTokens", _STEP_END_FEEDS, ()),
-        )
+    Target(
+        "vllm_ascend.worker.model_runner_v1",
+        "NPUModelRunner.execute_model",
+        SYNC,
+        "ascend:NPUExecuteModel",
+        vllm_ascend=">=0.23.0",
+        feeds=_RUNNER_FEEDS,
+        params=("scheduler_output",),
+        provides_context=True,
+        process=WORKER,
+    ),
+    Target(
+        "vllm_ascend.worker.model_runner_v1",
+        "NPUModelRunner._prepare_inputs",
+        SYNC_TIMER,
+        "ascend:NPUPrepareInputs",
+        vllm_ascend=">=0.23.0",
+        feeds=("executor:prepare_inputs:duration",),
+        process=WORKER,
+    ),
+    Target(
+        "vllm_ascend.worker.model_runner_v1",
+        "NPUModelRunner.sample_tokens",
+        SYNC,
+        "model_runner:SampleTokens",
+        vllm_ascend=">=0.23.0",
+        feeds=_STEP_END_FEEDS,
+        process=WORKER,
     ),
     # 310P's runner and the NPU model runner V2 re-implement input preparation without the base's.
     Target(
@@ -384,14 +497,15 @@ TARGETS: tuple[Target, ...] = (
         "ascend:NPUPrepareInputs",
         vllm_ascend=">=0.23.0",
         feeds=("executor:prepare_inputs:duration",),
+        process=WORKER,
     ),
     Target(
         "vllm_ascend.worker.v2.model_runner",
         "NPUModelRunner.prepare_inputs",
         SYNC_TIMER,
-        "model_runner:PrepareInputs",
         vllm_ascend=">=0.23.0",
-        feeds=("executor:prepare_inputs:duration",),
+        measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
+        process=WORKER,
     ),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
     *(
@@ -403,6 +517,7 @@ TARGETS: tuple[Target, ...] = (
             vllm_ascend=">=0.23.0",
             feeds=_SCHEDULE_FEEDS,
             provides_context=True,
+            process=ENGINE_CORE,
         )
         for module, cls in (
             ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
@@ -420,34 +535,26 @@ TARGETS: tuple[Target, ...] = (
         vllm_ascend=">=0.23.0",
         feeds=("scheduler:update_from_output:duration",),
         params=("scheduler_output",),
+        process=ENGINE_CORE,
     ),
     Target(
         "vllm_ascend.core.recompute_scheduler",
         "RecomputeScheduler.add_request",
         SYNC_TIMER,
-        "scheduler:AddRequest",
         vllm_ascend=">=0.23.0",
-        feeds=("scheduler:add_request:duration",),
+        measures=_timer("scheduler:add_request:duration"),
+        process=ENGINE_CORE,
     ),
     # Memory after warm-up (and, when instrumented late, at the first step), vLLM's workers and vllm-ascend's.
-    Target("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model", SYNC, "memory:WarmUp", feeds=_MEMORY),
-    Target("vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model", SYNC, "memory:WarmUp", feeds=_MEMORY),
-    Target("vllm.v1.worker.gpu_worker", "Worker.execute_model", SYNC, "memory:LateCapture", feeds=_MEMORY),
-    Target(
-        "vllm_ascend.worker.worker",
-        "NPUWorker.compile_or_warm_up_model",
-        SYNC,
-        "memory:WarmUp",
-        vllm_ascend=">=0.23.0",
-        feeds=_MEMORY,
-    ),
-    Target(
-        "vllm_ascend.worker.worker",
-        "NPUWorker.execute_model",
-        SYNC,
-        "memory:LateCapture",
-        vllm_ascend=">=0.23.0",
-        feeds=_MEMORY,
+    *(
+        Target(module, qualname, SYNC, handler, vllm_ascend=ascend, feeds=_MEMORY, process=WORKER)
+        for module, qualname, handler, ascend in (
+            ("vllm.v1.worker.gpu_worker", "Worker.compile_or_warm_up_model", "memory:WarmUp", None),
+            ("vllm.v1.worker.cpu_worker", "CPUWorker.compile_or_warm_up_model", "memory:WarmUp", None),
+            ("vllm.v1.worker.gpu_worker", "Worker.execute_model", "memory:LateCapture", None),
+            ("vllm_ascend.worker.worker", "NPUWorker.compile_or_warm_up_model", "memory:WarmUp", ">=0.23.0"),
+            ("vllm_ascend.worker.worker", "NPUWorker.execute_model", "memory:LateCapture", ">=0.23.0"),
+        )
     ),
     # -- process identity -----------------------------------------------------------------------------
     Target(
@@ -458,6 +565,7 @@ TARGETS: tuple[Target, ...] = (
         feeds=(c.INSTRUMENTED_PROCESSES.seed,),
         params=("vllm_config",),
         provides_context=True,
+        process=API_SERVER,
     ),
     Target(
         "vllm.v1.executor.abstract",
@@ -467,6 +575,7 @@ TARGETS: tuple[Target, ...] = (
         feeds=(c.INSTRUMENTED_PROCESSES.seed,),
         params=("vllm_config",),
         provides_context=True,
+        process=ENGINE_CORE,
     ),
     Target(
         "vllm.v1.worker.worker_base",
@@ -476,10 +585,11 @@ TARGETS: tuple[Target, ...] = (
         feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"),
         params=("vllm_config", "local_rank", "rank"),
         provides_context=True,
+        process=WORKER,
     ),
     # -- shutdown: the processes about to be stopped export first (vLLM SIGKILLs them right after SIGTERM)
-    Target("vllm.v1.engine.utils", "CoreEngineProcManager.shutdown", SYNC, "process:StopEngines"),
-    Target(_MP, "MultiprocExecutor.shutdown", SYNC, "process:StopWorkers"),
+    Target("vllm.v1.engine.utils", "CoreEngineProcManager.shutdown", SYNC, "process:StopEngines", process=API_SERVER),
+    Target(_MP, "MultiprocExecutor.shutdown", SYNC, "process:StopWorkers", process=ENGINE_CORE),
 )
 
 
@@ -522,11 +632,64 @@ def bypassed_feeds(override: UncoveredOverride) -> tuple[str, ...]:
     return next((t.feeds for t in TARGETS if t.symbol == override.hooked), ())
 
 
+def hooked_symbols(seed: str) -> tuple[str, ...]:
+    """The symbols of the rows feeding ``seed``, in table order (the catalogue's "hooked symbol(s)")."""
+    return tuple(dict.fromkeys(t.symbol for t in TARGETS if seed in t.feeds))
+
+
+#: recorded_in's answer when every process kind that runs vLLM code records the metric.
+EVERY_PROCESS = "every process"
+
+
+def recorded_in(seed: str) -> str:
+    """The process kinds whose rows feed ``seed`` ("engine_core, worker"; ``EVERY_PROCESS`` for all of
+    them): where its series come from, for docs and for the rank label of worker-recorded metrics."""
+    kinds = {t.process for t in TARGETS if seed in t.feeds}
+    real = [k for k in c.PROCESS_KINDS if k != "unknown"]
+    if kinds and all(k in kinds for k in real):
+        return EVERY_PROCESS
+    return ", ".join(k for k in c.PROCESS_KINDS if k in kinds)
+
+
+_HANDLERS_PACKAGE = __package__.rsplit(".", 1)[0] + ".handlers"
+_reads_args: dict = {}
+
+
+def reads_args_of(cls) -> int | None:
+    """``RowParams``: self plus the ``params`` of the rows whose handler is ``cls`` (or, for a class
+    without rows of its own, its nearest base with rows); None (all arguments) when none has."""
+    if cls in _reads_args:
+        return _reads_args[cls]
+    result = None
+    for klass in cls.__mro__:
+        module = getattr(klass, "__module__", "")
+        if not module.startswith(_HANDLERS_PACKAGE + "."):
+            continue
+        name = f"{module[len(_HANDLERS_PACKAGE) + 1 :]}:{klass.__qualname__}"
+        counts = [len(t.params) + 1 for t in TARGETS if t.handler == name]
+        if counts:
+            result = max(counts)
+            break
+    _reads_args[cls] = result
+    return result
+
+
 def load_handler(target: Target):
+    """The handler of a row: built from its measures (declarative rows), or its handler class's
+    instance; named after the hooked symbol (what reports name). None for rows without either."""
     import importlib
 
-    if not target.handler:
+    if target.measures:
+        handler = build_handler(target)
+    elif not target.handler:
         return None
-    module_name, class_name = target.handler.split(":")
-    module = importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.handlers.{module_name}")
-    return getattr(module, class_name)()
+    else:
+        module_name, class_name = target.handler.split(":")
+        handler = getattr(importlib.import_module(f"{_HANDLERS_PACKAGE}.{module_name}"), class_name)()
+    handler.name = target.qualname
+    return handler
+
+
+def handler_of(symbol: str):
+    """The handler ``load_handler`` builds for the row of ``symbol`` ("module:Class.method")."""
+    return load_handler(next(t for t in TARGETS if t.symbol == symbol))

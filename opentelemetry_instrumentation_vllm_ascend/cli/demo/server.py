@@ -157,7 +157,7 @@ class Server:
     def batch(self, prompts, max_tokens: int = 150, timeout: float = 300.0) -> dict:
         """All prompts in one completion request (vLLM accepts a list): the API server hands them to the
         engine together, so they compete for KV blocks however busy the machine is. Concurrent clients (one
-        thread per prompt, as this harness had before) do not guarantee that: on a loaded 2-core machine
+        thread per prompt) do not guarantee that: on a loaded 2-core machine
         their requests were seen to arrive one after another, and 16 of them into 16 KV blocks then caused
         no preemption at all."""
         body = {
