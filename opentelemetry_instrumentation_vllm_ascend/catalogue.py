@@ -830,6 +830,92 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     ),
 )
 
+# -- KV transfers, KV-cache writes and the exclusive time budget (handlers/kv_transfer.py, handlers/budget.py) --
+_KV_LABELS = STEP_LABELS + ("direction", "connector")
+#: ``direction`` values: into the KV cache (a load), out of it (a store), to or from another node.
+KV_DIRECTIONS = ("h2d", "d2h", "remote")
+#: ``stage`` values of ``engine_core:stage_seconds`` (handlers/budget.py says where each begins and ends).
+ENGINE_STAGES = ("idle", "input", "schedule", "dispatch", "telemetry", "wait_workers", "update", "output", "other")
+_EXAMPLE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector:ExampleConnector"
+_KV_HOOKS = (_EXAMPLE + ".save_kv_layer", _EXAMPLE + ".start_load_kv")
+_KV_CONNECTORS = (
+    " connector: the connector's class name. phase: the phase of the worker step that submitted the transfer."
+)
+
+KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
+    _counter(
+        "kv_transfer:bytes",
+        "By",
+        "Bytes of KV cache moved by a KV connector, by direction (h2d: loaded into the KV cache, d2h: stored "
+        "out of it, remote: to or from another node). ExampleConnector: per layer and request, the tokens of "
+        "its slot mapping times the layer's bytes per token (the tensor payload of the safetensors file it "
+        "writes or reads)." + _KV_CONNECTORS,
+        _W,
+        _KV_HOOKS,
+        labels=_KV_LABELS,
+    ),
+    _counter(
+        "kv_transfer:count",
+        "{transfer}",
+        "KV transfers, by direction: ExampleConnector: one per file written or read (a request's layer)."
+        + _KV_CONNECTORS,
+        _W,
+        _KV_HOOKS,
+        labels=_KV_LABELS,
+    ),
+    _timer(
+        "kv_transfer:duration",
+        "Duration of the KV transfers of one connector call, by direction. ExampleConnector: wall time of "
+        "save_kv_layer (the layer's stores) or start_load_kv (the step's loads), which copy synchronously."
+        + _KV_CONNECTORS,
+        _W,
+        _KV_HOOKS,
+        FINE_SECONDS,
+        labels=_KV_LABELS,
+    ),
+    _timer(
+        "kv_transfer:blocking:duration",
+        "Host time the worker step spent blocked in a connector's transfer calls, by direction: "
+        "ExampleConnector's save_kv_layer and start_load_kv are synchronous, so all of their time blocks."
+        + _KV_CONNECTORS,
+        _W,
+        _KV_HOOKS,
+        FINE_SECONDS,
+        labels=_KV_LABELS,
+    ),
+    _counter(
+        "kv_cache:write_bytes",
+        "By",
+        "Bytes written into the KV cache by the tokens each step schedules, by req_phase (prefill / decode): "
+        "scheduled tokens times the KV bytes per token of the EngineCore's KVCacheConfig (over its attention "
+        "groups, page_size_bytes / block_size times the group's layers; a worker's share of the heads under "
+        "tensor parallelism). Prompt tokens found in the prefix cache are not scheduled, so not counted.",
+        _EC,
+        (_SCHED + ".__init__", _SCHED + ".schedule"),
+        labels=STEP_LABELS + ("req_phase",),
+    ),
+    MetricSpec(
+        seed="engine_core:stage_seconds",
+        kind=COUNTER,
+        unit="s",
+        description="Exclusive time budget of the EngineCore busy loop: seconds spent in each stage, stages "
+        "never overlapping, so that their sum is the loop's wall time since it started. stage is one of "
+        + ", ".join(ENGINE_STAGES)
+        + " (docs/time-budget.md says where each begins). The stage in progress counts up to each collection.",
+        labels=("dp", "role", "stage"),
+        recorded_in=_EC,
+        hooked=(
+            _CORE + ":EngineCoreProc._process_input_queue",
+            _CORE + ":EngineCoreProc._handle_client_request",
+            _SCHED + ".schedule",
+            _SCHED + ".get_grammar_bitmask",
+            _SCHED + ".update_from_output",
+            _CORE + ":EngineCoreProc._process_engine_step",
+        ),
+    ),
+)
+CATALOGUE = CATALOGUE + KV_TRANSFER_CATALOGUE
+
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 
 RUNNING_TO_WAITING = BY_SEED["running_to_waiting_count"]

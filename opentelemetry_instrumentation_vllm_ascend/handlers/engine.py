@@ -8,6 +8,10 @@ from .. import context, recording
 from ..catalogue import ALL, M
 from ..context import SCHEDULE_CALLS
 from ..hooks.handler import Handler
+from .budget import ENGINE_TO
+from .budget import IDLE as _IDLE_STAGE
+from .budget import INPUT as _INPUT_STAGE
+from .budget import OTHER as _OTHER_STAGE
 from .common import StepTimer
 
 IDLE = "idle"
@@ -52,6 +56,10 @@ class ProcessEngineStep(_EngineStepTimer):
     def __init__(self) -> None:
         super().__init__(M["engine_core:process_engine_step:duration"])
 
+    def timed(self, seconds, args, kwargs, result, _to=ENGINE_TO):
+        _to(_OTHER_STAGE, perf_counter())  # stage budget: the step's output stage ends
+        super().timed(seconds, args, kwargs, result)
+
 
 class _Pass:
     """One ``_process_input_queue`` call. While it is ``waiting`` (the engine has no work) it blocks
@@ -88,20 +96,24 @@ class ProcessInputQueue(Handler):
         has_work = getattr(engine, "has_work", None)
         waiting = has_work is not None and not has_work()
         current = CURRENT_PASS[0] = _Pass(perf_counter(), waiting)
+        ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, current.start)
         return current
 
     def after(self, current, args, kwargs, result):
         CURRENT_PASS[0] = None
+        now = perf_counter()
+        ENGINE_TO(_OTHER_STAGE, now)
         if current.waiting:
             if not current.handled:
                 return  # no request was handled (shut down, or a non-blocking pass found none): nothing to time
             seconds = current.spent  # requests that gave no work, then the pass ended
         else:
-            seconds = current.spent + perf_counter() - current.start
+            seconds = current.spent + now - current.start
         recording.record(self.spec, seconds, context.step_labels(ALL))
 
     def error(self, current, args, kwargs, exc):
         CURRENT_PASS[0] = None
+        ENGINE_TO(_OTHER_STAGE, perf_counter())
 
 
 class HandleClientRequest(Handler):
@@ -116,6 +128,7 @@ class HandleClientRequest(Handler):
         current = CURRENT_PASS[0]
         if current is not None and current.waiting:
             current.start = perf_counter()
+            ENGINE_TO(_INPUT_STAGE, current.start)
             return current
         return None
 
@@ -129,3 +142,5 @@ class HandleClientRequest(Handler):
         if has_work is None or has_work():
             current.waiting = False
             current.start = now
+        else:
+            ENGINE_TO(_IDLE_STAGE, now)  # back to blocking on the input queue

@@ -11,7 +11,10 @@ from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
 from ..hooks.handler import Handler, report
+from . import budget as _budget
+from .budget import ENGINE_TO
 from .common import AllPhaseTimer
+from .kv_transfer import kv_writes
 from .model_runner import _name_label
 
 _DURATION = M["scheduler:duration"]
@@ -177,6 +180,7 @@ def _record_schedules(steps: list) -> None:
                 record_n(_PHASE_BATCH, reqs, count, phase_labels)
                 record_n(_PHASE_TOKENS, tokens, count, phase_labels)
                 recording.add(_PHASE_COUNTER, tokens * count, phase_labels)
+                kv_writes(tokens * count, phase_labels)
     for phase, (n, seqlen) in last_sizes.items():  # context lengths after the step: sum and mean
         labels = context.step_labels(phase)
         recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
@@ -316,12 +320,15 @@ class Schedule(Handler):
             recording.run_deferred()
         context.SCHEDULE_CALLS[0] += 1
         step = Step()
-        return step, CURRENT_STEP.set(step), perf_counter()
+        start = perf_counter()
+        ENGINE_TO(_budget.SCHEDULE, start)
+        return step, CURRENT_STEP.set(step), start
 
     def after(self, state, args, kwargs, result):
         end = perf_counter()
         if state is None:
             return
+        ENGINE_TO(_budget.DISPATCH, end)
         step, token, start = state
         CURRENT_STEP.reset(token)
         scheduler = args[0]
@@ -365,6 +372,7 @@ class Schedule(Handler):
         if state is None:
             return
         step, token, _start = state
+        ENGINE_TO(_budget.DISPATCH, perf_counter())
         CURRENT_STEP.reset(token)
         LAST_STEP_PHASE[0] = UNKNOWN
         flush_step(step, UNKNOWN)
@@ -435,7 +443,12 @@ class GrammarBitmask(Handler):
 
     def before(self, args, kwargs, _pending=recording._deferred):
         if len(_pending) >= FLUSH_STEPS:
+            ENGINE_TO(_budget.TELEMETRY, perf_counter())
             recording.run_deferred()
+            ENGINE_TO(_budget.DISPATCH, perf_counter())
+
+    def after(self, state, args, kwargs, result):
+        ENGINE_TO(_budget.WAIT_WORKERS, perf_counter())
 
 
 class UpdateFromOutput(Handler):
@@ -447,10 +460,14 @@ class UpdateFromOutput(Handler):
     spec = M["scheduler:update_from_output:duration"]
 
     def before(self, args, kwargs):
-        return perf_counter()
+        start = perf_counter()
+        ENGINE_TO(_budget.UPDATE, start)
+        return start
 
     def after(self, state, args, kwargs, result):
-        seconds = perf_counter() - state
+        end = perf_counter()
+        ENGINE_TO(_budget.OUTPUT, end)
+        seconds = end - state
         phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
         recording.record(self.spec, seconds, context.step_labels(phase or LAST_STEP_PHASE[0]))
 

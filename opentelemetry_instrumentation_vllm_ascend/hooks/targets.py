@@ -83,6 +83,7 @@ _SCHEDULE_FEEDS = (
     "record_function_or_nullcontext",
 )
 _RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
+_KV_TRANSFER_FEEDS = ("kv_transfer:bytes", "kv_transfer:count", "kv_transfer:duration", "kv_transfer:blocking:duration")
 _MEMORY = tuple(spec.seed for spec in c.CATALOGUE if spec.seed.startswith("engine:memory:"))
 #: What the end of a worker step records (sample_tokens ends it): the inference time and the timeline.
 _STEP_END_FEEDS = (
@@ -480,6 +481,28 @@ TARGETS: tuple[Target, ...] = (
     # -- shutdown: the processes about to be stopped export first (vLLM SIGKILLs them right after SIGTERM)
     Target("vllm.v1.engine.utils", "CoreEngineProcManager.shutdown", SYNC, "process:StopEngines"),
     Target(_MP, "MultiprocExecutor.shutdown", SYNC, "process:StopWorkers"),
+    *(  # -- KV transfers and KV-cache writes (handlers/kv_transfer.py) -----------------------------------
+        Target(
+            "vllm.distributed.kv_transfer.kv_connector.v1.example_connector",
+            f"ExampleConnector.{method}",
+            SYNC,
+            f"kv_transfer:{handler}",
+            feeds=_KV_TRANSFER_FEEDS,
+            params=params,
+        )
+        for method, handler, params in (
+            ("save_kv_layer", "ExampleSaveKvLayer", ("layer_name", "kv_layer")),
+            ("start_load_kv", "ExampleStartLoadKv", ("forward_context",)),
+        )
+    ),
+    Target(
+        _SCHED,
+        "Scheduler.__init__",
+        SYNC,
+        "kv_transfer:SchedulerInit",
+        feeds=("kv_cache:write_bytes",),
+        params=("vllm_config", "kv_cache_config"),
+    ),
 )
 
 
