@@ -111,7 +111,13 @@ def _off(stage: int, now: float) -> None:
 
 #: ``to`` of the engine clock, bound once: hooks call ``ENGINE_TO(stage, now)`` (a no-op when the metric
 #: is disabled by OTEL_VLLM_ASCEND_DISABLED_METRICS).
-ENGINE_TO = _off if environment.metric_disabled(ENGINE.spec.seed) else ENGINE.to
+def boundary(clock: StageClock):
+    """The boundary function hooks call for ``clock``: a no-op when its metric is disabled (read once,
+    at import: the hooks bind it then)."""
+    return _off if environment.metric_disabled(clock.spec.seed) else clock.to
+
+
+ENGINE_TO = boundary(ENGINE)
 
 
 def _flush_engine() -> None:
