@@ -173,5 +173,7 @@ def test_the_schedule_stage_is_the_schedulers_own_duration(run):
     assert value(text, P + "engine_core:stage_seconds_total", stage="update") == pytest.approx(
         value(text, P + "scheduler:update_from_output:duration_sum"), rel=0.01
     )
-    stages = {labels["stage"] for n, labels, _ in samples(text) if n == P + "engine_core:stage_seconds_total"}
+    seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == P + "engine_core:stage_seconds_total"}
+    print("engine_core:stage_seconds", json.dumps(seconds))  # shown with -s: docs/time-budget.md's example
+    stages = set(seconds)
     assert {"idle", "input", "schedule", "dispatch", "wait_workers", "update", "output", "other"} <= stages

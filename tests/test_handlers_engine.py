@@ -14,7 +14,7 @@ import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
 from opentelemetry_instrumentation_vllm_ascend.context import PHASE_ATTRIBUTE
-from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
+from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, patches
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
@@ -74,7 +74,7 @@ def reset_state():
 def clock(monkeypatch):
     c = Clock()
     monkeypatch.setattr(codegen, "perf_counter", c)  # timer kinds: bound when wrapped
-    for module in (scheduler, engine, executor, model_runner):  # handlers reading the clock themselves
+    for module in (scheduler, engine, executor, model_runner, budget):  # handlers reading the clock themselves
         monkeypatch.setattr(module, "perf_counter", c)
     return c
 

@@ -44,7 +44,7 @@ IDLE, INPUT, SCHEDULE, DISPATCH, TELEMETRY, WAIT_WORKERS, UPDATE, OUTPUT, OTHER 
 class StageClock:
     """Seconds per stage index; ``since`` is None until the first boundary starts the clock."""
 
-    __slots__ = ("names", "spent", "stage", "since", "started", "reported", "spec", "labels", "generation")
+    __slots__ = ("names", "spent", "stage", "since", "started", "reported", "spec", "labels")
 
     def __init__(self, names: tuple[str, ...], spec) -> None:
         self.names = names
@@ -55,7 +55,6 @@ class StageClock:
         self.since: float | None = None
         self.started: float | None = None
         self.labels: dict = {}
-        self.generation = -1
 
     def to(self, stage: int, now: float) -> None:
         """Close the stage in progress at ``now`` and open ``stage``."""
@@ -80,9 +79,6 @@ class StageClock:
         up to ``now``). A reading that raced a boundary in the loop's thread is caught up later."""
         if self.since is None:
             return
-        if self.generation != recording.generation():  # a new pipeline (fork, reset): start counting again
-            self.generation = recording.generation()
-            self.reported = [0.0] * len(self.names)
         totals = self.totals(perf_counter() if now is None else now)
         for index, value in enumerate(totals):
             gained = value - self.reported[index]
@@ -133,4 +129,12 @@ class _Budget:
     name = "stage budget"
 
 
+def _restart(new_pipeline) -> None:
+    """The pipeline was reset (after its final export) or this is a forked child: the seconds so far
+    were the old pipeline's; the clock starts again at the next boundary."""
+    if new_pipeline is None:
+        ENGINE.reset()
+
+
 recording.pipeline.before_collect_hooks.append(_flush_engine)
+recording.pipeline._on_new_pipeline.append(_restart)
