@@ -102,8 +102,10 @@ def run(tmp_path_factory):
         seen["second"] = [server.complete(p, max_tokens=MAX_TOKENS) for p in PROMPTS]
         seen["after_second"] = settle(
             server,
-            lambda t: value(t, P + "kv_transfer:count_total", direction="h2d") > 0
-            and value(t, "vllm:request_success_total") >= 2 * len(PROMPTS),
+            lambda t: (
+                value(t, P + "kv_transfer:count_total", direction="h2d") > 0
+                and value(t, "vllm:request_success_total") >= 2 * len(PROMPTS)
+            ),
         )
         seen["files_second"] = files_of(storage)
     with open(log, errors="replace") as f:
@@ -125,7 +127,9 @@ def test_stores_are_the_payload_of_the_files_written(run):
     assert value(run["after_first"], P + "kv_transfer:bytes_total", direction="d2h", phase="prefill") == stored
     # No load for prompts never seen.
     assert value(run["after_first"], P + "kv_transfer:bytes_total", direction="h2d") == 0
-    assert value(run["after_first"], P + "kv_transfer:duration_count", direction="d2h") == len(files)  # a layer of a step
+    assert value(run["after_first"], P + "kv_transfer:duration_count", direction="d2h") == len(
+        files
+    )  # a layer of a step
     # ExampleConnector copies synchronously: the blocked time is the transfer time.
     assert value(run["after_first"], P + "kv_transfer:blocking:duration_sum", direction="d2h") == pytest.approx(
         value(run["after_first"], P + "kv_transfer:duration_sum", direction="d2h")
