@@ -15,7 +15,7 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import M
-from ..context import LAST_STEP_PHASE
+from ..context import LAST_STEP_PHASE, UNKNOWN
 from ..hooks.handler import Handler
 
 _BYTES = M["kv_transfer:bytes"]
@@ -159,3 +159,137 @@ def kv_writes(tokens: int, labels: tuple, _per_token=BYTES_PER_TOKEN) -> None:
     per_token = _per_token[0]
     if per_token and tokens:
         recording.add(_WRITES, tokens * per_token, labels)
+
+
+# -- OffloadingConnector ----------------------------------------------------------------------------------
+
+#: job id → phase of the worker step that queued it (a store: ``prepare_store_kv``, submitted a step
+#: later; a load: ``start_kv_transfers``); taken when the job completes. Bounded: jobs that never
+#: complete here (another worker's, a shutdown) are dropped with the oldest.
+JOB_PHASES: dict = {}
+_MAX_JOBS = 65536
+_OFFLOADING = "OffloadingConnector"
+
+
+def _keep(jobs, phase: str) -> None:
+    if len(JOB_PHASES) > _MAX_JOBS:
+        JOB_PHASES.clear()
+    for job_id in jobs:
+        JOB_PHASES[job_id] = phase
+
+
+class OffloadingPrepareStore(Handler):
+    """``OffloadingConnectorWorker.prepare_store_kv(metadata)``: the step's store jobs (d2h), queued
+    now and submitted at the next step's ``start_kv_transfers``, keep this step's phase. Workers
+    that do not write (``_is_store_writer`` false) complete them at once, with no transfer."""
+
+    name = "OffloadingConnectorWorker.prepare_store_kv"
+    reads_args = 2  # self, metadata
+
+    def after(self, state, args, kwargs, result):
+        if args[1].store_jobs and getattr(args[0], "_is_store_writer", True):
+            _keep(args[1].store_jobs, LAST_STEP_PHASE[0])
+
+
+class OffloadingStartTransfers(Handler):
+    """``OffloadingConnectorWorker.start_kv_transfers(metadata)``: the step's load jobs (h2d) keep
+    this step's phase; the host time of the submissions (stores deferred from the previous step, then
+    this step's loads) is time the step is blocked."""
+
+    name = "OffloadingConnectorWorker.start_kv_transfers"
+    reads_args = 2  # self, metadata
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        seconds = perf_counter() - start
+        if args[1].load_jobs:
+            _keep(args[1].load_jobs, LAST_STEP_PHASE[0])
+            recording.record(_BLOCKING, seconds, labels_of(LAST_STEP_PHASE[0], "h2d", _OFFLOADING))
+
+
+class OffloadingGetFinished(Handler):
+    """``OffloadingConnectorWorker.get_finished`` (vLLM 0.32+): the jobs it completed and the sizes
+    and device times vLLM itself recorded for them (``transfer_stats.load`` / ``.store`` of the
+    worker's ``OffloadingWorkerMetadata``, the numbers behind ``vllm:kv_offload_*``): one transfer per
+    job, its bytes labelled with the phase of the step that queued it. The poll's time per direction is
+    one duration observation (split by bytes when jobs of several phases completed in one poll)."""
+
+    name = "OffloadingConnectorWorker.get_finished"
+    reads_args = 1  # self
+
+    def before(self, args, kwargs):
+        worker = args[0]
+        meta = worker._connector_worker_meta
+        stats = meta.transfer_stats
+        loads = set(worker._load_jobs) if worker._load_jobs else ()
+        load, store = stats.load, stats.store
+        return meta, len(meta.completed_jobs), loads, len(load.sizes), load.time, len(store.sizes), store.time
+
+    def after(self, state, args, kwargs, result):
+        meta, seen, loads, load_n, load_t, store_n, store_t = state
+        if len(meta.completed_jobs) == seen:
+            return
+        jobs = list(meta.completed_jobs)[seen:]
+        stats = meta.transfer_stats
+        for direction, direction_stats, n, t, these in (
+            ("h2d", stats.load, load_n, load_t, [j for j in jobs if j in loads]),
+            ("d2h", stats.store, store_n, store_t, [j for j in jobs if j not in loads]),
+        ):
+            phases = [JOB_PHASES.pop(j, UNKNOWN) for j in these]
+            sizes = direction_stats.sizes[n:]
+            if not sizes:
+                continue
+            if len(sizes) != len(phases):  # some jobs reported no size: their phases cannot be paired
+                phases = [UNKNOWN] * len(sizes)
+            _record_poll(direction, sizes, phases, direction_stats.time - t)
+
+
+def _record_poll(direction: str, sizes: list, phases: list, seconds: float) -> None:
+    by_phase: dict = {}
+    for size, phase in zip(sizes, phases):
+        entry = by_phase.get(phase)
+        if entry is None:
+            by_phase[phase] = [size, 1]
+        else:
+            entry[0] += size
+            entry[1] += 1
+    total = sum(sizes) or 1
+    for phase, (nbytes, count) in by_phase.items():
+        share = seconds if len(by_phase) == 1 else seconds * nbytes / total
+        record_transfer(direction, _OFFLOADING, int(nbytes), count, share, phase=phase)
+
+
+class OffloadingTransferAsync(Handler):
+    """vLLM 0.23 ``OffloadingWorker.transfer_async(job_id, spec)``: the job keeps the phase of the step
+    that submits it (0.23 too defers a store to the next step's ``start_kv_transfers``: a store's phase
+    is that of the step after the one that produced its KV)."""
+
+    name = "OffloadingWorker.transfer_async"
+    reads_args = 2  # self, job_id
+
+    def after(self, state, args, kwargs, result):
+        _keep((args[1],), LAST_STEP_PHASE[0])
+
+
+#: Media the KV cache lives in (vLLM's GPU, vllm-ascend's NPU): a transfer into one of them is a load.
+_DEVICE_MEDIA = ("GPU", "NPU")
+
+
+class OffloadingWorkerGetFinished(Handler):
+    """vLLM 0.23 ``OffloadingWorker.get_finished()``: each TransferResult with a size: h2d when its
+    ``transfer_type`` ends in a device medium (GPU, NPU), d2h when it starts in one."""
+
+    name = "OffloadingWorker.get_finished"
+    reads_args = 0
+
+    def after(self, state, args, kwargs, result):
+        for r in result or ():
+            phase = JOB_PHASES.pop(r.job_id, UNKNOWN)
+            size = r.transfer_size
+            kind = r.transfer_type
+            if size is None or kind is None:
+                continue
+            direction = "h2d" if kind[1] in _DEVICE_MEDIA else "d2h" if kind[0] in _DEVICE_MEDIA else "remote"
+            record_transfer(direction, _OFFLOADING, size, 1, r.transfer_time, phase=phase)

@@ -495,6 +495,37 @@ TARGETS: tuple[Target, ...] = (
             ("start_load_kv", "ExampleStartLoadKv", ("forward_context",)),
         )
     ),
+    *(
+        Target(
+            "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",
+            f"OffloadingConnectorWorker.{method}",
+            SYNC,
+            f"kv_transfer:{handler}",
+            vllm=">=0.32.0",  # vLLM 0.23: OffloadingWorker rows below
+            feeds=_KV_TRANSFER_FEEDS,
+            params=params,
+        )
+        for method, handler, params in (
+            ("prepare_store_kv", "OffloadingPrepareStore", ("metadata",)),
+            ("start_kv_transfers", "OffloadingStartTransfers", ("metadata",)),
+            ("get_finished", "OffloadingGetFinished", ()),
+        )
+    ),
+    *(
+        Target(
+            "vllm.v1.kv_offload.worker.worker",
+            f"OffloadingWorker.{method}",
+            SYNC,
+            f"kv_transfer:{handler}",
+            vllm="<0.32.0",
+            feeds=_KV_TRANSFER_FEEDS,
+            params=params,
+        )
+        for method, handler, params in (
+            ("transfer_async", "OffloadingTransferAsync", ("job_id",)),
+            ("get_finished", "OffloadingWorkerGetFinished", ()),
+        )
+    ),
     Target(
         _SCHED,
         "Scheduler.__init__",
