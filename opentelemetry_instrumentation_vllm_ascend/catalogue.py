@@ -837,7 +837,16 @@ KV_DIRECTIONS = ("h2d", "d2h", "remote")
 #: ``stage`` values of ``engine_core:stage_seconds`` (handlers/budget.py says where each begins and ends).
 ENGINE_STAGES = ("idle", "input", "schedule", "dispatch", "telemetry", "wait_workers", "update", "output", "other")
 _EXAMPLE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector:ExampleConnector"
-_KV_HOOKS = (_EXAMPLE + ".save_kv_layer", _EXAMPLE + ".start_load_kv")
+_OFFLOAD_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker:OffloadingConnectorWorker"
+_KV_HOOKS = (
+    _EXAMPLE + ".save_kv_layer",
+    _EXAMPLE + ".start_load_kv",
+    _OFFLOAD_WORKER + ".prepare_store_kv",
+    _OFFLOAD_WORKER + ".start_kv_transfers",
+    _OFFLOAD_WORKER + ".get_finished",
+    "vllm.v1.kv_offload.worker.worker:OffloadingWorker.transfer_async (vLLM 0.23)",
+    "vllm.v1.kv_offload.worker.worker:OffloadingWorker.get_finished (vLLM 0.23)",
+)
 _KV_CONNECTORS = (
     " connector: the connector's class name. phase: the phase of the worker step that submitted the transfer."
 )
@@ -849,7 +858,8 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "Bytes of KV cache moved by a KV connector, by direction (h2d: loaded into the KV cache, d2h: stored "
         "out of it, remote: to or from another node). ExampleConnector: per layer and request, the tokens of "
         "its slot mapping times the layer's bytes per token (the tensor payload of the safetensors file it "
-        "writes or reads)." + _KV_CONNECTORS,
+        "writes or reads). OffloadingConnector: each completed job's transfer_size (what "
+        "vllm:kv_offload_{load,store}_bytes count)." + _KV_CONNECTORS,
         _W,
         _KV_HOOKS,
         labels=_KV_LABELS,
@@ -857,7 +867,8 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
     _counter(
         "kv_transfer:count",
         "{transfer}",
-        "KV transfers, by direction: ExampleConnector: one per file written or read (a request's layer)."
+        "KV transfers, by direction: ExampleConnector: one per file written or read (a request's layer); "
+        "OffloadingConnector: one per completed job (as vllm:kv_offload_{load,store}_size counts them)."
         + _KV_CONNECTORS,
         _W,
         _KV_HOOKS,
@@ -866,8 +877,10 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
     _timer(
         "kv_transfer:duration",
         "Duration of the KV transfers of one connector call, by direction. ExampleConnector: wall time of "
-        "save_kv_layer (the layer's stores) or start_load_kv (the step's loads), which copy synchronously."
-        + _KV_CONNECTORS,
+        "save_kv_layer (the layer's stores) or start_load_kv (the step's loads), which copy synchronously. "
+        "OffloadingConnector: the transfer time its worker reports (device time on vLLM's CUDA/XPU worker) of "
+        "the jobs one get_finished poll completed, one observation per poll and direction (split by bytes "
+        "between phases); vLLM 0.23: per job." + _KV_CONNECTORS,
         _W,
         _KV_HOOKS,
         FINE_SECONDS,
@@ -876,8 +889,9 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
     _timer(
         "kv_transfer:blocking:duration",
         "Host time the worker step spent blocked in a connector's transfer calls, by direction: "
-        "ExampleConnector's save_kv_layer and start_load_kv are synchronous, so all of their time blocks."
-        + _KV_CONNECTORS,
+        "ExampleConnector's save_kv_layer and start_load_kv are synchronous, so all of their time blocks; "
+        "OffloadingConnector (vLLM 0.32+): start_kv_transfers, which submits the step's loads (h2d) and the "
+        "stores deferred from the previous step, in steps that load." + _KV_CONNECTORS,
         _W,
         _KV_HOOKS,
         FINE_SECONDS,
