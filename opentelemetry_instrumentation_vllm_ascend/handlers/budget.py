@@ -94,7 +94,12 @@ class StageClock:
         return labels
 
     def reset(self) -> None:
-        self.__init__(self.names, self.spec)
+        self.spent = [0.0] * len(self.names)
+        self.reported = [0.0] * len(self.names)
+        self.stage = len(self.names) - 1
+        self.since = None
+        self.started = None
+        self.labels = {}
 
 
 #: The EngineCore busy loop's clock (one loop per EngineCore process).
