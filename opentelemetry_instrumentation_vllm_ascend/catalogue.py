@@ -836,6 +836,8 @@ _KV_LABELS = STEP_LABELS + ("direction", "connector")
 KV_DIRECTIONS = ("h2d", "d2h", "remote")
 #: ``stage`` values of ``engine_core:stage_seconds`` (handlers/budget.py says where each begins and ends).
 ENGINE_STAGES = ("idle", "input", "schedule", "dispatch", "telemetry", "wait_workers", "update", "output", "other")
+#: ``stage`` values of ``api_server:output_loop_stage_seconds``.
+API_STAGES = ("wait_engine", "process", "other")
 _EXAMPLE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector:ExampleConnector"
 _OFFLOAD_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker:OffloadingConnectorWorker"
 _KV_HOOKS = (
@@ -925,6 +927,25 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
             _SCHED + ".get_grammar_bitmask",
             _SCHED + ".update_from_output",
             _CORE + ":EngineCoreProc._process_engine_step",
+        ),
+    ),
+)
+KV_TRANSFER_CATALOGUE += (
+    MetricSpec(
+        seed="api_server:output_loop_stage_seconds",
+        kind=COUNTER,
+        unit="s",
+        description="Exclusive time budget of the API server's output loop (AsyncLLM's output handler): "
+        "wait_engine (awaiting AsyncMPClient.get_output_async: the engine's next outputs, while other "
+        "coroutines run), process (OutputProcessor.process_outputs, the same clock readings as "
+        "output_processor_duration), other (the rest of the loop: stat logging, aborts, yields between "
+        "chunks). Their sum is the loop's wall time since it started; the stage in progress counts up to "
+        "each collection.",
+        labels=("dp", "role", "stage"),
+        recorded_in=_API,
+        hooked=(
+            "vllm.v1.engine.core_client:AsyncMPClient.get_output_async",
+            "vllm.v1.engine.output_processor:OutputProcessor.process_outputs",
         ),
     ),
 )

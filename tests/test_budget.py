@@ -183,3 +183,43 @@ def test_a_disabled_budget_costs_no_boundary(monkeypatch):
     assert budget.boundary(budget.ENGINE) is budget._off
     monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "kv_transfer:*")
     assert budget.boundary(budget.ENGINE) == budget.ENGINE.to
+
+
+def test_the_output_loops_stages_sum_to_its_wall_time(metrics, monkeypatch):
+    """vLLM's output handler, in short: await the engine's outputs, process them, the rest (stat
+    logging, yields) — through the real hooks of get_output_async and process_outputs."""
+    import asyncio
+
+    from opentelemetry_instrumentation_vllm_ascend.handlers import api
+    from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE
+
+    clock = Clock()
+    for module in (api, budget):
+        monkeypatch.setattr(module, "perf_counter", clock)
+    budget.API.reset()
+
+    async def get_output_async(self):
+        clock.t += 0.5
+        return NS(engine_index=0, outputs=[])
+
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
+        clock.t += 0.25
+
+    get = wrap(get_output_async, api.GetOutput(), COROUTINE)[0]
+    process = wrap(process_outputs, api.ProcessOutputs(), SYNC)[0]
+
+    async def loop():
+        for _ in range(2):
+            outputs = await get(None)
+            process(None, outputs.outputs, None, None)
+            clock.t += 0.125  # stat logging, yielding
+
+    start = clock.t
+    asyncio.run(loop())
+    wall = clock.t - start
+    recording.flush()
+    name = catalogue.PREFIX + "api_server:output_loop_stage_seconds"
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[name].items()}
+    assert got == {"wait_engine": 1.0, "process": 0.5, "other": 0.25}
+    assert sum(got.values()) == wall
+    budget.API.reset()

@@ -181,3 +181,14 @@ def test_the_schedule_stage_is_the_schedulers_own_duration(run):
     print("engine_core:stage_seconds", json.dumps(seconds))  # shown with -s: docs/time-budget.md's example
     stages = set(seconds)
     assert {"idle", "input", "schedule", "dispatch", "wait_workers", "update", "output", "other"} <= stages
+
+
+def test_the_output_loops_process_stage_is_the_output_processors_own_duration(run):
+    text = run["after_second"]
+    stage = P + "api_server:output_loop_stage_seconds_total"
+    process = value(text, stage, stage="process")
+    assert process > 0
+    assert process == pytest.approx(value(text, P + "output_processor_duration_sum"), rel=0.01)
+    seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == stage}
+    print("api_server:output_loop_stage_seconds", json.dumps(seconds))
+    assert set(seconds) == {"wait_engine", "process", "other"}

@@ -36,9 +36,10 @@ from __future__ import annotations
 from time import perf_counter
 
 from .. import context, environment, recording
-from ..catalogue import ENGINE_STAGES, M
+from ..catalogue import API_STAGES, ENGINE_STAGES, M
 
 IDLE, INPUT, SCHEDULE, DISPATCH, TELEMETRY, WAIT_WORKERS, UPDATE, OUTPUT, OTHER = range(len(ENGINE_STAGES))
+WAIT_ENGINE, PROCESS, API_OTHER = range(len(API_STAGES))
 
 
 class StageClock:
@@ -119,11 +120,17 @@ def boundary(clock: StageClock):
 
 
 ENGINE_TO = boundary(ENGINE)
+#: The API server's output loop (``catalogue.API_STAGES``): ``AsyncMPClient.get_output_async`` is
+#: ``wait_engine``, ``OutputProcessor.process_outputs`` is ``process``, the rest ``other``.
+API = StageClock(API_STAGES, M["api_server:output_loop_stage_seconds"])
+API_TO = boundary(API)
+CLOCKS = (ENGINE, API)
 
 
 def _flush_engine() -> None:
     try:
-        ENGINE.flush()
+        for clock in CLOCKS:
+            clock.flush()
     except Exception:
         from ..hooks.handler import report
 
@@ -138,7 +145,8 @@ def _restart(new_pipeline) -> None:
     """The pipeline was reset (after its final export) or this is a forked child: the seconds so far
     were the old pipeline's; the clock starts again at the next boundary."""
     if new_pipeline is None:
-        ENGINE.reset()
+        for clock in CLOCKS:
+            clock.reset()
 
 
 recording.pipeline.before_collect_hooks.append(_flush_engine)

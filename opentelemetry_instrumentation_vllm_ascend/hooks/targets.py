@@ -120,7 +120,7 @@ TARGETS: tuple[Target, ...] = (
         "Scheduler.update_from_output",
         SYNC,
         "scheduler:UpdateFromOutput",
-        feeds=("scheduler:update_from_output:duration",),
+        feeds=("scheduler:update_from_output:duration", "engine_core:stage_seconds"),
         params=("scheduler_output",),
     ),
     Target(
@@ -149,14 +149,14 @@ TARGETS: tuple[Target, ...] = (
         "EngineCoreProc._process_engine_step",
         SYNC_TIMER,
         "engine:ProcessEngineStep",
-        feeds=("engine_core:process_engine_step:duration",),
+        feeds=("engine_core:process_engine_step:duration", "engine_core:stage_seconds"),
     ),
     Target(
         _CORE,
         "EngineCoreProc._process_input_queue",
         SYNC,
         "engine:ProcessInputQueue",
-        feeds=("engine_core:process_input_queue:duration",),
+        feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds"),
     ),
     Target(_CORE, "EngineCoreProc._handle_client_request", SYNC, "engine:HandleClientRequest"),
     # -- executor RPC ---------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ TARGETS: tuple[Target, ...] = (
         "OutputProcessor.process_outputs",
         SYNC,
         "api:ProcessOutputs",
-        feeds=("output_processor_duration", "engine_core_outputs_len"),
+        feeds=("output_processor_duration", "engine_core_outputs_len", "api_server:output_loop_stage_seconds"),
         params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats"),
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
