@@ -729,9 +729,9 @@ BUCKET_SETS.update(
 
 _GENAI_WHEN = (
     " Recorded when vLLM finishes the request (IterationStats.update_from_finished_request): a request the client "
-    "abandoned, which vLLM drops without finishing, is not recorded. gen_ai.operation.name: chat (/v1/chat/completions), "
-    "text_completion (/v1/completions), _OTHER (any other entry point); gen_ai.provider.name: vllm; "
-    "gen_ai.request.model: the served model name (vLLM's model_name label)."
+    "abandoned, which vLLM drops without finishing, is not recorded. gen_ai.operation.name: chat "
+    "(/v1/chat/completions), text_completion (/v1/completions), _OTHER (any other entry point); "
+    "gen_ai.provider.name: vllm; gen_ai.request.model: the served model name (vLLM's model_name label)."
 )
 
 
