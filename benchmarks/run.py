@@ -35,6 +35,7 @@ sys.path.insert(0, HERE)
 import _targets  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers import steps  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import ProfilerScopes  # noqa: E402
@@ -48,6 +49,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (  # noqa: 
     wrap,
 )
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 TIMER = catalogue.MetricSpec(
     seed="bench:step:duration",
@@ -77,7 +79,7 @@ class CountCalls(Handler):
     name = "bench-counter"
 
     def after(self, state, args, kwargs, result):
-        recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels(context.LAST_STEP_PHASE[0]))
+        recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels(STATE.last_step_phase))
 
 
 def scope_module():
@@ -98,7 +100,7 @@ def setup_pipeline():
     os.environ.pop(environment.PROMETHEUS_MULTIPROC_DIR, None)
     pipeline.reset()
     context.set_process("engine_core", "0", "mixed")
-    context.LAST_STEP_PHASE[0] = "decode"
+    STATE.last_step_phase = "decode"
 
 
 # -- A. per call ------------------------------------------------------------------------------------
@@ -163,7 +165,7 @@ def per_call_rows(number, repeat):
         return RpcFuture()
 
     rpc = wrap(rpc_target, CollectiveRpc(), FUTURE)[0]
-    step_output = NS(**{context.PHASE_ATTRIBUTE: "decode"})
+    step_output = NS(**{steps.PHASE_ATTRIBUTE: "decode"})
     rpc_args = (step_output,)
 
     # The same timer measurement straight through the OTel SDK (MeterProvider + the View, 1 reader).
@@ -176,7 +178,7 @@ def per_call_rows(number, repeat):
     def sdk_timer(self, x):
         start = perf_counter()
         r = bare(self, x)
-        sdk_hist.record(perf_counter() - start, {"dp": "0", "role": "mixed", "phase": context.LAST_STEP_PHASE[0]})
+        sdk_hist.record(perf_counter() - start, {"dp": "0", "role": "mixed", "phase": STATE.last_step_phase})
         return r
 
     from prometheus_client import CollectorRegistry, Histogram
@@ -188,7 +190,7 @@ def per_call_rows(number, repeat):
     def prom_timer(self, x):
         start = perf_counter()
         r = bare(self, x)
-        prom.labels("0", "mixed", context.LAST_STEP_PHASE[0]).observe(perf_counter() - start)
+        prom.labels("0", "mixed", STATE.last_step_phase).observe(perf_counter() - start)
         return r
 
     from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
@@ -370,10 +372,10 @@ def classification_rows(repeat):
                 ),
             )
             n = max(10, 20_000 // batch)
-            runs = [r / n * 1e6 for r in timeit.repeat(lambda: context.step_phase(sched, so), number=n, repeat=repeat)]
+            runs = [r / n * 1e6 for r in timeit.repeat(lambda: steps.step_phase(sched, so), number=n, repeat=repeat)]
             rows.append((f"batch {batch}, {label}", runs))
         # A request of this scheduler is still recomputing after a preemption: the exact loop runs.
-        context.mark_recomputing(sched, "recomputing-elsewhere")
+        steps.mark_recomputing(sched, "recomputing-elsewhere")
         so = NS(
             num_scheduled_tokens=dict.fromkeys(ids, 1),
             total_num_scheduled_tokens=batch,
@@ -384,7 +386,7 @@ def classification_rows(repeat):
         )
         sched.requests["recomputing-elsewhere"] = NS(num_computed_tokens=10, num_tokens=600)
         n = max(10, 20_000 // batch)
-        runs = [r / n * 1e6 for r in timeit.repeat(lambda: context.step_phase(sched, so), number=n, repeat=repeat)]
+        runs = [r / n * 1e6 for r in timeit.repeat(lambda: steps.step_phase(sched, so), number=n, repeat=repeat)]
         rows.append((f"batch {batch}, all decode, a preempted request still recomputing (exact loop)", runs))
     return rows
 
@@ -564,10 +566,10 @@ def child_rss(steps):
     phases = ("prefill", "decode", "mixed", "decode")
     out = {"rss_kib": {}}
     for step in range(1, steps + 1):
-        context.LAST_STEP_PHASE[0] = phases[step % 4]
+        STATE.last_step_phase = phases[step % 4]
         for _ in range(8):
             timer(t, 1)
-        labels = context.step_labels(context.LAST_STEP_PHASE[0])
+        labels = context.step_labels(STATE.last_step_phase)
         for i in range(8):
             with scopes._PROFILER_FUNC(f"scope {i}"):
                 pass

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.dependencies import get_dependency_conflicts
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
@@ -43,6 +43,10 @@ from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from . import environment
 from .package import _instruments, _instruments_any
 from .version import __version__
+
+if TYPE_CHECKING:
+    from .hooks.installer import Installer
+    from .recording.metrics_endpoint import Exposition
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +62,8 @@ class VllmAscendInstrumentor(BaseInstrumentor):
     the Views that give metrics their catalogue names.
     """
 
-    _installer = None
-    _exposition = None
+    _installer: Installer | None = None
+    _exposition: Exposition | None = None
     _set_enabled = False
     _replaced_enabled: str | None = None
 

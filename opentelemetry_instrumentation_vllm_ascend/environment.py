@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from .state import STATE
+
 #: The one documented switch. ``true``: instrument every vLLM process (API server, EngineCore, workers)
 #: through the ``vllm.general_plugins`` entry point, even without ``opentelemetry-instrument``.
 #: ``false``: never instrument, whatever else is configured. Unset: the plugin instruments a process
@@ -65,7 +67,7 @@ _FALSE = {"0", "false", "no", "off"}
 
 
 #: (variable, value) pairs already warned about: one log line per bad value, not one per read.
-_WARNED: set = set()
+_WARNED = STATE.warned
 
 
 def warn_once(key: tuple, message: str, *args) -> None:

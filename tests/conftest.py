@@ -1,7 +1,11 @@
+import contextlib
+
 import pytest
+from fakes import fake_utils, patch_clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import context, environment
+from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment, state
+from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 
@@ -34,6 +38,15 @@ class Metrics:
         return series.get(tuple(sorted(attrs.items())))
 
 
+@pytest.fixture(autouse=True)
+def fresh_state():
+    """Every test starts (and leaves) this process's state as a freshly forked child finds it: the same
+    ``state.reset()`` the fork handler runs."""
+    state.reset()
+    yield
+    state.reset()
+
+
 @pytest.fixture
 def metrics(monkeypatch):
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
@@ -42,7 +55,44 @@ def metrics(monkeypatch):
     pipeline.reset(extra_readers=[reader])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
     context.set_process("engine_core", "0", "mixed")
-    context.LAST_STEP_PHASE[0] = context.UNKNOWN
     yield Metrics(reader)
     pipeline.reset()
     context.set_process(*saved)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """perf_counter of the timer wrappers and of the EngineCore / worker handlers that read the clock
+    themselves (a test module may override it for other handlers)."""
+    return patch_clock(monkeypatch, scheduler, engine, executor, model_runner)
+
+
+@pytest.fixture
+def utils():
+    """A stand-in for vllm.v1.utils with the package's profiling-scope factory installed."""
+    module = fake_utils()
+    patch = model_runner.ProfilerScopes().install(module)
+    yield module
+    patch.remove()
+
+
+@contextlib.contextmanager
+def instrumented(monkeypatch, **kwargs):
+    """The package instrumented as vLLM's plugin does it (the real installer patching the real vLLM
+    classes) for the block, uninstrumented after it: the setUp / tearDown of opentelemetry-python-
+    contrib's TestBase. ``kwargs`` go to ``instrument()`` (``metric_readers``)."""
+    monkeypatch.delenv(environment.ENABLED, raising=False)
+    instrumentor = VllmAscendInstrumentor()
+    instrumentor.instrument(**kwargs)
+    try:
+        yield instrumentor
+    finally:
+        instrumentor.uninstrument()
+
+
+@pytest.fixture
+def instrumentation(metrics, monkeypatch):
+    """The package instrumented (``instrumented``) for the test, recording into ``metrics``' in-memory
+    reader. Yields ``metrics``."""
+    with instrumented(monkeypatch):
+        yield metrics

@@ -20,10 +20,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers import (
+    steps,
+)
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import wrap  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 ENGINE_WORK, EXECUTE, TOKENS = 0.025, 0.020, 0.015
 EXEC, SAMPLE = "vllm_profiling_executor:execute_model:duration", "vllm_profiling_executor:sample_tokens:duration"
@@ -33,16 +35,8 @@ PHASES = ("prefill", "decode")
 
 
 @pytest.fixture
-def instrumented(metrics, monkeypatch):
-    monkeypatch.delenv("OTEL_VLLM_ASCEND_ENABLED", raising=False)
-    model_runner.CURRENT[0] = None
-    model_runner._DEVICE[0] = None  # host timeline (CPU)
-    context.EXEC_PHASE[0] = context.UNKNOWN
-    VllmAscendInstrumentor().instrument()
-    yield
-    VllmAscendInstrumentor().uninstrument()
-    model_runner.CURRENT[0] = None
-    model_runner._DEVICE[0] = False
+def instrumented(instrumentation):
+    STATE.device = None  # host timeline (CPU)
 
 
 def row(qualname):
@@ -119,7 +113,7 @@ class Scheduler:
         time.sleep(ENGINE_WORK)
         out = NS(total_num_scheduled_tokens=1 if self.left else 0, pending_structured_output_tokens=False)
         if self.left:
-            setattr(out, context.PHASE_ATTRIBUTE, PHASES[(STEPS - self.left) % 2])
+            setattr(out, steps.PHASE_ATTRIBUTE, PHASES[(STEPS - self.left) % 2])
             self.left -= 1
             self.in_flight += 1
         return out

@@ -16,6 +16,7 @@ from opentelemetry_instrumentation_vllm_ascend.handlers import api
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 pytest.importorskip("vllm")
 
@@ -133,9 +134,9 @@ def test_no_model_name_before_the_async_llm_is_built(reader):
 
 def test_served_model_name_of_a_real_model_config_shape():
     api.set_served_model(NS(model_config=NS(served_model_name=["first", "alias"])))
-    assert api.SERVED_MODEL[0] == "first"
+    assert STATE.served_model == "first"
     api.set_served_model(NS())
-    assert api.SERVED_MODEL[0] is None
+    assert STATE.served_model is None
 
 
 def test_operation_from_vllms_request_id_prefixes():

@@ -4,84 +4,20 @@ import concurrent.futures
 from types import SimpleNamespace as NS
 
 import pytest
+from fakes import FakeExecutor, FakeKV, PlannedScheduler, output, req
 
 from opentelemetry_instrumentation_vllm_ascend import context
+from opentelemetry_instrumentation_vllm_ascend.handlers import steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc, exception_type
 from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, wrap
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 R2W = "vllm_profiling_running_to_waiting_count"
 RECOMPUTE = "vllm_profiling_scheduler:recompute_events"
 ALLOC = "vllm_profiling_block_allocate_failures"
 RPC = "vllm_profiling_rpc_errors"
-
-
-def req(computed, num_tokens, prompt=None, request_id=None):
-    """A request: tokens computed so far, tokens known (prompt + outputs), prompt length."""
-    return NS(
-        num_computed_tokens=computed,
-        num_tokens=num_tokens,
-        request_id=request_id,
-        num_prompt_tokens=num_tokens if prompt is None else prompt,
-    )
-
-
-def output(requests, new=(), cached=(), resumed=()):
-    """A SchedulerOutput-shaped object. ``new``: ids of new requests; ``cached``: (id, scheduled)
-    of cached ones, whose CachedRequestData numbers are taken from ``requests`` *before* the step."""
-    ids = [rid for rid, _ in cached]
-    new = [(n, 1) if isinstance(n, str) else n for n in new]
-    scheduled = dict(new) | dict(cached)
-    return NS(
-        num_scheduled_tokens=scheduled,
-        total_num_scheduled_tokens=sum(scheduled.values()),
-        scheduled_new_reqs=[NS(req_id=rid, num_computed_tokens=0) for rid, _ in new],
-        scheduled_cached_reqs=NS(
-            req_ids=ids,
-            resumed_req_ids=set(resumed),
-            num_computed_tokens=[requests[rid].num_computed_tokens for rid in ids],
-            num_output_tokens=[requests[rid].num_tokens - requests[rid].num_prompt_tokens for rid in ids],
-        ),
-    )
-
-
-class FakeKV:
-    def __init__(self, results):
-        self.results = list(results)
-
-    def allocate_slots(self, request, num_new_tokens, **kw):
-        r = self.results.pop(0)
-        if isinstance(r, Exception):
-            raise r
-        return r
-
-
-class FakeScheduler:
-    """The parts of vllm.v1.core.sched.scheduler.Scheduler the handlers touch."""
-
-    def __init__(self, plan):
-        # plan: list of steps; each: (events, output builder called with self.requests)
-        self.plan = list(plan)
-        self.requests = {}
-        self.kv_cache_manager = FakeKV([])
-
-    def _preempt_request(self, request, timestamp, drop_stale_output=False):
-        request.num_computed_tokens = 0
-
-    def reset_prefix_cache(self, reset_running_requests=False):
-        for r in list(self.requests.values()):
-            self._preempt_request(r, 0.0, drop_stale_output=True)
-        return True
-
-    def schedule(self):
-        events, build = self.plan.pop(0)
-        for kind, arg in events:
-            if kind == "preempt":
-                self._preempt_request(arg, 0.0)
-            elif kind == "alloc":
-                self.kv_cache_manager.allocate_slots(arg, 1)
-        return build(self.requests)
 
 
 def instrumented(scheduler):
@@ -137,11 +73,11 @@ def test_step_phase(new, cached, resumed, recomputing, expected, path):
     one) and the exact per-request loop (forced by an unrelated recomputing request)."""
     sched = Sched(dict(REQUESTS))
     for rid in recomputing:
-        context.mark_recomputing(sched, rid)
+        steps.mark_recomputing(sched, rid)
     if path == "exact":
         sched.requests["other"] = req(3, 20, prompt=10)
-        context.mark_recomputing(sched, "other")
-    assert context.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
+        steps.mark_recomputing(sched, "other")
+    assert steps.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
 
 
 @pytest.mark.parametrize("path", ["fast", "exact"])
@@ -150,29 +86,29 @@ def test_classify_step_splits_requests_and_tokens_by_req_phase(path):
     sched = Sched(dict(REQUESTS))
     if path == "exact":
         sched.requests["other"] = req(3, 20, prompt=10)
-        context.mark_recomputing(sched, "other")
+        steps.mark_recomputing(sched, "other")
     out = output(REQUESTS, [("new", 6)], [("chunk", 4), ("decode", 1), ("spec", 3)])
-    assert context.classify_step(sched, out) == ("mixed", 2, 10, 2, 4)
+    assert steps.classify_step(sched, out) == ("mixed", 2, 10, 2, 4)
     out = output(REQUESTS, [], [("decode", 1), ("spec", 3)])
-    assert context.classify_step(sched, out) == ("decode", 0, 0, 2, 4)
+    assert steps.classify_step(sched, out) == ("decode", 0, 0, 2, 4)
     out = output(REQUESTS, [("new", 6)], [("last_chunk", 2)])
-    assert context.classify_step(sched, out) == ("prefill", 2, 8, 0, 0)
+    assert steps.classify_step(sched, out) == ("prefill", 2, 8, 0, 0)
     if path == "exact":  # a resumed request recomputes: prefill tokens, even though it has outputs
         out = output(REQUESTS, [], [("resumed", 13), ("decode", 1)], ["resumed"])
-        assert context.classify_step(sched, out) == ("mixed", 1, 13, 1, 1)
+        assert steps.classify_step(sched, out) == ("mixed", 1, 13, 1, 1)
 
 
 def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():
     sched = Sched({"r": req(5, 13, prompt=10), "gone": req(0, 4)})
-    context.mark_recomputing(sched, "r")
-    context.mark_recomputing(sched, "gone")
+    steps.mark_recomputing(sched, "r")
+    steps.mark_recomputing(sched, "gone")
     del sched.requests["gone"]
     out = output(sched.requests, cached=[("r", 5)])
-    assert context.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
-    assert context._RECOMPUTING[sched] == {"r"}
+    assert steps.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
+    assert STATE.recomputing[sched] == {"r"}
     sched.requests["r"].num_computed_tokens = 12  # after this step: caught up (12 == 13 - 1)
-    context.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
-    assert context._RECOMPUTING[sched] == set()
+    steps.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
+    assert STATE.recomputing[sched] == set()
 
 
 # -- preemption, recompute, allocation failures ---------------------------------------------
@@ -184,7 +120,7 @@ def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
     decode_req = req(41, 41)
     decoding = lambda requests: output(requests, cached=[("d", 1)])  # noqa: E731
     s = instrumented(
-        FakeScheduler(
+        PlannedScheduler(
             [
                 ([("alloc", victim), ("preempt", victim), ("alloc", fresh), ("preempt", fresh)], decoding),
                 ([], decoding),
@@ -203,11 +139,11 @@ def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
     s.schedule()  # a step with no events adds nothing (and creates no zero series)
     assert metrics.value(R2W, **attrs) == 2
     assert set(metrics.points()[R2W]) == {tuple(sorted(attrs.items()))}
-    assert context.LAST_STEP_PHASE[0] == "decode"
+    assert STATE.last_step_phase == "decode"
 
 
 def test_successful_allocation_is_not_a_failure_and_raise_is(metrics):
-    s = instrumented(FakeScheduler([([("alloc", req(0, 1))], lambda requests: output(requests, cached=[("a", 1)]))]))
+    s = instrumented(PlannedScheduler([([("alloc", req(0, 1))], lambda requests: output(requests, cached=[("a", 1)]))]))
     s.requests["a"] = req(1, 1)
     s.kv_cache_manager.results = [object()]
     s.schedule()
@@ -220,7 +156,7 @@ def test_successful_allocation_is_not_a_failure_and_raise_is(metrics):
 
 
 def test_reset_prefix_cache_preemptions_are_not_counted(metrics):
-    s = instrumented(FakeScheduler([]))
+    s = instrumented(PlannedScheduler([]))
     s.requests = {"a": req(5, 6), "b": req(7, 8)}
     assert s.reset_prefix_cache(reset_running_requests=True) is True
     assert metrics.points().get(R2W) is None
@@ -231,7 +167,7 @@ def test_reset_prefix_cache_preemptions_are_not_counted(metrics):
 
 
 def test_schedule_that_raises_still_records_its_events(metrics):
-    class Exploding(FakeScheduler):
+    class Exploding(PlannedScheduler):
         def schedule(self):
             self._preempt_request(req(3, 4), 0.0)
             raise RuntimeError("scheduler bug")
@@ -240,7 +176,7 @@ def test_schedule_that_raises_still_records_its_events(metrics):
     with pytest.raises(RuntimeError, match="scheduler bug"):
         s.schedule()
     assert metrics.value(R2W, dp="0", role="mixed", phase="unknown") == 1
-    assert context.CURRENT_STEP.get() is None
+    assert steps.CURRENT_STEP.get() is None
 
 
 # -- RPC errors -------------------------------------------------------------------------------
@@ -263,27 +199,10 @@ def test_exception_type_is_bounded(exc, label):
     assert exception_type(exc) == label
 
 
-class FakeExecutor:
-    def __init__(self):
-        self.calls = 0
-        self.futures = []
-
-    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, non_block=False, unique_reply_rank=None):
-        self.calls += 1
-        if method == "dead":
-            raise RuntimeError("Executor failed.")
-        f = concurrent.futures.Future()
-        self.futures.append(f)
-        if non_block:
-            return f
-        f.set_exception(TimeoutError(f"RPC call to {method} timed out."))
-        return f.result()
-
-
 def test_rpc_errors_blocking_and_through_the_future(metrics):
-    ex = FakeExecutor()
+    ex = FakeExecutor(times_out={"get_kv_cache_spec"})
     rpc = wrap(FakeExecutor.collective_rpc, CollectiveRpc(), FUTURE)[0]
-    context.LAST_STEP_PHASE[0] = "prefill"
+    STATE.last_step_phase = "prefill"
 
     fut = rpc(ex, "execute_model", args=("so",), non_block=True)
     assert metrics.points().get("vllm_profiling_rpc_errors") is None  # nothing failed yet

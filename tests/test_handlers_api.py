@@ -5,10 +5,11 @@ import asyncio
 from types import SimpleNamespace as NS
 
 import pytest
+from fakes import patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, targets
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE,
@@ -35,22 +36,9 @@ def counts(bounds, **hits):
     return tuple(out)
 
 
-class Clock:
-    """perf_counter stand-in: the fakes below advance it by exact binary fractions."""
-
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
-
-
 @pytest.fixture
 def clock(monkeypatch):
-    c = Clock()
-    monkeypatch.setattr(codegen, "perf_counter", c)  # timer kinds: bound at wrap time
-    monkeypatch.setattr(api, "perf_counter", c)  # handlers that read the clock themselves
-    return c
+    return patch_clock(monkeypatch, api)  # the API handlers read the clock themselves
 
 
 @pytest.fixture
@@ -556,13 +544,10 @@ def test_output_loop_values_carry_the_engine_whose_outputs_are_processed(metrics
             outputs = await client.get_output_async()
             processor.process_outputs(outputs.outputs, 1.0, None)
 
-    try:
-        asyncio.run(loop())
-        series = metrics.points()["vllm_profiling_engine_core_outputs_len"]
-        by_engine = {dict(k)["engine"]: (dict(k)["dp"], v[0], v[1]) for k, v in series.items()}
-        assert by_engine == {"1": ("1", 1, 3), "0": ("0", 1, 1)}
-    finally:
-        api_handlers.CURRENT_ENGINE[0] = None
+    asyncio.run(loop())
+    series = metrics.points()["vllm_profiling_engine_core_outputs_len"]
+    by_engine = {dict(k)["engine"]: (dict(k)["dp"], v[0], v[1]) for k, v in series.items()}
+    assert by_engine == {"1": ("1", 1, 3), "0": ("0", 1, 1)}
 
 
 def test_a_slow_multi_token_output_counts_once(api_process, clock):

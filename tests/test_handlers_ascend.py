@@ -10,10 +10,11 @@ import pytest
 from test_handlers import output, req
 
 from opentelemetry_instrumentation_vllm_ascend import context, recording
-from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, memory, model_runner
+from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, memory, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 
 class AscendAttentionState(enum.Enum):  # vllm_ascend.attention.attention_v1
@@ -22,14 +23,6 @@ class AscendAttentionState(enum.Enum):  # vllm_ascend.attention.attention_v1
     DecodeOnly = 2
     ChunkedPrefill = 3
     SpecDecoding = 4
-
-
-@pytest.fixture(autouse=True)
-def _reset():
-    model_runner.CURRENT[0] = None
-    memory._captured.clear()
-    yield
-    model_runner.CURRENT[0] = None
 
 
 def npu_runner(attn_state):
@@ -76,7 +69,7 @@ def test_npu_step_phase_from_attn_state_when_the_output_carries_none(metrics, st
 
 def test_npu_step_phase_carried_by_the_output_wins(metrics):
     runner = npu_runner(AscendAttentionState.ChunkedPrefill)
-    out = NS(**{context.PHASE_ATTRIBUTE: "prefill"})  # exact, from the EngineCore: a chunked prefill
+    out = NS(**{steps.PHASE_ATTRIBUTE: "prefill"})  # exact, from the EngineCore: a chunked prefill
     runner.execute_model(out)
     runner.sample_tokens(None)
     assert (
@@ -227,8 +220,8 @@ def test_device_utilization_is_observed_at_collection_and_absent_without_a_devic
         utilization=lambda index: calls.append(index) or next(readings),
     )
     monkeypatch.setitem(sys.modules, "torch", NS(npu=npu, cuda=None))
-    monkeypatch.setattr(recording, "_observers", [])
-    monkeypatch.setattr(memory, "_observing", [False])
+    monkeypatch.setattr(STATE, "observers", [])
+    monkeypatch.setattr(STATE, "utilization_observed", False)
     memory.observe_utilization()
     memory.observe_utilization()  # once per process
     key = (("device", "1"), ("dp", "0"), ("phase", "all"), ("role", "mixed"))
@@ -254,7 +247,7 @@ def test_observable_gauges_work_with_both_recorders(monkeypatch, recorder):
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(environment.RECORDER, recorder)
-    monkeypatch.setattr(recording, "_observers", [])
+    monkeypatch.setattr(STATE, "observers", [])
     context.set_process("worker", "0", "mixed")
     readings = iter([12.0, 34.0, 56.0])
     key = (("device", "7"), ("dp", "0"), ("phase", "all"), ("role", "mixed"))

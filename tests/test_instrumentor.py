@@ -250,7 +250,6 @@ def test_unrecognised_enabled_value_is_one_warning_and_counts_as_unset(clean_env
     the children are told to instrument (the variable says true while instrumented) — with one warning
     naming the accepted values, and uninstrument() puts the operator's value back."""
     monkeypatch.setenv(environment.ENABLED, value)
-    environment._WARNED.clear()
     inst = VllmAscendInstrumentor()
     with caplog.at_level(logging.WARNING):
         inst.instrument()
@@ -268,7 +267,6 @@ def test_unrecognised_enabled_value_is_one_warning_and_counts_as_unset(clean_env
 
 def test_unrecognised_prometheus_value_is_one_warning_and_keeps_the_default(monkeypatch, caplog):
     monkeypatch.setenv(environment.PROMETHEUS, "bogus")
-    environment._WARNED.clear()
     with caplog.at_level(logging.WARNING):
         assert environment.prometheus_enabled() is True
         assert environment.prometheus_enabled() is True

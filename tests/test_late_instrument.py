@@ -11,6 +11,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers import steps
 
 SCOPES = "vllm_profiling_record_function_or_nullcontext"
 
@@ -84,7 +85,7 @@ def test_scopes_and_step_timers_are_measured_when_instrumenting_late(model, monk
         context.set_process("engine_core", "0", "mixed")
         output = scheduler.schedule()  # r0: 40 tokens, r1: its first 24 (the budget is 64)
         assert output.total_num_scheduled_tokens == 64
-        assert getattr(output, context.PHASE_ATTRIBUTE) == "prefill"
+        assert getattr(output, steps.PHASE_ATTRIBUTE) == "prefill"
         from vllm.v1.outputs import ModelRunnerOutput
 
         # r0 finished its prompt and sampled a token; r1 is mid-prompt.

@@ -25,6 +25,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.handler import RowParams
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import Installer
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE_TIMER, SYNC, SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "opentelemetry_instrumentation_vllm_ascend"
@@ -235,7 +236,7 @@ def recipe(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
     context.set_process("engine_core", "0", "mixed")
-    context.LAST_STEP_PHASE[0] = "decode"
+    STATE.last_step_phase = "decode"
     installers = []
 
     def install(specs, rows):

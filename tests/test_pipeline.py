@@ -131,7 +131,6 @@ def test_intervals_are_clamped_to_a_documented_range(monkeypatch, caplog, raw, e
     """Above threading.TIMEOUT_MAX (~9.2e12 ms here) the SDK's reader thread died with an OverflowError and
     nothing was ever exported; 0 or a negative value made its constructor raise."""
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, raw)
-    environment._WARNED.clear()
     with caplog.at_level("WARNING"):
         assert environment.interval_ms(environment.PROMETHEUS_INTERVAL_MS, 2000) == expected
         assert environment.interval_ms(environment.PROMETHEUS_INTERVAL_MS, 2000) == expected

@@ -17,6 +17,7 @@ from opentelemetry_instrumentation_vllm_ascend.handlers import memory
 from opentelemetry_instrumentation_vllm_ascend.handlers.process import WorkerInit
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 WORKER_STEP = M["executor:model_runner_execute_model:duration"]
 SCOPES = M["record_function_or_nullcontext"]
@@ -28,7 +29,7 @@ def recorder(request, monkeypatch):
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(environment.RECORDER, request.param)
-    monkeypatch.setattr(recording, "_observers", [])
+    monkeypatch.setattr(STATE, "observers", [])
     reader = InMemoryMetricReader()
     pipeline.reset(extra_readers=[reader])
     yield Metrics(reader)

@@ -7,10 +7,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conftest import Metrics  # noqa: E402
+from conftest import Metrics, instrumented  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, catalogue, context, environment  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap  # noqa: E402
@@ -33,15 +33,12 @@ def metrics(monkeypatch):
     ):
         monkeypatch.delenv(name, raising=False)
     reader = InMemoryMetricReader()
-    instrumentor = VllmAscendInstrumentor()
-    instrumentor.instrument(metric_readers=[reader])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.set_process("engine_core", "0", "mixed")
-    scheduler_handlers._BLOCKED.clear()
     try:
-        yield Metrics(reader)
+        with instrumented(monkeypatch, metric_readers=[reader]):
+            context.set_process("engine_core", "0", "mixed")
+            yield Metrics(reader)
     finally:
-        instrumentor.uninstrument()
         context.set_process(*saved)
 
 

@@ -153,7 +153,6 @@ def test_shutdown_timeout_setting(monkeypatch, raw, expected, caplog):
         monkeypatch.delenv(environment.SHUTDOWN_TIMEOUT_MS, raising=False)
     else:
         monkeypatch.setenv(environment.SHUTDOWN_TIMEOUT_MS, raw)
-    environment._WARNED.clear()
     assert environment.shutdown_timeout_ms() == expected
     assert environment.shutdown_timeout_ms() == expected
     warnings = [r for r in caplog.records if environment.SHUTDOWN_TIMEOUT_MS in r.getMessage()]

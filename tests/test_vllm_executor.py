@@ -5,10 +5,11 @@ when vLLM reads the reply, are counted once; blocking failures too."""
 from collections import deque
 
 import pytest
+from conftest import instrumented
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 RPC = "vllm_profiling_rpc_errors"
 
@@ -36,14 +37,12 @@ class Replies:
 
 @pytest.fixture
 def executor_cls(metrics, monkeypatch):
-    monkeypatch.delenv("OTEL_VLLM_ASCEND_ENABLED", raising=False)
     from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
     original = MultiprocExecutor.__dict__["collective_rpc"]
-    VllmAscendInstrumentor().instrument()
-    assert MultiprocExecutor.__dict__["collective_rpc"] is not original
-    yield MultiprocExecutor
-    VllmAscendInstrumentor().uninstrument()
+    with instrumented(monkeypatch):
+        assert MultiprocExecutor.__dict__["collective_rpc"] is not original
+        yield MultiprocExecutor
     assert MultiprocExecutor.__dict__["collective_rpc"] is original
 
 
@@ -63,7 +62,7 @@ def test_non_blocking_failures_are_counted_when_the_reply_is_read(executor_cls, 
 
     ok, failure = WorkerProc.ResponseStatus.SUCCESS, WorkerProc.ResponseStatus.FAILURE
     ex = fake_executor([(failure, "CUDA error: out of memory"), (ok, "sampled"), TimeoutError("dequeue")])
-    context.LAST_STEP_PHASE[0] = "decode"
+    STATE.last_step_phase = "decode"
 
     f1 = ex.collective_rpc("execute_model", args=("so",), non_block=True, unique_reply_rank=0)
     f2 = ex.collective_rpc("sample_tokens", args=("go",), non_block=True, unique_reply_rank=0)
@@ -96,7 +95,7 @@ def test_uniproc_in_process_failure_through_the_future(executor_cls, metrics):
 
     ex = UniProcExecutor.__new__(UniProcExecutor)
     ex.driver_worker = Worker()
-    context.LAST_STEP_PHASE[0] = "prefill"
+    STATE.last_step_phase = "prefill"
     future = ex.collective_rpc("execute_model", args=("so",), non_block=True, single_value=True)
     with pytest.raises(RuntimeError, match="NPU out of memory"):
         future.result()

@@ -8,7 +8,6 @@ import logging
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend.hooks import futures, patches, wrappers
-from opentelemetry_instrumentation_vllm_ascend.hooks import handler as handler_protocol
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR, COROUTINE, FUTURE, SYNC
 
@@ -62,13 +61,6 @@ def make_sync(fail):
         return x + y
 
     return t, original
-
-
-@pytest.fixture(autouse=True)
-def _reset_reported():
-    handler_protocol._reported.clear()
-    yield
-    handler_protocol._reported.clear()
 
 
 @pytest.mark.parametrize("where", WHERE)

@@ -28,9 +28,9 @@ def _buckets(spec: catalogue.MetricSpec) -> str:
     if spec.kind != catalogue.HISTOGRAM:
         return "-"
     for name, bounds in BUCKET_SETS.items():
-        if tuple(spec.buckets) == tuple(bounds):
+        if tuple(spec.buckets or ()) == tuple(bounds):
             return name
-    return ", ".join(f"{b:g}" for b in spec.buckets)
+    return ", ".join(f"{b:g}" for b in spec.buckets or ())
 
 
 def render_metrics_md() -> str:

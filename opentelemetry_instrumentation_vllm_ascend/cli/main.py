@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         for m in metrics:
             detail = f" — {m['detail']}" if m["detail"] else ""
             print(f"  {m['metric']:<{width}}  {m['status']}{detail}")
-        counts = {}
+        counts: dict[str, int] = {}
         for m in metrics:
             counts[m["status"]] = counts.get(m["status"], 0) + 1
         print("metrics: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))

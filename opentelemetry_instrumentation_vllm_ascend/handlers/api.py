@@ -19,6 +19,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..hooks.handler import Handler, RowParams
+from ..state import STATE
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -86,13 +87,13 @@ def _token_counts(iteration_stats) -> tuple:
 #: Index of the engine whose outputs the API server's output loop is processing: set when the loop
 #: receives an EngineCoreOutputs (``get_output_async``); it processes them (``process_outputs``, the
 #: per-request stats updates) before it asks for the next, in one task.
-CURRENT_ENGINE = [None]
+# (STATE.current_engine)
 
 
 def _api_labels(phase: str) -> tuple:
     """(dp, role, phase, engine) of a value from the output loop: the engine whose outputs are being
     processed, or, before any arrived, this process's dp twice."""
-    engine = CURRENT_ENGINE[0]
+    engine = STATE.current_engine
     if engine is None:
         return context.step_labels(phase) + (context.PROCESS.dp,)
     return (engine, context.PROCESS.role, phase, engine)
@@ -105,7 +106,7 @@ class GetOutput(Handler):
 
     def after(self, state, args, kwargs, result):
         index = getattr(result, "engine_index", None)
-        CURRENT_ENGINE[0] = str(index) if isinstance(index, int) else None
+        STATE.current_engine = str(index) if isinstance(index, int) else None
 
 
 # -- StatLoggerManager.record ---------------------------------------------------------------------
@@ -300,19 +301,15 @@ GENAI_TPOT = M["gen_ai.server.time_per_output_token"]
 GENAI_TTFT = M["gen_ai.server.time_to_first_token"]
 _GENAI_ERRORS = frozenset(catalogue.GENAI_ERROR_TYPES)
 
-#: ``gen_ai.request.model``: this API server's served model name (vLLM's ``model_name`` label), set when
-#: its AsyncLLM is built (:func:`set_served_model`); None (no attribute) before.
-SERVED_MODEL: list = [None]
-#: {(operation, error type): (request.duration's labels, the other two's labels)}.
-_genai_labels: dict = {}
-
 
 def set_served_model(vllm_config) -> None:
+    """``gen_ai.request.model``: this API server's served model name (vLLM's ``model_name`` label), kept in
+    ``STATE.served_model`` when its AsyncLLM is built; None (no attribute) before."""
     name = getattr(getattr(vllm_config, "model_config", None), "served_model_name", None)
     if isinstance(name, (list, tuple)):  # ModelConfig normalises it to the first name; a list is tolerated
         name = name[0] if name else None
-    SERVED_MODEL[0] = name if isinstance(name, str) else None
-    _genai_labels.clear()
+    STATE.served_model = name if isinstance(name, str) else None
+    STATE.genai_labels.clear()
 
 
 def genai_operation(request_id) -> str:
@@ -324,11 +321,12 @@ def genai_operation(request_id) -> str:
     return catalogue.GENAI_OTHER
 
 
-def _labels_of(operation: str, error) -> tuple:
-    labels = _genai_labels.get((operation, error))
+def _labels_of(operation: str, error, _cache=STATE.genai_labels) -> tuple:
+    """(request.duration's label values, the other two's) of a request."""
+    labels = _cache.get((operation, error))
     if labels is None:
-        short = (operation, catalogue.GENAI_PROVIDER, SERVED_MODEL[0])
-        labels = _genai_labels[(operation, error)] = (short + (error,), short)
+        short = (operation, catalogue.GENAI_PROVIDER, STATE.served_model)
+        labels = _cache[(operation, error)] = (short + (error,), short)
     return labels
 
 

@@ -18,12 +18,11 @@ recomputation without ``_preempt_request`` (``recomputed_reqs`` of its output): 
 
 from __future__ import annotations
 
-from .. import context
 from ..catalogue import M
-from ..context import LAST_STEP_PHASE, PHASE_ATTRIBUTE
-from . import model_runner
+from ..state import STATE, UNKNOWN
 from .common import StepTimer
-from .model_runner import CURRENT, ExecuteModel
+from .model_runner import ExecuteModel, begin_step
+from .steps import PHASE_ATTRIBUTE
 
 #: AscendAttentionState names → step phase.
 ATTN_STATE_PHASES = {
@@ -46,12 +45,12 @@ class NPUExecuteModel(ExecuteModel):
 
     def before(self, args, kwargs):
         phase = getattr(args[1], PHASE_ATTRIBUTE, None)
-        LAST_STEP_PHASE[0] = phase or context.UNKNOWN
-        return model_runner._begin(phase or _PENDING)
+        STATE.last_step_phase = phase or UNKNOWN
+        return begin_step(phase or _PENDING)
 
     def after(self, step, args, kwargs, result):
         if step.phase == _PENDING:
-            step.phase = context.UNKNOWN
+            step.phase = UNKNOWN
         super().after(step, args, kwargs, result)
 
 
@@ -66,9 +65,7 @@ class NPUPrepareInputs(StepTimer):
         super().__init__(M["executor:prepare_inputs:duration"])
 
     def timed(self, seconds, args, kwargs, result):
-        step = CURRENT[0]
+        step = STATE.worker_step
         if step is not None and step.phase == _PENDING:
-            step.phase = LAST_STEP_PHASE[0] = (
-                phase_of_attn_state(getattr(args[0], "attn_state", None)) or context.UNKNOWN
-            )
+            step.phase = STATE.last_step_phase = phase_of_attn_state(getattr(args[0], "attn_state", None)) or UNKNOWN
         super().timed(seconds, args, kwargs, result)

@@ -6,6 +6,7 @@ import sys
 
 from .. import catalogue, context, recording
 from ..hooks.handler import Handler
+from ..state import STATE
 
 
 class StepTimer(Handler):
@@ -52,7 +53,7 @@ class MeasuresHandler(Handler):
     def timed(self, seconds, args, kwargs, result):
         for spec, kind, in_step, reader in self.measures:
             value = reader(args, result, seconds)
-            labels = context.step_labels(context.LAST_STEP_PHASE[0] if in_step else catalogue.ALL)
+            labels = context.step_labels(STATE.last_step_phase if in_step else catalogue.ALL)
             if kind == "counter":
                 recording.add(spec, value, labels)
             elif kind == "gauge":

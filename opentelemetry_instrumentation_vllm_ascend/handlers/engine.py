@@ -6,8 +6,8 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import ALL, M
-from ..context import SCHEDULE_CALLS
 from ..hooks.handler import Handler
+from ..state import STATE
 from .common import StepTimer
 
 IDLE = "idle"
@@ -20,15 +20,15 @@ class EngineStepTimer(StepTimer):
     ``schedule()`` ran inside it: an idle DP rank's step returns before scheduling (``has_requests()``
     false) and a batch-queue call with a full queue only waits for the oldest batch; neither takes the
     last scheduled step's phase. ``schedule()`` runs only inside these calls (one EngineCore thread),
-    so a ``schedule()`` counter (``context.SCHEDULE_CALLS``) unchanged since this hook's previous call
+    so a ``schedule()`` counter (``STATE.schedule_calls``) unchanged since this hook's previous call
     ended means none ran in this one."""
 
     def __init__(self, spec) -> None:
         super().__init__(spec)
-        self.seen = SCHEDULE_CALLS[0]
+        self.seen = STATE.schedule_calls
 
-    def timed(self, seconds, args, kwargs, result, _calls=SCHEDULE_CALLS, _record=recording.record_in_step):
-        calls = _calls[0]
+    def timed(self, seconds, args, kwargs, result, _state=STATE, _record=recording.record_in_step):
+        calls = _state.schedule_calls
         if calls != self.seen:
             self.seen = calls
             _record(self.spec, seconds)
@@ -50,7 +50,7 @@ class _Pass:
         self.handled = 0
 
 
-CURRENT_PASS = [None]
+# STATE.current_pass: the _Pass in progress.
 
 
 class ProcessInputQueue(Handler):
@@ -69,11 +69,11 @@ class ProcessInputQueue(Handler):
         engine = args[0]
         has_work = getattr(engine, "has_work", None)
         waiting = has_work is not None and not has_work()
-        current = CURRENT_PASS[0] = _Pass(perf_counter(), waiting)
+        current = STATE.current_pass = _Pass(perf_counter(), waiting)
         return current
 
     def after(self, current, args, kwargs, result):
-        CURRENT_PASS[0] = None
+        STATE.current_pass = None
         if current.waiting:
             if not current.handled:
                 return  # no request was handled (shut down, or a non-blocking pass found none): nothing to time
@@ -83,7 +83,7 @@ class ProcessInputQueue(Handler):
         recording.record(self.spec, seconds, context.step_labels(ALL))
 
     def error(self, current, args, kwargs, exc):
-        CURRENT_PASS[0] = None
+        STATE.current_pass = None
 
 
 class HandleClientRequest(Handler):
@@ -94,7 +94,7 @@ class HandleClientRequest(Handler):
     reads_args = 1  # self
 
     def before(self, args, kwargs):
-        current = CURRENT_PASS[0]
+        current = STATE.current_pass
         if current is not None and current.waiting:
             current.start = perf_counter()
             return current

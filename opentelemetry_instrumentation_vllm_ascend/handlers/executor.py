@@ -6,17 +6,10 @@ from concurrent.futures import CancelledError, Future
 from time import perf_counter
 
 from .. import catalogue, recording
-from ..context import (
-    EXEC_PHASE,
-    HOST_CLOCK,
-    LAST_STEP_PHASE,
-    PHASE_ATTRIBUTE,
-    READY_ATTRIBUTE,
-    UNKNOWN,
-    _step_labels,
-    step_labels,
-)
+from ..context import HOST_CLOCK, STEP_LABELS, step_labels
 from ..hooks.handler import Handler, RowParams
+from ..state import STATE, UNKNOWN
+from .steps import PHASE_ATTRIBUTE, READY_ATTRIBUTE
 
 #: RPCs that carry a scheduled step's work; their errors get that step's phase.
 STEP_METHODS = frozenset({"execute_model", "sample_tokens", "execute_dummy_batch", "take_draft_token_ids"})
@@ -57,10 +50,10 @@ TIMED = {
 }
 _EXECUTE, _SAMPLE = TIMED["execute_model"], TIMED["sample_tokens"]
 
-#: The state of the execute_model RPC dispatched last (EngineCore): the sample_tokens that follows
-#: belongs to the same step, and its reply carries that step's execute_model time when the
-#: execute_model reply itself carried nothing (it was None: sampling follows).
-LAST_EXECUTE = [None]
+# STATE.last_execute: the state of the execute_model RPC dispatched last (EngineCore): the
+# sample_tokens that follows belongs to the same step, and its reply carries that step's execute_model
+# time when the execute_model reply itself carried nothing (it was None: sampling follows).
+# STATE.exec_phase: that RPC's phase.
 
 
 def record_reply(state, reply, lazy: bool = False, _get=getattr, _host=HOST_CLOCK, _record=recording.record) -> None:
@@ -112,12 +105,10 @@ class CollectiveRpc(Handler):
         args,
         kwargs,
         _step_methods=STEP_METHODS,
-        _phase=LAST_STEP_PHASE,
-        _exec=EXEC_PHASE,
+        _state=STATE,
         _timed=TIMED.get,
-        _cached=_step_labels.get,
+        _cached=STEP_LABELS.get,
         _labels=step_labels,
-        _last=LAST_EXECUTE,
         _execute=_EXECUTE,
         _sample=_SAMPLE,
     ):
@@ -128,17 +119,19 @@ class CollectiveRpc(Handler):
             method = (kwargs or {}).get("method")
         if method == "execute_model":  # the two RPCs of every step first
             rpc_args = args[3] if len(args) > 3 else None
-            phase = _exec[0] = (getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None) or _phase[0]
-            state = _last[0] = (_cached(phase) or _labels(phase), _execute, perf_counter(), None)
+            phase = _state.exec_phase = (
+                getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None
+            ) or _state.last_step_phase
+            state = _state.last_execute = (_cached(phase) or _labels(phase), _execute, perf_counter(), None)
             return state
         if method == "sample_tokens":
-            phase = _exec[0]
-            execute = _last[0]
-            _last[0] = None
+            phase = _state.exec_phase
+            execute = _state.last_execute
+            _state.last_execute = None
             return _cached(phase) or _labels(phase), _sample, perf_counter(), execute
         if method.__class__ is not str:
             method = getattr(method, "__name__", "")
-        phase = _phase[0] if method in _step_methods else UNKNOWN
+        phase = _state.last_step_phase if method in _step_methods else UNKNOWN
         return _labels(phase), _timed(method), perf_counter(), None
 
     def error(self, state, args, kwargs, exc):

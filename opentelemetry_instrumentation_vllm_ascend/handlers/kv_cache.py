@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..context import CURRENT_STEP, UNKNOWN, Step
 from ..hooks.handler import Handler
+from ..state import UNKNOWN
 from .scheduler import flush_step
+from .steps import CURRENT_STEP, Step
 
 
 def _failed() -> None:

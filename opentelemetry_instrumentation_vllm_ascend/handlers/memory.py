@@ -16,6 +16,7 @@ from __future__ import annotations
 from .. import context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler
+from ..state import STATE
 from .common import device_module
 
 GIB = float(1 << 30)
@@ -60,7 +61,7 @@ MEMORY = {
     "engine:memory:graph_gb": _getter("npugraph_memory_bytes"),
 }
 
-_captured: set = set()  # ids of workers whose memory was recorded
+_captured = STATE.memory_captured  # ids of workers whose memory was recorded
 
 
 def capture(worker) -> int:
@@ -120,11 +121,8 @@ def utilization():
     return [(context.step_labels_with(ALL, str(index)), float(value))]
 
 
-_observing = [False]
-
-
 def observe_utilization() -> None:
     """Register the utilization gauge for this (worker) process, once."""
-    if not _observing[0]:
-        _observing[0] = True
+    if not STATE.utilization_observed:
+        STATE.utilization_observed = True
         recording.observe(M["npu:utilization"], utilization)

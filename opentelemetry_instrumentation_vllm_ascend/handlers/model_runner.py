@@ -19,21 +19,15 @@ import contextlib
 import fnmatch
 import sys
 from time import perf_counter
+from typing import Any
 
 from .. import catalogue, context, environment, recording
 from ..catalogue import M
-from ..context import (
-    CURRENT_STEP,
-    HOST_CLOCK,
-    LAST_STEP_PHASE,
-    PHASE_ATTRIBUTE,
-    READY_ATTRIBUTE,
-    STEP_ATTRIBUTE,
-    UNKNOWN,
-    Step,
-)
+from ..context import HOST_CLOCK
 from ..hooks.handler import Handler, RowParams, report
+from ..state import STATE, UNKNOWN
 from .common import device_module
+from .steps import CURRENT_STEP, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, Step, classify_step
 
 _EXECUTE = M["executor:model_runner_execute_model:duration"]
 _INFERENCE = M["worker:model_inference:duration"]
@@ -71,14 +65,18 @@ class WorkerStep:
         self.phase = phase
         self.start = start
         self.execute_seconds = 0.0
-        self.returned = None  # perf_counter when execute_model returned
-        self.forward_start = self.forward_end = self.post_end = None
-        self.device = None  # (start event, end event) of the forward pass on the device
-        # Device events at the start of execute_model and the end of the step (device timeline only).
-        self.start_event = self.end_event = None
+        self.returned: float | None = None  # perf_counter when execute_model returned
+        self.forward_start: float | None = None
+        self.forward_end: float | None = None
+        self.post_end: float | None = None
+        self.device: tuple | None = None  # (start event, end event) of the forward pass on the device
+        # Device events (torch.cuda/npu Event) at the start of execute_model and the end of the step
+        # (device timeline only).
+        self.start_event: Any = None
+        self.end_event: Any = None
 
 
-CURRENT = [None]  # the WorkerStep in progress
+# STATE.worker_step: the WorkerStep in progress.
 
 
 # -- device events ------------------------------------------------------------------------------------
@@ -93,7 +91,7 @@ class DeviceTimeline:
 
     def __init__(self, event_class, limit: int = 64) -> None:
         self.event_class = event_class
-        self.pending = collections.deque()
+        self.pending: collections.deque[WorkerStep] = collections.deque()
         self.limit = limit
 
     def start(self):
@@ -122,23 +120,23 @@ class DeviceTimeline:
                 recording.record(_NON_FORWARD, max(inference - forward, 0.0), labels)
 
 
-_DEVICE = [False]  # False: not decided yet; None: no device events (host timeline)
-
-
 def device_timeline():
-    timeline = _DEVICE[0]
+    """This process's DeviceTimeline, None where there are no device events (host timeline); decided
+    on first use (STATE.device: False until then)."""
+    timeline = STATE.device
     if timeline is False:
         module = device_module()
-        timeline = _DEVICE[0] = DeviceTimeline(module.Event) if module is not None else None
+        timeline = STATE.device = DeviceTimeline(module.Event) if module is not None else None
     return timeline
 
 
 # -- profiling scopes ---------------------------------------------------------------------------------
 
-_names: dict[str, str] = {}
+_names = STATE.scope_names
 
 
-def _name_label(name) -> str:
+def name_label(name) -> str:
+    """A scope name's label value: the name, for at most MAX_SCOPE_NAMES names; ``other`` beyond."""
     label = _names.get(name)
     if label is None:
         if isinstance(name, str) and len(_names) < MAX_SCOPE_NAMES:
@@ -154,12 +152,16 @@ class _Scope:
     Built by the scope factory (``ProfilerScopes``), which sets ``name``, ``inner`` and ``device``."""
 
     __slots__ = ("name", "inner", "start", "device")
+    name: Any  # vLLM passes a str; anything else is labelled "other"
+    inner: Any  # vLLM's own scope (a context manager), or None
+    start: float
+    device: Any  # the device event at the start of a forward scope, or None
 
     def __enter__(self):
         value = self.inner.__enter__() if self.inner is not None else None
         self.start = perf_counter()
         if self.name in FORWARD_SCOPES:
-            step = CURRENT[0]
+            step = STATE.worker_step
             if step is not None:
                 step.forward_start = self.start
                 if step.start_event is not None:  # the step is on the device timeline
@@ -169,17 +171,17 @@ class _Scope:
                         report(_SCOPE_HANDLER, "device event")
         return value
 
-    def __exit__(self, exc_type, exc, tb, _step=CURRENT_STEP.get, _phase=LAST_STEP_PHASE):
+    def __exit__(self, exc_type, exc, tb, _step=CURRENT_STEP.get, _state=STATE):
         if exc_type is None:
             end = perf_counter()
             try:
                 step = _step()
                 if step is None:  # recorded now, with the phase of the step most recently scheduled
-                    labels = _scope_labels.get(_phase[0], _NO_LABELS).get(self.name)
+                    labels = _scope_labels.get(_state.last_step_phase, _NO_LABELS).get(self.name)
                     if labels is None:
-                        labels = _labels_of(_phase[0], self.name)
+                        labels = _labels_of(_state.last_step_phase, self.name)
                     _record(_SCOPES, end - self.start, labels)
-                    if CURRENT[0] is not None:
+                    if _state.worker_step is not None:
                         _worker_scope_ended(self, end)
                 else:  # inside Scheduler.schedule (vLLM's profiler on): recorded with the step's records
                     _step_values(step, self.name).append(end - self.start)
@@ -198,6 +200,8 @@ class _InStepScope:
     is); starts are kept on a stack, so nested blocks of one name pair up correctly."""
 
     __slots__ = ("starts", "values")
+    starts: list[float]
+    values: list[float]
 
     def __enter__(self):
         self.starts.append(perf_counter())
@@ -215,7 +219,7 @@ def _step_values(step: Step, name) -> list:
     scopes = step.scopes
     if scopes is None:
         scopes = step.scopes = {}
-    label = name if name.__class__ is str else _name_label(name)
+    label = name if name.__class__ is str else name_label(name)
     values = scopes.get(label)
     if values is None:
         values = scopes[label] = []
@@ -246,12 +250,11 @@ def _in_step_scope(step: Step, name, untimed=None):
 _record = recording.record
 _NO_LABELS: dict = {}
 #: phase → {scope name → label tuple}; emptied when the process context changes.
-_scope_labels: dict[str, dict] = {}
-context.LABEL_CACHES.append(_scope_labels)
+_scope_labels = STATE.scope_labels
 
 
 def _labels_of(phase: str, name) -> tuple:
-    labels = context.step_labels_with(phase, _name_label(name))
+    labels = context.step_labels_with(phase, name_label(name))
     by_name = _scope_labels.setdefault(phase, {})
     if name.__class__ is str and len(by_name) < MAX_SCOPE_NAMES:  # bounded, whatever names come
         by_name[name] = labels
@@ -260,7 +263,7 @@ def _labels_of(phase: str, name) -> tuple:
 
 def _worker_scope_ended(scope: _Scope, end: float, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES) -> None:
     """A scope ended inside a worker step: the forward / post-processing marks of its timeline."""
-    worker_step = CURRENT[0]
+    worker_step = STATE.worker_step
     name = scope.name
     if name in _forward:
         worker_step.forward_end = end
@@ -359,7 +362,7 @@ def _finish(step: WorkerStep, seconds: float) -> None:
     record its inference time and timeline — on the device timeline where the step has device
     events (once the device has passed them), otherwise on the host (CPU: the host time is the
     computation itself). npu:kernel_launch is host time either way."""
-    CURRENT[0] = None
+    STATE.worker_step = None
     labels = context.step_labels(step.phase)
     if step.post_end is not None and step.forward_start is not None:
         recording.record(_LAUNCH, step.post_end - step.forward_start, labels)
@@ -378,18 +381,15 @@ def _finish(step: WorkerStep, seconds: float) -> None:
 def _phase_of(runner, scheduler_output) -> str:
     phase = getattr(scheduler_output, PHASE_ATTRIBUTE, None)
     if phase is None:
-        phase = context.classify_step(runner, scheduler_output)[0]
+        phase = classify_step(runner, scheduler_output)[0]
     return phase
 
 
-_EMPTY = [None]  # vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT, once vllm.v1.outputs is imported
-
-
 def _shared_empty():
-    empty = _EMPTY[0]
+    empty = STATE.empty_output
     if empty is None:
         module = sys.modules.get("vllm.v1.outputs")
-        empty = _EMPTY[0] = getattr(module, "EMPTY_MODEL_RUNNER_OUTPUT", None) if module is not None else None
+        empty = STATE.empty_output = getattr(module, "EMPTY_MODEL_RUNNER_OUTPUT", None) if module is not None else None
     return empty
 
 
@@ -430,8 +430,8 @@ class ExecuteModel(Handler):
     reads_args = RowParams()
 
     def before(self, args, kwargs):
-        phase = LAST_STEP_PHASE[0] = _phase_of(args[0], args[1])
-        return _begin(phase)
+        phase = STATE.last_step_phase = _phase_of(args[0], args[1])
+        return begin_step(phase)
 
     def after(self, step, args, kwargs, result):
         end = step.returned = perf_counter()
@@ -443,14 +443,14 @@ class ExecuteModel(Handler):
             _finish(step, seconds)
 
     def error(self, step, args, kwargs, exc):
-        CURRENT[0] = None
+        STATE.worker_step = None
 
 
-def _begin(phase: str) -> WorkerStep:
+def begin_step(phase: str) -> WorkerStep:
     """A worker step starts (execute_model was called): its timeline, with a device event at its
     start where the device offers events."""
-    step = CURRENT[0] = WorkerStep(phase, perf_counter())
-    timeline = _DEVICE[0]
+    step = STATE.worker_step = WorkerStep(phase, perf_counter())
+    timeline = STATE.device
     if timeline is False:
         timeline = device_timeline()
     if timeline is not None:
@@ -472,13 +472,13 @@ class SampleTokens(Handler):
 
     def after(self, start, args, kwargs, result):
         end = perf_counter()
-        step = CURRENT[0]
+        step = STATE.worker_step
         reply(result, step, end)
         if step is not None:
             _finish(step, step.execute_seconds + end - start)
 
     def error(self, start, args, kwargs, exc):
-        CURRENT[0] = None
+        STATE.worker_step = None
 
 
 class GetOutput(Handler):
@@ -497,7 +497,7 @@ class GetOutput(Handler):
         if carried is not None:
             phase, returned = carried
         else:
-            step = CURRENT[0]
+            step = STATE.worker_step
             phase, returned = (step.phase, step.returned) if step is not None else (UNKNOWN, None)
         recording.record(_GET_OUTPUT, seconds, context.step_labels(phase))
         _stamp(result, returned, end)
@@ -520,4 +520,4 @@ class ExecuteModelV2(ExecuteModel):
 
     def error(self, step, args, kwargs, exc):
         if step is not None:
-            CURRENT[0] = None
+            STATE.worker_step = None

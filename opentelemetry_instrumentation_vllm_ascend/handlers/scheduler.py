@@ -9,9 +9,10 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
-from ..context import CURRENT_STEP, IN_PREFIX_CACHE_RESET, LAST_STEP_PHASE, PHASE_ATTRIBUTE, UNKNOWN, Step
 from ..hooks.handler import Handler, RowParams, report
-from .model_runner import _name_label
+from ..state import STATE, UNKNOWN
+from .model_runner import name_label
+from .steps import CURRENT_STEP, IN_PREFIX_CACHE_RESET, PHASE_ATTRIBUTE, Step, classify_step, mark_recomputing
 
 _DURATION = M["scheduler:duration"]
 _BATCH = M["scheduler:batch_size"]
@@ -34,7 +35,7 @@ def flush_step(step: Step, phase: str) -> None:
     """Record what one scheduling step saw, once, labelled with that step's phase."""
     if step.scopes:
         for name, values in step.scopes.items():
-            recording.record_many(_SCOPES, values, context.step_labels_with(phase, _name_label(name)))
+            recording.record_many(_SCOPES, values, context.step_labels_with(phase, name_label(name)))
     if not (step.preemptions or step.recomputes or step.allocate_failures or step.recomputed_tokens):
         return
     labels = context.step_labels(phase)
@@ -49,7 +50,7 @@ def flush_step(step: Step, phase: str) -> None:
 FLUSH_STEPS = 32
 
 #: Per scheduler (by id; one per EngineCore): was it blocked on capacity after its last step?
-_BLOCKED: dict[int, bool] = {}
+_BLOCKED = STATE.blocked
 
 
 def _step_sizes(output) -> tuple:
@@ -84,7 +85,7 @@ def _queue_state(scheduler, phase: str, step_class) -> tuple:
     # Requests that have not computed their prompt (preemption resets it) or wait for KV: prefill.
     held = getattr(scheduler, "kv_holding_waiting", None)
     if held is None:
-        held = getattr(scheduler, "skipped_waiting", ())
+        held = getattr(scheduler, "skipped_waiting", None) or ()
     waiting = len(scheduler.waiting) + len(held)
     limit = getattr(scheduler, "max_num_active_reqs", None)
     if limit is None:
@@ -95,7 +96,7 @@ def _queue_state(scheduler, phase: str, step_class) -> tuple:
 
 
 #: Per scheduler (by id): (total, free, pipeline generation) last recorded; unchanged values are not set again.
-_BLOCKS: dict[int, tuple] = {}
+_BLOCKS = STATE.blocks
 
 
 def _block_state(scheduler) -> tuple:
@@ -151,8 +152,8 @@ def _record_schedules(steps: list) -> None:
                 last_sizes[phase] = sizes
         if queues is not None:
             running, prefill, waiting, limit = queues
-            shape = (phase, running, prefill, waiting)
-            queue_shapes[shape] = queue_shapes.get(shape, 0) + 1
+            queue_shape = (phase, running, prefill, waiting)
+            queue_shapes[queue_shape] = queue_shapes.get(queue_shape, 0) + 1
             blocked = waiting > 0 and running >= limit
             if blocked and not _BLOCKED.get(key):
                 pending[phase] = pending.get(phase, 0) + 1
@@ -191,7 +192,7 @@ def _record_schedules(steps: list) -> None:
         _record_blocks(key, blocks)
 
 
-_record_schedule.many = _record_schedules
+_record_schedule.many = _record_schedules  # type: ignore[attr-defined]  # read by recording.defer
 
 
 #: Attribute of each scheduler: {request id: tokens it had computed when it was preempted (None:
@@ -215,15 +216,15 @@ def _preempted_of(scheduler) -> dict:
 
 
 _deque_len, _deque_iter = deque.__len__, deque.__iter__
-_STATUS_PREEMPTED = [None]  # vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen
 
 
 def _preempted_status():
-    status = _STATUS_PREEMPTED[0]
+    """vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen (STATE.status_preempted)."""
+    status = STATE.status_preempted
     if status is None:
         module = sys.modules.get("vllm.v1.request")
         if module is not None:
-            status = _STATUS_PREEMPTED[0] = module.RequestStatus.PREEMPTED
+            status = STATE.status_preempted = module.RequestStatus.PREEMPTED
     return status
 
 
@@ -256,7 +257,7 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     # preempted requests are put back at its head.
     if isinstance(waiting, deque):
         if _deque_len(waiting):
-            preempted = _STATUS_PREEMPTED[0] or _preempted_status()
+            preempted = STATE.status_preempted or _preempted_status()
             if getattr(waiting[0], "status", None) is preempted:
                 for request in _deque_iter(waiting):
                     if request.status is not preempted:
@@ -276,7 +277,7 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
                 found[request.request_id] = request
     if found:
         for req_id, request in found.items():
-            context.mark_recomputing(scheduler, req_id)
+            mark_recomputing(scheduler, req_id)
             pending[req_id] = max(request.num_tokens - 1, 0)
             step.preemptions += 1
             step.recomputes += 1  # a running request has computed tokens
@@ -307,12 +308,12 @@ class Schedule(Handler):
 
     reads_args = 1  # self
 
-    def before(self, args, kwargs, _pending=recording._deferred):
+    def before(self, args, kwargs, _pending=STATE.deferred, _state=STATE):
         if CURRENT_STEP.get() is not None:
             return None  # a subclass's schedule() calling the base's: the outermost hook measures
         if len(_pending) >= FLUSH_STEPS:  # an engine that never asks for grammar bitmasks
             recording.run_deferred()
-        context.SCHEDULE_CALLS[0] += 1
+        _state.schedule_calls += 1
         step = Step()
         return step, CURRENT_STEP.set(step), perf_counter()
 
@@ -332,8 +333,8 @@ class Schedule(Handler):
             _count_preemptions(scheduler, result, step)
         except Exception:
             report(self, "_count_preemptions")
-        step_class = context.classify_step(scheduler, result)
-        phase = LAST_STEP_PHASE[0] = step_class[0]
+        step_class = classify_step(scheduler, result)
+        phase = STATE.last_step_phase = step_class[0]
         try:
             setattr(result, PHASE_ATTRIBUTE, phase)
         except (AttributeError, TypeError):
@@ -364,7 +365,7 @@ class Schedule(Handler):
             return
         step, token, _start = state
         CURRENT_STEP.reset(token)
-        LAST_STEP_PHASE[0] = UNKNOWN
+        STATE.last_step_phase = UNKNOWN
         flush_step(step, UNKNOWN)
 
 
@@ -381,7 +382,7 @@ class PreemptRequest(Handler):
         scheduler, request = args[0], args[1]
         req_id = request.request_id
         # Whatever the reason, the request will recompute its tokens when it resumes.
-        context.mark_recomputing(scheduler, req_id)
+        mark_recomputing(scheduler, req_id)
         if IN_PREFIX_CACHE_RESET.get():
             _preempted_of(scheduler)[req_id] = None
             return None
@@ -428,7 +429,7 @@ class GrammarBitmask(Handler):
 
     reads_args = 0
 
-    def before(self, args, kwargs, _pending=recording._deferred):
+    def before(self, args, kwargs, _pending=STATE.deferred):
         if len(_pending) >= FLUSH_STEPS:
             recording.run_deferred()
 
@@ -446,4 +447,4 @@ class UpdateFromOutput(Handler):
     def after(self, state, args, kwargs, result):
         seconds = perf_counter() - state
         phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
-        recording.record(self.spec, seconds, context.step_labels(phase or LAST_STEP_PHASE[0]))
+        recording.record(self.spec, seconds, context.step_labels(phase or STATE.last_step_phase))

@@ -19,7 +19,7 @@ MEASURE_KINDS = (TIMER, COUNTER, HISTOGRAM, GAUGE)
 
 #: How a measure's ``phase`` label is chosen (the labels are always dp, role, phase):
 #: - ``all``: the catalogue's ``ALL`` (work not tied to one step: between steps, request level);
-#: - ``step``: the phase of the step most recently scheduled in this process (``LAST_STEP_PHASE``);
+#: - ``step``: the phase of the step most recently scheduled in this process (``STATE.last_step_phase``);
 #: - ``engine_step`` (timers only): the phase of the step scheduled during the call, ``idle`` when no
 #:   ``schedule()`` ran inside it (``handlers/engine.py:EngineStepTimer``).
 PHASE_ALL = "all"

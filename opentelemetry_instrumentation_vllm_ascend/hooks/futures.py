@@ -16,8 +16,8 @@ class FutureAdapter(Handler):
         self.inner = inner
         self.name = inner.name
         # The inner handler's own methods, bound once: no extra call per hooked call.
-        self.before = inner.before
-        self.error = inner.error
+        self.before = inner.before  # type: ignore[method-assign]
+        self.error = inner.error  # type: ignore[method-assign]
 
     def after(self, state, args, kwargs, result):
         if type(result) in COMPLETION_HOOKED:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from ..state import STATE
+
 logger = logging.getLogger(__name__)
 
 
@@ -83,7 +85,7 @@ class RowParams:
         return reads_args_of(owner)
 
 
-_reported: set = set()
+_reported = STATE.reported
 
 
 def report(handler, where: str) -> None:
@@ -107,5 +109,5 @@ class Hook:
 
     __slots__ = ("handler",)
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler | None) -> None:
         self.handler = handler

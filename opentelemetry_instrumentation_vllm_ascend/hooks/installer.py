@@ -4,6 +4,7 @@ skipped; a missing symbol is one clear log line, never an exception."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from importlib import metadata
@@ -185,7 +186,7 @@ def metric_status(rows: list[dict], config) -> list[dict]:
 class Installer:
     def __init__(self, table=None) -> None:
         self.table = tuple(table if table is not None else targets_module.TARGETS)
-        self.patches = []
+        self.patches: list = []
         self.status: dict[str, str] = {}
         self.active = False
         self._lock = threading.Lock()
@@ -204,7 +205,7 @@ class Installer:
             self.status[target.symbol] = PENDING
             by_module.setdefault(target.module, []).append(target)
         for module_name, rows in by_module.items():
-            register_post_import_hook(lambda module, rows=rows: self._apply(module, rows), module_name)
+            register_post_import_hook(functools.partial(self._apply, rows=rows), module_name)
         neighbours.check(self.patches)
 
     def _apply(self, module, rows) -> None:

@@ -72,7 +72,7 @@ def hook_future_class(cls, completes_later: bool = False) -> list:
     FUTURE handler attached to that future, if any. A future completed any other way (cancelled)
     is not reported. ``completes_later``: futures of ``cls`` are only completed after the call that
     returned them has returned (vLLM's FutureWrapper: in ``result()``), so the hook need not check."""
-    patches = []
+    patches: list[Patch | _ForgetCompletionClass] = []
     with _patch_lock:
         set_result, set_exception = cls.set_result, cls.set_exception
 

@@ -9,83 +9,33 @@ the pre-aggregating fast path (default) or the OTel SDK.
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import groupby
-from operator import itemgetter
-
 from .. import catalogue, context, environment
+from ..state import STATE
 from . import pipeline
+from .deferred import defer, run_deferred
 
-_instruments: dict[str, object] = {}
-_process_labels: list = [None]
+__all__ = [
+    "add",
+    "defer",
+    "flush",
+    "generation",
+    "observe",
+    "process_started",
+    "record",
+    "record_in_step",
+    "record_many",
+    "record_n",
+    "run_deferred",
+    "set_gauge",
+]
 
-
-_generation = [0]
+_instruments = STATE.instruments
 
 
 def generation() -> int:
-    """Changes whenever the pipeline is rebuilt (reset, fork): values cached as "already recorded"
-    must be recorded again then."""
-    return _generation[0]
-
-
-def _forget(new_pipeline) -> None:
-    _instruments.clear()
-    _process_labels[0] = None
-    _generation[0] += 1
-    if new_pipeline is None:  # reset (after its final export) or fork: a parent's pending records are not ours
-        _deferred.clear()
-
-
-#: Records a hook left for later: (function, arguments), oldest first.
-_deferred: deque = deque()
-
-
-def defer(function, *args) -> None:
-    """Call ``function(*args)`` (which records) at the next ``run_deferred()`` instead of now: for a
-    hook on the engine's critical path whose values can wait until the engine waits (the EngineCore
-    runs its scheduler hook's records after it has sent the step to the workers). Every collection
-    and ``flush()`` run what is pending first, so nothing is exported late by more than that wait.
-
-    A function with a ``many`` attribute is handed consecutive pending calls of its own at once:
-    ``function.many([args, …])`` records them together (oldest first)."""
-    _deferred.append((function, args))
-    if pipeline.current() is None:
-        pipeline.get()  # its collections run what is pending: it must exist before the first one
-
-
-def run_deferred(_popleft=_deferred.popleft) -> None:
-    """Run the pending deferred records, oldest first (any thread; each runs once)."""
-    taken = []
-    while _deferred:
-        try:
-            taken.append(_popleft())
-        except IndexError:  # another thread took the last one
-            break
-    for function, group in groupby(taken, key=itemgetter(0)):  # consecutive calls of one function
-        calls = [args for _, args in group]
-        many = getattr(function, "many", None)
-        if many is not None and len(calls) > 1:
-            _guarded(function, many, calls)
-        else:
-            for args in calls:
-                _guarded(function, function, *args)
-
-
-def _guarded(function, call, *args) -> None:
-    try:
-        call(*args)
-    except Exception:
-        from ..hooks.handler import report
-
-        report(_DeferredRecords, getattr(function, "__name__", "deferred"))
-
-
-class _DeferredRecords:
-    name = "deferred records"
-
-
-pipeline._on_new_pipeline.append(_forget)
+    """Changes whenever the pipeline is rebuilt (reset, fork) or the state is reset: values cached as
+    "already recorded" must be recorded again then."""
+    return STATE.generation
 
 
 class _Disabled:
@@ -150,11 +100,11 @@ def record_in_step(
     spec: catalogue.MetricSpec,
     value: float,
     _get=_instruments.get,
-    _phase=context.LAST_STEP_PHASE,
-    _labels=context._step_labels,
+    _state=STATE,
+    _labels=context.STEP_LABELS,
 ) -> None:
     """One histogram observation labelled (dp, role, phase of the step most recently scheduled)."""
-    phase = _phase[0]
+    phase = _state.last_step_phase
     labels = _labels.get(phase) or context.step_labels(phase)
     instrument = _get(spec.seed)
     if instrument is None:
@@ -164,9 +114,6 @@ def record_in_step(
 
 def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:
     _instrument(spec).set(value, labels)
-
-
-_observers: list = []
 
 
 def _safe(spec, callback):
@@ -193,38 +140,25 @@ def observe(spec: catalogue.MetricSpec, callback) -> None:
     if environment.metric_disabled(spec.seed):
         return
     entry = (spec, _safe(spec, callback))
-    _observers.append(entry)
+    STATE.observers.append(entry)
     current = pipeline.current()
     if current is not None:
         current.observe(*entry)
     else:
-        pipeline.get()  # built now: _reobserve registers every observer with it
-
-
-def _reobserve(new_pipeline) -> None:
-    if new_pipeline is None:
-        return
-    for spec, callback in _observers:
-        new_pipeline.observe(spec, callback)
-
-
-pipeline._on_new_pipeline.append(_reobserve)
+        pipeline.get()  # built now: it registers every observer of STATE.observers
 
 
 def process_started() -> None:
     """This process now contributes metrics: count it (once per label set) in instrumented_processes."""
     ctx = context.PROCESS
     labels = (ctx.process, ctx.dp, ctx.role)
-    previous = _process_labels[0]
+    previous = STATE.process_labels
     if previous == labels:
         return
     if previous is not None:
         set_gauge(catalogue.INSTRUMENTED_PROCESSES, 0, previous)
     set_gauge(catalogue.INSTRUMENTED_PROCESSES, 1, labels)
-    _process_labels[0] = labels
-
-
-pipeline.before_collect_hooks.append(run_deferred)
+    STATE.process_labels = labels
 
 
 def flush(timeout_millis: float = 5_000) -> None:

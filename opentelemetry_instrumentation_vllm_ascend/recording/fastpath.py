@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from time import time_ns
 
 from opentelemetry.sdk.metrics import Counter
@@ -163,7 +164,7 @@ class FastHistogram(_Instrument):
                 state[2] = high
             return state, low, high
 
-        def record_n(value, n: int, labels: tuple, _bisect=bisect_left) -> tuple:
+        def record_n(value, n: int, labels: tuple, _bisect=bisect_left) -> list:
             """``record(value, labels)`` ``n`` (> 0) times; the sum adds ``value * n`` (exact for the
             integer values it is used for). Returns the state for the window variant."""
             try:
@@ -261,9 +262,9 @@ class Store:
         self.resource = resource
         #: ``process_attributes(spec.process_labels)`` → {label: value} the recording process adds to
         #: every series of such a spec (the worker's ``rank``), at collection: nothing on the hot path.
-        self._process_attributes = process_attributes or (lambda names: {})
+        self._process_attributes: Callable[[tuple], dict] = process_attributes or (lambda names: {})
         self.scope = InstrumentationScope(scope_name, scope_version, None, None)
-        self._instruments: dict[str, _Instrument] = {}
+        self._instruments: dict[str, FastCounter | FastHistogram | FastGauge] = {}
         self._lock = threading.Lock()
         self._previous: dict[int, tuple[int, dict]] = {}  # per delta reader: (time, {seed: snapshot})
         self._windows = False  # keep per-interval min/max: only when a reader takes delta histograms

@@ -16,16 +16,20 @@ import logging
 import os
 import shutil
 import tempfile
+from typing import TYPE_CHECKING
 
 from .. import environment
+
+if TYPE_CHECKING:
+    from .metrics_files import FilesCollector, MultiprocessGuard
 
 logger = logging.getLogger(__name__)
 
 
 class Exposition:
     def __init__(self) -> None:
-        self.collector = None
-        self._guard = None
+        self.collector: FilesCollector | None = None
+        self._guard: MultiprocessGuard | None = None
         self.directory: str | None = None
         self._set_env: list[str] = []
 
@@ -70,7 +74,12 @@ class Exposition:
         self.collector = FilesCollector(directory)
         REGISTRY.register(self.collector)
         owner = os.getpid()
-        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(directory, ignore_errors=True))
+
+        def remove_directory() -> None:
+            if os.getpid() == owner:
+                shutil.rmtree(directory, ignore_errors=True)
+
+        atexit.register(remove_directory)
         logger.debug("per-process metric files for /metrics in %s", directory)
 
     def teardown(self) -> None:
@@ -163,7 +172,7 @@ def remove_leaked_directories(parent: str | None = None) -> list[str]:
     from .metrics_files import process_identity
 
     parent = parent or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(parent)
     except OSError:

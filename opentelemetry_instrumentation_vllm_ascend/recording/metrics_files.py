@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import time
+from typing import Any
 
 from opentelemetry.sdk.metrics import (
     Counter,
@@ -108,9 +109,10 @@ class FilesExporter(MetricExporter):
         self._names = named if genai else {}
         #: Metric names not written at all.
         self._skip = frozenset() if genai else frozenset(named)
-        self._files: dict[str, object] = {}
+        self._files: dict[str, Any] = {}  # file type -> prometheus_client MmapedDict
         #: Per series (kind, OTel name, attribute items): its file keys and the values last written.
-        self._series: dict[tuple, list] = {}
+        #: series key -> a histogram's or counter's [keys, values written] list, a gauge's (key, file type)
+        self._series: dict[tuple, Any] = {}
         self._closed = False
         self._failed_once = False
 
@@ -480,7 +482,7 @@ class _GuardedReadMetrics:
         return self.original.__func__(kept)
 
 
-class _MultiprocessGuard:
+class MultiprocessGuard:
     __slots__ = ("replacement",)
 
     def __init__(self, replacement) -> None:
@@ -489,12 +491,13 @@ class _MultiprocessGuard:
     def remove(self) -> None:
         from prometheus_client.multiprocess import MultiProcessCollector
 
+        replacement: _GuardedReadMetrics = self.replacement
         current = MultiProcessCollector.__dict__.get("_read_metrics")
-        if isinstance(current, staticmethod) and current.__func__ is self.replacement:
-            MultiProcessCollector._read_metrics = self.replacement.original
+        if isinstance(current, staticmethod) and current.__func__ is replacement:
+            MultiProcessCollector._read_metrics = replacement.original
 
 
-def guard_multiprocess_collector() -> _MultiprocessGuard | None:
+def guard_multiprocess_collector() -> MultiprocessGuard | None:
     """Install ``_GuardedReadMetrics`` in this process (where vLLM serves ``/metrics`` from
     ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or it is in place."""
     from prometheus_client.multiprocess import MultiProcessCollector
@@ -504,7 +507,7 @@ def guard_multiprocess_collector() -> _MultiprocessGuard | None:
         return None
     replacement = _GuardedReadMetrics(original)
     MultiProcessCollector._read_metrics = staticmethod(replacement)
-    return _MultiprocessGuard(replacement)
+    return MultiprocessGuard(replacement)
 
 
 def _pid_alive(pid: int) -> bool:

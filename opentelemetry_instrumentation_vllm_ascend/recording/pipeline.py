@@ -21,9 +21,19 @@ import os
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING
 
-from .. import catalogue, context, environment
+from .. import catalogue, context, environment, state
+from ..state import STATE
 from ..version import __version__
+from .deferred import run_deferred
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    from .fastpath import Store
+    from .metrics_files import FilesExporter
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +82,7 @@ class Pipeline:
 
         self.pid = os.getpid()
         self.recorder = recorder or environment.recorder()
-        self.files_exporter = None
+        self.files_exporter: FilesExporter | None = None
         self.disabled = disabled
         readers = [] if disabled else self._readers()
         readers.extend(extra_readers)
@@ -90,20 +100,22 @@ class Pipeline:
         if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
             attributes["service.name"] = "vllm"
         resource = Resource.create(attributes)
-        self.provider = self.meter = self.store = None
+        self.provider: MeterProvider | None = None
+        self.meter: Meter | None = None  # the SDK recorder's
+        self.store: Store | None = None  # the fast recorder's
         if self.recorder == "sdk":
             from opentelemetry.sdk.metrics import MeterProvider
 
             self.provider = MeterProvider(
                 metric_readers=readers, resource=resource, views=catalogue.views(), shutdown_on_exit=False
             )
-            self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
+            meter = self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
 
             def run_hooks(_options):  # an observable instrument that observes nothing: exports nothing
                 _before_collect()
                 return []
 
-            self.meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
+            meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
         else:
             from .fastpath import Store
 
@@ -116,6 +128,11 @@ class Pipeline:
         self._closed = False
         #: Set once close() is done (its final export made or timed out).
         self.closed = threading.Event()
+
+    @property
+    def closing(self) -> bool:
+        """close() (or abandon()) has begun: no further export but its final one."""
+        return self._closed
 
     def _readers(self) -> list:
         """The readers the environment asks for. Each starts its export thread when it is built: if a
@@ -163,6 +180,7 @@ class Pipeline:
         if self.store is not None:
             return self.store.instrument(spec)
         meter = self.meter
+        assert meter is not None  # no store: the SDK recorder
         if spec.kind == catalogue.COUNTER:
             inst = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
         elif spec.kind == catalogue.HISTOGRAM:
@@ -197,6 +215,7 @@ class Pipeline:
                 for labels, value in callback()
             ]
 
+        assert self.meter is not None  # no store: the SDK recorder
         self.meter.create_observable_gauge(
             spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit, description=spec.description
         )
@@ -246,17 +265,14 @@ class Pipeline:
 _lock = threading.Lock()
 _pipeline: Pipeline | None = None
 _extra_readers: tuple = ()
-_on_new_pipeline = []  # callbacks(meter) run when a pipeline is built (recording layer's caches)
-#: Run at the start of every collection, in the collecting thread (the recording layer's deferred records).
-before_collect_hooks: list = []
 
 
 def _before_collect() -> None:
-    for hook in list(before_collect_hooks):
-        try:
-            hook()
-        except Exception:
-            logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
+    """Run at the start of every collection, in the collecting thread: the deferred records go in."""
+    try:
+        run_deferred()
+    except Exception:
+        logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
 
 def get() -> Pipeline:
@@ -287,8 +303,9 @@ def _build() -> Pipeline:
                 )
                 _pipeline = Pipeline(extra_readers=_extra_readers, disabled=True)
             _register_exit(_pipeline)
-            for callback in _on_new_pipeline:
-                callback(_pipeline)
+            state.forget_pipeline(closed=False)  # the recording layer's instruments were the old one's
+            for spec, callback in STATE.observers:  # every observable gauge of this process
+                _pipeline.observe(spec, callback)
         return _pipeline
 
 
@@ -321,20 +338,17 @@ def reset(extra_readers=()) -> None:
         _extra_readers = tuple(extra_readers)
     if old is not None:
         old.close()
-    for callback in _on_new_pipeline:
-        callback(None)
+    state.forget_pipeline(closed=True)
 
 
 def _after_fork_in_child() -> None:
     global _pipeline, _lock, _extra_readers
     _lock = threading.Lock()
     _extra_readers = ()  # a reader belongs to one provider: the parent's
-    context.reset_after_fork()
     old, _pipeline = _pipeline, None
     if old is not None:
         old.abandon()
-    for callback in _on_new_pipeline:
-        callback(None)
+    state.reset()  # a parent's pending records, caches and steps are not this process's
 
 
 if hasattr(os, "register_at_fork"):

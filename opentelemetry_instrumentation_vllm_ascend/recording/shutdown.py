@@ -142,7 +142,7 @@ def flush_here() -> None:
     current = pipeline.current()
     if current is None or current.pid != os.getpid():
         return
-    if current._closed:  # exiting already: its final export is what the requester waits for
+    if current.closing:  # exiting already: its final export is what the requester waits for
         current.closed.wait(environment.shutdown_timeout_ms() / 1000)
         return
     recording.flush(timeout_millis=environment.shutdown_timeout_ms())

@@ -16,7 +16,8 @@ from .server import Server, samples, total
 def summary(text: str) -> list[str]:
     """One line per vllm_profiling_ series: counters and gauges with their value, histograms with
     their count and mean."""
-    lines, histograms = [], {}
+    lines: list[str] = []
+    histograms: dict[tuple[str, str], dict[str, float]] = {}
     for name, labels, value in samples(text):
         if not name.startswith("vllm_profiling_") or name.endswith("_bucket"):
             continue

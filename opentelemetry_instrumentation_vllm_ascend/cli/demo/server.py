@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from typing import IO
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -63,7 +64,7 @@ class Server:
         self.extra_args = tuple(extra_args)
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: IO[bytes] | int | None = None
 
     @property
     def url(self) -> str:
@@ -128,7 +129,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        if self._log not in (None, subprocess.DEVNULL):
+        if self._log is not None and not isinstance(self._log, int):  # not DEVNULL
             self._log.close()
         return self.proc.returncode
 

@@ -1,0 +1,181 @@
+"""This process's mutable state, in one object: ``STATE``.
+
+Everything the package remembers between hooked calls lives in the fields of ``STATE`` (a class with
+``__slots__``: a field is one plain attribute load). Containers are emptied and scalars reassigned IN
+PLACE by :func:`reset`, so a hot-path function may bind ``STATE`` (or one of its containers, or a
+container's bound method) once, at import or as a default argument, and that binding stays valid.
+
+:func:`reset` is the one way back to a fresh process: a forked child calls it (``os.register_at_fork``,
+in ``recording.pipeline``: a parent's pending records, caches and steps are not the child's), and the
+tests' autouse fixture calls it before every test. What it does not reset:
+
+- the process identity (``context.PROCESS``: kind, dp, role, rank): a forked child inherits its
+  parent's, and a hook's ``claim`` changes it (clearing the label caches, ``clear_label_caches``);
+- registrations (``observers``, ``utilization_observed``): an observable gauge registered once is
+  observed by every pipeline the process builds, a forked child's included. ``reset(registrations=True)``
+  drops them too (tests that count registrations).
+
+ContextVars (``handlers.steps.CURRENT_STEP``, ``IN_PREFIX_CACHE_RESET``) are not state to reset: each
+call sets and restores its own value.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from typing import Any
+
+UNKNOWN = "unknown"
+
+
+class State:
+    __slots__ = (
+        # -- label caches (context): emptied whenever the process identity changes --
+        "step_labels",
+        "extra_labels",
+        "scope_labels",
+        # -- step classification (handlers.steps, handlers.scheduler) --
+        "last_step_phase",
+        "schedule_calls",
+        "exec_phase",
+        "recomputing",
+        # -- handlers --
+        "last_execute",
+        "current_pass",
+        "current_engine",
+        "served_model",
+        "genai_labels",
+        "memory_captured",
+        "blocked",
+        "blocks",
+        "status_preempted",
+        "worker_step",
+        "device",
+        "scope_names",
+        "empty_output",
+        # -- recording layer (caches of the current pipeline, pending records) --
+        "instruments",
+        "process_labels",
+        "generation",
+        "deferred",
+        # -- log-once memories --
+        "reported",
+        "warned",
+        # -- registrations (kept by reset() unless registrations=True) --
+        "observers",
+        "utilization_observed",
+    )
+
+    def __init__(self) -> None:
+        #: phase -> (dp, role, phase): label values of step-scoped series (context.step_labels).
+        self.step_labels: dict[str, tuple] = {}
+        #: (phase, extra) -> (dp, role, phase, extra) (context.step_labels_with).
+        self.extra_labels: dict[tuple, tuple] = {}
+        #: phase -> {scope name: labels} of profiling scopes (handlers.model_runner).
+        self.scope_labels: dict[str, dict] = {}
+        #: Phase of the step most recently scheduled in this process (read by executor RPC handlers,
+        #: which dispatch that step's work right after ``schedule()`` returned).
+        self.last_step_phase: str = UNKNOWN
+        #: ``schedule()`` calls so far in this process (outermost calls, raised ones included): an engine
+        #: step during which it did not change scheduled nothing (phase ``idle``).
+        self.schedule_calls: int = 0
+        #: Phase of the step whose execute_model RPC was dispatched last (EngineCore): its sample_tokens
+        #: follows.
+        self.exec_phase: str = UNKNOWN
+        #: Per scheduler: ids of requests preempted and not yet done recomputing their tokens (the only
+        #: cached requests that can have outputs and still do prefill work). Filled by the preemption hook.
+        self.recomputing: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        #: The state of the execute_model RPC dispatched last (EngineCore, handlers.executor).
+        self.last_execute: tuple | None = None
+        #: The engine-core busy-loop pass in progress (handlers.engine).
+        self.current_pass: Any = None
+        #: The API server's engine index of the output being processed (handlers.api), None: unknown.
+        self.current_engine: str | None = None
+        #: The API server's served model name (``gen_ai.request.model``, handlers.api), None: not known.
+        self.served_model: str | None = None
+        #: (operation, error type) -> the gen_ai.server.* label tuples (handlers.api).
+        self.genai_labels: dict[tuple, tuple] = {}
+        #: ids of workers whose memory was recorded (handlers.memory).
+        self.memory_captured: set = set()
+        #: Per KV cache manager (by id): whether the last allocation was refused (handlers.scheduler).
+        self.blocked: dict[int, bool] = {}
+        #: Per scheduler (by id): (total, free, pipeline generation) last recorded (handlers.scheduler).
+        self.blocks: dict[int, tuple] = {}
+        #: vllm.v1.request.RequestStatus.PREEMPTED, once a scheduler was seen (handlers.scheduler).
+        self.status_preempted: Any = None
+        #: The WorkerStep in progress (handlers.model_runner).
+        self.worker_step: Any = None
+        #: The device timeline (handlers.model_runner): False: not decided yet; None: no device events.
+        self.device: Any = False
+        #: Scope name -> its label value, at most MAX_SCOPE_NAMES (handlers.model_runner).
+        self.scope_names: dict[str, str] = {}
+        #: vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT, once vllm.v1.outputs is imported (handlers.model_runner).
+        self.empty_output: Any = None
+        #: seed -> the recording layer's instrument in the current pipeline.
+        self.instruments: dict[str, Any] = {}
+        #: The (process, dp, role) counted in instrumented_processes, None: not yet.
+        self.process_labels: tuple | None = None
+        #: Changes whenever the pipeline is rebuilt (reset, fork) or this state is reset: values cached as
+        #: "already recorded" must be recorded again then. Only ever increases.
+        self.generation: int = 0
+        #: Records a hook left for later: (function, arguments), oldest first (recording.defer).
+        self.deferred: deque = deque()
+        #: (handler name, phase) pairs whose failure was logged (hooks.handler.report).
+        self.reported: set = set()
+        #: Configuration warnings already logged (environment).
+        self.warned: set = set()
+        #: (spec, callback) of this process's observable gauges (recording.observe).
+        self.observers: list = []
+        #: Whether the device utilization gauge was registered (handlers.memory).
+        self.utilization_observed: bool = False
+
+
+STATE = State()
+
+
+def clear_label_caches() -> None:
+    """Empty the caches of label tuples derived from the process identity (it changed)."""
+    STATE.step_labels.clear()
+    STATE.extra_labels.clear()
+    STATE.scope_labels.clear()
+
+
+def forget_pipeline(closed: bool) -> None:
+    """The pipeline changed: the recording layer's caches of instruments and recorded values are
+    stale. ``closed``: no pipeline now (reset after its final export, or fork): pending records are
+    dropped (a parent's are not ours; a closed pipeline ran them)."""
+    s = STATE
+    s.instruments.clear()
+    s.process_labels = None
+    s.generation += 1
+    if closed:
+        s.deferred.clear()
+
+
+def reset(*, registrations: bool = False) -> None:
+    """Back to a fresh process's state, in place (see the module docstring for what stays)."""
+    s = STATE
+    clear_label_caches()
+    s.last_step_phase = UNKNOWN
+    s.schedule_calls = 0
+    s.exec_phase = UNKNOWN
+    s.recomputing.clear()
+    s.last_execute = None
+    s.current_pass = None
+    s.current_engine = None
+    s.served_model = None
+    s.genai_labels.clear()
+    s.memory_captured.clear()
+    s.blocked.clear()
+    s.blocks.clear()
+    s.status_preempted = None
+    s.worker_step = None
+    s.device = False
+    s.scope_names.clear()
+    s.empty_output = None
+    forget_pipeline(closed=True)
+    s.reported.clear()
+    s.warned.clear()
+    if registrations:
+        s.observers.clear()
+        s.utilization_observed = False

@@ -1,0 +1,441 @@
+"""Scheduler handlers (schedule, update_from_output, add_request, preemptions, KV blocks) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
+recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
+fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
+
+from types import SimpleNamespace as NS
+
+import pytest
+from fakes import ALL_LABELS, F, FakeScheduler, R, T, counts, idle_output, instrumented, key, name, output, req, step
+
+from opentelemetry_instrumentation_vllm_ascend import context, state
+from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler, steps
+from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+# -- scheduler ------------------------------------------------------------------------------------------
+
+
+def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils):
+    """A new request (6 tokens, 2 prefix-cached), a resumed one (recomputes 13), a chunked-prefill
+    continuation (4 of 10 done, 4 more) and a decode (1 token): 3 prefill requests / 23 tokens and
+    1 decode request / 1 token, phase mixed."""
+    requests = {
+        "resumed": req(0, 13, prompt=10),  # preempted after 3 outputs
+        "chunk": req(4, 10),
+        "decode": req(12, 13, prompt=10),
+    }
+    out = output(
+        requests, new=[("new", 6, 2)], cached=[("resumed", 13), ("chunk", 4), ("decode", 1)], resumed=["resumed"]
+    )
+    running = [
+        req(8, 8),  # the new request: prompt done (decode)
+        req(13, 13, prompt=10),  # the resumed one: caught up (decode)
+        req(8, 10),  # the chunk: 8 of 10 (prefill)
+        req(13, 14, prompt=10),  # the decode (decode)
+        req(0, 7),  # running, nothing computed yet (prefill)
+    ]
+    s = instrumented()(
+        clock,
+        utils,
+        requests,
+        running=running,
+        waiting=[req(0, 3), req(0, 4)],
+        max_num_running_reqs=5,
+        blocks=(100, 37),
+    )
+    s.plan = [(out, 0.0625, [("schedule: allocate_slots", 0.0625)])]
+    seen_inside = []
+    s.during = lambda: seen_inside.append(name("record_function_or_nullcontext") in metrics.points())
+    STATE.last_step_phase = "decode"  # the previous step's: not the phase of scopes in this one
+
+    assert s.schedule() is out
+    assert seen_inside == [False]  # the scope ended inside schedule(): held until the step's phase is known
+    assert getattr(out, PHASE_ATTRIBUTE) == "mixed"
+    assert STATE.last_step_phase == "mixed"
+
+    m, mixed = metrics, step("mixed")
+    pre, dec = step("mixed", req_phase="prefill"), step("mixed", req_phase="decode")
+    assert m.value(name("scheduler:duration"), **mixed) == (1, 0.125, counts(F, b16=1))  # (0.1, 0.25]
+    assert m.points()[name("record_function_or_nullcontext")] == {  # with this step's phase
+        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))
+    }  # (0.05, 0.1]
+    assert m.value(name("scheduler:batch_size"), **mixed) == (1, 4, counts(R, b3=1))  # (2, 4]
+    assert m.value(name("scheduler:phase_batch_size"), **pre) == (1, 3, counts(R, b3=1))
+    assert m.value(name("scheduler:phase_batch_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **pre) == (1, 23, counts(T, b4=1))  # (16, 32]
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **dec) == (1, 1, counts(T, b1=1))
+    assert m.points()[name("scheduler:phase_scheduled_token_counter")] == {key(**pre): 23, key(**dec): 1}
+    # context: 2 cached (new) + 0 + 4 + 12 computed before the step, plus the 24 scheduled
+    assert m.value(name("scheduler:seqlen:sum"), **mixed) == 42
+    assert m.value(name("scheduler:seqlen:avg"), **mixed) == 10.5
+    assert m.value(name("scheduler:running_queue_size"), **mixed) == (1, 5, counts(R, b4=1))  # (4, 8]
+    assert m.value(name("running_phase_batch_size"), **pre) == (1, 2, counts(R, b2=1))
+    assert m.value(name("running_phase_batch_size"), **dec) == (1, 3, counts(R, b3=1))
+    assert m.value(name("waiting_phase_batch_size"), **pre) == (1, 2, counts(R, b2=1))
+    assert m.value(name("waiting_phase_batch_size"), **dec) is None  # waiting requests are all prefill
+    assert m.value(name("total_kvcache_blocks"), **ALL_LABELS) == 100
+    assert m.value(name("free_kvcache_blocks"), **ALL_LABELS) == 37
+    assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 62  # 100 - 37 - the null block
+    assert m.points()[name("request_prefill_pending_nums")] == {key(**mixed): 1}  # 5 running of 5, 2 waiting
+
+
+def test_schedule_zero_tokens_add_nothing_to_the_counter(metrics, clock, utils):
+    requests = {"decode": req(12, 13, prompt=10), "spec": req(20, 21, prompt=10)}
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10), req(21, 22, prompt=10)])
+    s.plan = [
+        (output(requests, cached=[("decode", 1), ("spec", 3)]), 0.0, []),  # two decodes, one with 2 drafts
+        (output(requests, new=[("n", 8, 0)]), 0.0, []),  # a new request only
+    ]
+    s.schedule()
+    s.schedule()
+    m = metrics
+    d_pre, d_dec = step("decode", req_phase="prefill"), step("decode", req_phase="decode")
+    p_pre, p_dec = step("prefill", req_phase="prefill"), step("prefill", req_phase="decode")
+    # the histograms see the zeros…
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **d_pre) == (1, 0, counts(T, b0=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **d_dec) == (1, 4, counts(T, b2=1))  # (1, 8]
+    assert m.value(name("scheduler:phase_batch_size"), **d_pre) == (1, 0, counts(R, b0=1))
+    assert m.value(name("scheduler:phase_batch_size"), **p_dec) == (1, 0, counts(R, b0=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **p_pre) == (1, 8, counts(T, b2=1))
+    # …the counter only what was scheduled
+    assert m.points()[name("scheduler:phase_scheduled_token_counter")] == {key(**d_dec): 4, key(**p_pre): 8}
+    assert m.value(name("scheduler:seqlen:sum"), **step("decode")) == 12 + 20 + 4
+    assert m.value(name("scheduler:seqlen:avg"), **step("decode")) == 18
+    assert m.value(name("scheduler:seqlen:sum"), **step("prefill")) == 8
+    assert m.value(name("scheduler:seqlen:avg"), **step("prefill")) == 8
+
+
+def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, utils, monkeypatch):
+    """schedule() only classifies the step and reads the states it left; its records wait until
+    FLUSH_STEPS steps do, and run when the engine asks for a step's grammar bitmask (right after
+    sending execute_model), each with the values of the moment its schedule() returned even if the
+    scheduler changed since."""
+    monkeypatch.setattr(scheduler, "FLUSH_STEPS", 2)
+    requests = {"decode": req(12, 13, prompt=10)}
+    out = output(requests, cached=[("decode", 1)])
+    cls = instrumented()
+    cls.get_grammar_bitmask = wrap(lambda self, so: None, scheduler.GrammarBitmask(), SYNC)[0]
+    s = cls(clock, utils, requests, running=[req(13, 14, prompt=10)], waiting=[req(0, 3)], blocks=(100, 37))
+    s.plan = [(out, 0.125, [("schedule: allocate_slots", 0.0625)]), (out, 0.25, [])]
+
+    assert s.schedule() is out
+    assert getattr(out, PHASE_ATTRIBUTE) == "decode"  # known at once: it travels with the RPC
+    assert len(STATE.deferred) == 1  # nothing recorded yet
+    s.get_grammar_bitmask(out)
+    assert len(STATE.deferred) == 1  # one step waits: not yet
+    s.running.append(req(0, 5))  # what happens after schedule() returned is not this step's state
+    s.waiting.clear()
+    s.kv_cache_manager.block_pool.free = 3
+    s.schedule()
+    assert len(STATE.deferred) == 2
+    s.get_grammar_bitmask(out)
+    assert len(STATE.deferred) == 0
+
+    dec = step("decode")
+    assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(F, b16=2))  # 0.1875, 0.25
+    assert metrics.value(name("scheduler:running_queue_size"), **dec) == (2, 3, counts(R, b1=1, b2=1))
+    assert metrics.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
+        2,
+        1,
+        counts(R, b0=1, b1=1),
+    )
+    assert metrics.value(name("free_kvcache_blocks"), **step("all")) == 3
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))
+    }
+
+
+def test_deferred_records_do_not_keep_the_step_output(metrics, clock, utils):
+    """What a step's deferred records need is read when schedule() returns; its SchedulerOutput is
+    not kept until they run (32 steps' outputs held back would keep their objects alive, and the
+    garbage collector, idle on an uninstrumented scheduler, would start running)."""
+    import gc
+    import weakref
+
+    class Output(NS):  # weakref-able
+        pass
+
+    requests = {"decode": req(12, 13, prompt=10)}
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
+    s.plan = [(Output(**vars(output(requests, cached=[("decode", 1)]))), 0.125, [])]
+    gone = weakref.ref(s.schedule())
+    gc.collect()
+    assert len(STATE.deferred) == 1  # not recorded yet…
+    assert gone() is None  # …and the output is not held for it
+    assert metrics.value(name("scheduler:seqlen:sum"), **step("decode")) == 13
+
+
+def _varied_steps(clock, utils):
+    """A scheduler and eight steps of every kind: prefill, mixed, decode (repeated: equal shapes),
+    idle, one that preempts, a queue that fills up and drains (prefill-pending edges), blocks that
+    change and stay, scopes in some steps."""
+    requests = {"a": req(12, 13, prompt=10), "b": req(4, 10), "c": req(20, 21, prompt=10)}
+    s = instrumented()(
+        clock,
+        utils,
+        requests,
+        running=[req(13, 14, prompt=10)],
+        waiting=[req(0, 3)],
+        max_num_running_reqs=2,
+        blocks=(100, 37),
+    )
+    decode = output(requests, cached=[("a", 1), ("c", 1)])
+    slots = [("schedule: allocate_slots", 0.0625), ("schedule: allocate_slots", 0.125)]
+    s.plan = [
+        (output(requests, new=[("n", 8, 0)]), 0.125, [("schedule: allocate_slots", 0.0625)]),
+        (output(requests, new=[("m", 6, 2)], cached=[("a", 1), ("b", 4)]), 0.25, slots),
+        (decode, 0.125, slots),
+        (decode, 0.125, slots),
+        (idle_output(), 0.0, []),
+        (decode, 0.5, []),
+        (decode, 0.125, slots),
+        (output(requests, cached=[("b", 4)]), 0.0625, []),
+    ]
+    queues = [  # (running, waiting) left by each step; at most 2 run
+        ([req(8, 8)], [req(0, 3)]),
+        ([req(8, 8), req(9, 10)], []),
+        ([req(8, 9), req(10, 11)], [req(0, 3)]),  # full with one waiting: an edge (decode)
+        ([req(8, 9)], []),
+        ([req(8, 9)], [req(0, 2)]),
+        ([req(8, 9), req(5, 5)], [req(0, 2), req(0, 1)]),  # blocked again: a second edge (decode)
+        ([req(8, 9), req(5, 9)], [req(0, 2)]),  # still blocked: no edge
+        ([req(8, 9)], []),
+    ]
+    free = [37, 30, 30, 30, 28, 28, 28, 40]
+    calls = iter(range(len(s.plan)))
+
+    def after_each():
+        i = next(calls)
+        s.running[:], s.waiting[:] = queues[i]
+        s.kv_cache_manager.block_pool.free = free[i]
+        if i == 5:  # as the preemption hook counts them, inside schedule()
+            steps.CURRENT_STEP.get().preemptions += 1
+            steps.CURRENT_STEP.get().recomputes += 1
+
+    s.during = after_each
+    return s
+
+
+def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock, utils):
+    """Eight steps recorded together (_record_schedules: equal values counted at once, the last gauge
+    values, the pending edges in order) record exactly what the same steps record one at a time (a
+    collection after each); the per-step values themselves are checked by hand in the tests above."""
+    from conftest import Metrics
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    def run(collect_each):
+        state.reset()  # a fresh process each run
+        reader = Metrics(InMemoryMetricReader())
+        pipeline.reset(extra_readers=[reader.reader])
+        context.set_process("engine_core", "0", "mixed")
+        s = _varied_steps(clock, utils)
+        for _ in range(len(s.plan)):
+            s.schedule()
+            if collect_each:
+                assert len(STATE.deferred) == 1
+                reader.points()  # a collection records the one pending step: the per-step path
+        points = reader.points()
+        assert not STATE.deferred
+        return points
+
+    one_by_one = run(True)
+    together = run(False)
+    assert together == one_by_one
+    # …and the values are the hand-computed ones (a sample of them)
+    assert one_by_one[name("request_prefill_pending_nums")] == {key(**step("decode")): 2}
+    assert one_by_one[name("scheduler:batch_size")][key(**step("decode"))] == (4, 8, counts(R, b2=4))
+    assert one_by_one[name("free_kvcache_blocks")][key(**ALL_LABELS)] == 40
+
+
+def test_deferred_records_run_at_collection_and_are_dropped_by_reset(metrics, clock, utils):
+    requests = {"decode": req(12, 13, prompt=10)}
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
+    s.plan = [
+        (output(requests, cached=[("decode", 1)]), 0.125, []),
+        (output(requests, cached=[("decode", 1)]), 0.125, []),
+    ]
+    s.schedule()
+    # A collection (the periodic export, a scrape's files, OTLP) runs what is pending first.
+    assert metrics.value(name("scheduler:duration"), **step("decode"))[0] == 1
+    assert not STATE.deferred
+    s.schedule()
+    assert len(STATE.deferred) == 1
+    pipeline.reset()  # its final export ran it; nothing is left over
+    assert not STATE.deferred
+
+
+def test_schedule_prefill_pending_counted_once_per_episode(metrics, clock, utils):
+    """Idle steps (nothing scheduled): the batch shape is a zero batch, the queues still count."""
+    s = instrumented()(clock, utils, running=[req(5, 5), req(1, 4)], waiting=[req(0, 2)], max_num_running_reqs=2)
+    other = instrumented()(clock, utils, running=[req(5, 5)], waiting=[req(0, 2)], max_num_running_reqs=1)
+    s.plan = [(idle_output(), 0.0, []) for _ in range(5)]
+    other.plan = [(idle_output(), 0.0, [])]
+    pending = name("request_prefill_pending_nums")
+    idle = step("idle")
+
+    s.schedule()  # running full, one waiting: the edge into blocked
+    assert metrics.value(pending, **idle) == 1
+    s.schedule()  # still blocked: not counted again
+    assert metrics.value(pending, **idle) == 1
+    other.schedule()  # another scheduler (another EngineCore) has its own episode
+    assert metrics.value(pending, **idle) == 2
+    s.waiting = []
+    s.schedule()  # cleared
+    assert metrics.value(pending, **idle) == 2
+    s.waiting = [req(0, 1), req(0, 1), req(0, 1)]
+    s.schedule()  # blocked again: a new episode
+    assert metrics.value(pending, **idle) == 3
+    s.running = s.running[:1]
+    s.schedule()  # room in the running queue: not blocked
+    assert metrics.value(pending, **idle) == 3
+
+    m = metrics
+    assert m.value(name("scheduler:batch_size"), **idle) == (6, 0, counts(R, b0=6))
+    for seed in (
+        "scheduler:phase_batch_size",
+        "scheduler:phase_scheduled_tokens",
+        "scheduler:phase_scheduled_token_counter",
+        "scheduler:seqlen:sum",
+        "scheduler:seqlen:avg",
+    ):
+        assert name(seed) not in m.points()
+    # running sizes 2, 2, 1, 2, 2, 1; waiting 1, 1, 1, 0, 3, 3
+    assert m.value(name("scheduler:running_queue_size"), **idle) == (6, 10, counts(R, b1=2, b2=4))
+    assert m.value(name("running_phase_batch_size"), **step("idle", req_phase="prefill")) == (
+        6,
+        4,
+        counts(R, b0=2, b1=4),
+    )  # req(1, 4) is in its prompt in s's four two-request steps
+    assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="prefill")) == (
+        6,
+        9,
+        counts(R, b0=1, b1=3, b3=2),
+    )
+    assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="decode")) is None
+
+
+def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
+    requests = {"decode": req(12, 13, prompt=10)}
+    out = output(requests, cached=[("decode", 1)])
+    no_kv = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)], waiting=[req(0, 1)])
+    del no_kv.kv_cache_manager
+    no_kv.skipped_waiting = [req(0, 2)]  # deferred waiting requests count as waiting
+    no_kv.plan = [(out, 0.25, [])]
+    assert no_kv.schedule() is out
+    m, dec = metrics, step("decode")
+    assert m.value(name("scheduler:duration"), **dec) == (1, 0.25, counts(F, b16=1))
+    assert m.value(name("scheduler:batch_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))
+    assert m.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (1, 2, counts(R, b2=1))
+    for seed in ("total_kvcache_blocks", "free_kvcache_blocks", "allocated_kvcache_blocks"):
+        assert name(seed) not in m.points()
+    assert getattr(out, PHASE_ATTRIBUTE) == "decode"
+
+    # No queues: the batch shape before and the KV cache after are still recorded.
+    no_queues = instrumented()(clock, utils, requests, blocks=(10, 4))
+    del no_queues.running
+    out2 = output(requests, cached=[("decode", 1)])
+    no_queues.plan = [(out2, 0.5, [])]
+    assert no_queues.schedule() is out2
+    assert m.value(name("scheduler:duration"), **dec) == (2, 0.75, counts(F, b16=1, b17=1))
+    assert m.value(name("scheduler:batch_size"), **dec) == (2, 2, counts(R, b1=2))
+    assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))  # unchanged
+    assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 5
+
+
+def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock, utils):
+    """vLLM's scheduler enters "schedule: allocate_slots" once per running request: a decode step of
+    three requests gives three observations of it (each its own duration), recorded at once when
+    schedule() returns, with the step's phase."""
+    requests = {rid: req(12, 13, prompt=10) for rid in ("a", "b", "c")}
+    out = output(requests, cached=[("a", 1), ("b", 1), ("c", 1)])
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)] * 3)
+    s.plan = [
+        (
+            out,
+            0.0,
+            [
+                ("schedule: allocate_slots", 0.0625),
+                ("schedule: allocate_slots", 0.125),
+                ("schedule: allocate_slots", 0.0625),
+                ("schedule: update_after_schedule", 0.25),
+            ],
+        )
+    ]
+    STATE.last_step_phase = "prefill"
+
+    s.schedule()
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("decode", name="schedule: allocate_slots")): (3, 0.25, counts(F, b15=2, b16=1)),
+        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1)),
+    }
+
+
+def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
+    """Inside schedule(), blocks of one name share one timer: a block nested in another of the same
+    name and a block left by an exception still give each block its own duration (the exception's
+    none: it is not recorded, as outside a step)."""
+    rf = utils.record_function_or_nullcontext
+
+    class Nested(FakeScheduler):
+        def schedule(self):
+            with rf("schedule: allocate_slots"):
+                self.clock.t += 0.0625
+                with rf("schedule: allocate_slots"):  # nested, same name
+                    self.clock.t += 0.125
+                self.clock.t += 0.0625
+            with pytest.raises(KeyError):
+                with rf("schedule: allocate_slots"):
+                    self.clock.t += 1.0
+                    raise KeyError("inside a scope")
+            with rf("schedule: allocate_slots"):
+                self.clock.t += 0.0625
+            return output({})
+
+    s = instrumented(Nested)(clock, utils)
+    s.schedule()
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(F, b15=1, b16=2))
+    }
+
+
+def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clock, utils):
+    s = instrumented()(clock, utils)
+    s.plan = [(RuntimeError("scheduler bug"), 0.5, [("schedule: allocate_slots", 0.125)])]
+    STATE.last_step_phase = "decode"
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        s.schedule()
+    assert STATE.last_step_phase == "unknown"
+    assert metrics.points()[name("record_function_or_nullcontext")] == {
+        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(F, b16=1))
+    }
+    assert name("scheduler:duration") not in metrics.points()
+
+
+def test_update_from_output_phase_from_the_scheduler_output(metrics, clock):
+    s = instrumented()(clock)
+    STATE.last_step_phase = "decode"  # the next step was already scheduled (async scheduling)
+    so = NS(**{PHASE_ATTRIBUTE: "prefill"})
+    assert s.update_from_output(so, 0.25) == {}
+    s.update_from_output(model_runner_output=0.5, scheduler_output=NS())  # no phase stored: the last step's
+    with pytest.raises(RuntimeError, match="update failed"):
+        s.update_from_output(so, -1.0)  # failed: not timed
+    spec = name("scheduler:update_from_output:duration")
+    assert metrics.points()[spec] == {
+        key(**step("prefill")): (1, 0.25, counts(F, b16=1)),
+        key(**step("decode")): (1, 0.5, counts(F, b17=1)),
+    }
+
+
+def test_add_request_phase_all(metrics, clock):
+    s = instrumented()(clock)
+    STATE.last_step_phase = "prefill"
+    s.add_request(0.001953125)  # 2**-9 s
+    s.add_request(request=0.001953125)
+    with pytest.raises(ValueError, match="bad request"):
+        s.add_request(-1.0)
+    assert metrics.points()[name("scheduler:add_request:duration")] == {
+        key(**ALL_LABELS): (2, 0.00390625, counts(F, b10=2))
+    }  # (0.001, 0.0025]
