@@ -122,6 +122,9 @@ def per_call_rows(number, repeat):
     wrapt_w = wrapt.FunctionWrapper(bare, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
     timer = wrap(bare, StepTimer(TIMER), SYNC_TIMER)[0]
     counter = wrap(bare, CountCalls(), SYNC)[0]
+    # What ``control off`` leaves: the wrapper stays, its handler is None (recording/control.py).
+    timer_off, off_hook = wrap(bare, StepTimer(TIMER), SYNC_TIMER)
+    off_hook.handler = None
     # A non-blocking RPC's whole life: the call returns a pending future, vLLM completes it later.
     import concurrent.futures
 
@@ -211,6 +214,7 @@ def per_call_rows(number, repeat):
         ("wrapt.FunctionWrapper", lambda: wrapt_w(t, 1)),
         ("ours: sync timer -> histogram {dp,role,phase}", lambda: timer(t, 1)),
         ("ours: counter hook", lambda: counter(t, 1)),
+        ("ours: sync timer while recording is off (control off)", lambda: timer_off(t, 1)),
         (
             "bare non-blocking RPC (future created, completed)",
             lambda: rpc_bare(t, "execute_model", None, rpc_args, non_block=True).set_result(1),

@@ -63,6 +63,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
     """
 
     _installer: Installer | None = None
+    _user_hooks: Any = None
     _exposition: Exposition | None = None
     _set_enabled = False
     _replaced_enabled: str | None = None
@@ -102,13 +103,32 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         from .recording import shutdown
 
         shutdown.setup()  # answers "export now" from the process that stops this one (shutdown.py)
+        from .recording import control
+
+        control.setup()  # the server's runtime state (on / off) before any hook is installed
         installer = Installer()
         installer.install()
         VllmAscendInstrumentor._installer = installer
+        from .hooks.userfile import UserHooks, paths_from_environment
+
+        if paths_from_environment():
+            user_hooks = UserHooks()
+            control.reloaders.append(user_hooks.reload)
+            control.summaries.append(user_hooks.summary)
+            user_hooks.install()
+            VllmAscendInstrumentor._user_hooks = user_hooks
 
     def _uninstrument(self, **kwargs: Any):
         from .recording import pipeline
 
+        user_hooks, VllmAscendInstrumentor._user_hooks = VllmAscendInstrumentor._user_hooks, None
+        if user_hooks is not None:
+            user_hooks.uninstall()
+        from .recording import control
+
+        control.teardown()
+        control.reloaders.clear()
+        control.summaries.clear()
         installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
         if installer is not None:
             installer.uninstall()

@@ -790,7 +790,7 @@ def views():
     from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
     result = []
-    for spec in CATALOGUE:
+    for spec in (*CATALOGUE, *EXTRA.values()):
         aggregation = None
         if spec.kind == HISTOGRAM:
             aggregation = ExplicitBucketHistogramAggregation(list(spec.buckets or ()), record_min_max=True)
@@ -809,3 +809,7 @@ def views():
 
 
 SCOPE_NAME = "opentelemetry_instrumentation_vllm_ascend"
+
+#: Metrics declared at run time (users' hook files: hooks/userfile.py): named, exported and given
+#: Views like catalogue entries, but not part of the catalogue (nor of docs/metrics.md).
+EXTRA: dict[str, MetricSpec] = {}

@@ -45,6 +45,16 @@ ROOT_PID = "_OTEL_VLLM_ASCEND_ROOT_PID"
 #: (random), in the names of the sockets its processes take flush requests on (shutdown.py).
 TREE = "_OTEL_VLLM_ASCEND_TREE"
 
+#: Users' hook files: comma-separated paths of YAML files in ms-service-metric's entry shape
+#: (hooks/userfile.py, docs/configuration.md "Hook files").
+CONFIG = "OTEL_VLLM_ASCEND_CONFIG"
+#: ``off``: a server starts with recording off (``python -m opentelemetry_instrumentation_vllm_ascend
+#: control on`` turns it on); ``on`` (default).
+INITIAL_STATE = "OTEL_VLLM_ASCEND_INITIAL_STATE"
+#: Internal, set by the first instrumented process for its children when it made a private control
+#: directory of its own (no files directory: PROMETHEUS_MULTIPROC_DIR set, or /metrics off).
+CONTROL_DIR = "_OTEL_VLLM_ASCEND_CONTROL_DIR"
+
 #: How long a process's final export may take at exit, and how long the process that stops others
 #: (the API server stopping its EngineCores) waits for theirs, in milliseconds (default 1000).
 SHUTDOWN_TIMEOUT_MS = "OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS"

@@ -55,6 +55,7 @@ class State:
         "empty_output",
         # -- recording layer (caches of the current pipeline, pending records) --
         "instruments",
+        "real_instruments",
         "process_labels",
         "generation",
         "deferred",
@@ -113,6 +114,9 @@ class State:
         self.empty_output: Any = None
         #: seed -> the recording layer's instrument in the current pipeline.
         self.instruments: dict[str, Any] = {}
+        #: seed -> the current pipeline's instrument, also while runtime control switched it off
+        #: (``instruments`` then holds a no-op for it).
+        self.real_instruments: dict[str, Any] = {}
         #: The (process, dp, role) counted in instrumented_processes, None: not yet.
         self.process_labels: tuple | None = None
         #: Changes whenever the pipeline is rebuilt (reset, fork) or this state is reset: values cached as
@@ -146,6 +150,7 @@ def forget_pipeline(closed: bool) -> None:
     dropped (a parent's are not ours; a closed pipeline ran them)."""
     s = STATE
     s.instruments.clear()
+    s.real_instruments.clear()
     s.process_labels = None
     s.generation += 1
     if closed:

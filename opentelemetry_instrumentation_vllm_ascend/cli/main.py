@@ -50,10 +50,22 @@ def main(argv=None) -> int:
         help="the engine's executor (--distributed-executor-backend; uni: one in-process worker)",
     )
     check_parser.add_argument("--api-server-count", type=int, help="API server processes of the server")
+    check_parser.add_argument(
+        "--config",
+        action="append",
+        metavar="FILE",
+        help="also check this hook file (OTEL_VLLM_ASCEND_CONFIG format; repeatable): each entry loaded, "
+        "mapped, gated or rejected, and why",
+    )
+    from .control import add_parser, run_control
+
+    add_parser(sub)
     add_summary_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "summary":
         return summary_command(args)
+    if args.command == "control":
+        return run_control(args)
 
     from ..hooks import installer
     from ..version import __version__
@@ -73,6 +85,11 @@ def main(argv=None) -> int:
     overrides_found = installer.uncovered_overrides()
     vllm, ascend = installer.vllm_version(), installer.vllm_ascend_version()
     missing = [r for r in rows if r["status"] == installer.MISSING]
+    hook_files = None
+    if args.config:
+        from ..hooks import userfile
+
+        hook_files = [e.as_row() for e in userfile.resolve_entries(userfile.load(args.config, log=False))]
     if args.json:
         print(
             json.dumps(
@@ -86,7 +103,8 @@ def main(argv=None) -> int:
                     },
                     "metrics": metrics,
                     "uncovered_overrides": overrides_found,
-                    "ok": not missing,
+                    "hook_files": hook_files,
+                    "ok": not missing and not any(e["status"] == "rejected" for e in hook_files or ()),
                 },
                 indent=2,
             )
@@ -116,7 +134,12 @@ def main(argv=None) -> int:
         for o in overrides_found:
             absent = ", ".join(o["absent"]) or "no metric"
             print(f"Wherever {o['symbol']} runs (it bypasses {o['bypasses']}), absent: {absent} — {o['reason']}")
-    return 1 if missing else 0
+    if hook_files is not None and not args.json:
+        from .control import print_entries
+
+        print_entries(hook_files)
+    rejected = any(e["status"] == "rejected" for e in hook_files or ())
+    return 1 if missing or rejected else 0
 
 
 if __name__ == "__main__":

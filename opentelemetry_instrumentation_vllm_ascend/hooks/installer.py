@@ -13,6 +13,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from .. import neighbours
+from ..recording import control
 from . import targets as targets_module
 from .patches import hook_future_class, original_class, patch_method
 from .wrappers import FUTURE_CLASS, SCOPE_FACTORY
@@ -226,7 +227,9 @@ class Installer:
                         self.patches.extend(hook_future_class(owner, completes_later=True))
                     else:
                         handler = targets_module.load_handler(target)
-                        self.patches.append(patch_method(owner, target.attribute, handler, target.kind))
+                        patch = patch_method(owner, target.attribute, handler, target.kind)
+                        self.patches.append(patch)
+                        control.register(patch.hook, target.feeds, target.provides_context)
                     self.status[target.symbol] = RESOLVED
                 except Exception as exc:  # never break the host
                     self.status[target.symbol] = MISSING
@@ -244,6 +247,9 @@ class Installer:
         with self._lock:
             self.active = False
             for patch in reversed(self.patches):
+                hook = getattr(patch, "hook", None)
+                if hook is not None:
+                    control.unregister(hook)
                 patch.remove()
             self.patches.clear()
             for symbol, state in self.status.items():

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from .. import catalogue, context, environment
 from ..state import STATE
-from . import pipeline
+from . import control, pipeline
 from .deferred import defer, run_deferred
 
 __all__ = [
     "add",
+    "control_changed",
     "defer",
     "flush",
     "generation",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 _instruments = STATE.instruments
+#: The pipeline's instrument per seed, also while runtime control has it switched off.
+_real = STATE.real_instruments
 
 
 def generation() -> int:
@@ -55,11 +58,22 @@ class _Disabled:
 def _instrument(spec: catalogue.MetricSpec):
     instrument = _instruments.get(spec.seed)
     if instrument is None:
-        if environment.metric_disabled(spec.seed):
+        if environment.metric_disabled(spec.seed) or control.switched_off(spec.seed):
             instrument = _instruments[spec.seed] = _Disabled()
         else:
-            instrument = _instruments[spec.seed] = pipeline.get().instrument(spec)
+            real = _real.get(spec.seed)
+            if real is None:
+                real = _real[spec.seed] = pipeline.get().instrument(spec)
+            instrument = _instruments[spec.seed] = real
     return instrument
+
+
+def control_changed() -> None:
+    """Runtime control switched metrics on or off: every instrument is looked up again at its next
+    record (the pipeline's own instruments, kept in ``_real``, keep their values)."""
+    _instruments.clear()
+    if not control.is_on():
+        STATE.deferred.clear()  # records a hook left for later are not made while off
 
 
 def add(spec: catalogue.MetricSpec, value: int | float, labels: tuple, _get=_instruments.get) -> None:

@@ -145,7 +145,7 @@ def drop_foreign_identity() -> None:
         except OSError:
             ancestor = False
     if ancestor is False:
-        for name in (environment.ROOT_PID, environment.FILES_DIR, environment.TREE):
+        for name in (environment.ROOT_PID, environment.FILES_DIR, environment.TREE, environment.CONTROL_DIR):
             os.environ.pop(name, None)
         logger.info(
             "opentelemetry-instrumentation-vllm-ascend: %s=%s is not an ancestor of this process; "

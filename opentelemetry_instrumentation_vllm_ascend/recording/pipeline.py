@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from .. import catalogue, context, environment, state
 from ..state import STATE
 from ..version import __version__
+from . import control
 from .deferred import run_deferred
 
 if TYPE_CHECKING:
@@ -271,6 +272,7 @@ def _before_collect() -> None:
     """Run at the start of every collection, in the collecting thread: the deferred records go in."""
     try:
         run_deferred()
+        control.exported()  # the last export's time, for `control status`
     except Exception:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 

@@ -1,0 +1,216 @@
+"""The expression language of hook files (``expr:`` and label expressions): a small, allow-listed
+subset of Python expressions, parsed and checked once, at load, into a code object that can only
+read values and call a fixed set of pure functions.
+
+Allowed: the target's parameters by name, ``self``, ``result`` (what the call returned), ``duration``
+(seconds the call took); attribute access (never a dunder name, never frame/code introspection),
+subscripts and slices, literals (numbers, strings, bytes, True/False/None, tuples, lists), arithmetic
+(``+ - * / // %``, ``**`` with a small literal exponent), unary ``- + not ~``, comparisons (``in`` and
+``is`` included), ``and`` / ``or``, ``x if c else y``, and calls of ``len min max sum abs int float
+round`` with positional arguments. Anything else — other names or calls, lambdas, comprehensions,
+f-strings, walrus, keywords, ``*args``, shifts, a sequence literal multiplied — is rejected at load
+with its position. Bounded: at most ``MAX_LENGTH`` characters and ``MAX_DEPTH`` levels of nesting.
+
+Safety rests on what can be written, not on sandboxing eval: the code object is built from a tree
+in which every node passed the allow-list, and evaluated with no builtins; the only callables it can
+reach are the functions below. Attribute access and subscripts do run the objects' own code
+(properties, ``__getitem__``) — vLLM's code, as the hooked function itself does."""
+
+from __future__ import annotations
+
+import ast
+
+MAX_LENGTH = 1000
+MAX_DEPTH = 24
+#: Largest literal exponent of ``**`` (and largest magnitude of its base literal: none).
+MAX_EXPONENT = 64
+#: The functions an expression may call.
+FUNCTIONS = {"len": len, "min": min, "max": max, "sum": sum, "abs": abs, "int": int, "float": float, "round": round}
+#: Names every hook's expressions can read besides its parameters.
+SPECIAL = ("self", "result", "duration")
+#: Attribute names refused besides dunders: the ways from an object to frames, code and globals.
+FORBIDDEN_ATTRIBUTES = frozenset(
+    {
+        "gi_frame",
+        "gi_code",
+        "gi_yieldfrom",
+        "cr_frame",
+        "cr_code",
+        "cr_await",
+        "ag_frame",
+        "ag_code",
+        "ag_await",
+        "f_globals",
+        "f_locals",
+        "f_builtins",
+        "f_back",
+        "f_code",
+        "tb_frame",
+        "tb_next",
+        "func_globals",
+        "func_code",
+        "mro",
+        "format",
+        "format_map",
+    }
+)
+
+_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow)
+_UNARY = (ast.Not, ast.USub, ast.UAdd, ast.Invert)
+_COMPARE = (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Is, ast.IsNot)
+_SEQUENCES = (ast.List, ast.Tuple)
+
+
+class ExpressionError(ValueError):
+    """An expression that is not in the language: the message says what and where (column)."""
+
+
+class Expression:
+    """A checked expression: ``names`` it reads (parameters / special names), ``evaluate(values)``
+    with a dict holding at least those names. ``evaluate`` raises whatever the evaluation raises."""
+
+    __slots__ = ("source", "names", "_code")
+
+    def __init__(self, source: str, names: tuple[str, ...], code) -> None:
+        self.source = source
+        self.names = names
+        self._code = code
+
+    def evaluate(self, values: dict, _functions=FUNCTIONS):
+        return eval(self._code, {"__builtins__": {}}, {**_functions, **values})  # noqa: S307 (checked tree)
+
+    def __repr__(self) -> str:
+        return f"Expression({self.source!r})"
+
+
+def compile_expression(source, parameters=()) -> Expression:
+    """Parse and check ``source``; ``parameters``: the target's parameter names (None: any name is
+    accepted as a parameter, for checking a file without importing the target)."""
+    if not isinstance(source, str):
+        raise ExpressionError(f"an expression must be a string, not {type(source).__name__}")
+    if not source.strip():
+        raise ExpressionError("empty expression")
+    if len(source) > MAX_LENGTH:
+        raise ExpressionError(f"longer than {MAX_LENGTH} characters")
+    if _nesting(source) > MAX_DEPTH:
+        raise ExpressionError(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        where = f" at column {exc.offset}" if isinstance(exc, SyntaxError) and exc.offset else ""
+        raise ExpressionError(f"not an expression{where}: {getattr(exc, 'msg', exc)}") from None
+    allowed = None if parameters is None else set(parameters) | set(SPECIAL)
+    names: list[str] = []
+    _check(tree.body, allowed, names, 1)
+    code = compile(tree, "<hook expression>", "eval")
+    return Expression(source, tuple(dict.fromkeys(names)), code)
+
+
+def _nesting(source: str) -> int:
+    depth = deepest = 0
+    for char in source:
+        if char in "([{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in ")]}":
+            depth -= 1
+    return deepest
+
+
+def _fail(node, what: str):
+    raise ExpressionError(f"{what} at column {getattr(node, 'col_offset', 0) + 1}")
+
+
+def _check(node, allowed, names: list, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        _fail(node, f"nested deeper than {MAX_DEPTH} levels")
+    below = depth + 1
+    if isinstance(node, ast.Constant):
+        if not isinstance(node.value, (int, float, str, bytes, bool, type(None))):
+            _fail(node, f"literal {node.value!r} not allowed")
+        return
+    if isinstance(node, ast.Name):
+        if node.id in FUNCTIONS:
+            _fail(node, f"function {node.id!r} may only be called")
+        if node.id.startswith("__") or (allowed is not None and node.id not in allowed):
+            _fail(node, f"unknown name {node.id!r} (allowed: the target's parameters, {', '.join(SPECIAL)})")
+        names.append(node.id)
+        return
+    if isinstance(node, ast.Attribute):
+        if node.attr.startswith("__") or node.attr.endswith("__") or node.attr in FORBIDDEN_ATTRIBUTES:
+            _fail(node, f"attribute {node.attr!r} not allowed")
+        _check(node.value, allowed, names, below)
+        return
+    if isinstance(node, ast.Subscript):
+        _check(node.value, allowed, names, below)
+        _check(node.slice, allowed, names, below)
+        return
+    if isinstance(node, ast.Slice):
+        for part in (node.lower, node.upper, node.step):
+            if part is not None:
+                _check(part, allowed, names, below)
+        return
+    if isinstance(node, _SEQUENCES):
+        if len(node.elts) > 64:
+            _fail(node, "literal with more than 64 items")
+        for element in node.elts:
+            if isinstance(element, ast.Starred):
+                _fail(element, "starred expression not allowed")
+            _check(element, allowed, names, below)
+        return
+    if isinstance(node, ast.BinOp):
+        if not isinstance(node.op, _BINOPS):
+            _fail(node, f"operator {type(node.op).__name__} not allowed")
+        if isinstance(node.op, ast.Pow):
+            exponent = node.right
+            if not (
+                isinstance(exponent, ast.Constant)
+                and isinstance(exponent.value, (int, float))
+                and not isinstance(exponent.value, bool)
+                and abs(exponent.value) <= MAX_EXPONENT
+            ):
+                _fail(node, f"'**' needs a literal exponent of at most {MAX_EXPONENT}")
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Pow) for n in ast.walk(node.left)):
+                _fail(node, "a power of a power is not allowed")
+        if isinstance(node.op, ast.Mult) and (_is_sequence_literal(node.left) or _is_sequence_literal(node.right)):
+            _fail(node, "a string or sequence literal may not be multiplied")
+        _check(node.left, allowed, names, below)
+        _check(node.right, allowed, names, below)
+        return
+    if isinstance(node, ast.UnaryOp):
+        if not isinstance(node.op, _UNARY):
+            _fail(node, f"operator {type(node.op).__name__} not allowed")
+        _check(node.operand, allowed, names, below)
+        return
+    if isinstance(node, ast.BoolOp):
+        for value in node.values:
+            _check(value, allowed, names, below)
+        return
+    if isinstance(node, ast.Compare):
+        for op in node.ops:
+            if not isinstance(op, _COMPARE):
+                _fail(node, f"comparison {type(op).__name__} not allowed")
+        _check(node.left, allowed, names, below)
+        for comparator in node.comparators:
+            _check(comparator, allowed, names, below)
+        return
+    if isinstance(node, ast.IfExp):
+        for part in (node.test, node.body, node.orelse):
+            _check(part, allowed, names, below)
+        return
+    if isinstance(node, ast.Call):
+        if not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS):
+            what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+            _fail(node, f"call of {what!r} not allowed (allowed: {', '.join(FUNCTIONS)})")
+        if node.keywords:
+            _fail(node, "keyword arguments not allowed")
+        for argument in node.args:
+            if isinstance(argument, ast.Starred):
+                _fail(argument, "starred arguments not allowed")
+            _check(argument, allowed, names, below)
+        return
+    _fail(node, f"{type(node).__name__} not allowed")
+
+
+def _is_sequence_literal(node) -> bool:
+    return isinstance(node, _SEQUENCES) or (isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)))

@@ -1,0 +1,676 @@
+"""Users' hook files (``OTEL_VLLM_ASCEND_CONFIG``): YAML lists of entries in ms-service-metric's shape,
+compiled once at load into target rows, measures and metric specs; nothing from a file is imported
+or executed.
+
+An entry::
+
+    - symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request   # module:Class.method or module:function
+      min_version: "0.23.0"        # optional, inclusive; vllm_ascend.* symbols gate on vllm-ascend's version
+      max_version: "0.40.0"        # optional, inclusive
+      metrics:
+        - name: custom:add_request:prompt_tokens   # exposed as vllm_profiling_<name>
+          type: histogram          # timer (default) | histogram | counter | gauge
+          expr: request.num_prompt_tokens           # hooks/expressions.py
+          buckets: [0, 8, 16, 32]
+          labels: [{name: kind, expr: "'long' if request.num_prompt_tokens > 64 else 'short'"}]
+
+Every entry ends in one state, logged in one line and shown by ``check --config``: ``loaded`` (its
+hook is installed when its module is imported), ``mapped`` (an incumbent ``handler:``, or a metric a
+built-in hook of ours already records: nothing new is installed), ``gated`` (version range, or
+``enabled: false``) or ``rejected`` (why, and where). A file that cannot be read or parsed is one
+rejected entry; the other files load."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+import threading
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from .. import catalogue, context
+from ..state import STATE
+from .expressions import Expression, ExpressionError, compile_expression
+from .handler import Handler
+
+logger = logging.getLogger(__name__)
+
+LOADED, MAPPED, GATED, REJECTED = "loaded", "mapped", "gated", "rejected"
+
+TIMER, HISTOGRAM, COUNTER, GAUGE = "timer", "histogram", "counter", "gauge"
+TYPES = (TIMER, HISTOGRAM, COUNTER, GAUGE)
+ENTRY_KEYS = frozenset({"symbol", "handler", "metrics", "min_version", "max_version", "lock_patch", "need_locals"})
+#: Keys of the incumbent's entries accepted with a fixed meaning (see ``_entry``).
+ENTRY_COMPAT_KEYS = frozenset({"type", "enabled"})
+METRIC_KEYS = frozenset({"name", "type", "expr", "buckets", "labels"})
+#: Labels every series gets from the process / step: a user label may not take these names.
+RESERVED_LABELS = frozenset({"dp", "role", "phase", "rank", "process", "le", "quantile"})
+MAX_LABELS = 4
+#: Distinct values one user label may take in one process; later new values are recorded as ``other``.
+MAX_LABEL_VALUES = 32
+MAX_LABEL_LENGTH = 64
+MAX_BUCKETS = 64
+MAX_ENTRIES = 256
+MAX_FILE_BYTES = 1 << 20
+#: Default bounds of a ``timer`` (seconds: 1 µs … 5 min) and of a ``histogram`` without ``buckets``.
+TIMER_BUCKETS = catalogue.FINE_SECONDS + (30.0, 60.0, 120.0, 300.0)
+HISTOGRAM_BUCKETS = catalogue.TOKENS
+
+_NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:\-]{0,127}$")
+_LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_QUALNAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_DUNDER_OK = frozenset({"__init__", "__call__"})
+
+#: The incumbent's (ms-service-metric 26.0.0) built-in handlers and the built-in hooks of ours that
+#: measure what they did: an entry naming one installs nothing new. Any other ``handler:`` is
+#: rejected (it would name code to import and run).
+_MSM = "ms_service_metric.adapters.vllm.handlers."
+HANDLER_MAP = {
+    _MSM + "meta_handlers:init_data_parallel": "the process identity (dp, role) every hook of ours takes from "
+    "vLLM's config (context.claim)",
+    _MSM + "meta_handlers:init_data_parallel_worker": "the process identity (dp, role, rank) of a worker "
+    "(WorkerBase.__init__ hook)",
+    _MSM + "meta_handlers:record": "the API server's identity and iteration metrics (api:* hooks on "
+    "AsyncLLM / OutputProcessor)",
+    _MSM + "meta_handlers:record_dp_rank": "dp on every series from the process identity (no stats transport)",
+    _MSM + "meta_handlers:make_stats": "scheduler:Schedule (queue, batch and KV cache gauges per step)",
+    _MSM + "metric_handlers:scheduler_scheduler_hooker": "scheduler:Schedule (scheduler:duration, batch sizes, phases)",
+    _MSM + "metric_handlers:runner_get_output_hooker": "model_runner hooks (worker:model_runner_get_output:"
+    "duration, worker:model_inference:duration)",
+    _MSM + "metric_handlers:record_function_timer_hook": "model_runner:RecordFunction (the "
+    "record_function_or_nullcontext scope factory)",
+    _MSM + "metric_handlers:record_function_timer_hook_vllm_ascend": "model_runner:RecordFunction (vllm-ascend "
+    "times the same scopes through record_function_or_nullcontext since v0.13)",
+}
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One metric a user hook records (the declarative form's row: see hooks/targets.py)."""
+
+    metric: str  # seed name
+    kind: str  # timer | histogram | counter | gauge
+    value: Expression | None  # a compiled Expression, or None (timer/histogram: the duration; counter: 1)
+    spec: catalogue.MetricSpec
+    labels: tuple = ()  # ((label name, Expression), …)
+
+
+@dataclass
+class Entry:
+    file: str
+    index: int  # 1-based position in its file (0: the file itself)
+    symbol: str = ""
+    status: str = REJECTED
+    reason: str = ""
+    measures: tuple = ()
+    min_version: str | None = None
+    max_version: str | None = None
+    lock_patch: bool = False
+    key: tuple = field(default=())
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}" + (f" entry {self.index}" if self.index else "")
+
+    @property
+    def module(self) -> str:
+        return self.symbol.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.symbol.split(":", 1)[1]
+
+    def as_row(self) -> dict:
+        return {
+            "file": self.file,
+            "entry": self.index,
+            "symbol": self.symbol,
+            "status": self.status,
+            "reason": self.reason,
+            "metrics": [catalogue.PREFIX + m.metric for m in self.measures],
+        }
+
+
+def _builtin_feeds() -> dict[str, set[str]]:
+    """Catalogue seed -> the symbols whose built-in hooks feed it."""
+    from .targets import TARGETS
+
+    out: dict[str, set[str]] = {}
+    for target in TARGETS:
+        for seed in target.feeds:
+            out.setdefault(seed, set()).add(target.symbol)
+    return out
+
+
+def _version(value, key: str) -> str:
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ValueError(f"{key} must be a version string, not {type(value).__name__}")
+    try:
+        Version(str(value))
+    except InvalidVersion:
+        raise ValueError(f"{key} {value!r} is not a version") from None
+    return str(value)
+
+
+def _buckets(value) -> tuple:
+    if not isinstance(value, list) or not value:
+        raise ValueError("buckets must be a non-empty list of numbers")
+    if len(value) > MAX_BUCKETS:
+        raise ValueError(f"more than {MAX_BUCKETS} buckets")
+    if any(
+        isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b in (float("inf"), float("-inf"))
+        for b in value
+    ):
+        raise ValueError("buckets must be finite numbers")
+    if any(later <= earlier for earlier, later in zip(value, value[1:])):
+        raise ValueError("buckets must be strictly increasing")
+    return tuple(float(b) for b in value)
+
+
+class _Rejected(Exception):
+    pass
+
+
+def _metric(raw, n: int, seen: dict) -> Measure:
+    if not isinstance(raw, dict):
+        raise _Rejected(f"metric {n} is not a mapping")
+    unknown = sorted(set(map(str, raw)) - METRIC_KEYS)
+    if unknown:
+        raise _Rejected(f"metric {n}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(METRIC_KEYS))})")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _NAME.match(name.strip()):
+        raise _Rejected(f"metric {n}: name {name!r} is not a metric name ([A-Za-z_:][A-Za-z0-9_:-]*)")
+    kind = raw.get("type", TIMER)
+    if kind not in TYPES:
+        raise _Rejected(f"metric {n} ({name}): type {kind!r} is not one of {', '.join(TYPES)}")
+    seed = name.strip().replace("-", "_")
+    if kind == COUNTER and seed.endswith("_total"):
+        seed = seed[: -len("_total")]  # exposed with _total once, never doubled
+    try:
+        value = compile_expression(raw["expr"], None) if raw.get("expr") not in (None, "") else None
+    except ExpressionError as exc:
+        raise _Rejected(f"metric {n} ({name}): expr: {exc}") from None
+    if kind == GAUGE and value is None:
+        raise _Rejected(f"metric {n} ({name}): a gauge needs expr")
+    buckets = None
+    if kind in (TIMER, HISTOGRAM):
+        try:
+            buckets = _buckets(raw["buckets"]) if raw.get("buckets") is not None else None
+        except ValueError as exc:
+            raise _Rejected(f"metric {n} ({name}): {exc}") from None
+        buckets = buckets or (TIMER_BUCKETS if kind == TIMER else HISTOGRAM_BUCKETS)
+    elif raw.get("buckets") is not None:
+        raise _Rejected(f"metric {n} ({name}): buckets only apply to timer and histogram")
+    labels = []
+    raw_labels = raw.get("labels") or []
+    if not isinstance(raw_labels, list) or len(raw_labels) > MAX_LABELS:
+        raise _Rejected(f"metric {n} ({name}): labels must be a list of at most {MAX_LABELS} {{name, expr}}")
+    for label in raw_labels:
+        if not isinstance(label, dict) or set(label) - {"name", "expr"}:
+            raise _Rejected(f"metric {n} ({name}): a label is a mapping with name and expr")
+        lname = label.get("name")
+        if not isinstance(lname, str) or not _LABEL.match(lname) or lname in RESERVED_LABELS:
+            raise _Rejected(f"metric {n} ({name}): label name {lname!r} is not allowed")
+        try:
+            labels.append((lname, compile_expression(label.get("expr"), None)))
+        except ExpressionError as exc:
+            raise _Rejected(f"metric {n} ({name}): label {lname}: {exc}") from None
+    if len({lname for lname, _ in labels}) != len(labels):
+        raise _Rejected(f"metric {n} ({name}): a label name appears twice")
+    spec = catalogue.MetricSpec(
+        seed,
+        catalogue.HISTOGRAM
+        if kind in (TIMER, HISTOGRAM)
+        else catalogue.COUNTER
+        if kind == COUNTER
+        else catalogue.GAUGE,
+        "s" if kind == TIMER and value is None else "1",
+        f"User hook metric ({kind}) from {OTEL_CONFIG_NAME}.",
+        labels=catalogue.STEP_LABELS + tuple(lname for lname, _ in labels),
+        buckets=buckets,
+    )
+    known = seen.get(seed)
+    if known is not None and (known.kind, known.buckets, known.labels) != (spec.kind, spec.buckets, spec.labels):
+        raise _Rejected(f"metric {n} ({name}): declared before with another type, buckets or labels")
+    return Measure(seed, kind, value, known or spec, tuple(labels))
+
+
+OTEL_CONFIG_NAME = "OTEL_VLLM_ASCEND_CONFIG"
+
+
+def _entry(raw, entry: Entry, seen: dict, feeds: dict, vllm, ascend) -> None:
+    """Fill ``entry`` from the YAML item ``raw`` (status and reason); raises _Rejected."""
+    from .installer import in_range
+
+    if not isinstance(raw, dict):
+        raise _Rejected(f"an entry must be a mapping, not {type(raw).__name__}")
+    symbol = raw.get("symbol")
+    if isinstance(symbol, str):
+        entry.symbol = symbol.strip()
+    keys = set(map(str, raw))
+    unknown = sorted(keys - ENTRY_KEYS - ENTRY_COMPAT_KEYS)
+    if unknown:
+        raise _Rejected(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(ENTRY_KEYS | ENTRY_COMPAT_KEYS))})")
+    if not isinstance(symbol, str) or symbol.count(":") != 1:
+        raise _Rejected(f"symbol {symbol!r} is not 'module:Class.method' or 'module:function'")
+    module, qualname = entry.symbol.split(":")
+    if not _MODULE.match(module) or not _QUALNAME.match(qualname):
+        raise _Rejected(f"symbol {symbol!r} is not 'module:Class.method' or 'module:function'")
+    if any(p.startswith("__") and p not in _DUNDER_OK for p in (*module.split("."), *qualname.split("."))):
+        raise _Rejected(f"symbol {symbol!r}: dunder names other than __init__ / __call__ are not hooked")
+    if raw.get("type", "wrap") != "wrap":
+        raise _Rejected(f"type {raw.get('type')!r}: only the incumbent's default 'wrap' is supported")
+    if raw.get("need_locals") not in (None, False):
+        raise _Rejected("need_locals: reading a function's local variables needs bytecode injection, never done here")
+    lock = raw.get("lock_patch", False)
+    if not isinstance(lock, bool):
+        raise _Rejected(f"lock_patch must be true or false, not {lock!r}")
+    entry.lock_patch = lock
+    try:
+        entry.min_version = _version(raw["min_version"], "min_version") if "min_version" in raw else None
+        entry.max_version = _version(raw["max_version"], "max_version") if "max_version" in raw else None
+    except ValueError as exc:
+        raise _Rejected(str(exc)) from None
+    if entry.min_version and entry.max_version and Version(entry.min_version) > Version(entry.max_version):
+        raise _Rejected(f"min_version {entry.min_version} is above max_version {entry.max_version}")
+    handler, metrics = raw.get("handler"), raw.get("metrics")
+    if handler is not None and metrics:
+        raise _Rejected("an entry has a handler or metrics, not both")
+    if handler is not None:
+        mapped = HANDLER_MAP.get(handler) if isinstance(handler, str) else None
+        if mapped is None:
+            raise _Rejected(
+                f"handler {handler!r} is not one of ms-service-metric's built-in handlers this package maps "
+                "(nothing named in a file is imported or run)"
+            )
+        entry.status = MAPPED
+        entry.reason = f"handler {handler.rsplit(':', 1)[1]} -> built-in {mapped}" + (
+            "; lock_patch ignored (control gates every hook alike)" if lock else ""
+        )
+        return
+    if not isinstance(metrics, list) or not metrics:
+        raise _Rejected("an entry needs a non-empty metrics list (or a handler)")
+    measures: list[Measure] = []
+    mapped_names: list[str] = []
+    local = dict(seen)
+    for n, raw_metric in enumerate(metrics, 1):
+        measure = _metric(raw_metric, n, local)
+        if any(m.metric == measure.metric for m in measures):
+            raise _Rejected(f"metric {n}: {measure.metric} appears twice in this entry")
+        local.setdefault(measure.metric, measure.spec)
+        if measure.metric in catalogue.BY_SEED:
+            # A built-in metric: the built-in definition and hooks apply (a file cannot redefine it).
+            by = sorted(feeds.get(measure.metric, ()))
+            here = "this symbol" if entry.symbol in by else (", ".join(by) or "a built-in hook")
+            unused = " (its expr/labels/buckets are not used)" if set(raw_metric) - {"name", "type"} else ""
+            mapped_names.append(f"{measure.metric} by {here}{unused}")
+            continue
+        measures.append(measure)
+    seen.update(local)
+    entry.measures = tuple(measures)
+    version = ascend if module.split(".")[0] == "vllm_ascend" else vllm
+    spec = ",".join(
+        s for s in (entry.min_version and f">={entry.min_version}", entry.max_version and f"<={entry.max_version}") if s
+    )
+    if raw.get("enabled", True) is False:
+        entry.status, entry.reason = GATED, "enabled: false"
+        return
+    if spec and not in_range(version, spec):
+        which = "vllm-ascend" if version is ascend else "vLLM"
+        entry.status, entry.reason = GATED, f"{which} {version} is outside {spec}"
+        return
+    if not measures:
+        entry.status = MAPPED
+        entry.reason = "built-in metric recorded: " + "; ".join(mapped_names)
+        return
+    entry.status = LOADED
+    entry.reason = ", ".join(catalogue.PREFIX + m.metric for m in measures) + (
+        f" (built-in: {'; '.join(mapped_names)})" if mapped_names else ""
+    )
+    if lock:
+        entry.reason += "; lock_patch ignored (control gates every hook alike)"
+    entry.key = (entry.symbol, tuple((m.metric, m.kind, m.value and m.value.source) for m in measures))
+
+
+def paths_from_environment() -> list[str]:
+    import os
+
+    return [p.strip() for p in os.environ.get(OTEL_CONFIG_NAME, "").split(",") if p.strip()]
+
+
+def load(paths, vllm=None, ascend=None, *, log: bool = True) -> list[Entry]:
+    """Every entry of every file, each with its state and reason; never raises. ``vllm`` /
+    ``ascend``: the installed versions (default: looked up)."""
+    import yaml
+
+    from .installer import vllm_ascend_version, vllm_version
+
+    vllm = vllm_version() if vllm is None else vllm
+    ascend = vllm_ascend_version() if ascend is None else ascend
+    feeds = _builtin_feeds()
+    seen: dict[str, catalogue.MetricSpec] = {}
+    entries: list[Entry] = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+            if len(data) > MAX_FILE_BYTES:
+                raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
+            items = yaml.safe_load(data)  # safe_load: plain data only, no tags that build objects
+        except Exception as exc:
+            entries.append(_log(Entry(path, 0, reason=f"cannot read: {type(exc).__name__}: {_short(exc)}"), log))
+            continue
+        if items is None:
+            items = []
+        if not isinstance(items, list):
+            entries.append(_log(Entry(path, 0, reason="the file must be a YAML list of entries"), log))
+            continue
+        if len(items) > MAX_ENTRIES:
+            entries.append(_log(Entry(path, 0, reason=f"more than {MAX_ENTRIES} entries"), log))
+            continue
+        for index, raw in enumerate(items, 1):
+            entry = Entry(path, index)
+            try:
+                _entry(raw, entry, seen, feeds, vllm, ascend)
+            except _Rejected as exc:
+                entry.status, entry.reason, entry.measures = REJECTED, str(exc), ()
+            except Exception as exc:  # a defect of ours: the entry, not the host, pays
+                entry.status, entry.reason = REJECTED, f"internal error: {type(exc).__name__}: {exc}"
+            entries.append(_log(entry, log))
+    return entries
+
+
+def _short(exc) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
+def _log(entry: Entry, log: bool) -> Entry:
+    if log:
+        level = logging.WARNING if entry.status == REJECTED else logging.INFO
+        logger.log(
+            level,
+            "opentelemetry-instrumentation-vllm-ascend: %s: %s %s: %s",
+            entry.where,
+            entry.symbol or "(no symbol)",
+            entry.status,
+            entry.reason,
+        )
+    return entry
+
+
+# -- the hook ---------------------------------------------------------------------------------------
+HOOK_ERRORS = catalogue.MetricSpec(
+    "hook_errors",
+    catalogue.COUNTER,
+    "{error}",
+    "Samples of user hook metrics (OTEL_VLLM_ASCEND_CONFIG) skipped because an expression failed or gave "
+    "no number. hook: symbol/metric.",
+    labels=("dp", "role", "hook"),
+)
+
+
+class UserHandler(Handler):
+    """Records an entry's measures after each call that returned (SYNC / COROUTINE: the awaited call;
+    ASYNC_GENERATOR: the exhausted stream). A failing expression skips that measure's sample and
+    counts in hook_errors; the call and the other measures are unaffected."""
+
+    def __init__(self, entry: Entry, parameters: tuple[str, ...]) -> None:
+        self.name = f"user hook {entry.symbol}"
+        self.symbol = entry.symbol
+        self.measures = entry.measures
+        self.parameters = parameters
+        self.index = {name: i for i, name in enumerate(parameters)}
+        needed = set()
+        for m in self.measures:
+            for expression in (m.value, *(e for _, e in m.labels)):
+                if expression is not None:
+                    needed.update(expression.names)
+        self.needed = tuple(n for n in needed if n not in ("result", "duration"))
+        self.label_values: dict[tuple, set] = {}
+        self.lock = threading.Lock()
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def error(self, state, args, kwargs, exc):
+        pass
+
+    def _values(self, args, kwargs, result, duration) -> dict:
+        values = {"result": result, "duration": duration}
+        for name in self.needed:
+            i = self.index[name]
+            if kwargs and name in kwargs:
+                values[name] = kwargs[name]
+            elif i < len(args):
+                values[name] = args[i]
+        return values
+
+    def after(self, start, args, kwargs, result):
+        from .. import recording
+
+        duration = perf_counter() - start
+        values = self._values(args, kwargs, result, duration) if self.needed or self.measures else {}
+        dp, role, phase = context.PROCESS.dp, context.PROCESS.role, STATE.last_step_phase
+        for m in self.measures:
+            try:
+                labels = (dp, role, phase) + tuple(self._label(m, name, e, values) for name, e in m.labels)
+                if m.kind == COUNTER:
+                    value = 1 if m.value is None else _number(m.value.evaluate(values))
+                    if value < 0:
+                        raise ValueError("a counter cannot decrease")
+                    recording.add(m.spec, value, labels)
+                elif m.kind == GAUGE:
+                    recording.set_gauge(m.spec, _number(m.value.evaluate(values)), labels)
+                else:
+                    value = duration if m.value is None else _number(m.value.evaluate(values))
+                    recording.record(m.spec, value, labels)
+            except Exception:
+                try:
+                    recording.add(HOOK_ERRORS, 1, (dp, role, f"{self.symbol}/{m.metric}"))
+                except Exception:
+                    pass
+
+    def _label(self, measure, name, expression, values) -> str:
+        text = str(expression.evaluate(values))[:MAX_LABEL_LENGTH]
+        key = (measure.metric, name)
+        seen = self.label_values.get(key)
+        if seen is None:
+            seen = self.label_values.setdefault(key, set())
+        if text in seen:
+            return text
+        with self.lock:
+            if len(seen) >= MAX_LABEL_VALUES:
+                return "other"
+            seen.add(text)
+        return text
+
+
+def _number(value) -> float:
+    if isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, (int, float)) or value != value:
+        raise TypeError(f"not a number: {type(value).__name__}")
+    return value
+
+
+def parameters_of(function) -> tuple[str, ...]:
+    """Names of ``function``'s parameters, in order (``self`` first for a method)."""
+    try:
+        return tuple(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return ()
+
+
+def kind_of(function) -> str:
+    from .wrappers import ASYNC_GENERATOR, COROUTINE, SYNC
+
+    if inspect.isasyncgenfunction(function):
+        return ASYNC_GENERATOR
+    if inspect.iscoroutinefunction(function):
+        return COROUTINE
+    return SYNC
+
+
+def check_names(entry: Entry, parameters: tuple[str, ...]) -> str | None:
+    """Why the entry's expressions cannot run on a target with these parameters, or None."""
+    from .expressions import SPECIAL
+
+    allowed = set(parameters) | set(SPECIAL)
+    for m in entry.measures:
+        for expression in (m.value, *(e for _, e in m.labels)):
+            if expression is None:
+                continue
+            unknown = [n for n in expression.names if n not in allowed]
+            if unknown:
+                return (
+                    f"{m.metric}: expr {expression.source!r} reads {unknown[0]!r}, not a parameter of "
+                    f"{entry.symbol} ({', '.join(parameters) or 'none'})"
+                )
+    return None
+
+
+# -- installing ------------------------------------------------------------------------------------
+class UserHooks:
+    """The hook files' entries in this process: installed when their module is imported (now, when it
+    already is); ``reload()`` re-reads the files from the calling (normal) thread, installs entries
+    that are new, and turns off the hooks of entries that are gone or changed."""
+
+    def __init__(self, paths=None) -> None:
+        self.paths = list(paths) if paths is not None else paths_from_environment()
+        self.entries: list[Entry] = []
+        #: entry key -> Patch of its installed hook
+        self.installed: dict[tuple, Any] = {}
+        self.pending: set[tuple] = set()
+        self._lock = threading.RLock()
+        self.active = False
+
+    def install(self) -> None:
+        self.active = True
+        self._load()
+
+    def reload(self) -> None:
+        if self.active:
+            logger.info("opentelemetry-instrumentation-vllm-ascend: reloading hook files %s", ", ".join(self.paths))
+            self._load()
+
+    def summary(self) -> dict:
+        counts: dict[str, int] = {}
+        for entry in self.entries:
+            counts[entry.status] = counts.get(entry.status, 0) + 1
+        return {"files": self.paths, **counts}
+
+    def _load(self) -> None:
+        from wrapt import register_post_import_hook
+
+        from ..recording import control
+
+        entries = load(self.paths)
+        with self._lock:
+            self.entries = entries
+            wanted = {e.key: e for e in entries if e.status == LOADED}
+            for key in list(self.installed):
+                if key not in wanted:
+                    patch = self.installed.pop(key)
+                    control.unregister(patch.hook)
+                    patch.remove()
+            self.pending &= set(wanted)
+            for entry in wanted.values():
+                for measure in entry.measures:
+                    catalogue.EXTRA.setdefault(measure.metric, measure.spec)
+            catalogue.EXTRA.setdefault(HOOK_ERRORS.seed, HOOK_ERRORS)
+            by_module: dict[str, list] = {}
+            for key, entry in wanted.items():
+                if key in self.installed or key in self.pending:
+                    continue
+                self.pending.add(key)
+                by_module.setdefault(entry.module, []).append(entry)
+        for module_name, rows in by_module.items():
+            register_post_import_hook(self._when_imported(rows), module_name)
+
+    def _when_imported(self, rows: list):
+        def apply(module) -> None:
+            self._apply(module, rows)
+
+        return apply
+
+    def _apply(self, module, rows) -> None:
+        from ..recording import control
+        from .patches import original_class, patch_method
+
+        with self._lock:
+            if not self.active:
+                return
+            for entry in rows:
+                if entry.key not in self.pending:
+                    continue
+                self.pending.discard(entry.key)
+                try:
+                    if "." in entry.qualname:
+                        owner_name, attribute = entry.qualname.rsplit(".", 1)
+                        owner = original_class(module, owner_name)
+                    else:
+                        owner, attribute = module, entry.qualname
+                    function = getattr(owner, "__dict__", {}).get(attribute)
+                    if function is None:
+                        raise AttributeError(f"{entry.qualname} is not defined in {module.__name__}")
+                    parameters = parameters_of(function)
+                    why = check_names(entry, parameters)
+                    if why is not None:
+                        raise ValueError(why)
+                    handler = UserHandler(entry, parameters)
+                    patch = patch_method(owner, attribute, handler, kind_of(function))
+                    self.installed[entry.key] = patch
+                    control.register(patch.hook, feeds=[m.metric for m in entry.measures])
+                except Exception as exc:  # never break the host
+                    entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {_short(exc)}"
+                    _log(entry, True)
+
+    def uninstall(self) -> None:
+        from ..recording import control
+
+        with self._lock:
+            self.active = False
+            for patch in reversed(list(self.installed.values())):
+                control.unregister(patch.hook)
+                patch.remove()
+            self.installed.clear()
+            self.pending.clear()
+
+
+def resolve_entries(entries: list[Entry]) -> list[Entry]:
+    """For ``check --config``: import each loaded entry's module (never anything the file names
+    besides it) and check the symbol exists and its expressions read only its parameters."""
+    import importlib
+
+    from .patches import original_class
+
+    for entry in entries:
+        if entry.status != LOADED:
+            continue
+        if entry.module.split(".")[0] not in ("vllm", "vllm_ascend"):
+            entry.reason += " (not resolved: check imports only vllm and vllm_ascend modules)"
+            continue
+        try:
+            module = importlib.import_module(entry.module)
+            if "." in entry.qualname:
+                owner_name, attribute = entry.qualname.rsplit(".", 1)
+                owner = original_class(module, owner_name)
+            else:
+                owner, attribute = module, entry.qualname
+            function = getattr(owner, "__dict__", {}).get(attribute)
+            if function is None:
+                raise AttributeError(f"{entry.qualname} is not defined in {entry.module}")
+            if isinstance(function, (staticmethod, classmethod)):
+                raise TypeError("static and class methods are not hooked")
+            why = check_names(entry, parameters_of(function))
+            if why is not None:
+                raise ValueError(why)
+        except Exception as exc:
+            entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {_short(exc)}"
+    return entries

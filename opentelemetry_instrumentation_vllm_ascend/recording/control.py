@@ -1,0 +1,369 @@
+"""Runtime control of one instrumented server: recording on / off (all metrics or patterns) and
+reloading the hook files, without restart, signals or re-patching.
+
+Channel: the server's own private directory (made by its first instrumented process with mode 0700,
+owned by the user running vLLM: the /metrics files directory, or one of its own when
+PROMETHEUS_MULTIPROC_DIR is set or /metrics is off). The ``control`` command writes ``control.json``
+there (atomically, mode 0600); a daemon thread in every instrumented process of the server (API
+server, EngineCores, workers, a forked EPLB child) polls it once per /metrics export interval
+(``os.stat``), applies a change from that normal thread, and writes ``status-<pid>.json`` beside it
+(what ``control status`` shows). Files of another owner, or a directory others can enter, are
+ignored. The directory — state included — is removed when the server's first process exits (or, if
+it was killed, by the next server's start-up), so no state outlives the server.
+
+"off" sets the handler of every installed hook to None (the wrapper's existing check: the call goes
+straight to the original; the functions stay patched) and switches the recording facade's
+instruments to no-ops (what a hook already holds, e.g. deferred records, is dropped)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import time
+
+from .. import environment
+
+logger = logging.getLogger(__name__)
+
+CONTROL_FILE = "control.json"
+STATUS_PREFIX = "status-"
+MAX_CONTROL_BYTES = 64 * 1024
+
+#: Applied state in this process: (on, off patterns, serial, reload counter).
+_state: dict = {"on": True, "patterns": (), "serial": 0, "reload": None}
+#: Installed hooks: Hook -> (handler, feeds, provides_context).
+_hooks: dict = {}
+_lock = threading.RLock()
+_last_export = [0.0]
+#: Per-process poller: [pid, thread, stop event].
+_poller: list = [None, None, None]
+#: Callbacks run on ``reload`` (the user hook files' reloader), from the polling thread.
+reloaders: list = []
+#: Callbacks giving this process's hook-file summary for status: () -> dict.
+summaries: list = []
+_set_env: list = []
+
+
+# -- the switch -------------------------------------------------------------------------------------
+def register(hook, feeds=(), provides_context: bool = False) -> None:
+    """An installed hook (a ``Hook`` whose handler is set): from now on it follows the state."""
+    with _lock:
+        handler = hook.handler
+        if handler is None:
+            return
+        _hooks[hook] = (handler, tuple(feeds), provides_context)
+        _apply_to(hook)
+
+
+def unregister(hook) -> None:
+    with _lock:
+        _hooks.pop(hook, None)
+
+
+def clear() -> None:
+    with _lock:
+        _hooks.clear()
+
+
+def _apply_to(hook) -> None:
+    handler, feeds, provides_context = _hooks[hook]
+    if not _state["on"]:
+        hook.handler = None
+        return
+    patterns = _state["patterns"]
+    if patterns and feeds and not provides_context and all(environment.metric_disabled(s, patterns) for s in feeds):
+        hook.handler = None
+    else:
+        hook.handler = handler
+
+
+def is_on() -> bool:
+    return _state["on"]
+
+
+def switched_off(seed: str) -> bool:
+    """Whether the control has switched the metric ``seed`` off (the recording facade asks)."""
+    if not _state["on"]:
+        return True
+    patterns = _state["patterns"]
+    return bool(patterns) and environment.metric_disabled(seed, patterns)
+
+
+def set_state(on: bool, patterns=()) -> None:
+    from .. import recording
+
+    with _lock:
+        _state["on"] = bool(on)
+        _state["patterns"] = tuple(patterns)
+        for hook in list(_hooks):
+            _apply_to(hook)
+        recording.control_changed()
+
+
+# -- the directory ----------------------------------------------------------------------------------
+def directory() -> str | None:
+    return os.environ.get(environment.FILES_DIR) or os.environ.get(environment.CONTROL_DIR) or None
+
+
+def private(path: str) -> bool:
+    """Ours and closed to others: owned by this user, not a link, no group/other permissions."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
+
+
+def setup() -> None:
+    """In each instrumented process (at ``instrument()``): find (the first process: make) the server's
+    control directory, take the state it holds (or OTEL_VLLM_ASCEND_INITIAL_STATE), start polling."""
+    from .metrics_endpoint import DIRECTORY_PREFIX, _write_owner
+
+    path = directory()
+    made = path is None
+    if path is None:
+        path = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # 0700
+        _write_owner(path)
+        os.environ[environment.CONTROL_DIR] = path
+        _set_env.append(environment.CONTROL_DIR)
+        _remove_at_exit(path)
+    initial = initial_state()
+    first = made or os.environ.get(environment.ROOT_PID) == str(os.getpid())
+    if initial is False and first and not os.path.exists(os.path.join(path, CONTROL_FILE)):
+        # The server's first process: its children (started later) find the server off too.
+        write_control(path, {"state": "off", "off_metrics": [], "reload": 0, "serial": 1})
+    if initial is False:
+        set_state(False, ())
+    poll_once()  # the server's current state before any hook runs
+    start()
+
+
+def _remove_at_exit(path: str) -> None:
+    import atexit
+
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
+
+
+def initial_state() -> bool | None:
+    raw = os.environ.get(environment.INITIAL_STATE)
+    if raw is None:
+        return None
+    value = raw.strip().lower()
+    if value in ("on", "off"):
+        return value == "on"
+    environment.warn_once(
+        (environment.INITIAL_STATE, raw),
+        "opentelemetry-instrumentation-vllm-ascend: %s=%r is neither on nor off; recording starts on",
+        environment.INITIAL_STATE,
+        raw,
+    )
+    return None
+
+
+def teardown() -> None:
+    event = _poller[2]
+    _poller[:] = [None, None, None]
+    if event is not None:
+        event.set()
+    clear()
+    _state.update(on=True, patterns=(), serial=0, reload=None)
+    for name in _set_env:
+        made = os.environ.pop(name, None)
+        if made and name == environment.CONTROL_DIR:
+            shutil.rmtree(made, ignore_errors=True)
+    _set_env.clear()
+    _seen[0] = None
+
+
+def write_control(path: str, content: dict) -> None:
+    """Atomically replace ``control.json`` in ``path`` (mode 0600)."""
+    target = os.path.join(path, CONTROL_FILE)
+    fd, temporary = tempfile.mkstemp(prefix=".control-", dir=path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(content, f)
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+def read_control(path: str) -> dict | None:
+    """The control file's content when it is ours and well-formed, else None."""
+    target = os.path.join(path, CONTROL_FILE)
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != os.getuid() or not stat.S_ISREG(st.st_mode):
+            return None
+        data = f.read(MAX_CONTROL_BYTES + 1)
+    if len(data) > MAX_CONTROL_BYTES:
+        return None
+    try:
+        content = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(content, dict) or content.get("state") not in ("on", "off"):
+        return None
+    off = content.get("off_metrics", [])
+    if not isinstance(off, list) or not all(isinstance(p, str) for p in off):
+        return None
+    if not isinstance(content.get("serial", 0), int) or not isinstance(content.get("reload", 0), int):
+        return None
+    return content
+
+
+_seen: list = [None]
+_warned_dir: set = set()
+
+
+def poll_once() -> None:
+    """Apply a changed control file, then write this process's status."""
+    path = directory()
+    if path is None:
+        return
+    if not private(path):
+        if not os.path.lexists(path):
+            return  # removed: the server is stopping
+        if path not in _warned_dir:
+            _warned_dir.add(path)
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: %s is not a private directory of this user; "
+                "runtime control is ignored",
+                path,
+            )
+        return
+    try:
+        st = os.stat(os.path.join(path, CONTROL_FILE))
+        signature = (st.st_ino, st.st_mtime_ns, st.st_size)
+    except OSError:
+        signature = None
+        if _state["reload"] is None:
+            _state["reload"] = 0  # no request yet: the first file's reload counter is one
+    if signature is not None and signature != _seen[0]:
+        content = read_control(path)
+        if content is not None:
+            _seen[0] = signature
+            apply(content)
+    write_status(path)
+
+
+def apply(content: dict) -> None:
+    on = content["state"] == "on"
+    patterns = tuple(content.get("off_metrics", ()))
+    serial, reload = content.get("serial", 0), content.get("reload", 0)
+    if (on, patterns) != (_state["on"], _state["patterns"]):
+        set_state(on, patterns)
+        logger.info(
+            "opentelemetry-instrumentation-vllm-ascend: recording %s%s (control)",
+            "on" if on else "off",
+            f", off for {', '.join(patterns)}" if patterns and on else "",
+        )
+    _state["serial"] = serial
+    previous = _state["reload"]
+    _state["reload"] = reload
+    if previous is not None and reload > previous:  # the first file this process reads is no request
+        _run_reloaders()
+
+
+def _run_reloaders() -> None:
+    for reload in list(reloaders):
+        try:
+            reload()
+        except Exception:
+            logger.warning("opentelemetry-instrumentation-vllm-ascend: reloading the hook files failed", exc_info=True)
+
+
+def write_status(path: str) -> None:
+    from .. import context
+
+    summary: dict = {}
+    for callback in summaries:
+        try:
+            summary.update(callback())
+        except Exception:
+            pass
+    status = {
+        "pid": os.getpid(),
+        "root": os.environ.get(environment.ROOT_PID),
+        "process": context.PROCESS.process,
+        "dp": context.PROCESS.dp,
+        "role": context.PROCESS.role,
+        "state": "on" if _state["on"] else "off",
+        "off_metrics": list(_state["patterns"]),
+        "serial": _state["serial"],
+        "reload": _state["reload"],
+        "hook_files": summary,
+        "last_export": _last_export[0] or None,
+        "updated": time.time(),
+    }
+    target = os.path.join(path, f"{STATUS_PREFIX}{os.getpid()}.json")
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=".status-", dir=path)
+        with os.fdopen(fd, "w") as f:
+            json.dump(status, f)
+        os.replace(temporary, target)
+    except OSError:
+        pass
+
+
+def exported() -> None:
+    """A collection ran (before_collect hook of the pipeline)."""
+    _last_export[0] = time.time()
+
+
+def interval_s() -> float:
+    return (
+        environment.interval_ms(environment.PROMETHEUS_INTERVAL_MS, environment.DEFAULT_PROMETHEUS_INTERVAL_MS) / 1000
+    )
+
+
+def start() -> None:
+    pid = os.getpid()
+    if _poller[0] == pid:
+        return
+    event = threading.Event()
+    thread = threading.Thread(target=_run, args=(event, pid), daemon=True, name="otel-vllm-ascend-control")
+    _poller[:] = [pid, thread, event]
+    thread.start()
+
+
+def _run(event, pid: int) -> None:
+    interval = interval_s()
+    while not event.wait(interval):
+        if os.getpid() != pid:
+            return
+        try:
+            poll_once()
+        except Exception:
+            logger.debug("control poll failed", exc_info=True)
+
+
+def _after_fork_in_child() -> None:
+    if _poller[0] is not None:
+        _poller[:] = [None, None, None]
+        try:
+            start()
+        except Exception:
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
