@@ -49,6 +49,8 @@ WORKER_LABELS = ("rank",)
 
 
 _PROCESS_LABELS: dict[str, tuple[str, ...]] = {}
+#: OpenTelemetry's Prometheus unit suffixes, for the explicitly named (semantic-convention) metrics.
+_PROMETHEUS_UNIT_SUFFIXES = {"s": "_seconds"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,10 @@ class MetricSpec:
     buckets: tuple[float, ...] | None = None
     #: How /metrics merges a gauge over processes (prometheus_client multiprocess mode).
     gauge_mode: str = "livemostrecent"
+    #: An explicit exposed name outside the ``vllm_profiling_`` namespace (the OpenTelemetry GenAI semantic
+    #: conventions' ``gen_ai.server.*`` metrics): it is the OTel instrument name and what OTLP receives;
+    #: ``labels`` are then OTel attribute names (dotted), which /metrics writes with underscores.
+    name: str | None = None
     # Which symbols feed it and in which processes it is recorded are the target table's facts
     # (``hooks/targets.py``: ``hooked_symbols``, ``recorded_in``), not restated here.
 
@@ -89,16 +95,23 @@ class MetricSpec:
     @property
     def instrument_name(self) -> str:
         """OTel instrument name (the API forbids ':'; a View restores the seed name)."""
+        if self.name:
+            return self.name
         return INSTRUMENT_PREFIX + self.seed.replace(":", ".")
 
     @property
     def exposed_name(self) -> str:
         """The View's name: what OTLP receives and, sanitised, what /metrics shows."""
-        return PREFIX + self.seed
+        return self.name or PREFIX + self.seed
 
     @property
     def prometheus_name(self) -> str:
-        """The sample name on /metrics (counters end in ``_total``; histograms add _bucket/_sum/_count)."""
+        """The sample name on /metrics (counters end in ``_total``; histograms add _bucket/_sum/_count). An
+        explicitly named metric follows OpenTelemetry's OTLP→Prometheus naming instead: dots become
+        underscores and the unit becomes a suffix (``gen_ai.server.time_to_first_token`` →
+        ``gen_ai_server_time_to_first_token_seconds``)."""
+        if self.name:
+            return self.name.replace(".", "_") + _PROMETHEUS_UNIT_SUFFIXES.get(self.unit, "")
         return self.exposed_name + "_total" if self.kind == COUNTER else self.exposed_name
 
 
@@ -771,6 +784,73 @@ KV_TRANSFER_CATALOGUE += (
     ),
 )
 CATALOGUE = CATALOGUE + KV_TRANSFER_CATALOGUE
+
+# -- OpenTelemetry GenAI semantic conventions: server metrics -------------------------------------------------
+# ``open-telemetry/semantic-conventions`` docs/gen-ai/gen-ai-metrics.md (status Development): names, units,
+# advised bucket boundaries and attributes are the conventions'; these three are exposed under their own
+# names, not ``vllm_profiling_*``. On /metrics only with OTEL_VLLM_ASCEND_GENAI_PROMETHEUS=true
+# (``environment.genai_prometheus_enabled``); OTLP always carries them.
+
+#: ``gen_ai.provider.name``: vLLM is not one of the conventions' well-known providers (a custom value is allowed).
+GENAI_PROVIDER = "vllm"
+#: ``gen_ai.operation.name`` by the prefix vLLM's OpenAI server gives a request id (vLLM 0.23-0.33:
+#: ``chatcmpl-`` in OpenAIServingChat.create_chat_completion, ``cmpl-`` in OpenAIServingCompletion); any other
+#: request (Responses API, offline LLM, other endpoints) carries ``GENAI_OTHER``.
+GENAI_OPERATIONS = (("chatcmpl-", "chat"), ("cmpl-", "text_completion"))
+GENAI_OTHER = "_OTHER"
+GENAI_LABELS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
+#: ``error.type`` (request.duration only): the finish reason of a request that vLLM finished as failed.
+GENAI_ERROR_TYPES = ("abort", "error")
+#: The conventions' advised ExplicitBucketBoundaries.
+GENAI_REQUEST_SECONDS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+GENAI_TPOT_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+GENAI_TTFT_SECONDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+BUCKET_SETS.update(
+    {
+        "GenAI request seconds": GENAI_REQUEST_SECONDS,
+        "GenAI TPOT seconds": GENAI_TPOT_SECONDS,
+        "GenAI TTFT seconds": GENAI_TTFT_SECONDS,
+    }
+)
+
+_GENAI_WHEN = (
+    " Recorded when vLLM finishes the request (IterationStats.update_from_finished_request): a request the client "
+    "abandoned, which vLLM drops without finishing, is not recorded. gen_ai.operation.name: chat "
+    "(/v1/chat/completions), text_completion (/v1/completions), _OTHER (any other entry point); "
+    "gen_ai.provider.name: vllm; gen_ai.request.model: the served model name (vLLM's model_name label)."
+)
+
+
+def _genai(name, description, buckets, labels=GENAI_LABELS):
+    return MetricSpec(
+        seed=name, kind=HISTOGRAM, unit="s", description=description, labels=labels, buckets=buckets, name=name
+    )
+
+
+GENAI_SERVER = (
+    _genai(
+        "gen_ai.server.request.duration",
+        "GenAI semantic conventions: a request's duration, arrival to its last output — vLLM's "
+        "vllm:e2e_request_latency_seconds value, per finished request. error.type: abort or error for a request "
+        "vLLM finished so (absent otherwise)." + _GENAI_WHEN,
+        GENAI_REQUEST_SECONDS,
+        labels=GENAI_LABELS + ("error.type",),
+    ),
+    _genai(
+        "gen_ai.server.time_per_output_token",
+        "GenAI semantic conventions: a successful request's time per output token after the first, "
+        "decode_time / (generated tokens - 1) — vLLM's vllm:request_time_per_output_token_seconds value, for "
+        "requests of two tokens or more (vLLM observes 0 for shorter ones)." + _GENAI_WHEN,
+        GENAI_TPOT_SECONDS,
+    ),
+    _genai(
+        "gen_ai.server.time_to_first_token",
+        "GenAI semantic conventions: a successful request's time to first token, arrival to its first token "
+        "(queue and prefill) — vLLM's vllm:time_to_first_token_seconds value of that request." + _GENAI_WHEN,
+        GENAI_TTFT_SECONDS,
+    ),
+)
+CATALOGUE = CATALOGUE + GENAI_SERVER
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 #: What one EPLB cycle (EplbWorker.do_update) sets.

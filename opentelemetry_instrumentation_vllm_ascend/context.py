@@ -47,8 +47,11 @@ def process_attributes(names: tuple) -> dict:
 
 def series_attributes(names: tuple, values: tuple, extra: dict | None = None) -> dict:
     """A series' attributes: the recorded label values by name, then the recording process's labels
-    ``extra`` (``process_attributes``)."""
+    ``extra`` (``process_attributes``). A value of None is no attribute (an ``error.type`` of a request
+    that did not fail, a model name not known)."""
     attributes = dict(zip(names, values))
+    if None in values:
+        attributes = {name: value for name, value in attributes.items() if value is not None}
     if extra:
         attributes.update(extra)
     return attributes

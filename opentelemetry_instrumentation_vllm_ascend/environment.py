@@ -16,6 +16,11 @@ ENABLED = "OTEL_VLLM_ASCEND_ENABLED"
 #: ``false`` turns the vLLM ``/metrics`` exposure off (default ``true``, whatever OTEL_METRICS_EXPORTER says).
 PROMETHEUS = "OTEL_VLLM_ASCEND_PROMETHEUS"
 
+#: ``true`` also writes the GenAI semantic conventions' ``gen_ai.server.*`` histograms to ``/metrics`` (as
+#: ``gen_ai_server_*_seconds``); default ``false``: OTLP only (vLLM's ``/metrics`` already has the same values
+#: as ``vllm:time_to_first_token_seconds`` etc.).
+GENAI_PROMETHEUS = "OTEL_VLLM_ASCEND_GENAI_PROMETHEUS"
+
 #: How often each process writes its metrics for ``/metrics`` (milliseconds, default 2000). This bounds
 #: the staleness of EngineCore/worker data on ``/metrics``.
 PROMETHEUS_INTERVAL_MS = "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS"
@@ -117,6 +122,10 @@ def disabled_by_otel() -> bool:
 
 def prometheus_enabled() -> bool:
     return flag(PROMETHEUS) is not False
+
+
+def genai_prometheus_enabled() -> bool:
+    return flag(GENAI_PROMETHEUS) is True
 
 
 #: The range every export interval is clamped to (ms): at least 100 ms (an exporter writing more often

@@ -43,6 +43,8 @@ class State:
         "last_execute",
         "current_pass",
         "current_engine",
+        "served_model",
+        "genai_labels",
         "memory_captured",
         "blocked",
         "blocks",
@@ -95,6 +97,10 @@ class State:
         self.current_pass: Any = None
         #: The API server's engine index of the output being processed (handlers.api), None: unknown.
         self.current_engine: str | None = None
+        #: The API server's served model name (``gen_ai.request.model``, handlers.api), None: not known.
+        self.served_model: str | None = None
+        #: (operation, error type) -> the gen_ai.server.* label tuples (handlers.api).
+        self.genai_labels: dict[tuple, tuple] = {}
         #: ids of workers whose memory was recorded (handlers.memory).
         self.memory_captured: set = set()
         #: Per KV cache manager (by id): whether the last allocation was refused (handlers.scheduler).
@@ -182,6 +188,8 @@ def reset(*, registrations: bool = False) -> None:
     s.last_execute = None
     s.current_pass = None
     s.current_engine = None
+    s.served_model = None
+    s.genai_labels.clear()
     s.memory_captured.clear()
     s.blocked.clear()
     s.blocks.clear()

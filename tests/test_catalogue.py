@@ -29,7 +29,12 @@ def test_exposed_names_follow_the_seed_names():
         "vllm_profiling_rpc_errors_total",
     ]
     for spec in catalogue.CATALOGUE:
-        assert re.fullmatch(r"vllm_profiling_[a-z0-9_:]+", spec.exposed_name)
+        if spec.name:  # the GenAI semantic conventions' metrics: their own names, OTel→Prometheus on /metrics
+            assert spec.exposed_name == spec.seed == spec.instrument_name
+            assert re.fullmatch(r"gen_ai\.server\.[a-z_.]+", spec.name)
+            assert spec.prometheus_name == spec.name.replace(".", "_") + "_seconds"
+        else:
+            assert re.fullmatch(r"vllm_profiling_[a-z0-9_:]+", spec.exposed_name)
         assert ":" not in spec.instrument_name
         assert spec.kind in (catalogue.COUNTER, catalogue.HISTOGRAM, catalogue.GAUGE)
         if spec.kind == catalogue.HISTOGRAM:

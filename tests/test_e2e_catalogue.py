@@ -7,7 +7,9 @@
    abandons, and a completion finished by a stop string (vLLM's frontend aborts it in the engine);
 3. a burst of 12 210-token completions in one request on 16 KV blocks (preemptions, a full running queue);
 
-then every catalogue metric that can fire on CPU must be on /metrics."""
+then every catalogue metric that can fire on CPU must be on /metrics. The server also pushes OTLP to a local
+receiver, and writes the GenAI semantic conventions' gen_ai.server.* histograms to /metrics too: both checked
+against vLLM's own request histograms."""
 
 import http.client
 import json
@@ -17,6 +19,8 @@ import time
 import pytest
 
 pytest.importorskip("vllm")
+
+from otlp_receiver import Receiver  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
@@ -84,7 +88,13 @@ def settle(server, done, timeout=40.0):
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def receiver():
+    with Receiver() as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, receiver):
     root = tmp_path_factory.mktemp("catalogue-e2e")
     model = tiny_model.build(str(root / "model"))
     template = root / "chat.jinja"
@@ -104,6 +114,8 @@ def server(tmp_path_factory):
     ]
     log = str(root / "server.log")
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # exposes /collective_rpc, to make a worker RPC fail for real
+    env.update(receiver.env(1000))
+    env[environment.GENAI_PROMETHEUS] = "true"
     with Server(model, extra_args=args, env=env, log_path=log) as s:
         yield s
     with open(log, errors="replace") as f:
@@ -134,7 +146,7 @@ def stream(server, path, body, keep_reading=True):
 
 
 @pytest.fixture(scope="module")
-def run(server):
+def run(server, receiver):
     """Drive the three loads; returns the scrapes and what the client saw."""
     seen = {}
     before = server.scrape()
@@ -172,6 +184,18 @@ def run(server):
     post_chat = server.scrape()  # vLLM's own request metrics are updated before the stream's last chunk
     seen["chat_requests"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_count")
     seen["chat_e2e_seconds"] = delta(post_chat, pre_chat, "vllm:e2e_request_latency_seconds_sum")
+    # Every request so far finished (no client abandoned one): the GenAI histograms, pushed over OTLP, must
+    # hold each of vLLM's TTFT / e2e / TPOT observations once.
+    seen["genai_checkpoint"] = (
+        post_chat,
+        genai_otlp(
+            receiver,
+            until=lambda h: (
+                h[GENAI_TTFT][0] >= value(post_chat, "vllm:time_to_first_token_seconds_count")
+                and h[GENAI_DURATION][0] >= value(post_chat, "vllm:e2e_request_latency_seconds_count")
+            ),
+        ),
+    )
     # A long generation from a short prompt, abandoned after its first chunk. vLLM aborts it once the server
     # has noticed the disconnect and the response's stream is dropped; under CPU load that was seen to come
     # after all 440 tokens were generated (no abort): not relied on.
@@ -213,6 +237,39 @@ def run(server):
         ),
     )
     return before, sequential, final, seen
+
+
+GENAI_TTFT = "gen_ai.server.time_to_first_token"
+GENAI_TPOT = "gen_ai.server.time_per_output_token"
+GENAI_DURATION = "gen_ai.server.request.duration"
+GENAI = (GENAI_TTFT, GENAI_TPOT, GENAI_DURATION)
+
+
+def genai_otlp(receiver, until=lambda h: True, timeout=40.0) -> dict:
+    """{metric: (count, sum, {(operation, error.type): count})} of the latest cumulative OTLP points of the
+    gen_ai.server.* histograms (per process and attribute set), once ``until`` holds (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = {}
+        for name in GENAI:
+            latest = {}
+            for resource, m in receiver._metrics(name):
+                for p in m.histogram.data_points:
+                    attrs = {kv.key: kv.value.string_value for kv in p.attributes}
+                    latest[(resource.get("service.instance.id"), tuple(sorted(attrs.items())))] = (p, attrs)
+            by_operation = {}
+            for p, attrs in latest.values():
+                key = (attrs["gen_ai.operation.name"], attrs.get("error.type"))
+                by_operation[key] = by_operation.get(key, 0) + p.count
+                assert attrs["gen_ai.provider.name"] == "vllm" and attrs["gen_ai.request.model"] == "tiny"
+            out[name] = (
+                sum(p.count for p, _ in latest.values()),
+                sum(p.sum for p, _ in latest.values()),
+                by_operation,
+            )
+        if until(out) or time.monotonic() > deadline:
+            return out
+        time.sleep(0.5)
 
 
 def delta(after, before, name, **match):
@@ -329,10 +386,11 @@ def test_every_catalogue_metric_that_can_fire_on_cpu_is_exposed(run):
     _, _, final, _ = run
     exposed = {n for n, _, _ in samples(final) if n.startswith(P)}
     missing = []
+    exposed |= {n for n, _, _ in samples(final) if n.startswith("gen_ai_")}  # OTEL_VLLM_ASCEND_GENAI_PROMETHEUS
     for spec in catalogue.CATALOGUE:
         if spec.seed in NOT_ON_CPU or ascend_only(spec):
             continue
-        names = {spec.prometheus_name} if spec.kind != catalogue.HISTOGRAM else {spec.exposed_name + "_count"}
+        names = {spec.prometheus_name} if spec.kind != catalogue.HISTOGRAM else {spec.prometheus_name + "_count"}
         if not names & exposed:
             missing.append(spec.seed)
     assert missing == []
@@ -383,3 +441,46 @@ def test_a_second_server_started_from_a_child_environment_of_this_one_never_sees
     assert value(final, P + "running_to_waiting_count_total") > 0  # the first server's burst preempted
     assert value(second_text, P + "running_to_waiting_count_total") == 0  # none of those crossed over
     assert value(second_text, P + "scheduler:duration_count", phase="prefill") >= 2
+
+
+def test_genai_server_metrics_over_otlp_match_vllms_request_histograms(server, receiver, run):
+    """gen_ai.server.* (pushed over OTLP) against vLLM's own vllm:time_to_first_token_seconds,
+    vllm:e2e_request_latency_seconds and vllm:request_time_per_output_token_seconds: at the checkpoint (every
+    request finished, none abandoned) the same observations; at the end every finished request once more,
+    and /metrics (the switch on) shows what OTLP received."""
+    _, _, final, seen = run
+    text, h = seen["genai_checkpoint"]
+    vllm_ttft = value(text, "vllm:time_to_first_token_seconds_count")
+    assert vllm_ttft == 4  # three sequential completions and the streaming chat
+    assert h[GENAI_TTFT][:2] == (
+        vllm_ttft,
+        pytest.approx(value(text, "vllm:time_to_first_token_seconds_sum"), rel=1e-9),
+    )
+    assert h[GENAI_TTFT][2] == {("text_completion", None): 3, ("chat", None): 1}
+    assert h[GENAI_DURATION][:2] == (
+        value(text, "vllm:e2e_request_latency_seconds_count"),
+        pytest.approx(value(text, "vllm:e2e_request_latency_seconds_sum"), rel=1e-9),
+    )
+    # vLLM observes a TPOT for every finished request (0 for one token); all of these generated 10 or 40.
+    assert h[GENAI_TPOT][:2] == (
+        value(text, "vllm:request_time_per_output_token_seconds_count"),
+        pytest.approx(value(text, "vllm:request_time_per_output_token_seconds_sum"), rel=1e-9),
+    )
+    # The end: every request vLLM finished (the abandoned stream only if vLLM finished it, as vLLM counts it).
+    end = genai_otlp(
+        receiver,
+        until=lambda h: h[GENAI_DURATION][0] >= value(final, "vllm:e2e_request_latency_seconds_count"),
+    )
+    finished = value(final, "vllm:e2e_request_latency_seconds_count")
+    assert end[GENAI_DURATION][0] == finished
+    assert end[GENAI_DURATION][1] == pytest.approx(value(final, "vllm:e2e_request_latency_seconds_sum"), rel=1e-9)
+    assert end[GENAI_TTFT][0] == finished <= value(final, "vllm:time_to_first_token_seconds_count")
+    assert end[GENAI_TTFT][2][("chat", None)] == 1
+    assert all(error is None for _, error in end[GENAI_DURATION][2])  # nothing failed
+    scraped = settle(
+        server,
+        lambda t: value(t, "gen_ai_server_request_duration_seconds_count") == end[GENAI_DURATION][0],
+    )
+    assert value(scraped, "gen_ai_server_time_to_first_token_seconds_count") == end[GENAI_TTFT][0]
+    assert value(scraped, "gen_ai_server_time_to_first_token_seconds_sum") == pytest.approx(end[GENAI_TTFT][1])
+    assert value(scraped, "gen_ai_server_time_to_first_token_seconds_count", gen_ai_operation_name="chat") == 1

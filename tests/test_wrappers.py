@@ -594,3 +594,24 @@ def test_leading_arguments_wrapper(where):
     if where != "before":
         assert ("after", "execute_model", ("execute_model", None, (), True)) in h.seen
         assert ("error", "boom", "Boom") in h.seen
+
+
+def test_a_traceback_through_a_generated_wrapper_shows_its_source_lines():
+    """Generated wrappers have no file: their source is registered in linecache, so a traceback through
+    one shows the line that called the original (here: the line of the signature-preserving template)."""
+    import traceback
+
+    def target(self, n):
+        raise ValueError(n)
+
+    class Reads(Handler):
+        reads_args = 1
+
+    wrapped, _ = wrappers.wrap(target, Reads(), SYNC)
+    with pytest.raises(ValueError) as info:
+        wrapped(None, 3)
+    frames = traceback.extract_tb(info.tb)
+    ours = [f for f in frames if f.filename.startswith("<otel-vllm-ascend wrapper of")]
+    assert len(ours) == 1
+    assert ours[0].line == "_otel_result = _otel_original(self, n)"
+    assert "_otel_original(self, n)" in "".join(traceback.format_tb(info.tb))

@@ -46,6 +46,11 @@ def render_metrics_md() -> str:
         "value is measured in, and OTLP carries it in the metric's `unit` field. See",
         "[labels.md](labels.md) for how `dp`, `role` and `phase` are derived.",
         "",
+        "The `gen_ai_server_*` rows are the GenAI semantic conventions' server metrics: OTLP names",
+        "`gen_ai.server.*` with dotted attributes; on `/metrics` (OpenTelemetry's Prometheus names: underscores,",
+        "`_seconds`) only with `OTEL_VLLM_ASCEND_GENAI_PROMETHEUS=true` (see",
+        "[configuration.md](configuration.md#genai-semantic-conventions)).",
+        "",
         "| Name on /metrics | Kind | Unit | Buckets | Labels | Recorded in | Hooked symbol(s) | Meaning |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -304,3 +304,72 @@ class ProcessOutputs(Handler):
         recording.record(OUTPUT_PROCESSOR, seconds, labels)
         outputs = args[1]
         recording.record(OUTPUTS_LEN, len(outputs) if outputs is not None else 0, labels)
+
+
+# -- IterationStats.update_from_finished_request: the GenAI semantic conventions' server metrics ---------
+
+GENAI_DURATION = M["gen_ai.server.request.duration"]
+GENAI_TPOT = M["gen_ai.server.time_per_output_token"]
+GENAI_TTFT = M["gen_ai.server.time_to_first_token"]
+_GENAI_ERRORS = frozenset(catalogue.GENAI_ERROR_TYPES)
+
+
+def set_served_model(vllm_config) -> None:
+    """``gen_ai.request.model``: this API server's served model name (vLLM's ``model_name`` label), kept in
+    ``STATE.served_model`` when its AsyncLLM is built; None (no attribute) before."""
+    name = getattr(getattr(vllm_config, "model_config", None), "served_model_name", None)
+    if isinstance(name, (list, tuple)):  # ModelConfig normalises it to the first name; a list is tolerated
+        name = name[0] if name else None
+    STATE.served_model = name if isinstance(name, str) else None
+    STATE.genai_labels.clear()
+
+
+def genai_operation(request_id) -> str:
+    """``gen_ai.operation.name`` of a request, from the prefix vLLM's OpenAI server gives its id."""
+    if isinstance(request_id, str):
+        for prefix, operation in catalogue.GENAI_OPERATIONS:
+            if request_id.startswith(prefix):
+                return operation
+    return catalogue.GENAI_OTHER
+
+
+def _labels_of(operation: str, error, _cache=STATE.genai_labels) -> tuple:
+    """(request.duration's label values, the other two's) of a request."""
+    labels = _cache.get((operation, error))
+    if labels is None:
+        short = (operation, catalogue.GENAI_PROVIDER, STATE.served_model)
+        labels = _cache[(operation, error)] = (short + (error,), short)
+    return labels
+
+
+class FinishedRequest(Handler):
+    """``IterationStats.update_from_finished_request(self, finish_reason, request_id, num_prompt_tokens,
+    max_tokens_param, req_stats, …)`` (vLLM's output processor calls it, with keywords, once per request
+    it finishes; ``request_id`` is the external id, e.g. ``chatcmpl-…``). After the call, from the
+    ``FinishedRequestStats`` it appended and from ``req_stats``:
+
+    - ``gen_ai.server.request.duration``: its ``e2e_latency`` (vLLM's e2e latency value), ``error.type`` the
+      finish reason when it is ``abort`` or ``error``;
+    - for a request that did not fail: ``gen_ai.server.time_to_first_token`` = ``req_stats.first_token_latency``
+      (the value vLLM put into its TTFT histogram for it; none if it produced no token) and, with at least two
+      generated tokens, ``gen_ai.server.time_per_output_token`` = decode_time / (tokens - 1)."""
+
+    reads_args = RowParams()
+
+    def after(self, state, args, kwargs, result, _record=recording.record):
+        finished = getattr(args[0], "finished_requests", None)
+        if not finished:
+            return
+        finished = finished[-1]
+        reason = str(args[1])  # FinishReason.__str__: stop, length, abort, error, repetition
+        error = reason if reason in _GENAI_ERRORS else None
+        labels, short = _labels_of(genai_operation(args[2]), error)
+        _record(GENAI_DURATION, finished.e2e_latency, labels)
+        if error is not None:
+            return
+        ttft = getattr(args[5], "first_token_latency", 0.0)
+        if ttft:
+            _record(GENAI_TTFT, ttft, short)
+        tokens = finished.num_generation_tokens
+        if tokens >= 2:
+            _record(GENAI_TPOT, finished.decode_time / (tokens - 1), short)

@@ -25,6 +25,12 @@ class ApiServerInit(_Claim):
     process = "api_server"
     api = True
 
+    def before(self, args, kwargs):
+        super().before(args, kwargs)
+        from .api import set_served_model
+
+        set_served_model(_vllm_config(args, kwargs))
+
 
 class EngineCoreInit(_Claim):
     """``Executor.__init__`` runs in each EngineCore process (before its workers start)."""

@@ -363,6 +363,15 @@ TARGETS: tuple[Target, ...] = (
         process=API_SERVER,
     ),
     Target(
+        "vllm.v1.metrics.stats",
+        "IterationStats.update_from_finished_request",
+        SYNC,
+        "api:FinishedRequest",
+        feeds=tuple(spec.seed for spec in c.GENAI_SERVER),
+        params=("finish_reason", "request_id", "num_prompt_tokens", "max_tokens_param", "req_stats"),
+        process=API_SERVER,
+    ),
+    Target(
         _ALLM,
         "AsyncLLM.check_health",
         COROUTINE,

@@ -47,7 +47,7 @@ from opentelemetry.sdk.metrics.export import (
     Sum,
 )
 
-from .. import catalogue
+from .. import catalogue, environment
 from ..context import BOOT_ID
 
 logger = logging.getLogger(__name__)
@@ -93,13 +93,22 @@ def _go_float(value: float) -> str:
 class FilesExporter(MetricExporter):
     """Writes cumulative points into this process's multiprocess files (no-op in any other pid)."""
 
-    def __init__(self, directory: str, gauge_modes: dict[str, str] | None = None) -> None:
+    def __init__(self, directory: str, gauge_modes: dict[str, str] | None = None, genai: bool | None = None) -> None:
+        """``genai``: write the explicitly named (GenAI semantic-convention) metrics too, under their
+        OTel→Prometheus names (default: ``environment.genai_prometheus_enabled()``)."""
         super().__init__(preferred_temporality=_CUMULATIVE)
         self._dir = directory
         self._pid = os.getpid()
         self._gauge_modes = (
             gauge_modes if gauge_modes is not None else {s.exposed_name: s.gauge_mode for s in catalogue.CATALOGUE}
         )
+        named = {s.exposed_name: s.prometheus_name for s in catalogue.CATALOGUE if s.name}
+        if genai is None:
+            genai = environment.genai_prometheus_enabled()
+        #: Metric names written under another name than their sanitised OTel name.
+        self._names = named if genai else {}
+        #: Metric names not written at all.
+        self._skip = frozenset() if genai else frozenset(named)
         self._files: dict[str, Any] = {}  # file type -> prometheus_client MmapedDict
         #: Per series (kind, OTel name, attribute items): its file keys and the values last written.
         #: series key -> a histogram's or counter's [keys, values written] list, a gauge's (key, file type)
@@ -165,9 +174,12 @@ class FilesExporter(MetricExporter):
         decides between processes). File keys are built once per series."""
         now = time.time()
         series_of = self._series
+        skip = self._skip
         for resource_metrics in metrics_data.resource_metrics:
             for scope_metrics in resource_metrics.scope_metrics:
                 for metric in scope_metrics.metrics:
+                    if metric.name in skip:
+                        continue
                     data = metric.data
                     if isinstance(data, Histogram):
                         kind = "h"
@@ -204,7 +216,7 @@ class FilesExporter(MetricExporter):
         """[bucket keys, sum key, bounds, counts written, sum written]"""
         from prometheus_client.mmap_dict import mmap_key
 
-        name, help_text = metric_name(metric.name), _help(metric.description or "", metric.unit or "")
+        name, help_text = self._name(metric.name), _help(metric.description or "", metric.unit or "")
         keys, values = self._labels(point.attributes)
         bounds = tuple(point.explicit_bounds)
         bucket_keys = [
@@ -227,7 +239,7 @@ class FilesExporter(MetricExporter):
         """[key, value written]"""
         from prometheus_client.mmap_dict import mmap_key
 
-        name = metric_name(metric.name)
+        name = self._name(metric.name)
         base = name[:-6] if name.endswith("_total") else name
         keys, values = self._labels(point.attributes)
         return [mmap_key(base, base + "_total", keys, values, _help(metric.description or "", metric.unit or "")), None]
@@ -236,12 +248,15 @@ class FilesExporter(MetricExporter):
         """(key, file type)"""
         from prometheus_client.mmap_dict import mmap_key
 
-        name = metric_name(metric.name)
+        name = self._name(metric.name)
         keys, values = self._labels(point.attributes)
         return (
             mmap_key(name, name, keys, values, _help(metric.description or "", metric.unit or "")),
             "gauge_" + self._gauge_modes.get(metric.name, "livemostrecent"),
         )
+
+    def _name(self, otel_name: str) -> str:
+        return self._names.get(otel_name) or metric_name(otel_name)
 
     @staticmethod
     def _labels(attributes) -> tuple[list, list]:

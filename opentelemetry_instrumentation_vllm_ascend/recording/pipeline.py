@@ -248,7 +248,12 @@ class Pipeline:
                 self.provider.shutdown(timeout_millis=timeout_millis)
             else:
                 for reader in self.readers:  # the files reader first: it is fast, and local
-                    reader.shutdown(timeout_millis=max(0.0, deadline - time.monotonic()) * 1000)
+                    try:
+                        reader.shutdown(timeout_millis=max(0.0, deadline - time.monotonic()) * 1000)
+                    except Exception as exc:  # one reader out of time: the others still get theirs
+                        _final_export_failed(timeout_millis, exc)
+        except Exception as exc:  # the SDK raises when a reader missed the deadline: never at exit
+            _final_export_failed(timeout_millis, exc)
         finally:
             if self.files_exporter is not None:
                 self.files_exporter.remove_live_gauges()
@@ -271,6 +276,15 @@ _extra_readers: tuple = ()
 #: Functions run at the start of every collection, after the deferred records (handlers.budget's
 #: stage clocks add their seconds so far). Each must not raise.
 before_collect_hooks: list = []
+
+
+def _final_export_failed(timeout_millis: float, exc: Exception) -> None:
+    logger.warning(
+        "opentelemetry-instrumentation-vllm-ascend: the final export did not complete within %s ms "
+        "(OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS); what it had not written is lost: %s",
+        timeout_millis,
+        exc,
+    )
 
 
 def _before_collect() -> None:
