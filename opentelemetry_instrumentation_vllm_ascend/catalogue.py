@@ -699,6 +699,92 @@ CATALOGUE: tuple[MetricSpec, ...] = (
     ),
 )
 
+# -- KV transfers, KV-cache writes and the exclusive time budget (handlers/kv_transfer.py, handlers/budget.py) --
+_KV_LABELS = STEP_LABELS + ("direction", "connector")
+#: ``direction`` values: into the KV cache (a load), out of it (a store), to or from another node.
+KV_DIRECTIONS = ("h2d", "d2h", "remote")
+#: ``stage`` values of ``engine_core:stage_seconds`` (handlers/budget.py says where each begins and ends).
+ENGINE_STAGES = ("idle", "input", "schedule", "dispatch", "telemetry", "wait_workers", "update", "output", "other")
+#: ``stage`` values of ``api_server:output_loop_stage_seconds``.
+API_STAGES = ("wait_engine", "process", "other")
+_KV_CONNECTORS = (
+    " connector: the connector's class name. phase: the phase of the worker step that submitted the transfer."
+)
+
+KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
+    _counter(
+        "kv_transfer:bytes",
+        "By",
+        "Bytes of KV cache moved by a KV connector, by direction (h2d: loaded into the KV cache, d2h: stored "
+        "out of it, remote: to or from another node). ExampleConnector: per layer and request, the tokens of "
+        "its slot mapping times the layer's bytes per token (the tensor payload of the safetensors file it "
+        "writes or reads). OffloadingConnector: each completed job's transfer_size (what "
+        "vllm:kv_offload_{load,store}_bytes count)." + _KV_CONNECTORS,
+        labels=_KV_LABELS,
+    ),
+    _counter(
+        "kv_transfer:count",
+        "{transfer}",
+        "KV transfers, by direction: ExampleConnector: one per file written or read (a request's layer); "
+        "OffloadingConnector: one per completed job (as vllm:kv_offload_{load,store}_size counts them)."
+        + _KV_CONNECTORS,
+        labels=_KV_LABELS,
+    ),
+    _timer(
+        "kv_transfer:duration",
+        "Duration of the KV transfers of one connector call, by direction. ExampleConnector: wall time of "
+        "save_kv_layer (the layer's stores) or start_load_kv (the step's loads), which copy synchronously. "
+        "OffloadingConnector: the transfer time its worker reports (device time on vLLM's CUDA/XPU worker) of "
+        "the jobs one get_finished poll completed, one observation per poll and direction (split by bytes "
+        "between phases); vLLM 0.23: per job." + _KV_CONNECTORS,
+        FINE_SECONDS,
+        labels=_KV_LABELS,
+    ),
+    _timer(
+        "kv_transfer:blocking:duration",
+        "Host time the worker step spent blocked in a connector's transfer calls, by direction: "
+        "ExampleConnector's save_kv_layer and start_load_kv are synchronous, so all of their time blocks; "
+        "OffloadingConnector (vLLM 0.32+): start_kv_transfers, which submits the step's loads (h2d) and the "
+        "stores deferred from the previous step, in steps that load." + _KV_CONNECTORS,
+        FINE_SECONDS,
+        labels=_KV_LABELS,
+    ),
+    _counter(
+        "kv_cache:write_bytes",
+        "By",
+        "Bytes written into the KV cache by the tokens each step schedules, by req_phase (prefill / decode): "
+        "scheduled tokens times the KV bytes per token of the EngineCore's KVCacheConfig (over its attention "
+        "groups, page_size_bytes / block_size times the group's layers; a worker's share of the heads under "
+        "tensor parallelism). Prompt tokens found in the prefix cache are not scheduled, so not counted.",
+        labels=STEP_LABELS + ("req_phase",),
+    ),
+    MetricSpec(
+        seed="engine_core:stage_seconds",
+        kind=COUNTER,
+        unit="s",
+        description="Exclusive time budget of the EngineCore busy loop: seconds spent in each stage, stages "
+        "never overlapping, so that their sum is the loop's wall time since it started. stage is one of "
+        + ", ".join(ENGINE_STAGES)
+        + " (docs/time-budget.md says where each begins). The stage in progress counts up to each collection.",
+        labels=("dp", "role", "stage"),
+    ),
+)
+KV_TRANSFER_CATALOGUE += (
+    MetricSpec(
+        seed="api_server:output_loop_stage_seconds",
+        kind=COUNTER,
+        unit="s",
+        description="Exclusive time budget of the API server's output loop (AsyncLLM's output handler): "
+        "wait_engine (awaiting AsyncMPClient.get_output_async: the engine's next outputs, while other "
+        "coroutines run), process (OutputProcessor.process_outputs, the same clock readings as "
+        "output_processor_duration), other (the rest of the loop: stat logging, aborts, yields between "
+        "chunks). Their sum is the loop's wall time since it started; the stage in progress counts up to "
+        "each collection.",
+        labels=("dp", "role", "stage"),
+    ),
+)
+CATALOGUE = CATALOGUE + KV_TRANSFER_CATALOGUE
+
 # -- OpenTelemetry GenAI semantic conventions: server metrics -------------------------------------------------
 # ``open-telemetry/semantic-conventions`` docs/gen-ai/gen-ai-metrics.md (status Development): names, units,
 # advised bucket boundaries and attributes are the conventions'; these three are exposed under their own

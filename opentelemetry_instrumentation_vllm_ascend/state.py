@@ -53,6 +53,11 @@ class State:
         "device",
         "scope_names",
         "empty_output",
+        "engine_stages",
+        "api_stages",
+        "kv_bytes_per_token",
+        "kv_job_phases",
+        "kv_labels",
         # -- recording layer (caches of the current pipeline, pending records) --
         "instruments",
         "real_instruments",
@@ -112,6 +117,17 @@ class State:
         self.scope_names: dict[str, str] = {}
         #: vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT, once vllm.v1.outputs is imported (handlers.model_runner).
         self.empty_output: Any = None
+        #: The exclusive time budgets (handlers.budget ``StageClock``s, set there at import): the EngineCore
+        #: busy loop's and the API server output loop's. Reset in place (``StageClock.reset``) whenever
+        #: the pipeline closes: the seconds so far were the old pipeline's.
+        self.engine_stages: Any = None
+        self.api_stages: Any = None
+        #: KV bytes one scheduled token writes in this EngineCore (handlers.kv_transfer; 0: unknown).
+        self.kv_bytes_per_token: int = 0
+        #: OffloadingConnector job id -> phase of the worker step that queued it (handlers.kv_transfer).
+        self.kv_job_phases: dict = {}
+        #: (phase, direction, connector) -> KV transfer label values (handlers.kv_transfer).
+        self.kv_labels: dict[tuple, tuple] = {}
         #: seed -> the recording layer's instrument in the current pipeline.
         self.instruments: dict[str, Any] = {}
         #: seed -> the current pipeline's instrument, also while runtime control switched it off
@@ -142,6 +158,7 @@ def clear_label_caches() -> None:
     STATE.step_labels.clear()
     STATE.extra_labels.clear()
     STATE.scope_labels.clear()
+    STATE.kv_labels.clear()
 
 
 def forget_pipeline(closed: bool) -> None:
@@ -155,6 +172,9 @@ def forget_pipeline(closed: bool) -> None:
     s.generation += 1
     if closed:
         s.deferred.clear()
+        for clock in (s.engine_stages, s.api_stages):
+            if clock is not None:
+                clock.reset()
 
 
 def reset(*, registrations: bool = False) -> None:
@@ -178,6 +198,8 @@ def reset(*, registrations: bool = False) -> None:
     s.device = False
     s.scope_names.clear()
     s.empty_output = None
+    s.kv_bytes_per_token = 0
+    s.kv_job_phases.clear()
     forget_pipeline(closed=True)
     s.reported.clear()
     s.warned.clear()

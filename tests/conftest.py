@@ -5,7 +5,7 @@ from fakes import fake_utils, patch_clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment, state
-from opentelemetry_instrumentation_vllm_ascend.handlers import engine, executor, model_runner, scheduler
+from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 
@@ -64,7 +64,7 @@ def metrics(monkeypatch):
 def clock(monkeypatch):
     """perf_counter of the timer wrappers and of the EngineCore / worker handlers that read the clock
     themselves (a test module may override it for other handlers)."""
-    return patch_clock(monkeypatch, scheduler, engine, executor, model_runner)
+    return patch_clock(monkeypatch, scheduler, engine, executor, model_runner, budget)
 
 
 @pytest.fixture

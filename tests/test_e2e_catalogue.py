@@ -41,6 +41,10 @@ NOT_ON_CPU = {
     "prefill_over_threshold_count": "needs a time to first token over 5 s",
     "npu:utilization": "no device",
     **{
+        f"kv_transfer:{m}": "needs a KV connector (test_e2e_kv_transfer.py, test_e2e_kv_offload.py)"
+        for m in ("bytes", "count", "duration", "blocking:duration")
+    },
+    **{
         f"engine:memory:{m}": "not stored by vLLM's CPU worker"
         for m in ("total_gb", "reserved_gb", "weights_gb", "non_torch_gb", "activation_gb", "graph_gb")
     },

@@ -20,6 +20,7 @@ from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..hooks.handler import Handler, RowParams
 from ..state import STATE
+from .budget import API_OTHER, API_TO, PROCESS, WAIT_ENGINE
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -104,9 +105,16 @@ class GetOutput(Handler):
 
     reads_args = 0
 
+    def before(self, args, kwargs):
+        API_TO(WAIT_ENGINE, perf_counter())  # the output loop's time budget
+
     def after(self, state, args, kwargs, result):
+        API_TO(API_OTHER, perf_counter())
         index = getattr(result, "engine_index", None)
         STATE.current_engine = str(index) if isinstance(index, int) else None
+
+    def error(self, state, args, kwargs, exc):
+        API_TO(API_OTHER, perf_counter())
 
 
 # -- StatLoggerManager.record ---------------------------------------------------------------------
@@ -278,11 +286,15 @@ class ProcessOutputs(Handler):
 
     def before(self, args, kwargs):
         stats = args[3]
-        return perf_counter(), (None if stats is None else _token_counts(stats))
+        start = perf_counter()
+        API_TO(PROCESS, start)
+        return start, (None if stats is None else _token_counts(stats))
 
     def after(self, state, args, kwargs, result):
         start, counts = state
-        seconds = perf_counter() - start
+        end = perf_counter()
+        API_TO(API_OTHER, end)
+        seconds = end - start
         if counts is None:
             phase = ALL
         else:

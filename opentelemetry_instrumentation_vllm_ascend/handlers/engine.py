@@ -8,6 +8,10 @@ from .. import context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler
 from ..state import STATE
+from .budget import ENGINE_TO
+from .budget import IDLE as _IDLE_STAGE
+from .budget import INPUT as _INPUT_STAGE
+from .budget import OTHER as _OTHER_STAGE
 from .common import StepTimer
 
 IDLE = "idle"
@@ -34,6 +38,18 @@ class EngineStepTimer(StepTimer):
             _record(self.spec, seconds)
         else:
             recording.record(self.spec, seconds, context.step_labels(IDLE))
+
+
+class ProcessEngineStep(EngineStepTimer):
+    """``EngineCoreProc._process_engine_step``: a busy-loop step, queueing its outputs included (an
+    engine-step timer, see ``EngineStepTimer``); its end closes the stage budget's ``output`` stage."""
+
+    def __init__(self) -> None:
+        super().__init__(M["engine_core:process_engine_step:duration"])
+
+    def timed(self, seconds, args, kwargs, result, _to=ENGINE_TO):
+        _to(_OTHER_STAGE, perf_counter())  # stage budget: the step's output stage ends
+        super().timed(seconds, args, kwargs, result)
 
 
 class _Pass:
@@ -70,20 +86,24 @@ class ProcessInputQueue(Handler):
         has_work = getattr(engine, "has_work", None)
         waiting = has_work is not None and not has_work()
         current = STATE.current_pass = _Pass(perf_counter(), waiting)
+        ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, current.start)
         return current
 
     def after(self, current, args, kwargs, result):
         STATE.current_pass = None
+        now = perf_counter()
+        ENGINE_TO(_OTHER_STAGE, now)
         if current.waiting:
             if not current.handled:
                 return  # no request was handled (shut down, or a non-blocking pass found none): nothing to time
             seconds = current.spent  # requests that gave no work, then the pass ended
         else:
-            seconds = current.spent + perf_counter() - current.start
+            seconds = current.spent + now - current.start
         recording.record(self.spec, seconds, context.step_labels(ALL))
 
     def error(self, current, args, kwargs, exc):
         STATE.current_pass = None
+        ENGINE_TO(_OTHER_STAGE, perf_counter())
 
 
 class HandleClientRequest(Handler):
@@ -97,6 +117,7 @@ class HandleClientRequest(Handler):
         current = STATE.current_pass
         if current is not None and current.waiting:
             current.start = perf_counter()
+            ENGINE_TO(_INPUT_STAGE, current.start)
             return current
         return None
 
@@ -110,3 +131,5 @@ class HandleClientRequest(Handler):
         if has_work is None or has_work():
             current.waiting = False
             current.start = now
+        else:
+            ENGINE_TO(_IDLE_STAGE, now)  # back to blocking on the input queue

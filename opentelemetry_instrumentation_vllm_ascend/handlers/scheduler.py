@@ -11,6 +11,9 @@ from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler, RowParams, report
 from ..state import STATE, UNKNOWN
+from . import budget
+from .budget import ENGINE_TO
+from .kv_transfer import kv_writes
 from .model_runner import name_label
 from .steps import CURRENT_STEP, IN_PREFIX_CACHE_RESET, PHASE_ATTRIBUTE, Step, classify_step, mark_recomputing
 
@@ -177,6 +180,7 @@ def _record_schedules(steps: list) -> None:
                 record_n(_PHASE_BATCH, reqs, count, phase_labels)
                 record_n(_PHASE_TOKENS, tokens, count, phase_labels)
                 recording.add(_PHASE_COUNTER, tokens * count, phase_labels)
+                kv_writes(tokens * count, phase_labels)
     for phase, (n, seqlen) in last_sizes.items():  # context lengths after the step: sum and mean
         labels = context.step_labels(phase)
         recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
@@ -315,12 +319,15 @@ class Schedule(Handler):
             recording.run_deferred()
         _state.schedule_calls += 1
         step = Step()
-        return step, CURRENT_STEP.set(step), perf_counter()
+        start = perf_counter()
+        ENGINE_TO(budget.SCHEDULE, start)
+        return step, CURRENT_STEP.set(step), start
 
     def after(self, state, args, kwargs, result):
         end = perf_counter()
         if state is None:
             return
+        ENGINE_TO(budget.DISPATCH, end)
         step, token, start = state
         CURRENT_STEP.reset(token)
         scheduler = args[0]
@@ -364,6 +371,7 @@ class Schedule(Handler):
         if state is None:
             return
         step, token, _start = state
+        ENGINE_TO(budget.DISPATCH, perf_counter())
         CURRENT_STEP.reset(token)
         STATE.last_step_phase = UNKNOWN
         flush_step(step, UNKNOWN)
@@ -431,7 +439,12 @@ class GrammarBitmask(Handler):
 
     def before(self, args, kwargs, _pending=STATE.deferred):
         if len(_pending) >= FLUSH_STEPS:
+            ENGINE_TO(budget.TELEMETRY, perf_counter())
             recording.run_deferred()
+            ENGINE_TO(budget.DISPATCH, perf_counter())
+
+    def after(self, state, args, kwargs, result):
+        ENGINE_TO(budget.WAIT_WORKERS, perf_counter())
 
 
 class UpdateFromOutput(Handler):
@@ -442,9 +455,13 @@ class UpdateFromOutput(Handler):
     spec = M["scheduler:update_from_output:duration"]
 
     def before(self, args, kwargs):
-        return perf_counter()
+        start = perf_counter()
+        ENGINE_TO(budget.UPDATE, start)
+        return start
 
     def after(self, state, args, kwargs, result):
-        seconds = perf_counter() - state
+        end = perf_counter()
+        ENGINE_TO(budget.OUTPUT, end)
+        seconds = end - state
         phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
         recording.record(self.spec, seconds, context.step_labels(phase or STATE.last_step_phase))

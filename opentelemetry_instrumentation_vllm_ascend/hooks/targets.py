@@ -103,8 +103,11 @@ _SCHEDULE_FEEDS = (
     "allocated_kvcache_blocks",
     "request_prefill_pending_nums",
     "record_function_or_nullcontext",
+    "kv_cache:write_bytes",  # the step's scheduled tokens (kv_transfer.kv_writes)
+    "engine_core:stage_seconds",  # the schedule stage's boundaries
 )
 _RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
+_KV_TRANSFER_FEEDS = ("kv_transfer:bytes", "kv_transfer:count", "kv_transfer:duration", "kv_transfer:blocking:duration")
 _MEMORY = tuple(spec.seed for spec in c.CATALOGUE if spec.seed.startswith("engine:memory:"))
 #: What the end of a worker step records (sample_tokens ends it): the inference time and the timeline.
 _STEP_END_FEEDS = (
@@ -155,6 +158,7 @@ TARGETS: tuple[Target, ...] = (
         "Scheduler.get_grammar_bitmask",
         SYNC,
         "scheduler:GrammarBitmask",
+        feeds=("engine_core:stage_seconds",),  # the telemetry and wait_workers stages' boundaries
         provides_context=True,
         process=ENGINE_CORE,
     ),
@@ -163,7 +167,7 @@ TARGETS: tuple[Target, ...] = (
         "Scheduler.update_from_output",
         SYNC,
         "scheduler:UpdateFromOutput",
-        feeds=("scheduler:update_from_output:duration",),
+        feeds=("scheduler:update_from_output:duration", "engine_core:stage_seconds"),
         params=("scheduler_output",),
         process=ENGINE_CORE,
     ),
@@ -201,7 +205,8 @@ TARGETS: tuple[Target, ...] = (
         _CORE,
         "EngineCoreProc._process_engine_step",
         SYNC_TIMER,
-        measures=_timer("engine_core:process_engine_step:duration", PHASE_ENGINE_STEP),
+        "engine:ProcessEngineStep",  # an engine-step timer that also ends the step's output stage
+        feeds=("engine_core:process_engine_step:duration", "engine_core:stage_seconds"),
         process=ENGINE_CORE,
     ),
     Target(
@@ -209,7 +214,7 @@ TARGETS: tuple[Target, ...] = (
         "EngineCoreProc._process_input_queue",
         SYNC,
         "engine:ProcessInputQueue",
-        feeds=("engine_core:process_input_queue:duration",),
+        feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds"),
         process=ENGINE_CORE,
     ),
     # The requests handled while the engine has no work: what _process_input_queue's duration counts.
@@ -218,7 +223,7 @@ TARGETS: tuple[Target, ...] = (
         "EngineCoreProc._handle_client_request",
         SYNC,
         "engine:HandleClientRequest",
-        feeds=("engine_core:process_input_queue:duration",),
+        feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds"),
         process=ENGINE_CORE,
     ),
     # -- executor RPC ---------------------------------------------------------------------------------
@@ -375,7 +380,15 @@ TARGETS: tuple[Target, ...] = (
         process=API_SERVER,
     ),
     # The engine whose outputs the output loop processes next: the dp of output_processor_duration & co.
-    Target(_CC, "AsyncMPClient.get_output_async", COROUTINE, "api:GetOutput", process=API_SERVER),
+    Target(
+        _CC,
+        "AsyncMPClient.get_output_async",
+        COROUTINE,
+        "api:GetOutput",
+        feeds=("api_server:output_loop_stage_seconds",),  # its wait_engine stage
+        provides_context=True,  # the engine index output_processor_duration & co. are labelled with
+        process=API_SERVER,
+    ),
     # DPLBAsyncMPClient's override does not call super(): the two rows never count one abort twice.
     Target(
         _CC,
@@ -428,7 +441,7 @@ TARGETS: tuple[Target, ...] = (
         "OutputProcessor.process_outputs",
         SYNC,
         "api:ProcessOutputs",
-        feeds=("output_processor_duration", "engine_core_outputs_len"),
+        feeds=("output_processor_duration", "engine_core_outputs_len", "api_server:output_loop_stage_seconds"),
         params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats"),
         process=API_SERVER,
     ),
@@ -599,6 +612,63 @@ TARGETS: tuple[Target, ...] = (
     # -- shutdown: the processes about to be stopped export first (vLLM SIGKILLs them right after SIGTERM)
     Target("vllm.v1.engine.utils", "CoreEngineProcManager.shutdown", SYNC, "process:StopEngines", process=API_SERVER),
     Target(_MP, "MultiprocExecutor.shutdown", SYNC, "process:StopWorkers", process=ENGINE_CORE),
+    *(  # -- KV transfers and KV-cache writes (handlers/kv_transfer.py) -----------------------------------
+        Target(
+            "vllm.distributed.kv_transfer.kv_connector.v1.example_connector",
+            f"ExampleConnector.{method}",
+            SYNC,
+            f"kv_transfer:{handler}",
+            feeds=_KV_TRANSFER_FEEDS,
+            params=params,
+            process=WORKER,
+        )
+        for method, handler, params in (
+            ("save_kv_layer", "ExampleSaveKvLayer", ("layer_name", "kv_layer")),
+            ("start_load_kv", "ExampleStartLoadKv", ("forward_context",)),
+        )
+    ),
+    *(
+        Target(
+            "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker",
+            f"OffloadingConnectorWorker.{method}",
+            SYNC,
+            f"kv_transfer:{handler}",
+            vllm=">=0.32.0",  # vLLM 0.23: OffloadingWorker rows below
+            feeds=_KV_TRANSFER_FEEDS,
+            params=params,
+            process=WORKER,
+        )
+        for method, handler, params in (
+            ("prepare_store_kv", "OffloadingPrepareStore", ("metadata",)),
+            ("start_kv_transfers", "OffloadingStartTransfers", ("metadata",)),
+            ("get_finished", "OffloadingGetFinished", ()),
+        )
+    ),
+    *(
+        Target(
+            "vllm.v1.kv_offload.worker.worker",
+            f"OffloadingWorker.{method}",
+            SYNC,
+            f"kv_transfer:{handler}",
+            vllm="<0.32.0",
+            feeds=_KV_TRANSFER_FEEDS,
+            params=params,
+            process=WORKER,
+        )
+        for method, handler, params in (
+            ("transfer_async", "OffloadingTransferAsync", ("job_id",)),
+            ("get_finished", "OffloadingWorkerGetFinished", ()),
+        )
+    ),
+    Target(
+        _SCHED,
+        "Scheduler.__init__",
+        SYNC,
+        "kv_transfer:SchedulerInit",
+        feeds=("kv_cache:write_bytes",),
+        params=("vllm_config", "kv_cache_config"),
+        process=ENGINE_CORE,
+    ),
 )
 
 

@@ -273,6 +273,11 @@ _pipeline: Pipeline | None = None
 _extra_readers: tuple = ()
 
 
+#: Functions run at the start of every collection, after the deferred records (handlers.budget's
+#: stage clocks add their seconds so far). Each must not raise.
+before_collect_hooks: list = []
+
+
 def _final_export_failed(timeout_millis: float, exc: Exception) -> None:
     logger.warning(
         "opentelemetry-instrumentation-vllm-ascend: the final export did not complete within %s ms "
@@ -286,6 +291,8 @@ def _before_collect() -> None:
     """Run at the start of every collection, in the collecting thread: the deferred records go in."""
     try:
         run_deferred()
+        for hook in before_collect_hooks:
+            hook()
         control.exported()  # the last export's time, for `control status`
     except Exception:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)

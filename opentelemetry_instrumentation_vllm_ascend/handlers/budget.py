@@ -1,0 +1,147 @@
+"""Exclusive time budgets: one clock per loop that is always in exactly one ``stage``, so the seconds
+of its stages never overlap and sum to the loop's wall time since the clock started.
+
+A boundary is one ``StageClock.to(stage, now)`` call with a ``perf_counter()`` reading the hook took
+anyway (the same reading as its own timer where it has one: the ``schedule`` stage and
+``scheduler:duration`` share both readings); no hook reads the clock more than once for it. The
+seconds reach the ``engine_core:stage_seconds`` counter at each collection (``flush``): the stage in
+progress counts up to that moment, so a collection never misses the time of a long stage.
+
+EngineCore busy loop (vLLM 0.23-0.33 ``EngineCoreProc.run_busy_loop``: ``_process_input_queue`` then
+``_process_engine_step``, whose ``step()`` schedules, sends the step to the workers, asks for the
+grammar bitmask, waits for the output and updates the scheduler):
+
+- ``idle``: ``_process_input_queue`` blocked on the input queue while the engine had no work;
+- ``input``: the rest of ``_process_input_queue`` (handling client requests: adds, aborts, utility calls);
+- ``schedule``: ``Scheduler.schedule``;
+- ``dispatch``: from ``schedule()``'s return to ``get_grammar_bitmask``'s (sending the execute_model RPC,
+  building the grammar bitmask);
+- ``telemetry``: this package's deferred scheduler records, run inside ``get_grammar_bitmask`` every
+  ``FLUSH_STEPS`` steps (the instrumentation's own cost, made visible);
+- ``wait_workers``: from ``get_grammar_bitmask``'s return to ``update_from_output`` (waiting for the
+  workers' output, the sample_tokens RPC, vLLM's abort queue);
+- ``update``: ``Scheduler.update_from_output``;
+- ``output``: from ``update_from_output``'s return to ``_process_engine_step``'s (queueing the outputs
+  to the clients);
+- ``other``: everything else in the loop (between the two calls: publishing DP request counts, the
+  shutdown check; an idle ``step()`` that found no requests; batch-queue steps that schedule nothing).
+
+With the batch queue (pipeline parallelism, async scheduling) ``step_with_batch_queue`` calls the same
+hooked methods in another order; each second still lands in exactly one stage (the one its last
+boundary opened), and the stage names keep their meaning for the calls they name.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+from .. import context, environment, recording
+from ..catalogue import API_STAGES, ENGINE_STAGES, M
+from ..hooks.handler import report
+from ..state import STATE
+
+IDLE, INPUT, SCHEDULE, DISPATCH, TELEMETRY, WAIT_WORKERS, UPDATE, OUTPUT, OTHER = range(len(ENGINE_STAGES))
+WAIT_ENGINE, PROCESS, API_OTHER = range(len(API_STAGES))
+
+
+class StageClock:
+    """Seconds per stage index; ``since`` is None until the first boundary starts the clock."""
+
+    __slots__ = ("names", "spent", "stage", "since", "started", "reported", "spec", "labels")
+
+    def __init__(self, names: tuple[str, ...], spec) -> None:
+        self.names = names
+        self.spec = spec
+        self.spent = [0.0] * len(names)
+        self.reported = [0.0] * len(names)
+        self.stage = len(names) - 1
+        self.since: float | None = None
+        self.started: float | None = None
+        self.labels: dict = {}
+
+    def to(self, stage: int, now: float) -> None:
+        """Close the stage in progress at ``now`` and open ``stage``."""
+        since = self.since
+        if since is None:
+            self.started = now
+        else:
+            self.spent[self.stage] += now - since
+        self.stage = stage
+        self.since = now
+
+    def totals(self, now: float) -> list[float]:
+        """Seconds per stage up to ``now``, the stage in progress included."""
+        totals = list(self.spent)
+        since = self.since
+        if since is not None:
+            totals[self.stage] += now - since
+        return totals
+
+    def flush(self, now: float | None = None) -> None:
+        """Add what each stage gained since the last flush to the counter (the stage in progress
+        up to ``now``). A reading that raced a boundary in the loop's thread is caught up later."""
+        if self.since is None:
+            return
+        totals = self.totals(perf_counter() if now is None else now)
+        for index, value in enumerate(totals):
+            gained = value - self.reported[index]
+            if gained > 0:
+                self.reported[index] = value
+                recording.add(self.spec, gained, self._labels(index))
+
+    def _labels(self, index: int) -> tuple:
+        key = (context.PROCESS.dp, context.PROCESS.role, index)
+        labels = self.labels.get(key)
+        if labels is None:
+            labels = self.labels[key] = (key[0], key[1], self.names[index])
+        return labels
+
+    def reset(self) -> None:
+        self.spent = [0.0] * len(self.names)
+        self.reported = [0.0] * len(self.names)
+        self.stage = len(self.names) - 1
+        self.since = None
+        self.started = None
+        self.labels = {}
+
+
+#: The EngineCore busy loop's clock (one loop per EngineCore process); ``state.reset()`` and a closed
+#: pipeline reset it in place (the seconds so far were the old pipeline's: it starts again at the next
+#: boundary).
+ENGINE = STATE.engine_stages = StageClock(ENGINE_STAGES, M["engine_core:stage_seconds"])
+
+
+def off(stage: int, now: float) -> None:
+    pass
+
+
+#: ``to`` of the engine clock, bound once: hooks call ``ENGINE_TO(stage, now)`` (a no-op when the metric
+#: is disabled by OTEL_VLLM_ASCEND_DISABLED_METRICS).
+def boundary(clock: StageClock):
+    """The boundary function hooks call for ``clock``: a no-op when its metric is disabled (read once,
+    at import: the hooks bind it then)."""
+    return off if environment.metric_disabled(clock.spec.seed) else clock.to
+
+
+ENGINE_TO = boundary(ENGINE)
+#: The API server's output loop (``catalogue.API_STAGES``): ``AsyncMPClient.get_output_async`` is
+#: ``wait_engine``, ``OutputProcessor.process_outputs`` is ``process``, the rest ``other``.
+API = STATE.api_stages = StageClock(API_STAGES, M["api_server:output_loop_stage_seconds"])
+API_TO = boundary(API)
+CLOCKS = (ENGINE, API)
+
+
+def flush() -> None:
+    """Each clock's seconds so far into its counter (run at the start of every collection)."""
+    try:
+        for clock in CLOCKS:
+            clock.flush()
+    except Exception:
+        report(_Budget, "flush")
+
+
+class _Budget:
+    name = "stage budget"
+
+
+recording.pipeline.before_collect_hooks.append(flush)

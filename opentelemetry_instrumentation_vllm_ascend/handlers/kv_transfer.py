@@ -1,0 +1,283 @@
+"""KV transfers (connectors moving KV cache in and out of the paged KV cache) and KV-cache writes.
+
+Transfers are recorded in the worker that runs them, labelled ``direction`` (h2d: into the KV cache,
+d2h: out of it, remote: another node), ``connector`` (the connector's class name) and the ``phase``
+of the worker step that submitted them (``STATE.last_step_phase``, set by the model runner hook when the
+step began). ExampleConnector copies synchronously inside the step, so its submit step is the step.
+
+KV-cache writes are recorded in the EngineCore with each scheduled step (``scheduler.py``'s deferred
+records call ``kv_writes``): tokens scheduled per req_phase times the KV bytes per token that
+``Scheduler.__init__`` found in its ``KVCacheConfig`` (``bytes_per_token``)."""
+
+from __future__ import annotations
+
+from time import perf_counter
+
+from .. import context, recording
+from ..catalogue import M
+from ..hooks.handler import Handler, RowParams
+from ..state import STATE, UNKNOWN
+
+_BYTES = M["kv_transfer:bytes"]
+_COUNT = M["kv_transfer:count"]
+_DURATION = M["kv_transfer:duration"]
+_BLOCKING = M["kv_transfer:blocking:duration"]
+_WRITES = M["kv_cache:write_bytes"]
+
+
+def labels_of(phase: str, direction: str, connector: str, _labels=STATE.kv_labels) -> tuple:
+    """``(dp, role, phase, direction, connector)`` (cached in ``STATE.kv_labels``, emptied with the other
+    label caches when the process identity changes)."""
+    key = (phase, direction, connector)
+    labels = _labels.get(key)
+    if labels is None:
+        labels = _labels[key] = (context.PROCESS.dp, context.PROCESS.role, phase, direction, connector)
+    return labels
+
+
+def record_transfer(
+    direction: str,
+    connector: str,
+    nbytes: int,
+    count: int,
+    seconds: float | None = None,
+    blocking: float | None = None,
+    phase: str | None = None,
+) -> None:
+    """One connector call's transfers: ``count`` transfers of ``nbytes`` bytes in all, taking ``seconds``
+    (None: not measured), of which ``blocking`` seconds blocked the step's host thread."""
+    labels = labels_of(phase or STATE.last_step_phase, direction, connector)
+    recording.add(_BYTES, nbytes, labels)
+    recording.add(_COUNT, count, labels)
+    if seconds is not None:
+        recording.record(_DURATION, seconds, labels)
+    if blocking is not None:
+        recording.record(_BLOCKING, blocking, labels)
+
+
+def _token_bytes(kv_layer) -> int:
+    """Bytes one token occupies in a layer's standardized ``[blocks, heads, block_size, head_size]``
+    view (``[blocks, 1, block_size, latent]`` for MLA): what ExampleConnector copies per slot."""
+    return kv_layer[0, :, 0].numel() * kv_layer.element_size()
+
+
+def _connector_name(connector) -> str:
+    return type(connector).__name__
+
+
+class ExampleSaveKvLayer(Handler):
+    """``ExampleConnector.save_kv_layer(layer_name, kv_layer, attn_metadata)``: one safetensors file
+    per storing request of the step's metadata for this layer (d2h): its slots times the layer's
+    bytes per token; the call's wall time (a synchronous copy and file write)."""
+
+    reads_args = RowParams()  # self, layer_name, kv_layer
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        seconds = perf_counter() - start
+        connector, kv_layer = args[0], args[2]
+        tokens = files = 0
+        for request in connector._get_connector_metadata().requests:
+            if request.is_store:
+                tokens += len(request.slot_mapping)
+                files += 1
+        if files:
+            record_transfer("d2h", _connector_name(connector), tokens * _token_bytes(kv_layer), files, seconds, seconds)
+
+
+class ExampleStartLoadKv(Handler):
+    """``ExampleConnector.start_load_kv(forward_context)``: per loading request (h2d) and attention
+    layer of the forward context (one file each), its slots times that layer's bytes per token; the
+    call's wall time (it reads and copies every file before it returns)."""
+
+    reads_args = RowParams()  # self, forward_context
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        seconds = perf_counter() - start
+        connector, forward_context = args[0], args[1]
+        if getattr(forward_context, "attn_metadata", None) is None:
+            return  # vLLM returns before loading anything
+        loads = [len(r.slot_mapping) for r in connector._get_connector_metadata().requests if not r.is_store]
+        if not loads:
+            return
+        nbytes = files = 0
+        for layer in forward_context.no_compile_layers.values():
+            kv_layer = getattr(layer, "kv_cache", None)
+            if kv_layer is None:
+                continue
+            per_token = _token_bytes(kv_layer)
+            for tokens in loads:
+                nbytes += tokens * per_token
+                files += 1
+        record_transfer("h2d", _connector_name(connector), nbytes, files, seconds, seconds)
+
+
+# -- KV-cache writes ------------------------------------------------------------------------------------
+
+
+def bytes_per_token(kv_cache_config) -> int:
+    """KV bytes one token writes: over the attention groups of a ``KVCacheConfig``, the page size per
+    token of the group's spec times its layers (state-space groups hold per-request state: skipped)."""
+    try:
+        from vllm.v1.kv_cache_interface import AttentionSpec
+    except ImportError:  # pragma: no cover - vLLM without it
+        AttentionSpec = None
+    total = 0
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if AttentionSpec is not None and not isinstance(spec, AttentionSpec):
+            continue
+        total += spec.page_size_bytes // spec.block_size * len(group.layer_names)
+    return total
+
+
+class SchedulerInit(Handler):
+    """``Scheduler.__init__(vllm_config, kv_cache_config, …)``: the KV bytes per scheduled token."""
+
+    reads_args = RowParams()  # self, vllm_config, kv_cache_config
+
+    def after(self, state, args, kwargs, result):
+        config = getattr(args[0], "kv_cache_config", None) or args[2]
+        STATE.kv_bytes_per_token = bytes_per_token(config)
+
+
+def kv_writes(tokens: int, labels: tuple, _state=STATE) -> None:
+    """``tokens`` scheduled tokens of one req_phase (``labels``: dp, role, phase, req_phase), with the KV
+    bytes per token ``Scheduler.__init__`` found (``STATE.kv_bytes_per_token``; 0: unknown, nothing)."""
+    per_token = _state.kv_bytes_per_token
+    if per_token and tokens:
+        recording.add(_WRITES, tokens * per_token, labels)
+
+
+# -- OffloadingConnector ----------------------------------------------------------------------------------
+
+#: ``STATE.kv_job_phases``: job id → phase of the worker step that queued it (a store: ``prepare_store_kv``,
+#: submitted a step later; a load: ``start_kv_transfers``); taken when the job completes. Bounded: jobs that
+#: never complete here (another worker's, a shutdown) are dropped with the oldest.
+JOB_PHASES = STATE.kv_job_phases
+_MAX_JOBS = 65536
+_OFFLOADING = "OffloadingConnector"
+
+
+def _keep(jobs, phase: str) -> None:
+    if len(JOB_PHASES) > _MAX_JOBS:
+        JOB_PHASES.clear()
+    for job_id in jobs:
+        JOB_PHASES[job_id] = phase
+
+
+class OffloadingPrepareStore(Handler):
+    """``OffloadingConnectorWorker.prepare_store_kv(metadata)``: the step's store jobs (d2h), queued
+    now and submitted at the next step's ``start_kv_transfers``, keep this step's phase. Workers
+    that do not write (``_is_store_writer`` false) complete them at once, with no transfer."""
+
+    reads_args = RowParams()  # self, metadata
+
+    def after(self, state, args, kwargs, result):
+        if args[1].store_jobs and getattr(args[0], "_is_store_writer", True):
+            _keep(args[1].store_jobs, STATE.last_step_phase)
+
+
+class OffloadingStartTransfers(Handler):
+    """``OffloadingConnectorWorker.start_kv_transfers(metadata)``: the step's load jobs (h2d) keep
+    this step's phase; the host time of the submissions (stores deferred from the previous step, then
+    this step's loads) is time the step is blocked."""
+
+    reads_args = RowParams()  # self, metadata
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        seconds = perf_counter() - start
+        if args[1].load_jobs:
+            _keep(args[1].load_jobs, STATE.last_step_phase)
+            recording.record(_BLOCKING, seconds, labels_of(STATE.last_step_phase, "h2d", _OFFLOADING))
+
+
+class OffloadingGetFinished(Handler):
+    """``OffloadingConnectorWorker.get_finished`` (vLLM 0.32+): the jobs it completed and the sizes
+    and device times vLLM itself recorded for them (``transfer_stats.load`` / ``.store`` of the
+    worker's ``OffloadingWorkerMetadata``, the numbers behind ``vllm:kv_offload_*``): one transfer per
+    job, its bytes labelled with the phase of the step that queued it. The poll's time per direction is
+    one duration observation (split by bytes when jobs of several phases completed in one poll)."""
+
+    reads_args = 1  # self
+
+    def before(self, args, kwargs):
+        worker = args[0]
+        meta = worker._connector_worker_meta
+        stats = meta.transfer_stats
+        loads = set(worker._load_jobs) if worker._load_jobs else ()
+        load, store = stats.load, stats.store
+        return meta, len(meta.completed_jobs), loads, len(load.sizes), load.time, len(store.sizes), store.time
+
+    def after(self, state, args, kwargs, result):
+        meta, seen, loads, load_n, load_t, store_n, store_t = state
+        if len(meta.completed_jobs) == seen:
+            return
+        jobs = list(meta.completed_jobs)[seen:]
+        stats = meta.transfer_stats
+        for direction, direction_stats, n, t, these in (
+            ("h2d", stats.load, load_n, load_t, [j for j in jobs if j in loads]),
+            ("d2h", stats.store, store_n, store_t, [j for j in jobs if j not in loads]),
+        ):
+            phases = [JOB_PHASES.pop(j, UNKNOWN) for j in these]
+            sizes = direction_stats.sizes[n:]
+            if not sizes:
+                continue
+            if len(sizes) != len(phases):  # some jobs reported no size: their phases cannot be paired
+                phases = [UNKNOWN] * len(sizes)
+            _record_poll(direction, sizes, phases, direction_stats.time - t)
+
+
+def _record_poll(direction: str, sizes: list, phases: list, seconds: float) -> None:
+    by_phase: dict = {}
+    for size, phase in zip(sizes, phases):
+        entry = by_phase.get(phase)
+        if entry is None:
+            by_phase[phase] = [size, 1]
+        else:
+            entry[0] += size
+            entry[1] += 1
+    total = sum(sizes) or 1
+    for phase, (nbytes, count) in by_phase.items():
+        share = seconds if len(by_phase) == 1 else seconds * nbytes / total
+        record_transfer(direction, _OFFLOADING, int(nbytes), count, share, phase=phase)
+
+
+class OffloadingTransferAsync(Handler):
+    """vLLM 0.23 ``OffloadingWorker.transfer_async(job_id, spec)``: the job keeps the phase of the step
+    that submits it (0.23 too defers a store to the next step's ``start_kv_transfers``: a store's phase
+    is that of the step after the one that produced its KV)."""
+
+    reads_args = RowParams()  # self, job_id
+
+    def after(self, state, args, kwargs, result):
+        _keep((args[1],), STATE.last_step_phase)
+
+
+#: Media the KV cache lives in (vLLM's GPU, vllm-ascend's NPU): a transfer into one of them is a load.
+_DEVICE_MEDIA = ("GPU", "NPU")
+
+
+class OffloadingWorkerGetFinished(Handler):
+    """vLLM 0.23 ``OffloadingWorker.get_finished()``: each TransferResult with a size: h2d when its
+    ``transfer_type`` ends in a device medium (GPU, NPU), d2h when it starts in one."""
+
+    reads_args = 0
+
+    def after(self, state, args, kwargs, result):
+        for r in result or ():
+            phase = JOB_PHASES.pop(r.job_id, UNKNOWN)
+            size = r.transfer_size
+            kind = r.transfer_type
+            if size is None or kind is None:
+                continue
+            direction = "h2d" if kind[1] in _DEVICE_MEDIA else "d2h" if kind[0] in _DEVICE_MEDIA else "remote"
+            record_transfer(direction, _OFFLOADING, size, 1, r.transfer_time, phase=phase)

