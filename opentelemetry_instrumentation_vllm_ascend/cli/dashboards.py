@@ -28,6 +28,10 @@ EVENT_ONLY = {
     "Inter-token latency over 1 s / TTFT over threshold": "appears at the first slow token or first token",
     "Draft tokens verified per step": "speculative decoding only",
     "Device utilization": "torch.npu / torch.cuda utilization only (no CPU reading)",
+    "KV transfers: bytes per second by direction": "a KV connector (offloading, P/D disaggregation) only",
+    "KV transfers per second by direction": "a KV connector (offloading, P/D disaggregation) only",
+    "KV transfer duration": "a KV connector (offloading, P/D disaggregation) only",
+    "Step time blocked on KV transfers (seconds per second)": "a KV connector (offloading, P/D disaggregation) only",
 }
 
 #: Dashboard variables: (name, label, query). Every one is multi-valued with "All" = ``.*``, so a series that
@@ -396,9 +400,80 @@ def sections() -> list[tuple[str, list[Panel]]]:
             spec("npu:utilization").description,
         ),
     ]
+    budget = [
+        Panel(
+            "EngineCore busy loop: seconds per second by stage",
+            "percentunit",
+            [
+                (
+                    "{{stage}} " + _LEG,
+                    sum_rate("engine_core:stage_seconds", ("instance", "dp", "stage")),
+                )
+            ],
+            ("engine_core:stage_seconds",),
+            spec("engine_core:stage_seconds").description,
+        ),
+        Panel(
+            "API server output loop: seconds per second by stage",
+            "percentunit",
+            [
+                (
+                    "{{stage}} " + _LEG,
+                    sum_rate("api_server:output_loop_stage_seconds", ("instance", "dp", "stage")),
+                )
+            ],
+            ("api_server:output_loop_stage_seconds",),
+            spec("api_server:output_loop_stage_seconds").description,
+        ),
+        Panel(
+            "KV-cache writes per second by request phase",
+            "Bps",
+            [("{{req_phase}} " + _LEG, sum_rate("kv_cache:write_bytes", ("instance", "dp", "req_phase")))],
+            ("kv_cache:write_bytes",),
+            spec("kv_cache:write_bytes").description,
+        ),
+        Panel(
+            "KV transfers: bytes per second by direction",
+            "Bps",
+            [
+                (
+                    "{{direction}} {{connector}} " + _LEG,
+                    sum_rate("kv_transfer:bytes", ("instance", "dp", "direction", "connector")),
+                )
+            ],
+            ("kv_transfer:bytes",),
+            spec("kv_transfer:bytes").description,
+        ),
+        Panel(
+            "KV transfers per second by direction",
+            "ops",
+            [
+                (
+                    "{{direction}} {{connector}} " + _LEG,
+                    sum_rate("kv_transfer:count", ("instance", "dp", "direction", "connector")),
+                )
+            ],
+            ("kv_transfer:count",),
+            spec("kv_transfer:count").description,
+        ),
+        _quantile_panel(
+            "KV transfer duration",
+            "kv_transfer:duration",
+            ("instance", "dp", "direction"),
+            "{{instance}} dp={{dp}} {{direction}}",
+        ),
+        Panel(
+            "Step time blocked on KV transfers (seconds per second)",
+            "percentunit",
+            [(_LEG_PHASE, sum_rate("kv_transfer:blocking:duration", ("instance", "dp", "phase")))],
+            ("kv_transfer:blocking:duration",),
+            spec("kv_transfer:blocking:duration").description,
+        ),
+    ]
     return [
         ("Overview (总览)", overview),
         ("Stage latency (阶段时延)", stage),
+        ("Where the time goes: stage budget and KV transfers", budget),
         ("Scheduling and roles (调度与角色)", scheduling),
         ("EPLB (Ascend only)", eplb),
         ("Exceptions (异常)", exceptions),
