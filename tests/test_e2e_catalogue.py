@@ -24,7 +24,7 @@ from otlp_receiver import Receiver  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples, settle  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -71,20 +71,6 @@ def where(text, name, predicate):
 
 def non_idle(labels):
     return labels.get("phase") != "idle"
-
-
-def settle(server, done, timeout=40.0):
-    """Scrape until ``done(text)`` holds on two scrapes in a row (our exports lag by an interval)."""
-    deadline = time.monotonic() + timeout
-    previous = None
-    while True:
-        text = server.scrape()
-        if done(text) and previous is not None and done(previous):
-            return text
-        if time.monotonic() > deadline:
-            return text
-        previous = text
-        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,13 @@ computed here from the model's config.json, and the scheduler's own duration his
 import json
 import os
 import struct
-import time
 
 import pytest
 
 pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import DEFAULT_ARGS, Server, samples  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import DEFAULT_ARGS, Server, samples, settle  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -59,20 +58,6 @@ def kv_bytes_per_token(model_dir) -> int:
     dtype = DEFAULT_ARGS[DEFAULT_ARGS.index("--dtype") + 1]  # what the server runs the model in
     itemsize = {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
     return 2 * config["num_key_value_heads"] * head_size * itemsize * config["num_hidden_layers"]
-
-
-def settle(server, done, timeout=40.0):
-    """Scrape until ``done(text)`` holds on two scrapes in a row (exports lag by an interval)."""
-    deadline = time.monotonic() + timeout
-    previous = None
-    while True:
-        text = server.scrape()
-        if done(text) and previous is not None and done(previous):
-            return text
-        if time.monotonic() > deadline:
-            return text
-        previous = text
-        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import settle as settle_on  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -96,17 +97,8 @@ def ours(text) -> dict:
     return out
 
 
-def settle(server, done, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    previous = None
-    while True:
-        text = server.scrape()
-        if done(text) and previous is not None and done(previous):
-            return text
-        if time.monotonic() > deadline:
-            return text
-        previous = text
-        time.sleep(INTERVAL_MS / 1000)
+def settle(server, done):
+    return settle_on(server, done, timeout=60.0, interval=INTERVAL_MS / 1000)
 
 
 def quiet(server):

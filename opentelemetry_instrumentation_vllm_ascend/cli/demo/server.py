@@ -204,3 +204,19 @@ def total(text: str, name: str, **match) -> float:
     return sum(
         v for n, labels, v in samples(text) if n == name and all(labels.get(k) == val for k, val in match.items())
     )
+
+
+def settle(server: Server, done, timeout: float = 40.0, interval: float = 1.0) -> str:
+    """Scrape ``server`` until ``done(text)`` holds on two scrapes in a row (exports lag by an
+    interval); the last scrape, also when ``timeout`` passed first (the caller's assertions then say
+    what is missing)."""
+    deadline = time.monotonic() + timeout
+    previous = None
+    while True:
+        text = server.scrape()
+        if done(text) and previous is not None and done(previous):
+            return text
+        if time.monotonic() > deadline:
+            return text
+        previous = text
+        time.sleep(interval)
