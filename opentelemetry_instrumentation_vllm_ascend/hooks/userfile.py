@@ -601,7 +601,7 @@ class UserHooks:
 
     def _apply(self, module, rows) -> None:
         from ..recording import control
-        from .patches import original_class, patch_method
+        from .patches import patch_method
 
         with self._lock:
             if not self.active:
@@ -611,14 +611,7 @@ class UserHooks:
                     continue
                 self.pending.discard(entry.key)
                 try:
-                    if "." in entry.qualname:
-                        owner_name, attribute = entry.qualname.rsplit(".", 1)
-                        owner = original_class(module, owner_name)
-                    else:
-                        owner, attribute = module, entry.qualname
-                    function = getattr(owner, "__dict__", {}).get(attribute)
-                    if function is None:
-                        raise AttributeError(f"{entry.qualname} is not defined in {module.__name__}")
+                    owner, attribute, function = function_of(module, entry)
                     parameters = parameters_of(function)
                     why = check_names(entry, parameters)
                     if why is not None:
@@ -643,12 +636,26 @@ class UserHooks:
             self.pending.clear()
 
 
+def function_of(module, entry: Entry):
+    """(owner, attribute, function) that ``entry`` names in ``module``, on the original class (a name
+    the module rebinds to a subclass is walked back to the definition, as for the built-in rows)."""
+    from .patches import original_class
+
+    if "." in entry.qualname:
+        owner_name, attribute = entry.qualname.rsplit(".", 1)
+        owner = original_class(module, owner_name)
+    else:
+        owner, attribute = module, entry.qualname
+    function = getattr(owner, "__dict__", {}).get(attribute)
+    if function is None:
+        raise AttributeError(f"{entry.qualname} is not defined in {module.__name__}")
+    return owner, attribute, function
+
+
 def resolve_entries(entries: list[Entry]) -> list[Entry]:
     """For ``check --config``: import each loaded entry's module (never anything the file names
     besides it) and check the symbol exists and its expressions read only its parameters."""
     import importlib
-
-    from .patches import original_class
 
     for entry in entries:
         if entry.status != LOADED:
@@ -658,14 +665,7 @@ def resolve_entries(entries: list[Entry]) -> list[Entry]:
             continue
         try:
             module = importlib.import_module(entry.module)
-            if "." in entry.qualname:
-                owner_name, attribute = entry.qualname.rsplit(".", 1)
-                owner = original_class(module, owner_name)
-            else:
-                owner, attribute = module, entry.qualname
-            function = getattr(owner, "__dict__", {}).get(attribute)
-            if function is None:
-                raise AttributeError(f"{entry.qualname} is not defined in {entry.module}")
+            _, _, function = function_of(module, entry)
             if isinstance(function, (staticmethod, classmethod)):
                 raise TypeError("static and class methods are not hooked")
             why = check_names(entry, parameters_of(function))
