@@ -113,7 +113,7 @@ class Pipeline:
             meter = self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
 
             def run_hooks(_options):  # an observable instrument that observes nothing: exports nothing
-                _before_collect()
+                self._before_collect()
                 return []
 
             meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
@@ -123,12 +123,19 @@ class Pipeline:
             self.store = Store(
                 resource, catalogue.SCOPE_NAME, __version__, process_attributes=context.process_attributes
             )
-            self.store.before_collect.append(_before_collect)
+            self.store.before_collect.append(self._before_collect)
             for reader in readers:
                 self.store.attach(reader)
         self._closed = False
+        #: close() ran the pre-collection step for the final export: every reader's final collection
+        #: then sees the same values (a stage budget's open stage would otherwise grow between them).
+        self._final_values_taken = False
         #: Set once close() is done (its final export made or timed out).
         self.closed = threading.Event()
+
+    def _before_collect(self) -> None:
+        if not self._final_values_taken:
+            _before_collect()
 
     @property
     def closing(self) -> bool:
@@ -244,6 +251,7 @@ class Pipeline:
             # Values a hook still holds (deferred records) go in before the final export (at exit;
             # reset() has run them already), and are there for a reader read after the close.
             _before_collect()
+            self._final_values_taken = True
             if self.provider is not None:
                 self.provider.shutdown(timeout_millis=timeout_millis)
             else:
