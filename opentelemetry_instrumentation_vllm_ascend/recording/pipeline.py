@@ -127,8 +127,9 @@ class Pipeline:
             for reader in readers:
                 self.store.attach(reader)
         self._closed = False
-        #: close() ran the pre-collection step for the final export: every reader's final collection
-        #: then sees the same values (a stage budget's open stage would otherwise grow between them).
+        #: flush() or close() ran the pre-collection step for the export it makes: every reader's
+        #: collection in it then sees the same values (a stage budget's open stage would otherwise grow
+        #: between them; the clean-stop flush and the final export write /metrics files and OTLP alike).
         self._final_values_taken = False
         #: Set once close() is done (its final export made or timed out).
         self.closed = threading.Event()
@@ -229,13 +230,20 @@ class Pipeline:
         )
 
     def flush(self, timeout_millis: float = 5_000) -> None:
+        """Export now, every reader the same values (the pre-collection step runs once, first)."""
         if os.getpid() != self.pid or self._closed:
             return
-        if self.provider is not None:
-            self.provider.force_flush(timeout_millis)
-        else:
-            for reader in self.readers:
-                reader.force_flush(timeout_millis)
+        _before_collect()
+        self._final_values_taken = True
+        try:
+            if self.provider is not None:
+                self.provider.force_flush(timeout_millis)
+            else:
+                for reader in self.readers:
+                    reader.force_flush(timeout_millis)
+        finally:
+            if not self._closed:
+                self._final_values_taken = False
 
     def close(self, timeout_millis: float | None = None) -> None:
         """Final export, then stop; all readers together within ``timeout_millis`` (default
