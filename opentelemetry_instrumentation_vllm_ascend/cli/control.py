@@ -38,8 +38,7 @@ def servers(parent: str | None = None) -> list[dict]:
     """The instrumented servers of this user on this host: their private directories whose first
     process still runs, with each live process's last status."""
     from ..recording import control
-    from ..recording.metrics_endpoint import _OWNER_FILE, DIRECTORY_PREFIX
-    from ..recording.metrics_files import process_identity
+    from ..recording.metrics_endpoint import DIRECTORY_PREFIX, owner_running, read_owner
 
     parent = parent or tempfile.gettempdir()
     out: list[dict] = []
@@ -51,15 +50,10 @@ def servers(parent: str | None = None) -> list[dict]:
         path = os.path.join(parent, name)
         if not name.startswith(DIRECTORY_PREFIX) or not control.private(path):
             continue
-        try:
-            with open(os.path.join(path, _OWNER_FILE)) as f:
-                lines = f.read().split("\n")
-            root, identity = int(lines[0]), (lines[1] if len(lines) > 1 else "")
-        except (OSError, ValueError):
-            continue
-        running = process_identity(root)
-        if running is None or (identity and running != identity):
+        owner = read_owner(path)
+        if owner is None or not owner_running(*owner):
             continue  # its first process is gone (or the pid was reused): not a server
+        root = owner[0]
         processes = _statuses(path)
         if not processes:
             continue  # not (yet) answering control: an older version, or still starting

@@ -103,6 +103,25 @@ DIRECTORY_PREFIX = "otel_vllm_ascend_"
 _OWNER_FILE = "root.pid"  # not *.db: no collector reads it
 
 
+def read_owner(directory: str) -> tuple[int, str] | None:
+    """(root pid, its process identity) recorded in a metric directory by the process that made it;
+    None when the record is missing or unreadable."""
+    try:
+        with open(os.path.join(directory, _OWNER_FILE)) as f:
+            lines = f.read().split("\n")
+        return int(lines[0]), (lines[1] if len(lines) > 1 else "")
+    except (OSError, ValueError):
+        return None
+
+
+def owner_running(pid: int, identity: str) -> bool:
+    """Whether the directory's root process still runs (the same process: a reused pid is not)."""
+    from .metrics_files import process_identity
+
+    running = process_identity(pid)
+    return running is not None and not (identity and running and running != identity)
+
+
 def _parent(pid: int) -> int | None:
     from .metrics_files import proc_stat
 
@@ -169,7 +188,6 @@ def remove_leaked_directories(parent: str | None = None) -> list[str]:
     """Directories of ours (our prefix, our user, not a link) left in the temp directory by a root
     process that was killed (SIGKILL skips its atexit cleanup): removed when their root no longer
     runs. A directory without the root's record is left alone."""
-    from .metrics_files import process_identity
 
     parent = parent or tempfile.gettempdir()
     removed: list[str] = []
@@ -186,13 +204,12 @@ def remove_leaked_directories(parent: str | None = None) -> list[str]:
             st = os.lstat(path)
             if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != uid:
                 continue
-            with open(os.path.join(path, _OWNER_FILE)) as f:
-                lines = f.read().split("\n")
-            pid, identity = int(lines[0]), (lines[1] if len(lines) > 1 else "")
-        except (OSError, ValueError):
+        except OSError:
             continue
-        running = process_identity(pid)
-        if running is None or (identity and running and running != identity):
+        owner = read_owner(path)
+        if owner is None:
+            continue
+        if not owner_running(*owner):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     if removed:
