@@ -13,6 +13,7 @@ import os
 import re
 import time
 import urllib.request
+import zipfile
 
 CACHE = os.environ.get(
     "OTEL_VLLM_ASCEND_SOURCE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "otel-vllm-ascend-sources")
@@ -24,7 +25,32 @@ CHUNK = 1 << 20
 
 def sdist(project: str, version: str) -> str:
     """Path of ``project``'s sdist for ``version`` in the cache, downloaded first if absent."""
-    filename = f"{re.sub(r'[-_.]+', '_', project)}-{version}.tar.gz"
+    return _cached(project, f"{re.sub(r'[-_.]+', '_', project)}-{version}.tar.gz")
+
+
+def wheel(project: str, version: str) -> str:
+    """Path of ``project``'s pure-Python wheel for ``version`` in the cache, downloaded first if absent."""
+    return _cached(project, f"{re.sub(r'[-_.]+', '_', project)}-{version}-py3-none-any.whl")
+
+
+#: The incumbent's release whose hook files the tests load (read as data from its wheel, never imported).
+INCUMBENT = ("ms-service-metric", "26.0.0")
+INCUMBENT_HOOK_FILES = ("default.yaml", "v1_metrics.yaml")
+
+
+def incumbent_hook_files(directory: str) -> list[str]:
+    """The incumbent's own vLLM hook files, copied out of its wheel into ``directory``: their paths."""
+    out = []
+    with zipfile.ZipFile(wheel(*INCUMBENT)) as archive:
+        for name in INCUMBENT_HOOK_FILES:
+            target = os.path.join(directory, name)
+            with open(target, "wb") as f:
+                f.write(archive.read(f"ms_service_metric/adapters/vllm/config/{name}"))
+            out.append(target)
+    return out
+
+
+def _cached(project: str, filename: str) -> str:
     path = os.path.join(CACHE, filename)
     if os.path.exists(path):
         return path

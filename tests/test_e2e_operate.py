@@ -20,11 +20,12 @@ import subprocess
 import sys
 import textwrap
 import time
-import zipfile
 
 import pytest
 
 pytest.importorskip("vllm")
+
+from source_archives import incumbent_hook_files  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
@@ -54,25 +55,7 @@ RELOADED_ENTRY = """\
 
 
 def incumbent_files(directory) -> list[str]:
-    sys.path.insert(0, os.path.dirname(__file__))
-    try:
-        import source_archives
-    finally:
-        sys.path.pop(0)
-    filename = "ms_service_metric-26.0.0-py3-none-any.whl"
-    path = os.path.join(source_archives.CACHE, filename)
-    if not os.path.exists(path):
-        url, sha256 = source_archives._find("ms-service-metric", filename)
-        os.makedirs(source_archives.CACHE, exist_ok=True)
-        source_archives._download(url, path, sha256)
-    out = []
-    with zipfile.ZipFile(path) as wheel:
-        for name in ("default.yaml", "v1_metrics.yaml"):
-            target = os.path.join(directory, name)
-            with open(target, "wb") as f:
-                f.write(wheel.read(f"ms_service_metric/adapters/vllm/config/{name}"))
-            out.append(target)
-    return out
+    return incumbent_hook_files(directory)
 
 
 def control(*args, timeout=60) -> subprocess.CompletedProcess:

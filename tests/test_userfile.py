@@ -4,12 +4,11 @@ what malformed or hostile files do (one log line each, nothing executed)."""
 import asyncio
 import logging
 import os
-import sys
 import types
-import zipfile
 
 import pytest
 from packaging.version import Version
+from source_archives import incumbent_hook_files
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
@@ -234,28 +233,10 @@ def test_incumbent_handlers_map_and_lock_patch_is_accepted_with_a_reason(tmp_pat
 # -- the incumbent's own files (ms-service-metric 26.0.0, downloaded at test time) ------------------
 @pytest.fixture(scope="module")
 def incumbent_files(tmp_path_factory):
-    sys.path.insert(0, os.path.dirname(__file__))
     try:
-        import source_archives
-    finally:
-        sys.path.pop(0)
-    filename = "ms_service_metric-26.0.0-py3-none-any.whl"
-    path = os.path.join(source_archives.CACHE, filename)
-    if not os.path.exists(path):
-        try:
-            url, sha256 = source_archives._find("ms-service-metric", filename)
-            os.makedirs(source_archives.CACHE, exist_ok=True)
-            source_archives._download(url, path, sha256)
-        except Exception as exc:  # offline
-            pytest.skip(f"cannot download {filename}: {exc}")
-    out = tmp_path_factory.mktemp("msm")
-    names = []
-    with zipfile.ZipFile(path) as wheel:  # read as data, never imported
-        for name in ("default.yaml", "v1_metrics.yaml"):
-            target = out / name
-            target.write_bytes(wheel.read(f"ms_service_metric/adapters/vllm/config/{name}"))
-            names.append(str(target))
-    return names
+        return incumbent_hook_files(str(tmp_path_factory.mktemp("msm")))
+    except (LookupError, RuntimeError, OSError) as exc:  # offline
+        pytest.skip(f"cannot download the incumbent's wheel: {exc}")
 
 
 def test_the_incumbents_files_load_with_every_entry_mapped_or_rejected_with_a_reason(incumbent_files):
