@@ -112,9 +112,11 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         from .hooks.userfile import UserHooks, paths_from_environment
 
         if paths_from_environment():
+            from .state import STATE
+
             user_hooks = UserHooks()
-            control.reloaders.append(user_hooks.reload)
-            control.summaries.append(user_hooks.summary)
+            STATE.control.reloaders.append(user_hooks.reload)
+            STATE.control.summaries.append(user_hooks.summary)
             user_hooks.install()
             VllmAscendInstrumentor._user_hooks = user_hooks
 
@@ -126,9 +128,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
             user_hooks.uninstall()
         from .recording import control
 
-        control.teardown()
-        control.reloaders.clear()
-        control.summaries.clear()
+        control.teardown()  # its callbacks (the user hooks' reloader and summary) included
         installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
         if installer is not None:
             installer.uninstall()

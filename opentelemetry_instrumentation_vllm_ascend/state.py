@@ -13,7 +13,9 @@ tests' autouse fixture calls it before every test. What it does not reset:
   parent's, and a hook's ``claim`` changes it (clearing the label caches, ``clear_label_caches``);
 - registrations (``observers``, ``utilization_observed``): an observable gauge registered once is
   observed by every pipeline the process builds, a forked child's included. ``reset(registrations=True)``
-  drops them too (tests that count registrations).
+  drops them too (tests that count registrations);
+- the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
+  server's control file for the process's lifetime: ``recording.control.teardown`` resets it.
 
 ContextVars (``handlers.steps.CURRENT_STEP``, ``IN_PREFIX_CACHE_RESET``) are not state to reset: each
 call sets and restores its own value.
@@ -70,6 +72,8 @@ class State:
         # -- registrations (kept by reset() unless registrations=True) --
         "observers",
         "utilization_observed",
+        # -- runtime control (recording.control; reset by its teardown) --
+        "control",
     )
 
     def __init__(self) -> None:
@@ -148,6 +152,54 @@ class State:
         self.observers: list = []
         #: Whether the device utilization gauge was registered (handlers.memory).
         self.utilization_observed: bool = False
+        #: The runtime control's state in this process (recording.control).
+        self.control = ControlState()
+
+
+class ControlState:
+    """What ``recording.control`` applied and holds in this process."""
+
+    __slots__ = (
+        "on",
+        "patterns",
+        "serial",
+        "reload",
+        "hooks",
+        "last_export",
+        "poller",
+        "seen",
+        "warned_dirs",
+        "reloaders",
+        "summaries",
+        "set_env",
+    )
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        #: Recording on; metric patterns switched off; the control file's serial and reload counter
+        #: last applied (reload None: no control file read yet).
+        self.on: bool = True
+        self.patterns: tuple = ()
+        self.serial: int = 0
+        self.reload: int | None = None
+        #: Installed hooks: Hook -> (handler, feeds, provides_context).
+        self.hooks: dict = {}
+        #: Unix time of the last collection (status' ``last_export``), 0: none yet.
+        self.last_export: float = 0.0
+        #: The polling thread: (pid, thread, stop event), None: not started in this process.
+        self.poller: tuple | None = None
+        #: (inode, mtime, size) of the control file last applied.
+        self.seen: tuple | None = None
+        #: Control directories already reported as not private.
+        self.warned_dirs: set = set()
+        #: Callbacks run on ``reload`` (the user hook files' reloader), from the polling thread.
+        self.reloaders: list = []
+        #: Callbacks giving this process's hook-file summary for status: () -> dict.
+        self.summaries: list = []
+        #: Environment variables this process set for its children (removed at teardown).
+        self.set_env: list = []
 
 
 STATE = State()

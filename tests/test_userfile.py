@@ -17,6 +17,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Hook
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import control
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 P = catalogue.PREFIX
 V = Version("0.32.0")
@@ -425,4 +426,4 @@ def test_the_off_path_of_a_hook_is_one_attribute_check():
     hook = Hook(None)
     assert control.switched_off("x") is False
     control.register(hook)  # a hook without handler is not registered
-    assert hook not in control._hooks
+    assert hook not in STATE.control.hooks

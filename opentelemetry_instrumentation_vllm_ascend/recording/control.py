@@ -27,6 +27,7 @@ import threading
 import time
 
 from .. import environment
+from ..state import STATE
 
 logger = logging.getLogger(__name__)
 
@@ -34,19 +35,8 @@ CONTROL_FILE = "control.json"
 STATUS_PREFIX = "status-"
 MAX_CONTROL_BYTES = 64 * 1024
 
-#: Applied state in this process: (on, off patterns, serial, reload counter).
-_state: dict = {"on": True, "patterns": (), "serial": 0, "reload": None}
-#: Installed hooks: Hook -> (handler, feeds, provides_context).
-_hooks: dict = {}
+#: This process's control state: ``STATE.control`` (state.ControlState).
 _lock = threading.RLock()
-_last_export = [0.0]
-#: Per-process poller: [pid, thread, stop event].
-_poller: list = [None, None, None]
-#: Callbacks run on ``reload`` (the user hook files' reloader), from the polling thread.
-reloaders: list = []
-#: Callbacks giving this process's hook-file summary for status: () -> dict.
-summaries: list = []
-_set_env: list = []
 
 
 # -- the switch -------------------------------------------------------------------------------------
@@ -56,26 +46,27 @@ def register(hook, feeds=(), provides_context: bool = False) -> None:
         handler = hook.handler
         if handler is None:
             return
-        _hooks[hook] = (handler, tuple(feeds), provides_context)
+        STATE.control.hooks[hook] = (handler, tuple(feeds), provides_context)
         _apply_to(hook)
 
 
 def unregister(hook) -> None:
     with _lock:
-        _hooks.pop(hook, None)
+        STATE.control.hooks.pop(hook, None)
 
 
 def clear() -> None:
     with _lock:
-        _hooks.clear()
+        STATE.control.hooks.clear()
 
 
 def _apply_to(hook) -> None:
-    handler, feeds, provides_context = _hooks[hook]
-    if not _state["on"]:
+    c = STATE.control
+    handler, feeds, provides_context = c.hooks[hook]
+    if not c.on:
         hook.handler = None
         return
-    patterns = _state["patterns"]
+    patterns = c.patterns
     if patterns and feeds and not provides_context and all(environment.metric_disabled(s, patterns) for s in feeds):
         hook.handler = None
     else:
@@ -83,14 +74,15 @@ def _apply_to(hook) -> None:
 
 
 def is_on() -> bool:
-    return _state["on"]
+    return STATE.control.on
 
 
 def switched_off(seed: str) -> bool:
     """Whether the control has switched the metric ``seed`` off (the recording facade asks)."""
-    if not _state["on"]:
+    c = STATE.control
+    if not c.on:
         return True
-    patterns = _state["patterns"]
+    patterns = c.patterns
     return bool(patterns) and environment.metric_disabled(seed, patterns)
 
 
@@ -98,9 +90,10 @@ def set_state(on: bool, patterns=()) -> None:
     from .. import recording
 
     with _lock:
-        _state["on"] = bool(on)
-        _state["patterns"] = tuple(patterns)
-        for hook in list(_hooks):
+        c = STATE.control
+        c.on = bool(on)
+        c.patterns = tuple(patterns)
+        for hook in list(c.hooks):
             _apply_to(hook)
         recording.control_changed()
 
@@ -130,7 +123,7 @@ def setup() -> None:
         path = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # 0700
         _write_owner(path)
         os.environ[environment.CONTROL_DIR] = path
-        _set_env.append(environment.CONTROL_DIR)
+        STATE.control.set_env.append(environment.CONTROL_DIR)
         _remove_at_exit(path)
     initial = initial_state()
     first = made or os.environ.get(environment.ROOT_PID) == str(os.getpid())
@@ -172,18 +165,16 @@ def initial_state() -> bool | None:
 
 
 def teardown() -> None:
-    event = _poller[2]
-    _poller[:] = [None, None, None]
-    if event is not None:
-        event.set()
-    clear()
-    _state.update(on=True, patterns=(), serial=0, reload=None)
-    for name in _set_env:
-        made = os.environ.pop(name, None)
-        if made and name == environment.CONTROL_DIR:
-            shutil.rmtree(made, ignore_errors=True)
-    _set_env.clear()
-    _seen[0] = None
+    """Stop polling, forget the hooks and callbacks, back to on (``STATE.control`` cleared)."""
+    with _lock:
+        c = STATE.control
+        if c.poller is not None:
+            c.poller[2].set()
+        for name in c.set_env:
+            made = os.environ.pop(name, None)
+            if made and name == environment.CONTROL_DIR:
+                shutil.rmtree(made, ignore_errors=True)
+        c.clear()
 
 
 def write_control(path: str, content: dict) -> None:
@@ -230,20 +221,17 @@ def read_control(path: str) -> dict | None:
     return content
 
 
-_seen: list = [None]
-_warned_dir: set = set()
-
-
 def poll_once() -> None:
     """Apply a changed control file, then write this process's status."""
     path = directory()
     if path is None:
         return
+    c = STATE.control
     if not private(path):
         if not os.path.lexists(path):
             return  # removed: the server is stopping
-        if path not in _warned_dir:
-            _warned_dir.add(path)
+        if path not in c.warned_dirs:
+            c.warned_dirs.add(path)
             logger.warning(
                 "opentelemetry-instrumentation-vllm-ascend: %s is not a private directory of this user; "
                 "runtime control is ignored",
@@ -255,12 +243,12 @@ def poll_once() -> None:
         signature = (st.st_ino, st.st_mtime_ns, st.st_size)
     except OSError:
         signature = None
-        if _state["reload"] is None:
-            _state["reload"] = 0  # no request yet: the first file's reload counter is one
-    if signature is not None and signature != _seen[0]:
+        if c.reload is None:
+            c.reload = 0  # no request yet: the first file's reload counter is one
+    if signature is not None and signature != c.seen:
         content = read_control(path)
         if content is not None:
-            _seen[0] = signature
+            c.seen = signature
             apply(content)
     write_status(path)
 
@@ -269,22 +257,23 @@ def apply(content: dict) -> None:
     on = content["state"] == "on"
     patterns = tuple(content.get("off_metrics", ()))
     serial, reload = content.get("serial", 0), content.get("reload", 0)
-    if (on, patterns) != (_state["on"], _state["patterns"]):
+    c = STATE.control
+    if (on, patterns) != (c.on, c.patterns):
         set_state(on, patterns)
         logger.info(
             "opentelemetry-instrumentation-vllm-ascend: recording %s%s (control)",
             "on" if on else "off",
             f", off for {', '.join(patterns)}" if patterns and on else "",
         )
-    _state["serial"] = serial
-    previous = _state["reload"]
-    _state["reload"] = reload
+    c.serial = serial
+    previous = c.reload
+    c.reload = reload
     if previous is not None and reload > previous:  # the first file this process reads is no request
         _run_reloaders()
 
 
 def _run_reloaders() -> None:
-    for reload in list(reloaders):
+    for reload in list(STATE.control.reloaders):
         try:
             reload()
         except Exception:
@@ -294,8 +283,9 @@ def _run_reloaders() -> None:
 def write_status(path: str) -> None:
     from .. import context
 
+    c = STATE.control
     summary: dict = {}
-    for callback in summaries:
+    for callback in c.summaries:
         try:
             summary.update(callback())
         except Exception:
@@ -306,12 +296,12 @@ def write_status(path: str) -> None:
         "process": context.PROCESS.process,
         "dp": context.PROCESS.dp,
         "role": context.PROCESS.role,
-        "state": "on" if _state["on"] else "off",
-        "off_metrics": list(_state["patterns"]),
-        "serial": _state["serial"],
-        "reload": _state["reload"],
+        "state": "on" if c.on else "off",
+        "off_metrics": list(c.patterns),
+        "serial": c.serial,
+        "reload": c.reload,
         "hook_files": summary,
-        "last_export": _last_export[0] or None,
+        "last_export": c.last_export or None,
         "updated": time.time(),
     }
     target = os.path.join(path, f"{STATUS_PREFIX}{os.getpid()}.json")
@@ -326,7 +316,7 @@ def write_status(path: str) -> None:
 
 def exported() -> None:
     """A collection ran (before_collect hook of the pipeline)."""
-    _last_export[0] = time.time()
+    STATE.control.last_export = time.time()
 
 
 def interval_s() -> float:
@@ -337,11 +327,12 @@ def interval_s() -> float:
 
 def start() -> None:
     pid = os.getpid()
-    if _poller[0] == pid:
+    c = STATE.control
+    if c.poller is not None and c.poller[0] == pid:
         return
     event = threading.Event()
     thread = threading.Thread(target=_run, args=(event, pid), daemon=True, name="otel-vllm-ascend-control")
-    _poller[:] = [pid, thread, event]
+    c.poller = (pid, thread, event)
     thread.start()
 
 
@@ -357,8 +348,9 @@ def _run(event, pid: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    if _poller[0] is not None:
-        _poller[:] = [None, None, None]
+    c = STATE.control
+    if c.poller is not None:  # the parent's thread is not running here
+        c.poller = None
         try:
             start()
         except Exception:
