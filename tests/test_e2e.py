@@ -155,25 +155,24 @@ def test_default_registry_cumulative_otlp(model, tmp_path, greedy_reference):
     assert scopes["schedule: allocate_slots"] > 2 * scopes["schedule: update_after_schedule"]
 
 
-def test_prometheus_multiproc_dir_delta_otlp(model, tmp_path, greedy_reference):
+def test_plugin_alone_with_prometheus_multiproc_dir_and_delta_otlp(model, tmp_path, greedy_reference):
+    """``OTEL_VLLM_ASCEND_ENABLED=true vllm serve …``: the vllm.general_plugins entry point alone
+    instruments the API server, the EngineCore and the worker; here with vLLM's multiprocess /metrics
+    (PROMETHEUS_MULTIPROC_DIR), delta OTLP, and the per-request scheduler scope untimed
+    (OTEL_VLLM_ASCEND_DISABLED_SCOPES). One server for these three, which do not interact: each has
+    its own assertion below, beside the common ones of ``check``."""
     mp_dir = tmp_path / "prom"
     mp_dir.mkdir()
     log = str(tmp_path / "server.log")
-    text, outputs, otlp, resources = run_scenario(model, log, {"PROMETHEUS_MULTIPROC_DIR": str(mp_dir)}, "delta")
+    env = {
+        "OTEL_VLLM_ASCEND_ENABLED": "true",
+        "OTEL_VLLM_ASCEND_DISABLED_SCOPES": "schedule: allocate_slots",
+        "PROMETHEUS_MULTIPROC_DIR": str(mp_dir),
+    }
+    text, outputs, otlp, resources = run_scenario(model, log, env, "delta", instrument=False)
     check(text, otlp, resources, log)
     assert outputs == greedy_reference
     assert any(name.endswith(".db") and "otel-" in name for name in os.listdir(mp_dir))
-
-
-def test_plugin_alone_without_opentelemetry_instrument(model, tmp_path, greedy_reference):
-    """``OTEL_VLLM_ASCEND_ENABLED=true vllm serve …``: the vllm.general_plugins entry point alone
-    instruments the API server, the EngineCore and the worker; here with the per-request scheduler scope
-    untimed (OTEL_VLLM_ASCEND_DISABLED_SCOPES)."""
-    log = str(tmp_path / "server.log")
-    env = {"OTEL_VLLM_ASCEND_ENABLED": "true", "OTEL_VLLM_ASCEND_DISABLED_SCOPES": "schedule: allocate_slots"}
-    text, outputs, otlp, resources = run_scenario(model, log, env, "cumulative", instrument=False)
-    check(text, otlp, resources, log)
-    assert outputs == greedy_reference
     # The untimed scope has no series; the step's other scopes and the worker's are still timed.
     scopes = scope_counts(text)
     assert "schedule: allocate_slots" not in scopes
