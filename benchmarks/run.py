@@ -8,7 +8,9 @@ Prints, in one run, side by side on the same synthetic target:
   C. export cost per process (writing one process's metrics for /metrics);
   D. /metrics scrape time with 1 / 4 / 16 process contributions;
   E. RSS and series count after 10k simulated engine steps;
-  F. every hook one engine step passes through, per process (benchmarks/_step.py).
+  F. every hook one engine step passes through, per process (benchmarks/_step.py);
+  A2. what the other features add per call: a hook switched off, hook-file timers and expressions, a
+     time-budget stage boundary, a KV transfer hook, each beside its own bare call.
 Speed claims in docs/performance.md come from this output, never from timed tests.
 """
 
@@ -345,6 +347,96 @@ def child_prom_mp(number, repeat):
     return {"runs": runs}
 
 
+# -- A2. what the other features add, beside the same run's bare call --------------------------------
+USER_FILE = """\
+- symbol: _targets:Target.step
+  metrics:
+    - name: bench:user:duration
+      type: timer
+- symbol: _targets:Target.tick
+  metrics:
+    - name: bench:user:value
+      type: histogram
+      expr: x * 2 + 1
+      buckets: [0, 1, 2, 4, 8, 16]
+"""
+
+
+def feature_rows(number, repeat):
+    """ns per call of: a hook while recording is switched off (control off), a hook-file timer and an
+    expression histogram (OTEL_VLLM_ASCEND_CONFIG, built by the real loader), one time-budget stage
+    boundary (the clock reading and the clock's bookkeeping), and ExampleConnector's per-layer store
+    hook for a step storing 4 requests; each beside its own bare call, measured in the same run."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers import budget, kv_transfer
+    from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
+
+    t = _targets.Target()
+    bare_step, bare_tick = _targets.Target.step, _targets.Target.tick
+    timer_off, off_hook = wrap(bare_step, StepTimer(TIMER), SYNC_TIMER)
+    off_hook.handler = None
+    path = os.path.join(tempfile.mkdtemp(prefix="otel_vllm_bench_"), "hooks.yaml")
+    with open(path, "w") as f:
+        f.write(USER_FILE)
+    entries = {e.qualname: e for e in userfile.load([path], None, None, log=False)}
+    user = {}
+    for qualname, function in (("Target.step", bare_step), ("Target.tick", bare_tick)):
+        entry = entries[qualname]
+        assert entry.status != userfile.REJECTED, entry.reason
+        handler = userfile.UserHandler(entry, userfile.parameters_of(function))
+        user[qualname] = wrap(function, handler, userfile.kind_of(function))[0]
+    user_timer, user_hist = user["Target.step"], user["Target.tick"]
+
+    clock = budget.StageClock(catalogue.ENGINE_STAGES, catalogue.M["engine_core:stage_seconds"])
+    clock.to(0, perf_counter())
+    stages = len(catalogue.ENGINE_STAGES)
+    state = [0]
+
+    def boundary(_to=clock.to, _now=perf_counter):
+        state[0] = (state[0] + 1) % stages
+        _to(state[0], _now())
+
+    def bare_boundary(_now=perf_counter):
+        state[0] = (state[0] + 1) % stages
+        _now()
+
+    class Layer:  # a KV layer as ExampleConnector's hook reads it: kv_layer[0, :, 0].numel() * element_size()
+        def __getitem__(self, key):
+            return self
+
+        def numel(self):
+            return 2 * 64
+
+        def element_size(self):
+            return 2
+
+    metadata = NS(requests=[NS(is_store=True, slot_mapping=range(100)) for _ in range(4)])
+
+    class ExampleConnector:
+        def _get_connector_metadata(self):
+            return metadata
+
+        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+            return None
+
+    connector, layer = ExampleConnector(), Layer()
+    save_bare = ExampleConnector.save_kv_layer
+    save_ours = wrap(save_bare, kv_transfer.ExampleSaveKvLayer(), SYNC)[0]
+    rows = [
+        ("bare call", lambda: bare_step(t, 1)),
+        ("ours: sync timer while recording is off (control off)", lambda: timer_off(t, 1)),
+        ("ours: hook-file timer (type: timer)", lambda: user_timer(t, 1)),
+        ("ours: hook-file expression histogram (expr: x * 2 + 1)", lambda: user_hist(t, 1)),
+        ("bare: a clock reading where a stage boundary is", bare_boundary),
+        ("ours: one time-budget stage boundary (StageClock.to)", boundary),
+        ("bare ExampleConnector.save_kv_layer-like call", lambda: save_bare(connector, "layer.0", layer, None)),
+        (
+            "ours: ExampleConnector save_kv_layer hook (4 storing requests)",
+            lambda: save_ours(connector, "layer.0", layer, None),
+        ),
+    ]
+    return [(name, ns_runs(fn, number, repeat)) for name, fn in rows]
+
+
 # -- B. classification ----------------------------------------------------------------------------
 
 
@@ -639,15 +731,33 @@ def main(argv=None) -> int:
     bare = statistics.median(rows[0][1])
     table("A. Per hooked call (ns; '× ours' is relative to our sync timer hook)", rows, "ns", ref=ours)
     print(f"\nAdded cost of our sync timer hook over a bare call: {ours - bare:.0f} ns.")
+    features = feature_rows(args.number, args.repeat)
+    table("A2. What the other features add per call (ns; '+ bare' is added to the row's own bare call)", features, "ns")
+    added = dict((name, statistics.median(runs)) for name, runs in features)
+    for ours_row, bare_row in (
+        ("ours: sync timer while recording is off (control off)", "bare call"),
+        ("ours: hook-file timer (type: timer)", "bare call"),
+        ("ours: hook-file expression histogram (expr: x * 2 + 1)", "bare call"),
+        ("ours: one time-budget stage boundary (StageClock.to)", "bare: a clock reading where a stage boundary is"),
+        (
+            "ours: ExampleConnector save_kv_layer hook (4 storing requests)",
+            "bare ExampleConnector.save_kv_layer-like call",
+        ),
+    ):
+        print(f"- {ours_row}: +{added[ours_row] - added[bare_row]:.0f} ns over {bare_row}")
     table("B. Step phase classification (µs per step)", classification_rows(args.repeat), "µs")
     table("B2. Hooks per engine step (schedule + one allocate_slots per request), µs", step_rows(args.repeat), "µs")
     import _step
 
-    table(
-        "F. Every hook of one engine step, by process (plain stand-ins of vLLM's classes, no work), µs",
-        _step.whole_step_rows(args.repeat),
-        "µs",
-    )
+    whole = _step.whole_step_rows(args.repeat)
+    table("F. Every hook of one engine step, by process (plain stand-ins of vLLM's classes, no work), µs", whole, "µs")
+    for name, runs in whole:
+        if name.endswith("added by API server hooks"):
+            batch = int(name.split(":")[0].split()[1])
+            print(
+                f"- {name.split(':')[0]}: the API server's per-iteration work, per request: "
+                f"{statistics.median(runs) / batch * 1000:.0f} ns"
+            )
     export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
     table("C. Export cost per process", export_rows, "ms")
     table("D. /metrics scrape time", scrape_rows, "ms")
