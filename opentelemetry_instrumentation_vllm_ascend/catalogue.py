@@ -798,18 +798,31 @@ KV_TRANSFER_CATALOGUE += (
         "scopes). The stage in progress counts up to each collection.",
         labels=("dp", "role", "stage"),
     ),
-    MetricSpec(
-        seed="stage_clock:start_time",
+)
+
+
+def _stage_start(seed: str, counter: str) -> MetricSpec:
+    """The start gauge of the time budget ``counter`` (named under it: the pattern that disables the
+    counter, e.g. ``engine_core:stage_*``, disables it too)."""
+    return MetricSpec(
+        seed=seed,
         kind=GAUGE,
         unit="s",
-        description="When the time budget of clock (engine_core, worker, api_server: the *:stage_seconds counter "
-        "it feeds) started, in seconds since the Unix epoch (the system clock, read once at its first "
-        "boundary): time() - this is the wall time its stages sum to, up to the export interval. The "
-        "earliest start when several processes share the labels.",
-        labels=("dp", "role", "clock"),
+        description=f"When the time budget {counter} started, in seconds since the Unix epoch (the system "
+        "clock, read once at its first boundary): time() minus this is the wall time its stages sum to, up to "
+        "the export interval. The earliest start when several processes share the labels.",
+        labels=("dp", "role"),
         gauge_mode="livemin",
-    ),
-)
+    )
+
+
+#: Each time budget's counter → its start gauge (handlers/budget.py).
+STAGE_STARTS = {
+    "engine_core:stage_seconds": "engine_core:stage_start_time",
+    "worker:stage_seconds": "worker:stage_start_time",
+    "api_server:output_loop_stage_seconds": "api_server:output_loop_stage_start_time",
+}
+KV_TRANSFER_CATALOGUE += tuple(_stage_start(start, counter) for counter, start in STAGE_STARTS.items())
 CATALOGUE = CATALOGUE + KV_TRANSFER_CATALOGUE
 
 # -- OpenTelemetry GenAI semantic conventions: server metrics -------------------------------------------------

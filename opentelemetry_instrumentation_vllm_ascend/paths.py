@@ -167,9 +167,7 @@ TRUTH: dict[str, dict] = {
             "`engine_core:stage_seconds` splits"
         ),
     },
-    "stage_clock:start_time": {
-        "mrv2": fed('no `clock="worker"` series: the worker budget is absent on model runner V2'),
-    },
+    "worker:stage_start_time": {"mrv2": absent("the worker budget is absent on model runner V2")},
     "engine_core:engine_core_step:duration": {
         "batch_queue": fed(
             "one `step_with_batch_queue` call: it schedules and dispatches the next step when the "

@@ -54,9 +54,10 @@ profiling scopes); the clock starts at the first step:
 Model runner V2 enters no profiling scopes, so its forward cannot be told from its input preparation:
 its steps move no boundary and the worker budget is absent there (``paths.py``).
 
-Each clock also sets ``stage_clock:start_time{clock}``: the system clock (``time.time()``) read once,
-at the clock's first boundary. It is the independent oracle of the wall time the stages cover: an
-export's stage sum equals its collection's timestamp minus this start (tests/test_e2e_kv_transfer.py).
+Each clock also sets its start gauge (``catalogue.STAGE_STARTS``: ``engine_core:stage_start_time`` &
+co.): the system clock (``time.time()``) read once, at the clock's first boundary. It is the independent
+oracle of the wall time the stages cover: an export's stage sum equals its collection's timestamp minus
+this start (tests/test_e2e_kv_transfer.py).
 """
 
 from __future__ import annotations
@@ -64,26 +65,36 @@ from __future__ import annotations
 from time import perf_counter, time
 
 from .. import context, environment, recording
-from ..catalogue import API_STAGES, ENGINE_STAGES, WORKER_STAGES, M
+from ..catalogue import API_STAGES, ENGINE_STAGES, STAGE_STARTS, WORKER_STAGES, M
 from ..hooks.handler import report
 from ..state import STATE
 
 IDLE, INPUT, SCHEDULE, DISPATCH, TELEMETRY, WAIT_WORKERS, UPDATE, OUTPUT, OTHER = range(len(ENGINE_STAGES))
 WAIT_ENGINE, PROCESS, API_OTHER = range(len(API_STAGES))
 W_IDLE, W_PREPARE, W_FORWARD, W_WAIT_SAMPLE, W_SAMPLE, W_OTHER = range(len(WORKER_STAGES))
-_START = M["stage_clock:start_time"]
 
 
 class StageClock:
     """Seconds per stage index; ``since`` is None until the first boundary starts the clock (and reads
-    the system clock once: ``started_unix``). ``clock``: the ``clock`` label of its start gauge."""
+    the system clock once: ``started_unix``, which ``flush`` sets as the start gauge ``start_spec``)."""
 
-    __slots__ = ("names", "spent", "stage", "since", "started", "started_unix", "reported", "spec", "labels", "clock")
+    __slots__ = (
+        "names",
+        "spent",
+        "stage",
+        "since",
+        "started",
+        "started_unix",
+        "reported",
+        "spec",
+        "labels",
+        "start_spec",
+    )
 
-    def __init__(self, names: tuple[str, ...], spec, clock: str) -> None:
+    def __init__(self, names: tuple[str, ...], spec) -> None:
         self.names = names
         self.spec = spec
-        self.clock = clock
+        self.start_spec = M[STAGE_STARTS[spec.seed]]
         self.started_unix: float | None = None
         self.spent = [0.0] * len(names)
         self.reported = [0.0] * len(names)
@@ -124,7 +135,7 @@ class StageClock:
                 recording.add(self.spec, gained, self._labels(index))
         started = self.started_unix
         if started is not None:
-            recording.set_gauge(_START, started, (context.PROCESS.dp, context.PROCESS.role, self.clock))
+            recording.set_gauge(self.start_spec, started, (context.PROCESS.dp, context.PROCESS.role))
 
     def _labels(self, index: int) -> tuple:
         key = (context.PROCESS.dp, context.PROCESS.role, index)
@@ -146,7 +157,7 @@ class StageClock:
 #: The EngineCore busy loop's clock (one loop per EngineCore process); ``state.reset()`` and a closed
 #: pipeline reset it in place (the seconds so far were the old pipeline's: it starts again at the next
 #: boundary).
-ENGINE = STATE.engine_stages = StageClock(ENGINE_STAGES, M["engine_core:stage_seconds"], "engine_core")
+ENGINE = STATE.engine_stages = StageClock(ENGINE_STAGES, M["engine_core:stage_seconds"])
 
 
 def off(stage: int, now: float) -> None:
@@ -164,11 +175,11 @@ def boundary(clock: StageClock):
 ENGINE_TO = boundary(ENGINE)
 #: The API server's output loop (``catalogue.API_STAGES``): ``AsyncMPClient.get_output_async`` is
 #: ``wait_engine``, ``OutputProcessor.process_outputs`` is ``process``, the rest ``other``.
-API = STATE.api_stages = StageClock(API_STAGES, M["api_server:output_loop_stage_seconds"], "api_server")
+API = STATE.api_stages = StageClock(API_STAGES, M["api_server:output_loop_stage_seconds"])
 API_TO = boundary(API)
 #: The worker step's (``catalogue.WORKER_STAGES``): the model runner hooks call ``WORKER_TO`` through
 #: their step (``model_runner.WorkerStep.to``: a no-op for model runner V2).
-WORKER = STATE.worker_stages = StageClock(WORKER_STAGES, M["worker:stage_seconds"], "worker")
+WORKER = STATE.worker_stages = StageClock(WORKER_STAGES, M["worker:stage_seconds"])
 WORKER_TO = boundary(WORKER)
 CLOCKS = (ENGINE, API, WORKER)
 

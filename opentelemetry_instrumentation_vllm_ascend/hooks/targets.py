@@ -124,7 +124,7 @@ _RUNNER_FEEDS = (
     "npu:non_forward_duration",
 )
 #: The worker budget's boundaries (handlers/budget.py): model runner V1 and the NPU runner, not V2.
-_WORKER_BUDGET = ("worker:stage_seconds", "stage_clock:start_time")
+_WORKER_BUDGET = ("worker:stage_seconds", "worker:stage_start_time")
 
 
 def _timer(seed: str, phase: str = PHASE_ALL) -> tuple[Measure, ...]:
@@ -216,7 +216,7 @@ TARGETS: tuple[Target, ...] = (
         "EngineCoreProc._process_input_queue",
         SYNC,
         "engine:ProcessInputQueue",
-        feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds", "stage_clock:start_time"),
+        feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds", "engine_core:stage_start_time"),
         process=ENGINE_CORE,
     ),
     # The requests handled while the engine has no work: what _process_input_queue's duration counts.
@@ -388,7 +388,10 @@ TARGETS: tuple[Target, ...] = (
         "AsyncMPClient.get_output_async",
         COROUTINE,
         "api:GetOutput",
-        feeds=("api_server:output_loop_stage_seconds", "stage_clock:start_time"),  # its wait_engine stage
+        feeds=(
+            "api_server:output_loop_stage_seconds",
+            "api_server:output_loop_stage_start_time",
+        ),  # its wait_engine stage
         provides_context=True,  # the engine index output_processor_duration & co. are labelled with
         process=API_SERVER,
     ),
