@@ -51,6 +51,9 @@ profiling scopes); the clock starts at the first step:
 - ``other``: the rest of the step: in ``execute_model`` after the forward (post-processing: logits),
   in ``sample_tokens`` before and after sampling (grammar, drafting, bookkeeping, building the output).
 
+What the hooks record after a call returned (the step's timers) lands in the stage that return
+opened (``idle`` or ``wait_sample``): the instrumentation's own cost in the worker is not a stage.
+
 Model runner V2 enters no profiling scopes, so its forward cannot be told from its input preparation:
 its steps move no boundary and the worker budget is absent there (``paths.py``).
 
