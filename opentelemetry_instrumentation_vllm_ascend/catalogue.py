@@ -707,6 +707,8 @@ KV_DIRECTIONS = ("h2d", "d2h", "remote")
 ENGINE_STAGES = ("idle", "input", "schedule", "dispatch", "telemetry", "wait_workers", "update", "output", "other")
 #: ``stage`` values of ``api_server:output_loop_stage_seconds``.
 API_STAGES = ("wait_engine", "process", "other")
+#: ``stage`` values of ``worker:stage_seconds`` (handlers/budget.py says where each begins and ends).
+WORKER_STAGES = ("idle", "prepare_inputs", "forward", "wait_sample", "sample", "other")
 _KV_CONNECTORS = (
     " connector: the connector's class name. phase: the phase of the worker step that submitted the transfer."
 )
@@ -783,6 +785,44 @@ KV_TRANSFER_CATALOGUE += (
         labels=("dp", "role", "stage"),
     ),
 )
+KV_TRANSFER_CATALOGUE += (
+    MetricSpec(
+        seed="worker:stage_seconds",
+        kind=COUNTER,
+        unit="s",
+        description="Exclusive time budget of the worker's main thread (the model runner's steps and the waits "
+        "between them; host time): seconds spent in each stage, stages never overlapping, so that their sum is "
+        "the wall time since the worker's first step. stage is one of "
+        + ", ".join(WORKER_STAGES)
+        + " (docs/time-budget.md says where each begins; not on model runner V2, which enters no profiling "
+        "scopes). The stage in progress counts up to each collection.",
+        labels=("dp", "role", "stage"),
+    ),
+)
+
+
+def _stage_start(seed: str, counter: str) -> MetricSpec:
+    """The start gauge of the time budget ``counter`` (named under it: the pattern that disables the
+    counter, e.g. ``engine_core:stage_*``, disables it too)."""
+    return MetricSpec(
+        seed=seed,
+        kind=GAUGE,
+        unit="s",
+        description=f"When the time budget {counter} started, in seconds since the Unix epoch (the system "
+        "clock, read once at its first boundary): time() minus this is the wall time its stages sum to, up to "
+        "the export interval. The earliest start when several processes share the labels.",
+        labels=("dp", "role"),
+        gauge_mode="livemin",
+    )
+
+
+#: Each time budget's counter → its start gauge (handlers/budget.py).
+STAGE_STARTS = {
+    "engine_core:stage_seconds": "engine_core:stage_start_time",
+    "worker:stage_seconds": "worker:stage_start_time",
+    "api_server:output_loop_stage_seconds": "api_server:output_loop_stage_start_time",
+}
+KV_TRANSFER_CATALOGUE += tuple(_stage_start(start, counter) for counter, start in STAGE_STARTS.items())
 CATALOGUE = CATALOGUE + KV_TRANSFER_CATALOGUE
 
 # -- OpenTelemetry GenAI semantic conventions: server metrics -------------------------------------------------

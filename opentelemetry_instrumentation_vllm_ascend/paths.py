@@ -146,6 +146,28 @@ TRUTH: dict[str, dict] = {
     "npu:forward_duration": {"mrv2": _MRV2_NO_SCOPES},
     "npu:kernel_launch": {"mrv2": _MRV2_NO_SCOPES},
     "npu:non_forward_duration": {"mrv2": _MRV2_NO_SCOPES},
+    "worker:stage_seconds": {
+        "mrv2": absent(
+            "model runner V2 enters no profiling scopes, so its forward cannot be told from its input "
+            "preparation or its sampling: its steps move no boundary of the worker budget"
+        ),
+        "npu": fed(
+            "host time of the worker's thread, split by vllm-ascend's `forward` and `sample_token` scopes "
+            "(`vllm_ascend/worker/model_runner_v1.py`): the NPU computes asynchronously, so `forward` and "
+            "`sample` hold the time to launch them and the device's time lands where the host waits for it"
+        ),
+        "batch_queue": fed(
+            "execute_model and sample_tokens are separate RPCs as without async scheduling; vLLM's output "
+            "thread waits for the sampled tokens (`get_output`) off this clock, which is the thread running "
+            "the model runner's calls: `idle` runs from sample_tokens' return to the next execute_model"
+        ),
+        "uniproc": fed(
+            "the worker runs in the EngineCore's thread: `idle` and `wait_sample` are the EngineCore's own "
+            "work between the model runner's calls (scheduling, updating, waiting for requests), which "
+            "`engine_core:stage_seconds` splits"
+        ),
+    },
+    "worker:stage_start_time": {"mrv2": absent("the worker budget is absent on model runner V2")},
     "engine_core:engine_core_step:duration": {
         "batch_queue": fed(
             "one `step_with_batch_queue` call: it schedules and dispatches the next step when the "

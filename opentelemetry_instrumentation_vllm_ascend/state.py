@@ -57,6 +57,7 @@ class State:
         "empty_output",
         "engine_stages",
         "api_stages",
+        "worker_stages",
         "kv_bytes_per_token",
         "kv_job_phases",
         "kv_labels",
@@ -126,6 +127,7 @@ class State:
         #: the pipeline closes: the seconds so far were the old pipeline's.
         self.engine_stages: Any = None
         self.api_stages: Any = None
+        self.worker_stages: Any = None  # the worker step's (handlers.budget.WORKER)
         #: KV bytes one scheduled token writes in this EngineCore (handlers.kv_transfer; 0: unknown).
         self.kv_bytes_per_token: int = 0
         #: OffloadingConnector job id -> phase of the worker step that queued it (handlers.kv_transfer).
@@ -224,7 +226,7 @@ def forget_pipeline(closed: bool) -> None:
     s.generation += 1
     if closed:
         s.deferred.clear()
-        for clock in (s.engine_stages, s.api_stages):
+        for clock in (s.engine_stages, s.api_stages, s.worker_stages):
             if clock is not None:
                 clock.reset()
 

@@ -63,7 +63,9 @@ def metrics(monkeypatch):
 @pytest.fixture
 def clock(monkeypatch):
     """perf_counter of the timer wrappers and of the EngineCore / worker handlers that read the clock
-    themselves (a test module may override it for other handlers)."""
+    themselves (a test module may override it for other handlers); the system clock the time budgets
+    read once, at their start, is fixed too."""
+    monkeypatch.setattr(budget, "time", lambda: 1_700_000_000.0)
     return patch_clock(monkeypatch, scheduler, engine, executor, model_runner, budget)
 
 

@@ -228,3 +228,173 @@ def test_the_clocks_and_kv_state_live_in_state_and_reset_in_place(metrics):
     state.reset()
     assert budget.API.since is None and state.STATE.api_stages is budget.API
     assert state.STATE.kv_bytes_per_token == 0 and not state.STATE.kv_job_phases
+
+
+# -- the worker step ----------------------------------------------------------------------------------
+
+WORKER_STAGE = catalogue.PREFIX + "worker:stage_seconds"
+START = catalogue.PREFIX + "worker:stage_start_time"
+
+
+class _Done(Exception):
+    """The stand-in RPC queue is empty: ends vLLM's worker_busy_loop."""
+
+
+def _runner_class(clock, utils):
+    """GPUModelRunner's shape (vLLM 0.32 ``v1/worker/gpu_model_runner.py``): execute_model's preprocess,
+    forward and postprocess scopes (an early return inside preprocess when no token is scheduled),
+    then sample_tokens' grammar work, sample scope and bookkeeping; every part advances ``clock``."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
+
+    scope = utils.record_function_or_nullcontext
+
+    class Runner:
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            with scope("gpu_model_runner: preprocess"):
+                if not scheduler_output.total_num_scheduled_tokens:
+                    clock.t += 0.03125
+                    return "empty"  # EMPTY_MODEL_RUNNER_OUTPUT
+                clock.t += 0.0625
+            with scope("gpu_model_runner: forward"):
+                clock.t += 0.5
+            with scope("gpu_model_runner: postprocess"):
+                clock.t += 0.125
+            return None
+
+        def sample_tokens(self, grammar_output):
+            clock.t += 0.03125  # the grammar bitmask, before sampling
+            with scope("gpu_model_runner: sample"):
+                clock.t += 0.25
+            with scope("gpu_model_runner: bookkeep"):
+                clock.t += 0.015625
+            return NS(req_ids=["a"])
+
+    Runner.execute_model = wrap(Runner.execute_model, model_runner.ExecuteModel(), SYNC)[0]
+    Runner.sample_tokens = wrap(Runner.sample_tokens, model_runner.SampleTokens(), SYNC)[0]
+    return Runner
+
+
+def _worker_proc(clock, runner, rpcs):
+    """vLLM's own ``WorkerProc.worker_busy_loop`` / ``_execute_worker_rpc`` and ``Worker.sample_tokens``
+    on stand-ins: ``rpcs`` are (seconds the dequeue waits, rpc); each reply takes 1/128 s."""
+    from vllm.v1.executor.multiproc_executor import WorkerProc
+    from vllm.v1.worker.gpu_worker import Worker
+
+    class Queue:
+        def dequeue(self, timeout=None, cancel=None, indefinite=False):
+            wait, rpc = rpcs.pop(0)
+            clock.t += wait
+            if rpc is None:
+                raise _Done
+            return rpc
+
+    class StandInWorker:
+        sample_tokens = Worker.sample_tokens
+
+        def __init__(self):
+            self.model_runner = runner
+
+        def execute_model(self, scheduler_output):  # vLLM's adds PP tensor passing around this
+            return self.model_runner.execute_model(scheduler_output, None)
+
+    class Proc:
+        worker_busy_loop = WorkerProc.worker_busy_loop
+        _execute_worker_rpc = WorkerProc._execute_worker_rpc
+
+        def __init__(self):
+            self.rank = 0
+            self.worker = StandInWorker()
+            self.rpc_broadcast_mq = Queue()
+            self.replies = []
+
+        def handle_output(self, output):
+            clock.t += 0.0078125
+            self.replies.append(output)
+
+    return Proc()
+
+
+def test_the_worker_steps_stages_sum_to_its_wall_time(metrics, monkeypatch, utils):
+    """Two model steps (execute_model, then the sample_tokens RPC) and one that schedules nothing,
+    through vLLM's worker RPC loop: each stage's seconds hand-computed, their sum the wall time since
+    the first step began, the forward stage the forward scope's own readings."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
+    from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+    clock = patch_clock(monkeypatch, model_runner, budget)
+    monkeypatch.setattr(budget, "time", lambda: 1_700_000_000.5)  # the system clock at the first boundary
+    STATE.device = None  # the host timeline (CPU)
+    runner = _runner_class(clock, utils)()
+
+    def so(tokens):
+        return NS(total_num_scheduled_tokens=tokens, **{PHASE_ATTRIBUTE: "decode" if tokens else "idle"})
+
+    rpcs = [
+        (1.0, ("execute_model", (so(4),), {}, 0)),  # before the first step: not on the clock
+        (0.0625, ("sample_tokens", (None,), {}, 0)),
+        (1.0, ("execute_model", (so(4),), {}, 0)),
+        (0.0625, ("sample_tokens", (None,), {}, 0)),
+        (0.25, ("execute_model", (so(0),), {}, 0)),
+        (0.5, None),
+    ]
+    proc = _worker_proc(clock, runner, rpcs)
+    with pytest.raises(_Done):
+        proc.worker_busy_loop()
+    assert [r if r is None or r == "empty" else "sampled" for r in proc.replies] == [
+        None,
+        "sampled",
+        None,
+        "sampled",
+        "empty",
+    ]
+    start = 100.0 + 1.0  # the first execute_model's start
+    wall = clock.t - start
+    recording.flush()
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[WORKER_STAGE].items()}
+    reply = 0.0078125
+    assert got == {
+        "idle": (reply + 1.0) + (reply + 0.25) + (reply + 0.5),  # after each step's end, up to the collection
+        "prepare_inputs": 2 * 0.0625 + 0.03125,  # the step with no token: all of its execute_model
+        "forward": 2 * 0.5,
+        "wait_sample": 2 * (reply + 0.0625),  # execute_model's reply, waiting for the sample_tokens RPC
+        "sample": 2 * 0.25,
+        "other": 2 * (0.125 + 0.03125 + 0.015625),  # postprocess; grammar and bookkeeping
+    }
+    assert sum(got.values()) == wall
+    # The forward stage and npu:forward_duration read the same two clock readings.
+    count, seconds, _ = metrics.value(catalogue.PREFIX + "npu:forward_duration", dp="0", role="mixed", phase="decode")
+    assert (count, seconds) == (2, got["forward"])
+    assert list(metrics.points()[START].values()) == [1_700_000_000.5]
+
+
+def test_model_runner_v2_moves_no_boundary_of_the_worker_budget(metrics, monkeypatch, utils):
+    """Model runner V2 enters no profiling scopes: its steps leave the worker budget absent."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
+    from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
+
+    clock = patch_clock(monkeypatch, model_runner, budget)
+
+    class RunnerV2:
+        def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False):
+            clock.t += 0.5
+
+        def sample_tokens(self, grammar_output):
+            clock.t += 0.25
+            return "sampled"
+
+    RunnerV2.execute_model = wrap(RunnerV2.execute_model, model_runner.ExecuteModelV2(), SYNC)[0]
+    RunnerV2.sample_tokens = wrap(RunnerV2.sample_tokens, model_runner.SampleTokens(), SYNC)[0]
+    runner = RunnerV2()
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+    assert runner.sample_tokens(None) == "sampled"
+    recording.flush()
+    assert budget.WORKER.since is None
+    assert WORKER_STAGE not in metrics.points() and START not in metrics.points()
+    assert catalogue.PREFIX + "executor:model_runner_execute_model:duration" in metrics.points()
+
+
+def test_a_disabled_worker_budget_costs_no_boundary(monkeypatch):
+    monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "worker:stage_*")
+    assert budget.boundary(budget.WORKER) is budget.off
+    assert budget.boundary(budget.ENGINE) == budget.ENGINE.to

@@ -25,7 +25,7 @@ def test_patterns_match_seed_names_with_or_without_the_prefix(disabled):
 
 def test_hooks_feeding_only_disabled_metrics_are_not_installed(disabled):
     pytest.importorskip("vllm")
-    disabled("engine_core:*,scheduler:add_request:duration,worker:model_inference:duration,npu:*")
+    disabled("engine_core:*,scheduler:add_request:duration,worker:model_inference:duration,worker:stage_*,npu:*")
     status = {row["symbol"]: row["status"] for row in check()}
     assert status["vllm.v1.engine.core:EngineCore.step"] == DISABLED
     assert status["vllm.v1.engine.core:EngineCoreProc._process_input_queue"] == DISABLED

@@ -5,7 +5,10 @@ caching off: three distinct prompts, then the same three again.
 
 Oracles: the bytes on disk (each file's size minus its safetensors header), vLLM's own counters
 (prompt tokens from the responses, ``vllm:external_prefix_cache_hits_total``), the KV bytes per token
-computed here from the model's config.json, and the scheduler's own duration histogram."""
+computed here from the model's config.json, the scheduler's own duration histogram, and for the time
+budgets the wall time each covers: the OTLP collection timestamp of an export (the OTel pipeline's
+``time_ns()``) minus the budget's start on the system clock (its start gauge, ``engine_core:stage_start_time`` &
+co., read once when it started), neither of which the stage seconds are computed from."""
 
 import json
 import os
@@ -15,6 +18,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from otlp_receiver import Receiver  # noqa: E402
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import DEFAULT_ARGS, Server, samples, settle  # noqa: E402
 
@@ -74,7 +80,8 @@ def run(tmp_path_factory):
     args = ["--no-enable-prefix-caching", "--kv-transfer-config", json.dumps(config)]
     log = str(root / "server.log")
     seen = {"model": model, "storage": str(storage)}
-    with Server(model, extra_args=args, log_path=log) as server:
+    receiver = seen["otlp"] = Receiver()  # every process pushes OTLP each second (its requests outlive it)
+    with receiver, Server(model, extra_args=args, log_path=log, env=receiver.env(1000)) as server:
         seen["before"] = server.scrape()
         seen["first"] = [server.complete(p, max_tokens=MAX_TOKENS) for p in PROMPTS]
         generated = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in seen["first"])
@@ -183,3 +190,58 @@ def test_the_output_loops_process_stage_is_the_output_processors_own_duration(ru
     seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == stage}
     print("api_server:output_loop_stage_seconds", json.dumps(seconds))
     assert set(seconds) == {"wait_engine", "process", "other"}
+
+
+#: The time budgets: counter, its ``stage`` values.
+BUDGETS = (
+    ("engine_core:stage_seconds", None),
+    ("worker:stage_seconds", {"idle", "prepare_inputs", "forward", "wait_sample", "sample", "other"}),
+    ("api_server:output_loop_stage_seconds", {"wait_engine", "process", "other"}),
+)
+
+
+def _budget_exports(receiver, seed):
+    """{process (service.instance.id): (collection time s, stage sum s, start s)} of each process's
+    latest OTLP export that carries both the budget's stages and its start."""
+    sums: dict = {}
+    for resource, _attrs, v, _temporality, _start, t in receiver.points(P + seed):
+        key = (resource["service.instance.id"], t)
+        sums[key] = sums.get(key, 0.0) + v
+    starts = {
+        (resource["service.instance.id"], t): v
+        for resource, _attrs, v, _temporality, _start, t in receiver.points(P + catalogue.STAGE_STARTS[seed])
+    }
+    latest: dict = {}
+    for (process, t), total in sums.items():
+        if (process, t) in starts and (process not in latest or latest[process][0] < t / 1e9):
+            latest[process] = (t / 1e9, total, starts[(process, t)])
+    return latest
+
+
+@pytest.mark.parametrize("seed,stages", BUDGETS, ids=[b[0].split(":")[0] for b in BUDGETS])
+def test_each_budgets_stages_sum_to_the_wall_time_it_covers(run, seed, stages):
+    """Per process, at its last export: the stage seconds sum to the export's collection time minus
+    the budget's start (both on the system clock, neither read for the stage seconds), within 1 %."""
+    exports = _budget_exports(run["otlp"], seed)
+    assert len(exports) == 1  # one EngineCore, one worker, one API server
+    for collected, total, started in exports.values():
+        covered = collected - started
+        print(f"{seed}: stages sum {total:.4f} s, covered wall time {covered:.4f} s")
+        assert covered > 1.0
+        assert total == pytest.approx(covered, rel=0.01)
+
+
+def test_the_worker_budgets_forward_and_sample_stages_are_their_scopes(run):
+    """The forward and sample stages and the forward / sample profiling scopes share their clock
+    readings; the worker's stages at the end of the run are docs/time-budget.md's example."""
+    text = run["after_second"]
+    stage = P + "worker:stage_seconds_total"
+    seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == stage}
+    print("worker:stage_seconds", json.dumps(seconds))
+    assert set(seconds) == BUDGETS[1][1]
+    assert {labels.get("rank") for n, labels, v in samples(text) if n == stage} == {"0"}
+    assert seconds["forward"] > 0
+    assert seconds["forward"] == pytest.approx(value(text, P + "npu:forward_duration_sum"), rel=0.01)
+    scope = P + "record_function_or_nullcontext_sum"
+    assert seconds["forward"] == pytest.approx(value(text, scope, name="gpu_model_runner: forward"), rel=0.01)
+    assert seconds["sample"] == pytest.approx(value(text, scope, name="gpu_model_runner: sample"), rel=0.01)

@@ -414,6 +414,18 @@ def sections() -> list[tuple[str, list[Panel]]]:
             spec("engine_core:stage_seconds").description,
         ),
         Panel(
+            "Worker step: seconds per second by stage",
+            "percentunit",
+            [
+                (
+                    "{{stage}} " + _LEG + " rank={{rank}}",
+                    sum_rate("worker:stage_seconds", ("instance", "dp", "rank", "stage")),
+                )
+            ],
+            ("worker:stage_seconds",),
+            spec("worker:stage_seconds").description,
+        ),
+        Panel(
             "API server output loop: seconds per second by stage",
             "percentunit",
             [

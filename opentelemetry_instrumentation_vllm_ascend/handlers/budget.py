@@ -29,29 +29,76 @@ grammar bitmask, waits for the output and updates the scheduler):
 With the batch queue (pipeline parallelism, async scheduling) ``step_with_batch_queue`` calls the same
 hooked methods in another order; each second still lands in exactly one stage (the one its last
 boundary opened), and the stage names keep their meaning for the calls they name.
+
+Worker step (``worker:stage_seconds``; the thread that runs the model runner's ``execute_model`` and
+``sample_tokens``: a worker process's RPC loop, or the EngineCore's thread with an in-process worker).
+Host time: on a device that computes asynchronously a stage holds the host's work in it (launching
+kernels) and the device's only where the host waits for it. The boundaries are the readings the model
+runner hooks take anyway (``model_runner.ExecuteModel``, ``SampleTokens``, the forward and sample
+profiling scopes); the clock starts at the first step:
+
+- ``idle``: between steps: from the end of a step (``sample_tokens``' return, or an ``execute_model``
+  that returned the output itself) to the next ``execute_model`` call: waiting for the next RPC, and
+  the worker's own RPC handling (reading the request, sending the reply);
+- ``prepare_inputs``: from ``execute_model``'s start to its forward scope (``gpu_model_runner: forward``;
+  NPU: ``forward``): updating the persistent batch, preparing inputs and attention metadata; all of an
+  ``execute_model`` that runs no forward (a step with no tokens, a KV-connector-only step);
+- ``forward``: the forward scope (MRV1: with the KV connector's loads and save wait, which its
+  ``maybe_get_kv_connector_output`` context runs inside it);
+- ``wait_sample``: from ``execute_model``'s return of None to ``sample_tokens``' call (waiting for the
+  EngineCore's sample_tokens RPC and its grammar bitmask);
+- ``sample``: the sample scope (``gpu_model_runner: sample``; NPU: ``sample_token``);
+- ``other``: the rest of the step: in ``execute_model`` after the forward (post-processing: logits),
+  in ``sample_tokens`` before and after sampling (grammar, drafting, bookkeeping, building the output).
+
+What the hooks record after a call returned (the step's timers) lands in the stage that return
+opened (``idle`` or ``wait_sample``): the instrumentation's own cost in the worker is not a stage.
+
+Model runner V2 enters no profiling scopes, so its forward cannot be told from its input preparation:
+its steps move no boundary and the worker budget is absent there (``paths.py``).
+
+Each clock also sets its start gauge (``catalogue.STAGE_STARTS``: ``engine_core:stage_start_time`` &
+co.): the system clock (``time.time()``) read once, at the clock's first boundary. It is the independent
+oracle of the wall time the stages cover: an export's stage sum equals its collection's timestamp minus
+this start (tests/test_e2e_kv_transfer.py).
 """
 
 from __future__ import annotations
 
-from time import perf_counter
+from time import perf_counter, time
 
 from .. import context, environment, recording
-from ..catalogue import API_STAGES, ENGINE_STAGES, M
+from ..catalogue import API_STAGES, ENGINE_STAGES, STAGE_STARTS, WORKER_STAGES, M
 from ..hooks.handler import report
 from ..state import STATE
 
 IDLE, INPUT, SCHEDULE, DISPATCH, TELEMETRY, WAIT_WORKERS, UPDATE, OUTPUT, OTHER = range(len(ENGINE_STAGES))
 WAIT_ENGINE, PROCESS, API_OTHER = range(len(API_STAGES))
+W_IDLE, W_PREPARE, W_FORWARD, W_WAIT_SAMPLE, W_SAMPLE, W_OTHER = range(len(WORKER_STAGES))
 
 
 class StageClock:
-    """Seconds per stage index; ``since`` is None until the first boundary starts the clock."""
+    """Seconds per stage index; ``since`` is None until the first boundary starts the clock (and reads
+    the system clock once: ``started_unix``, which ``flush`` sets as the start gauge ``start_spec``)."""
 
-    __slots__ = ("names", "spent", "stage", "since", "started", "reported", "spec", "labels")
+    __slots__ = (
+        "names",
+        "spent",
+        "stage",
+        "since",
+        "started",
+        "started_unix",
+        "reported",
+        "spec",
+        "labels",
+        "start_spec",
+    )
 
     def __init__(self, names: tuple[str, ...], spec) -> None:
         self.names = names
         self.spec = spec
+        self.start_spec = M[STAGE_STARTS[spec.seed]]
+        self.started_unix: float | None = None
         self.spent = [0.0] * len(names)
         self.reported = [0.0] * len(names)
         self.stage = len(names) - 1
@@ -64,6 +111,7 @@ class StageClock:
         since = self.since
         if since is None:
             self.started = now
+            self.started_unix = time()
         else:
             self.spent[self.stage] += now - since
         self.stage = stage
@@ -88,6 +136,9 @@ class StageClock:
             if gained > 0:
                 self.reported[index] = value
                 recording.add(self.spec, gained, self._labels(index))
+        started = self.started_unix
+        if started is not None:
+            recording.set_gauge(self.start_spec, started, (context.PROCESS.dp, context.PROCESS.role))
 
     def _labels(self, index: int) -> tuple:
         key = (context.PROCESS.dp, context.PROCESS.role, index)
@@ -102,6 +153,7 @@ class StageClock:
         self.stage = len(self.names) - 1
         self.since = None
         self.started = None
+        self.started_unix = None
         self.labels = {}
 
 
@@ -128,7 +180,11 @@ ENGINE_TO = boundary(ENGINE)
 #: ``wait_engine``, ``OutputProcessor.process_outputs`` is ``process``, the rest ``other``.
 API = STATE.api_stages = StageClock(API_STAGES, M["api_server:output_loop_stage_seconds"])
 API_TO = boundary(API)
-CLOCKS = (ENGINE, API)
+#: The worker step's (``catalogue.WORKER_STAGES``): the model runner hooks call ``WORKER_TO`` through
+#: their step (``model_runner.WorkerStep.to``: a no-op for model runner V2).
+WORKER = STATE.worker_stages = StageClock(WORKER_STAGES, M["worker:stage_seconds"])
+WORKER_TO = boundary(WORKER)
+CLOCKS = (ENGINE, API, WORKER)
 
 
 def flush() -> None:

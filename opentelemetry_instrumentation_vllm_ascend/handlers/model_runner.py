@@ -26,6 +26,7 @@ from ..catalogue import M
 from ..context import HOST_CLOCK
 from ..hooks.handler import Handler, RowParams, report
 from ..state import STATE, UNKNOWN
+from .budget import W_FORWARD, W_IDLE, W_OTHER, W_PREPARE, W_SAMPLE, W_WAIT_SAMPLE, WORKER_TO, off
 from .common import device_module
 from .steps import CURRENT_STEP, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, Step, classify_step
 
@@ -41,6 +42,11 @@ _GET_OUTPUT = M["worker:model_runner_get_output:duration"]
 #: vllm-ascend NPU runner).
 FORWARD_SCOPES = frozenset({"gpu_model_runner: forward", "forward"})
 POSTPROCESS_SCOPES = frozenset({"gpu_model_runner: postprocess", "post process"})
+#: Scope names of a step's sampling (vLLM GPU/CPU runner, vllm-ascend NPU runner): the worker budget's
+#: ``sample`` stage.
+SAMPLE_SCOPES = frozenset({"gpu_model_runner: sample", "sample_token"})
+#: The worker budget's stage each of those scopes opens (it returns to ``other`` when the scope ends).
+_SCOPE_STAGES = {**dict.fromkeys(FORWARD_SCOPES, W_FORWARD), **dict.fromkeys(SAMPLE_SCOPES, W_SAMPLE)}
 #: At most this many distinct scope names get their own series; later ones are recorded as "other".
 MAX_SCOPE_NAMES = catalogue.MAX_SCOPE_NAMES
 
@@ -59,11 +65,14 @@ class WorkerStep:
         "device",
         "start_event",
         "end_event",
+        "to",
     )
 
-    def __init__(self, phase: str, start: float) -> None:
+    def __init__(self, phase: str, start: float, to=off) -> None:
         self.phase = phase
         self.start = start
+        #: The worker budget's boundary (``budget.WORKER_TO``; ``off`` where the budget is absent).
+        self.to = to
         self.execute_seconds = 0.0
         self.returned: float | None = None  # perf_counter when execute_model returned
         self.forward_start: float | None = None
@@ -160,15 +169,18 @@ class _Scope:
     def __enter__(self):
         value = self.inner.__enter__() if self.inner is not None else None
         self.start = perf_counter()
-        if self.name in FORWARD_SCOPES:
+        stage = _SCOPE_STAGES.get(self.name)
+        if stage is not None:
             step = STATE.worker_step
             if step is not None:
-                step.forward_start = self.start
-                if step.start_event is not None:  # the step is on the device timeline
-                    try:
-                        self.device = device_timeline().start()
-                    except Exception:
-                        report(_SCOPE_HANDLER, "device event")
+                step.to(stage, self.start)  # the worker budget: forward / sample begins
+                if stage == W_FORWARD:
+                    step.forward_start = self.start
+                    if step.start_event is not None:  # the step is on the device timeline
+                        try:
+                            self.device = device_timeline().start()
+                        except Exception:
+                            report(_SCOPE_HANDLER, "device event")
         return value
 
     def __exit__(self, exc_type, exc, tb, _step=CURRENT_STEP.get, _state=STATE):
@@ -261,16 +273,22 @@ def _labels_of(phase: str, name) -> tuple:
     return labels
 
 
-def _worker_scope_ended(scope: _Scope, end: float, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES) -> None:
-    """A scope ended inside a worker step: the forward / post-processing marks of its timeline."""
+def _worker_scope_ended(
+    scope: _Scope, end: float, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES, _sample=SAMPLE_SCOPES
+) -> None:
+    """A scope ended inside a worker step: the forward / post-processing marks of its timeline, and the
+    end of the worker budget's forward / sample stage."""
     worker_step = STATE.worker_step
     name = scope.name
     if name in _forward:
         worker_step.forward_end = end
+        worker_step.to(W_OTHER, end)
         if scope.device is not None and worker_step.start_event is not None:
             worker_step.device = (scope.device, device_timeline().start())
     elif name in _post:
         worker_step.post_end = end
+    elif name in _sample:
+        worker_step.to(W_OTHER, end)
 
 
 class _ScopeHandler(Handler):
@@ -435,6 +453,7 @@ class ExecuteModel(Handler):
 
     def after(self, step, args, kwargs, result):
         end = step.returned = perf_counter()
+        step.to(W_WAIT_SAMPLE if result is None else W_IDLE, end)  # the worker budget
         seconds = end - step.start
         recording.record(_EXECUTE, seconds, context.step_labels(step.phase))
         step.execute_seconds = seconds
@@ -443,13 +462,17 @@ class ExecuteModel(Handler):
             _finish(step, seconds)
 
     def error(self, step, args, kwargs, exc):
+        step.to(W_IDLE, perf_counter())
         STATE.worker_step = None
 
 
-def begin_step(phase: str) -> WorkerStep:
+def begin_step(phase: str, to=WORKER_TO) -> WorkerStep:
     """A worker step starts (execute_model was called): its timeline, with a device event at its
-    start where the device offers events."""
-    step = STATE.worker_step = WorkerStep(phase, perf_counter())
+    start where the device offers events; the worker budget's ``prepare_inputs`` stage begins (``to``:
+    its boundary, ``off`` where the budget is absent)."""
+    start = perf_counter()
+    step = STATE.worker_step = WorkerStep(phase, start, to)
+    to(W_PREPARE, start)
     timeline = STATE.device
     if timeline is False:
         timeline = device_timeline()
@@ -468,16 +491,24 @@ class SampleTokens(Handler):
     reads_args = 0
 
     def before(self, args, kwargs):
-        return perf_counter()
+        start = perf_counter()
+        step = STATE.worker_step
+        if step is not None:
+            step.to(W_OTHER, start)  # the worker budget: the step goes on
+        return start
 
     def after(self, start, args, kwargs, result):
         end = perf_counter()
         step = STATE.worker_step
         reply(result, step, end)
         if step is not None:
+            step.to(W_IDLE, end)
             _finish(step, step.execute_seconds + end - start)
 
     def error(self, start, args, kwargs, exc):
+        step = STATE.worker_step
+        if step is not None:
+            step.to(W_IDLE, perf_counter())
         STATE.worker_step = None
 
 
@@ -512,7 +543,8 @@ class ExecuteModelV2(ExecuteModel):
     def before(self, args, kwargs):
         if args[3]:
             return None
-        return super().before(args, kwargs)
+        phase = STATE.last_step_phase = _phase_of(args[0], args[1])
+        return begin_step(phase, off)  # no worker budget: its forward is not delimited (no scopes)
 
     def after(self, step, args, kwargs, result):
         if step is not None:
@@ -520,4 +552,4 @@ class ExecuteModelV2(ExecuteModel):
 
     def error(self, step, args, kwargs, exc):
         if step is not None:
-            STATE.worker_step = None
+            super().error(step, args, kwargs, exc)

@@ -123,6 +123,8 @@ _RUNNER_FEEDS = (
     "npu:kernel_launch",
     "npu:non_forward_duration",
 )
+#: The worker budget's boundaries (handlers/budget.py): model runner V1 and the NPU runner, not V2.
+_WORKER_BUDGET = ("worker:stage_seconds", "worker:stage_start_time")
 
 
 def _timer(seed: str, phase: str = PHASE_ALL) -> tuple[Measure, ...]:
@@ -214,7 +216,7 @@ TARGETS: tuple[Target, ...] = (
         "EngineCoreProc._process_input_queue",
         SYNC,
         "engine:ProcessInputQueue",
-        feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds"),
+        feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds", "engine_core:stage_start_time"),
         process=ENGINE_CORE,
     ),
     # The requests handled while the engine has no work: what _process_input_queue's duration counts.
@@ -254,7 +256,7 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner.execute_model",
         SYNC,
         "model_runner:ExecuteModel",
-        feeds=_RUNNER_FEEDS,
+        feeds=_RUNNER_FEEDS + _WORKER_BUDGET,
         params=("scheduler_output",),
         provides_context=True,
         process=WORKER,
@@ -264,7 +266,7 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner.sample_tokens",
         SYNC,
         "model_runner:SampleTokens",
-        feeds=_STEP_END_FEEDS,
+        feeds=_STEP_END_FEEDS + _WORKER_BUDGET,
         process=WORKER,
     ),
     Target(
@@ -328,6 +330,7 @@ TARGETS: tuple[Target, ...] = (
             "npu:forward_duration",
             "npu:kernel_launch",
             "npu:non_forward_duration",
+            "worker:stage_seconds",  # the forward and sample stages' boundaries
         ),
         process=WORKER,
     ),
@@ -385,7 +388,10 @@ TARGETS: tuple[Target, ...] = (
         "AsyncMPClient.get_output_async",
         COROUTINE,
         "api:GetOutput",
-        feeds=("api_server:output_loop_stage_seconds",),  # its wait_engine stage
+        feeds=(
+            "api_server:output_loop_stage_seconds",
+            "api_server:output_loop_stage_start_time",
+        ),  # its wait_engine stage
         provides_context=True,  # the engine index output_processor_duration & co. are labelled with
         process=API_SERVER,
     ),
@@ -488,7 +494,7 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "ascend:NPUExecuteModel",
         vllm_ascend=">=0.23.0",
-        feeds=_RUNNER_FEEDS,
+        feeds=_RUNNER_FEEDS + _WORKER_BUDGET,
         params=("scheduler_output",),
         provides_context=True,
         process=WORKER,
@@ -508,7 +514,7 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "model_runner:SampleTokens",
         vllm_ascend=">=0.23.0",
-        feeds=_STEP_END_FEEDS,
+        feeds=_STEP_END_FEEDS + _WORKER_BUDGET,
         process=WORKER,
     ),
     # 310P's runner and the NPU model runner V2 re-implement input preparation without the base's.
