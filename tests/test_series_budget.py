@@ -4,10 +4,12 @@ OTEL_VLLM_ASCEND_DISABLED_METRICS, on where OTEL_VLLM_ASCEND_ENABLED_METRICS nam
 scrape: tests/test_e2e_catalogue.py::test_default_set_fits_the_series_budget."""
 
 import pytest
+from fakes import fake_utils
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import series_counts
+from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
 
 
 @pytest.fixture
@@ -92,3 +94,24 @@ def test_series_counts_counts_every_exposed_sample_per_family():
     )
     assert series_counts(text) == {"vllm_profiling_x": (8, 4), "vllm_profiling_c": (1, 0)}
     assert series_counts(text, "")["vllm:other"] == (1, 0)
+
+
+def test_with_the_scope_histogram_off_only_the_forward_and_postprocess_scopes_are_timed(enabled):
+    """The scopes the worker's forward / kernel-launch durations are measured from stay timed; every other scope
+    (the scheduler's per-request "schedule: allocate_slots" included) runs as without us: vLLM's own choice."""
+    module = fake_utils()
+    patch = model_runner.ProfilerScopes().install(module)
+    try:
+        factory = module._PROFILER_FUNC
+        for name in ("gpu_model_runner: forward", "gpu_model_runner: postprocess", "forward", "post process"):
+            assert isinstance(factory(name), model_runner._Scope), name
+        for name in ("schedule: allocate_slots", "gpu_model_runner: sample", 7):
+            assert not isinstance(factory(name), model_runner._Scope), name
+    finally:
+        patch.remove()
+    enabled("record_function_or_nullcontext")
+    patch = model_runner.ProfilerScopes().install(module)
+    try:
+        assert isinstance(module._PROFILER_FUNC("schedule: allocate_slots"), model_runner._Scope)
+    finally:
+        patch.remove()
