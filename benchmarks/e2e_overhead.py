@@ -28,8 +28,9 @@ import sys
 import tempfile
 import time
 
+from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, series_counts, total
 
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -161,6 +162,50 @@ def quantiles(values):
     return q[1], (q[0], q[2]), (min(values), max(values))
 
 
+def scrape_cost(servers: dict, scrapes: int = 20) -> dict:
+    """Series on each server's /metrics (ours: vllm_profiling_*, of which recorded by the worker; vLLM's: the rest)
+    and the wall time of a scrape (one GET /metrics, body read), ``scrapes`` times, alternating the servers."""
+    out: dict = {}
+    for on, server in servers.items():
+        counts = series_counts(server.scrape(), "")
+        ours = {f: n for f, n in counts.items() if f.startswith(catalogue.PREFIX)}
+        out[on] = {
+            "ours": sum(n for n, _ in ours.values()),
+            "worker": sum(w for _, w in ours.values()),
+            "vllm": sum(n for f, (n, _) in counts.items() if f not in ours),
+            "families": ours,
+            "ms": [],
+        }
+    for _ in range(scrapes):
+        for on, server in servers.items():
+            t0 = time.perf_counter()
+            server.scrape()
+            out[on]["ms"].append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
+def print_scrape_cost(cost: dict) -> None:
+    on, off = cost[True], cost[False]
+    med_on, med_off = statistics.median(on["ms"]), statistics.median(off["ms"])
+    print("\n### /metrics of one single-engine server (TP=1), after the rounds\n")
+    print("| | uninstrumented | instrumented |")
+    print("|---|---:|---:|")
+    print(f"| vLLM's series | {off['vllm']} | {on['vllm']} |")
+    print(f"| our series (vllm_profiling_*) | {off['ours']} | {on['ours']} |")
+    print(f"| of which recorded by the worker (rank) | {off['worker']} | {on['worker']} |")
+    print(
+        f"| scrape ms, median (max) of {len(on['ms'])} | {med_off:.1f} ({max(off['ms']):.1f}) "
+        f"| {med_on:.1f} ({max(on['ms']):.1f}) |"
+    )
+    print(
+        f"\nSeries budget (docs/performance.md): ours {on['ours']} of {catalogue.SERIES_BUDGET} per engine, "
+        f"{on['worker']} of {catalogue.WORKER_SERIES_BUDGET} per worker; scrape time added "
+        f"{med_on - med_off:+.1f} ms (median; budget {catalogue.SCRAPE_BUDGET_MS} ms)."
+    )
+    largest = sorted(on["families"].items(), key=lambda kv: -kv[1][0])[:8]
+    print("Largest of our families: " + ", ".join(f"{f[len(catalogue.PREFIX) :]} {n}" for f, (n, _) in largest))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server-pairs", type=int, default=2)
@@ -188,7 +233,7 @@ def main(argv=None) -> int:
     tiny_model.build(args.model_dir)
     log_dir = tempfile.mkdtemp(prefix="otel_vllm_e2e_overhead_")
     rounds = []  # (server pair, on, off)
-    steps = None
+    steps = cost = None
     for p in range(args.server_pairs):
         servers = {}
         try:
@@ -216,6 +261,8 @@ def main(argv=None) -> int:
                 )
             text = servers[True].scrape()
             steps = (total(text, "vllm:iteration_tokens_total_count"), total(text, "vllm:generation_tokens_total"))
+            if not args.control:
+                cost = scrape_cost(servers)
         finally:
             for s in servers.values():
                 s.stop()
@@ -260,6 +307,8 @@ def main(argv=None) -> int:
             f"Last instrumented server: {steps[0]:.0f} engine steps for {steps[1]:.0f} generated tokens "
             f"(vllm:iteration_tokens_total count, warm-up included): {steps[1] / max(steps[0], 1):.1f} tokens per step"
         )
+    if cost:
+        print_scrape_cost(cost)
     print(f"Server logs: {log_dir}")
     return 0
 

@@ -116,48 +116,63 @@ class MetricSpec:
 
 
 # -- buckets, per kind of value ---------------------------------------------------------------------
-#: Engine-internal durations (a scheduler call, an RPC, a model step): 50 µs … 10 s.
-STEP_SECONDS = (
-    0.00005,
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-)
-#: Microsecond-scale engine work (vLLM's profiling scopes, a scheduler call, adding or aborting a request,
-#: an EPLB map update): 1 µs … 10 s, the step-seconds bounds with five below 50 µs (where most of these
-#: values fall: a "schedule: allocate_slots" scope takes ~8 µs).
-FINE_SECONDS = (0.000001, 0.0000025, 0.000005, 0.00001, 0.000025) + STEP_SECONDS
-#: Per-token latencies (inter-token, time per output token, second token): 1 ms … 5 s.
+# Sized by the series budget (docs/performance.md "Series budget"): each histogram series costs its bounds + 3
+# (+Inf, _sum, _count) per label combination. Durations whose quantiles the dashboards and alerts show keep bounds
+# 2-2.5x apart where their values live (a quantile read from a bucket [a, 2.5a] is off by at most 43 % from the
+# bucket's middle: (r-1)/(r+1) for neighbouring bounds r apart); sizes, which dashboards show as means
+# (``_sum / _count``, exact whatever the buckets), get bounds 4x apart.
+#: Engine-internal durations (an engine step, an RPC, a model step, API-side work): 100 µs … 5 s, 1-2.5-5 between
+#: 1 ms and 1 s (r ≤ 2.5), 10x below (100 µs … 1 ms) and 5x above (1 … 5 s).
+STEP_SECONDS = (0.0001, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+#: Microsecond-scale engine work (a scheduler call, adding or aborting a request, an EPLB map update, a KV
+#: transfer call): 10 µs … 1 s, 1-2.5-5 up to 25 ms (r ≤ 2.5), then 100 ms and 1 s.
+FINE_SECONDS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+#: vLLM's profiling scopes (``record_function_or_nullcontext``, opt-in: OPT_IN): 1 µs … 1 s, two bounds a decade
+#: (1-3, r ≤ 3.3: the order of magnitude of each scope; a "schedule: allocate_slots" scope takes ~8 µs).
+SCOPE_SECONDS = (0.000001, 0.000003, 0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+#: Per-token latencies (inter-token, time per output token, second token): 1 ms … 5 s (SLO quantiles: unchanged).
 TOKEN_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0)
 #: Request-level durations (time to first token, a whole generation or chat completion): 10 ms … 10 min.
 REQUEST_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-#: Numbers of requests (batch and queue sizes).
-REQUESTS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-#: Numbers of tokens (per step, per iteration).
-TOKENS = (0, 1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+#: Numbers of requests (batch and queue sizes): 0, then powers of 4 up to 1024 (r = 4).
+REQUESTS = (0, 1, 4, 16, 64, 256, 1024)
+#: Numbers of tokens (per step, per iteration): 0, 1, then powers of 4 from 8 up to 32768 (r = 4).
+TOKENS = (0, 1, 8, 32, 128, 512, 2048, 8192, 32768)
 
 #: Named bucket sets (the docs' names for them).
 BUCKET_SETS = {
     "step seconds": STEP_SECONDS,
     "fine seconds": FINE_SECONDS,
+    "scope seconds": SCOPE_SECONDS,
     "token seconds": TOKEN_SECONDS,
     "request seconds": REQUEST_SECONDS,
     "requests": REQUESTS,
     "tokens": TOKENS,
 }
+
+#: The series budget's opt-in families (docs/performance.md "Series budget"): documented and recorded like the rest,
+#: but only where OTEL_VLLM_ASCEND_ENABLED_METRICS names them (``environment.disabled_metric_patterns``). Each is
+#: fine-grained detail or a near-duplicate of a default family (named here, the reason docs/metrics.md states).
+OPT_IN = {
+    "record_function_or_nullcontext": "fine-grained: every profiling scope name x phase (~40 label combinations an "
+    "engine, 28 a worker); npu:forward_duration and npu:kernel_launch time the forward pass by default",
+    "engine_core:process_engine_step:duration": "near-duplicate of engine_core:engine_core_step:duration (plus "
+    "queueing the step's outputs)",
+    "async_llm:record_stats:duration": "detail: the time vLLM's own stat loggers take per engine update",
+    "scheduler:running_queue_size": "duplicate: the sum over req_phase of running_phase_batch_size",
+    "total_tokens": "duplicate: input + output of the same iteration",
+    "batch_size": "duplicate on the API server of running_phase_batch_size (and vLLM's vllm:num_requests_running)",
+    "waiting_batch_size": "duplicate on the API server of waiting_phase_batch_size (and vLLM's "
+    "vllm:num_requests_waiting)",
+}
+
+#: The series budget of the default set (docs/performance.md "Series budget"): our series (``vllm_profiling_*``) on
+#: one engine's /metrics at TP=1, the worker's included; of those, recorded by one worker (each TP/PP worker adds as
+#: many); the time the default set may add to one scrape of a single-engine server. The bench prints all three;
+#: tests/test_e2e_catalogue.py checks the first two on a real scrape.
+SERIES_BUDGET = 1500
+WORKER_SERIES_BUDGET = 600
+SCRAPE_BUDGET_MS = 20
 
 #: Distinct ``name`` values of ``record_function_or_nullcontext`` per process; later names are ``other``.
 MAX_SCOPE_NAMES = 64
@@ -442,7 +457,7 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "record_function_or_nullcontext, e.g. 'gpu_model_runner: forward', 'schedule: allocate_slots'); a "
         "block that raised is not recorded. Scheduler scopes carry the phase of the step they scheduled. "
         "Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES are not timed.",
-        FINE_SECONDS,
+        SCOPE_SECONDS,
         labels=STEP_LABELS + ("name",),
     ),
     _timer(

@@ -32,6 +32,10 @@ RECORDER = "OTEL_VLLM_ASCEND_RECORDER"
 #: ``npu:*``, ``eplb:*``) of metrics not to record. A hook that feeds only disabled metrics is not
 #: installed at all (no cost); the rest of a hook's metrics are recorded as usual.
 DISABLED_METRICS = "OTEL_VLLM_ASCEND_DISABLED_METRICS"
+#: Comma-separated catalogue names or shell-style patterns of the opt-in metrics (``catalogue.OPT_IN``, the
+#: series budget's: ``record_function_or_nullcontext``, duplicates of default ones) to record; ``*``: all of them.
+#: Unnamed opt-in metrics are off as if listed in OTEL_VLLM_ASCEND_DISABLED_METRICS (which still wins).
+ENABLED_METRICS = "OTEL_VLLM_ASCEND_ENABLED_METRICS"
 #: Comma-separated names or shell-style patterns of vLLM profiling scopes
 #: (``record_function_or_nullcontext(name)``) not to time: such a scope runs exactly as without us.
 #: For the hot ones, e.g. the scheduler's per-request "schedule: allocate_slots".
@@ -199,7 +203,19 @@ def _comma_list(variable: str) -> tuple[str, ...]:
 
 
 def disabled_metric_patterns() -> tuple[str, ...]:
-    return _comma_list(DISABLED_METRICS)
+    """OTEL_VLLM_ASCEND_DISABLED_METRICS's patterns, then the opt-in metrics OTEL_VLLM_ASCEND_ENABLED_METRICS
+    does not name (exact seeds)."""
+    from .catalogue import OPT_IN
+
+    return _comma_list(DISABLED_METRICS) + tuple(seed for seed in OPT_IN if opt_in_off(seed))
+
+
+def opt_in_off(seed: str) -> bool:
+    """Whether ``seed`` is an opt-in metric OTEL_VLLM_ASCEND_ENABLED_METRICS does not name (off by default)."""
+    from .catalogue import OPT_IN
+
+    enabled = _comma_list(ENABLED_METRICS)
+    return seed in OPT_IN and not (enabled and metric_disabled(seed, enabled))
 
 
 def disabled_scope_patterns() -> tuple[str, ...]:
@@ -208,7 +224,8 @@ def disabled_scope_patterns() -> tuple[str, ...]:
 
 def metric_disabled(seed: str, patterns: tuple[str, ...] | None = None) -> bool:
     """Whether the catalogue metric ``seed`` (with or without the ``vllm_profiling_`` prefix in the
-    pattern) is switched off by OTEL_VLLM_ASCEND_DISABLED_METRICS."""
+    pattern) is switched off by OTEL_VLLM_ASCEND_DISABLED_METRICS, or is an opt-in metric not enabled by
+    OTEL_VLLM_ASCEND_ENABLED_METRICS (``patterns``: match these instead)."""
     import fnmatch
 
     for pattern in disabled_metric_patterns() if patterns is None else patterns:

@@ -12,7 +12,8 @@ from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
-F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, scopes, add_request, the input queue
+F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, add_request, the input queue
+SC = catalogue.SCOPE_SECONDS  # vLLM's profiling scopes
 ALL_LABELS = {"dp": "0", "role": "mixed", "phase": "all"}
 
 

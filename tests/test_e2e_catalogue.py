@@ -24,7 +24,7 @@ from otlp_receiver import Receiver  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples, settle  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples, series_counts, settle  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -366,6 +366,24 @@ def test_a_failed_worker_rpc_is_counted_once(run):
     _, _, final, seen = run
     assert seen["rpc_status"] >= 400
     assert value(final, P + "rpc_errors_total", exception_type="worker_failed") == 1
+
+
+def test_default_set_fits_the_series_budget(run):
+    """The final scrape (every load above: chunked prefill, preemptions, aborts, a failed RPC) holds at most
+    catalogue.SERIES_BUDGET of our series, and the worker at most WORKER_SERIES_BUDGET, counting the default set:
+    this server records the opt-in families too (conftest), which are left out here and printed apart, as are the
+    GenAI histograms this server also writes to /metrics (off there by default)."""
+    counts = series_counts(run[2])
+    opt_in = {P + seed for seed in catalogue.OPT_IN}
+    default = {f: n for f, n in counts.items() if f not in opt_in}
+    ours, worker = sum(n for n, _ in default.values()), sum(w for _, w in default.values())
+    print(f"\ndefault set: {ours} series ({worker} by the worker); per family:")
+    for family, (n, w) in sorted(default.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {n:5d} {w:5d} {family}")
+    print("opt-in (not in the default set): " + ", ".join(f"{f} {n}" for f, (n, _) in counts.items() if f in opt_in))
+    assert len(default) >= 30  # the scrape holds the default set (not an empty or partial one)
+    assert ours <= catalogue.SERIES_BUDGET, ours
+    assert worker <= catalogue.WORKER_SERIES_BUDGET, worker
 
 
 def test_every_catalogue_metric_that_can_fire_on_cpu_is_exposed(run):

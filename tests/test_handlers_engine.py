@@ -97,11 +97,11 @@ def test_engine_steps_get_the_phase_set_during_the_call(metrics, clock):
     assert core.step_with_batch_queue() == (None, True)
     assert core._process_engine_step() is True  # runs a (timed) step inside
     assert metrics.points()[name("engine_core:engine_core_step:duration")] == {
-        key(**step("prefill")): (2, 0.5, counts(S, b11=2)),
-        key(**step("mixed")): (1, 0.5, counts(S, b12=1)),
+        key(**step("prefill")): (2, 0.5, counts(S, b8=2)),
+        key(**step("mixed")): (1, 0.5, counts(S, b9=1)),
     }
     assert metrics.points()[name("engine_core:process_engine_step:duration")] == {
-        key(**step("prefill")): (1, 0.375, counts(S, b12=1))
+        key(**step("prefill")): (1, 0.375, counts(S, b9=1))
     }  # 0.25 + 0.125
 
 
@@ -209,20 +209,20 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     core.work = True
     core.queue.extend([(0.0, "ADD", 0.125), (0.0, "ABORT", 0.125)])
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (1, 0.3125, counts(F, b17=1))
+    assert metrics.value(spec, **ALL_LABELS) == (1, 0.3125, counts(F, b12=1))
 
     # Idle: blocks 5 s for the first request; timed from its handling: 0.125 + 0.0625.
     core.work = False
     core.queue.extend([(5.0, "ADD", 0.125), (0.0, "ADD", 0.0625)])
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (2, 0.5, counts(F, b16=1, b17=1))
+    assert metrics.value(spec, **ALL_LABELS) == (2, 0.5, counts(F, b12=2))
 
     # Idle: a utility request (no work) after 5 s, then 2 s more of waiting until the ADD: only the two
     # requests' handling and what follows the ADD count: 0.125 + 0.0625 + 0.0625.
     core.work = False
     core.queue.extend([(5.0, "UTILITY", 0.125), (2.0, "ADD", 0.0625), (0.0, "ABORT", 0.0625)])
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (3, 0.75, counts(F, b16=2, b17=1))
+    assert metrics.value(spec, **ALL_LABELS) == (3, 0.75, counts(F, b12=3))
     metrics_before = metrics.value(spec, **ALL_LABELS)
 
     # Idle and nothing arrived: nothing to time.
@@ -233,7 +233,7 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     # Busy and nothing queued: the pass itself is timed.
     core.work = True
     core._process_input_queue()
-    assert metrics.value(spec, **ALL_LABELS) == (4, 0.8125, counts(F, b15=1, b16=2, b17=1))
+    assert metrics.value(spec, **ALL_LABELS) == (4, 0.8125, counts(F, b11=1, b12=3))
     assert STATE.current_pass is None
 
     # A request handled outside any pass changes nothing; a pass that raises is not timed.
@@ -243,4 +243,4 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     with pytest.raises(RuntimeError, match="bad request"):
         core._process_input_queue()
     assert STATE.current_pass is None
-    assert metrics.points()[spec] == {key(**ALL_LABELS): (4, 0.8125, counts(F, b15=1, b16=2, b17=1))}
+    assert metrics.points()[spec] == {key(**ALL_LABELS): (4, 0.8125, counts(F, b11=1, b12=3))}

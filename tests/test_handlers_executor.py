@@ -63,12 +63,12 @@ def test_blocking_rpcs_are_timed_to_the_moments_the_worker_stamped(metrics, cloc
     rpc(ex, "sample_tokens", args=(None,))
     rpc(ex, "get_kv_cache_spec")  # not timed
     assert metrics.points()[EXEC] == {
-        key(**step("prefill")): (1, 0.1875, counts(S, b11=1)),
-        key(**step("mixed")): (1, 0.25, counts(S, b11=1)),
+        key(**step("prefill")): (1, 0.1875, counts(S, b8=1)),
+        key(**step("mixed")): (1, 0.25, counts(S, b8=1)),
     }
     assert metrics.points()[SAMPLE] == {
-        key(**step("prefill")): (1, 0.0625, counts(S, b10=1)),
-        key(**step("mixed")): (1, 0.125, counts(S, b11=1)),
+        key(**step("prefill")): (1, 0.0625, counts(S, b7=1)),
+        key(**step("mixed")): (1, 0.125, counts(S, b8=1)),
     }  # 101.875 → 102
     assert RPC not in metrics.points()
 
@@ -83,8 +83,8 @@ def test_non_blocking_rpc_records_the_workers_moments_whenever_it_is_read(metric
     assert EXEC not in metrics.points() and SAMPLE not in metrics.points()
     clock.t = 101.0
     f2.set_result(stamped(100.25, 100.375))  # read a whole step after it was ready
-    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.25, counts(S, b11=1))}
-    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.3671875, counts(S, b12=1))}
+    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.25, counts(S, b8=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.3671875, counts(S, b9=1))}
 
     class AsyncOutputFuture(concurrent.futures.Future):
         """UniProcExecutor's: get_output runs when the engine reads it, so its ready moment is the read."""
@@ -108,7 +108,7 @@ def test_non_blocking_rpc_records_the_workers_moments_whenever_it_is_read(metric
     ex.collective_rpc = original
     clock.t = 103.0
     lazy.set_result(stamped(101.5, 103.0))  # execute_model returned at 101.5 (dispatched at 101.0)
-    assert metrics.points()[EXEC][key(**step("prefill"))] == (1, 0.5, counts(S, b12=1))
+    assert metrics.points()[EXEC][key(**step("prefill"))] == (1, 0.5, counts(S, b9=1))
     assert key(**step("prefill")) not in metrics.points()[SAMPLE]
 
 
@@ -191,8 +191,8 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
         for patch in reversed(installed):
             patch.remove()
     assert metrics.points()[EXEC] == {
-        key(**step("decode")): (1, 0.125, counts(S, b11=1)),
-        key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
+        key(**step("decode")): (1, 0.125, counts(S, b8=1)),
+        key(**step("prefill")): (1, 0.125, counts(S, b8=1)),
     }
-    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.25, counts(S, b11=1))}
+    assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.25, counts(S, b8=1))}
     assert metrics.points()[RPC] == {key(**step("mixed", exception_type="worker_failed")): 1}

@@ -6,7 +6,7 @@ import threading
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import F, S, counts, key, name, output, req, step
+from fakes import SC, S, counts, key, name, output, req, step
 
 from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner, steps
@@ -86,15 +86,15 @@ def test_worker_step_execute_then_sample_on_the_host_timeline(metrics, clock, ut
     assert STATE.worker_step is None
 
     m, pre = metrics.points(), step("prefill")
-    assert m[EXECUTE] == {key(**pre): (1, 0.5, counts(S, b12=1))}
-    assert m[INFERENCE] == {key(**pre): (1, 0.75, counts(S, b13=1))}  # 0.5 + 0.25
-    assert m[NPU_FORWARD] == {key(**pre): (1, 0.25, counts(S, b11=1))}
-    assert m[LAUNCH] == {key(**pre): (1, 0.375, counts(S, b12=1))}  # forward start 100.0625 → post end 100.4375
-    assert m[NON_FORWARD] == {key(**pre): (1, 0.5, counts(S, b12=1))}  # 0.75 - 0.25
+    assert m[EXECUTE] == {key(**pre): (1, 0.5, counts(S, b9=1))}
+    assert m[INFERENCE] == {key(**pre): (1, 0.75, counts(S, b10=1))}  # 0.5 + 0.25
+    assert m[NPU_FORWARD] == {key(**pre): (1, 0.25, counts(S, b8=1))}
+    assert m[LAUNCH] == {key(**pre): (1, 0.375, counts(S, b9=1))}  # forward start 100.0625 → post end 100.4375
+    assert m[NON_FORWARD] == {key(**pre): (1, 0.5, counts(S, b9=1))}  # 0.75 - 0.25
     assert m[SCOPES] == {
-        key(**step("prefill", name=FORWARD)): (1, 0.25, counts(F, b16=1)),
-        key(**step("prefill", name=POST)): (1, 0.125, counts(F, b16=1)),
-        key(**step("prefill", name="gpu_model_runner: sample")): (1, 0.25, counts(F, b16=1)),
+        key(**step("prefill", name=FORWARD)): (1, 0.25, counts(SC, b11=1)),
+        key(**step("prefill", name=POST)): (1, 0.125, counts(SC, b11=1)),
+        key(**step("prefill", name="gpu_model_runner: sample")): (1, 0.25, counts(SC, b11=1)),
     }
 
 
@@ -108,11 +108,11 @@ def test_worker_step_that_returns_its_output_and_classifies_itself(metrics, cloc
     assert STATE.worker_step is None
     runner.sample_tokens(None)  # not part of a step any more: no second inference value
     m, dec = metrics.points(), step("decode")
-    assert m[EXECUTE] == {key(**dec): (1, 0.1875, counts(S, b11=1))}
-    assert m[INFERENCE] == {key(**dec): (1, 0.1875, counts(S, b11=1))}  # execute_model only
-    assert m[NPU_FORWARD] == {key(**dec): (1, 0.125, counts(S, b11=1))}
-    assert m[LAUNCH] == {key(**dec): (1, 0.1875, counts(S, b11=1))}
-    assert m[NON_FORWARD] == {key(**dec): (1, 0.0625, counts(S, b10=1))}
+    assert m[EXECUTE] == {key(**dec): (1, 0.1875, counts(S, b8=1))}
+    assert m[INFERENCE] == {key(**dec): (1, 0.1875, counts(S, b8=1))}  # execute_model only
+    assert m[NPU_FORWARD] == {key(**dec): (1, 0.125, counts(S, b8=1))}
+    assert m[LAUNCH] == {key(**dec): (1, 0.1875, counts(S, b8=1))}
+    assert m[NON_FORWARD] == {key(**dec): (1, 0.0625, counts(S, b7=1))}
 
 
 class FakeRunnerV2:
@@ -141,8 +141,8 @@ def test_model_runner_v2_skips_dummy_runs(metrics, clock):
     assert run(runner, so) == "output"
     assert run(runner, so, None, False) == "output"
     pre = step("prefill")
-    assert metrics.points()[EXECUTE] == {key(**pre): (2, 0.5, counts(S, b11=2))}
-    assert metrics.points()[INFERENCE] == {key(**pre): (2, 0.5, counts(S, b11=2))}
+    assert metrics.points()[EXECUTE] == {key(**pre): (2, 0.5, counts(S, b8=2))}
+    assert metrics.points()[INFERENCE] == {key(**pre): (2, 0.5, counts(S, b8=2))}
 
 
 def make_event_class():
@@ -191,7 +191,7 @@ def test_step_times_from_device_events_recorded_once_they_are_done(metrics, cloc
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))
     runner.sample_tokens(None)
     m = metrics.points()
-    assert m[LAUNCH] == {key(**step("prefill")): (1, 0.375, counts(S, b12=1))}  # host timeline
+    assert m[LAUNCH] == {key(**step("prefill")): (1, 0.375, counts(S, b9=1))}  # host timeline
     assert INFERENCE not in m and NPU_FORWARD not in m and NON_FORWARD not in m  # not waited for
     assert len(timeline.pending) == 1 and Event.created == 4
 
@@ -200,9 +200,9 @@ def test_step_times_from_device_events_recorded_once_they_are_done(metrics, cloc
     runner.plan = {"forward": 0.5, "device_ms": 250.0, "result": "output"}
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
     m = metrics.points()
-    assert m[INFERENCE] == {key(**step("prefill")): (1, 0.1875, counts(S, b11=1))}  # device: 1000 → 1187.5
-    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
-    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.0625, counts(S, b10=1))}  # sampling, on the device
+    assert m[INFERENCE] == {key(**step("prefill")): (1, 0.1875, counts(S, b8=1))}  # device: 1000 → 1187.5
+    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b8=1))}
+    assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.0625, counts(S, b7=1))}  # sampling, on the device
     assert len(timeline.pending) == 1
 
     # Step 3 (mixed): the device is past both (3000 → 3062.5 ms).
@@ -211,17 +211,17 @@ def test_step_times_from_device_events_recorded_once_they_are_done(metrics, cloc
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "mixed"}))
     m = metrics.points()
     assert m[NPU_FORWARD] == {
-        key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
-        key(**step("decode")): (1, 0.25, counts(S, b11=1)),
-        key(**step("mixed")): (1, 0.0625, counts(S, b10=1)),
+        key(**step("prefill")): (1, 0.125, counts(S, b8=1)),
+        key(**step("decode")): (1, 0.25, counts(S, b8=1)),
+        key(**step("mixed")): (1, 0.0625, counts(S, b7=1)),
     }
     assert m[INFERENCE] == {
-        key(**step("prefill")): (1, 0.1875, counts(S, b11=1)),
-        key(**step("decode")): (1, 0.25, counts(S, b11=1)),
-        key(**step("mixed")): (1, 0.0625, counts(S, b10=1)),
+        key(**step("prefill")): (1, 0.1875, counts(S, b8=1)),
+        key(**step("decode")): (1, 0.25, counts(S, b8=1)),
+        key(**step("mixed")): (1, 0.0625, counts(S, b7=1)),
     }
     assert m[NON_FORWARD] == {
-        key(**step("prefill")): (1, 0.0625, counts(S, b10=1)),
+        key(**step("prefill")): (1, 0.0625, counts(S, b7=1)),
         key(**step("decode")): (1, 0.0, counts(S, b0=1)),
         key(**step("mixed")): (1, 0.0, counts(S, b0=1)),
     }
@@ -260,10 +260,10 @@ def test_pending_device_step_is_recorded_at_the_end_of_a_later_step_without_forw
     runner.plan = {"no_forward": True, "prepare": 0.0625, "result": "output"}
     runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
     m = metrics.points()
-    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b11=1))}
+    assert m[NPU_FORWARD] == {key(**step("prefill")): (1, 0.125, counts(S, b8=1))}
     assert m[NON_FORWARD] == {key(**step("prefill")): (1, 0.0, counts(S, b0=1))}  # the step was its forward
     assert m[INFERENCE] == {
-        key(**step("prefill")): (1, 0.125, counts(S, b11=1)),
+        key(**step("prefill")): (1, 0.125, counts(S, b8=1)),
         key(**step("decode")): (1, 0.0, counts(S, b0=1)),
     }  # no device work
     assert LAUNCH not in m or key(**step("decode")) not in m[LAUNCH]
@@ -309,5 +309,5 @@ def test_get_output_in_the_output_thread_gets_its_own_steps_phase_and_stamps_the
     decoding.set()
     thread.join(10)
     m = metrics.points()
-    assert m[name("worker:model_runner_get_output:duration")] == {key(**step("prefill")): (1, 0.5, counts(S, b12=1))}
+    assert m[name("worker:model_runner_get_output:duration")] == {key(**step("prefill")): (1, 0.5, counts(S, b9=1))}
     assert getattr(reply, steps.READY_ATTRIBUTE) == (context.HOST_CLOCK, 100.25, 100.875)

@@ -5,7 +5,22 @@ fractions, so every count, sum and bucket below is hand-computed and asserted ex
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import ALL_LABELS, F, FakeScheduler, R, T, counts, idle_output, instrumented, key, name, output, req, step
+from fakes import (
+    ALL_LABELS,
+    SC,
+    F,
+    FakeScheduler,
+    R,
+    T,
+    counts,
+    idle_output,
+    instrumented,
+    key,
+    name,
+    output,
+    req,
+    step,
+)
 
 from opentelemetry_instrumentation_vllm_ascend import context, state
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler, steps
@@ -57,22 +72,22 @@ def test_schedule_mixed_step_with_all_four_request_classes(metrics, clock, utils
 
     m, mixed = metrics, step("mixed")
     pre, dec = step("mixed", req_phase="prefill"), step("mixed", req_phase="decode")
-    assert m.value(name("scheduler:duration"), **mixed) == (1, 0.125, counts(F, b16=1))  # (0.1, 0.25]
+    assert m.value(name("scheduler:duration"), **mixed) == (1, 0.125, counts(F, b12=1))  # (0.1, 1]
     assert m.points()[name("record_function_or_nullcontext")] == {  # with this step's phase
-        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))
+        key(**step("mixed", name="schedule: allocate_slots")): (1, 0.0625, counts(SC, b10=1))
     }  # (0.05, 0.1]
-    assert m.value(name("scheduler:batch_size"), **mixed) == (1, 4, counts(R, b3=1))  # (2, 4]
-    assert m.value(name("scheduler:phase_batch_size"), **pre) == (1, 3, counts(R, b3=1))
+    assert m.value(name("scheduler:batch_size"), **mixed) == (1, 4, counts(R, b2=1))  # (1, 4]
+    assert m.value(name("scheduler:phase_batch_size"), **pre) == (1, 3, counts(R, b2=1))
     assert m.value(name("scheduler:phase_batch_size"), **dec) == (1, 1, counts(R, b1=1))
-    assert m.value(name("scheduler:phase_scheduled_tokens"), **pre) == (1, 23, counts(T, b4=1))  # (16, 32]
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **pre) == (1, 23, counts(T, b3=1))  # (8, 32]
     assert m.value(name("scheduler:phase_scheduled_tokens"), **dec) == (1, 1, counts(T, b1=1))
     assert m.points()[name("scheduler:phase_scheduled_token_counter")] == {key(**pre): 23, key(**dec): 1}
     # context: 2 cached (new) + 0 + 4 + 12 computed before the step, plus the 24 scheduled
     assert m.value(name("scheduler:seqlen:sum"), **mixed) == 42
     assert m.value(name("scheduler:seqlen:avg"), **mixed) == 10.5
-    assert m.value(name("scheduler:running_queue_size"), **mixed) == (1, 5, counts(R, b4=1))  # (4, 8]
+    assert m.value(name("scheduler:running_queue_size"), **mixed) == (1, 5, counts(R, b3=1))  # (4, 16]
     assert m.value(name("running_phase_batch_size"), **pre) == (1, 2, counts(R, b2=1))
-    assert m.value(name("running_phase_batch_size"), **dec) == (1, 3, counts(R, b3=1))
+    assert m.value(name("running_phase_batch_size"), **dec) == (1, 3, counts(R, b2=1))
     assert m.value(name("waiting_phase_batch_size"), **pre) == (1, 2, counts(R, b2=1))
     assert m.value(name("waiting_phase_batch_size"), **dec) is None  # waiting requests are all prefill
     assert m.value(name("total_kvcache_blocks"), **ALL_LABELS) == 100
@@ -134,7 +149,7 @@ def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, ut
     assert len(STATE.deferred) == 0
 
     dec = step("decode")
-    assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(F, b16=2))  # 0.1875, 0.25
+    assert metrics.value(name("scheduler:duration"), **dec) == (2, 0.4375, counts(F, b12=2))  # 0.1875, 0.25
     assert metrics.value(name("scheduler:running_queue_size"), **dec) == (2, 3, counts(R, b1=1, b2=1))
     assert metrics.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (
         2,
@@ -143,7 +158,7 @@ def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, ut
     )
     assert metrics.value(name("free_kvcache_blocks"), **step("all")) == 3
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(F, b15=1))
+        key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(SC, b10=1))
     }
 
 
@@ -311,7 +326,7 @@ def test_schedule_prefill_pending_counted_once_per_episode(metrics, clock, utils
     assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="prefill")) == (
         6,
         9,
-        counts(R, b0=1, b1=3, b3=2),
+        counts(R, b0=1, b1=3, b2=2),
     )
     assert m.value(name("waiting_phase_batch_size"), **step("idle", req_phase="decode")) is None
 
@@ -325,7 +340,7 @@ def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
     no_kv.plan = [(out, 0.25, [])]
     assert no_kv.schedule() is out
     m, dec = metrics, step("decode")
-    assert m.value(name("scheduler:duration"), **dec) == (1, 0.25, counts(F, b16=1))
+    assert m.value(name("scheduler:duration"), **dec) == (1, 0.25, counts(F, b12=1))
     assert m.value(name("scheduler:batch_size"), **dec) == (1, 1, counts(R, b1=1))
     assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))
     assert m.value(name("waiting_phase_batch_size"), **step("decode", req_phase="prefill")) == (1, 2, counts(R, b2=1))
@@ -339,7 +354,7 @@ def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
     out2 = output(requests, cached=[("decode", 1)])
     no_queues.plan = [(out2, 0.5, [])]
     assert no_queues.schedule() is out2
-    assert m.value(name("scheduler:duration"), **dec) == (2, 0.75, counts(F, b16=1, b17=1))
+    assert m.value(name("scheduler:duration"), **dec) == (2, 0.75, counts(F, b12=2))
     assert m.value(name("scheduler:batch_size"), **dec) == (2, 2, counts(R, b1=2))
     assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))  # unchanged
     assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 5
@@ -368,8 +383,8 @@ def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock
 
     s.schedule()
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("decode", name="schedule: allocate_slots")): (3, 0.25, counts(F, b15=2, b16=1)),
-        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1)),
+        key(**step("decode", name="schedule: allocate_slots")): (3, 0.25, counts(SC, b10=2, b11=1)),
+        key(**step("decode", name="schedule: update_after_schedule")): (1, 0.25, counts(SC, b11=1)),
     }
 
 
@@ -397,7 +412,7 @@ def test_scopes_in_a_step_nested_or_raising_pair_up(metrics, clock, utils):
     s = instrumented(Nested)(clock, utils)
     s.schedule()
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(F, b15=1, b16=2))
+        key(**step("idle", name="schedule: allocate_slots")): (3, 0.4375, counts(SC, b10=1, b11=2))
     }
 
 
@@ -409,7 +424,7 @@ def test_schedule_that_raises_records_its_scopes_with_phase_unknown(metrics, clo
         s.schedule()
     assert STATE.last_step_phase == "unknown"
     assert metrics.points()[name("record_function_or_nullcontext")] == {
-        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(F, b16=1))
+        key(**step("unknown", name="schedule: allocate_slots")): (1, 0.125, counts(SC, b11=1))
     }
     assert name("scheduler:duration") not in metrics.points()
 
@@ -424,8 +439,8 @@ def test_update_from_output_phase_from_the_scheduler_output(metrics, clock):
         s.update_from_output(so, -1.0)  # failed: not timed
     spec = name("scheduler:update_from_output:duration")
     assert metrics.points()[spec] == {
-        key(**step("prefill")): (1, 0.25, counts(F, b16=1)),
-        key(**step("decode")): (1, 0.5, counts(F, b17=1)),
+        key(**step("prefill")): (1, 0.25, counts(F, b12=1)),
+        key(**step("decode")): (1, 0.5, counts(F, b12=1)),
     }
 
 
@@ -437,5 +452,5 @@ def test_add_request_phase_all(metrics, clock):
     with pytest.raises(ValueError, match="bad request"):
         s.add_request(-1.0)
     assert metrics.points()[name("scheduler:add_request:duration")] == {
-        key(**ALL_LABELS): (2, 0.00390625, counts(F, b10=2))
+        key(**ALL_LABELS): (2, 0.00390625, counts(F, b7=2))
     }  # (0.001, 0.0025]

@@ -5,7 +5,7 @@ fractions, so every count, sum and bucket below is hand-computed and asserted ex
 import contextlib
 
 import pytest
-from fakes import F, FakeScheduler, RecordFunction, counts, fake_utils, instrumented, key, name, output, req, step
+from fakes import SC, FakeScheduler, RecordFunction, counts, fake_utils, instrumented, key, name, output, req, step
 
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
@@ -26,9 +26,9 @@ def test_scope_names_beyond_the_limit_are_other(metrics, clock, utils):
     series = metrics.points()[SCOPES]
     assert len(series) == model_runner.MAX_SCOPE_NAMES + 1
     unknown = step("unknown")
-    assert series[key(**unknown, name="scope 0")] == (2, 0.015625, counts(F, b12=2))  # (0.005, 0.01]
-    assert series[key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES - 1}")] == (1, 0.0078125, counts(F, b12=1))
-    assert series[key(**unknown, name="other")] == (6, 0.046875, counts(F, b12=6))
+    assert series[key(**unknown, name="scope 0")] == (2, 0.015625, counts(SC, b8=2))  # (0.003, 0.01]
+    assert series[key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES - 1}")] == (1, 0.0078125, counts(SC, b8=1))
+    assert series[key(**unknown, name="other")] == (6, 0.046875, counts(SC, b8=6))
     assert key(**unknown, name=f"scope {model_runner.MAX_SCOPE_NAMES}") not in series
     # The name table is bounded too: names beyond the limit are not remembered one by one.
     for i in range(1000):
@@ -58,7 +58,7 @@ def test_scope_that_raises_is_not_recorded_and_the_inner_scope_still_runs(metric
         assert isinstance(value, record_function) and value.name == "gpu_model_runner: bookkeep"
         assert log[2:] == [("enter", "gpu_model_runner: bookkeep"), ("exit", "gpu_model_runner: bookkeep", None)]
         assert metrics.points()[SCOPES] == {
-            key(**step("unknown", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1))
+            key(**step("unknown", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(SC, b11=1))
         }
     finally:
         patch.remove()
@@ -80,7 +80,7 @@ def test_scope_in_a_step_with_vllms_profiler_on_is_recorded_with_the_step(metric
         s.schedule()
         assert [entry[0] for entry in log] == ["enter", "exit", "enter", "exit"]
         assert metrics.points()[SCOPES] == {
-            key(**step("decode", name="schedule: allocate_slots")): (2, 0.125, counts(F, b15=2))
+            key(**step("decode", name="schedule: allocate_slots")): (2, 0.125, counts(SC, b10=2))
         }
     finally:
         patch.remove()
@@ -113,7 +113,7 @@ def test_disabled_scopes_run_as_without_us_and_the_others_are_still_timed(metric
         assert ran == [1, 1, 1] and seen[0] is seen[1] is seen[2] is model_runner._UNTIMED
         assert isinstance(seen[0], contextlib.nullcontext)
         assert metrics.points()[SCOPES] == {
-            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1))
+            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(SC, b11=1))
         }
     finally:
         patch.remove()
@@ -135,8 +135,8 @@ def test_disabled_scopes_run_as_without_us_and_the_others_are_still_timed(metric
             ("exit", "gpu_model_runner: bookkeep", None),
         ]
         assert metrics.points()[SCOPES] == {
-            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(F, b16=1)),
-            key(**step("idle", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(F, b16=1)),
+            key(**step("idle", name="schedule: update_after_schedule")): (1, 0.25, counts(SC, b11=1)),
+            key(**step("idle", name="gpu_model_runner: bookkeep")): (1, 0.125, counts(SC, b11=1)),
         }  # last step: idle
     finally:
         patch.remove()

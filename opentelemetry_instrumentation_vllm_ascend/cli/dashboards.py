@@ -147,9 +147,10 @@ def sections() -> list[tuple[str, list[Panel]]]:
         Panel(
             "Output tokens per second (TPS)",
             "short",
-            [(_LEG, sum_rate("output")), (f"total {_LEG}", sum_rate("total_tokens"))],
-            ("output", "total_tokens"),
-            "Generated tokens per second (rate of the output histogram's sum), and prompt plus generated.",
+            [(_LEG, sum_rate("output")), (f"total {_LEG}", f"{sum_rate('input')} + {sum_rate('output')}")],
+            ("output", "input"),
+            "Generated tokens per second (rate of the output histogram's sum), and prompt plus generated (input +"
+            " output: what the opt-in total_tokens records).",
         ),
         Panel(
             "Input tokens per second",
@@ -205,7 +206,7 @@ def sections() -> list[tuple[str, list[Panel]]]:
         _quantile_panel("npu:kernel_launch", "npu:kernel_launch"),
         _quantile_panel("npu:non_forward_duration", "npu:non_forward_duration"),
         Panel(
-            "Profiling scopes, p90 (forward, sample, draft, post process …)",
+            "Profiling scopes, p90 (opt-in: OTEL_VLLM_ASCEND_ENABLED_METRICS=record_function_or_nullcontext)",
             "s",
             [
                 (
@@ -214,7 +215,8 @@ def sections() -> list[tuple[str, list[Panel]]]:
                 )
             ],
             ("record_function_or_nullcontext",),
-            spec("record_function_or_nullcontext").description,
+            "Opt-in (series budget): empty unless OTEL_VLLM_ASCEND_ENABLED_METRICS names it. "
+            + spec("record_function_or_nullcontext").description,
         ),
         _quantile_panel("Output processing (API server)", "output_processor_duration", ("instance", "dp"), _LEG),
     ]

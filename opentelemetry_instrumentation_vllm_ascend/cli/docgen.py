@@ -33,6 +33,11 @@ def _buckets(spec: catalogue.MetricSpec) -> str:
     return ", ".join(f"{b:g}" for b in spec.buckets or ())
 
 
+def _opt_in(spec: catalogue.MetricSpec) -> str:
+    why = catalogue.OPT_IN.get(spec.seed)
+    return f"**opt-in** ({why}; `OTEL_VLLM_ASCEND_ENABLED_METRICS={spec.seed}`). " if why else ""
+
+
 def render_metrics_md() -> str:
     lines = [
         "# Metrics",
@@ -51,6 +56,10 @@ def render_metrics_md() -> str:
         "`_seconds`) only with `OTEL_VLLM_ASCEND_GENAI_PROMETHEUS=true` (see",
         "[configuration.md](configuration.md#genai-semantic-conventions)).",
         "",
+        "Rows marked **opt-in** are outside the default set (the series budget,",
+        "[performance.md](performance.md#series-budget)): recorded only where `OTEL_VLLM_ASCEND_ENABLED_METRICS`",
+        "names them (`*`: all); each says why.",
+        "",
         "| Name on /metrics | Kind | Unit | Buckets | Labels | Recorded in | Hooked symbol(s) | Meaning |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -58,7 +67,7 @@ def render_metrics_md() -> str:
         hooked = "<br>".join(f"`{h}`" for h in targets.hooked_symbols(spec.seed))
         lines.append(
             f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} "
-            f"| {spec.recorded_in} | {hooked} | {spec.description} |"
+            f"| {spec.recorded_in} | {hooked} | {_opt_in(spec)}{spec.description} |"
         )
     lines += [
         "",

@@ -298,17 +298,20 @@ class _ScopeHandler(Handler):
 _SCOPE_HANDLER = _ScopeHandler()
 
 
-def untimed_scopes(patterns: tuple[str, ...]):
-    """None when ``patterns`` is empty, else ``untimed(name)``: whether a scope name matches one of
-    them (shell-style; decided once per name, for a bounded number of names)."""
-    if not patterns:
+def untimed_scopes(patterns: tuple[str, ...], only=None):
+    """None when ``patterns`` is empty and ``only`` None, else ``untimed(name)``: whether a scope name matches one
+    of them (shell-style) or, with ``only`` (a set of names), is not in it (decided once per name, for a bounded
+    number of names)."""
+    if not patterns and only is None:
         return None
     decided: dict = {}
 
     def untimed(name) -> bool:
         off = decided.get(name)
         if off is None:
-            off = isinstance(name, str) and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+            off = (only is not None and not (isinstance(name, str) and name in only)) or (
+                isinstance(name, str) and any(fnmatch.fnmatchcase(name, p) for p in patterns)
+            )
             if len(decided) < 4 * MAX_SCOPE_NAMES:
                 decided[name] = off
         return off
@@ -318,7 +321,8 @@ def untimed_scopes(patterns: tuple[str, ...]):
 
 class ProfilerScopes:
     """Installs the scope factory as ``vllm.v1.utils._PROFILER_FUNC`` (target kind SCOPE_FACTORY).
-    Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES get vLLM's own choice (outside a scheduling
+    Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES, and with record_function_or_nullcontext off every scope but
+    the forward, post-processing and (worker budget on) sample ones, get vLLM's own choice (outside a scheduling
     step: ``inner(name)``; inside one with nullcontext: one shared nullcontext), untimed."""
 
     attribute = "_PROFILER_FUNC"
@@ -333,7 +337,13 @@ class ProfilerScopes:
         if inner is None or getattr(inner, "_otel_vllm_ascend_factory", False):
             raise RuntimeError(f"{module.__name__}.{attribute} is not a scope factory ({inner!r})")
         plain = inner is contextlib.nullcontext
-        untimed = untimed_scopes(environment.disabled_scope_patterns())
+        # With the scope histogram off (opt-in, catalogue.OPT_IN) only the scopes the worker's forward, non-forward
+        # and kernel-launch durations and its step budget's forward / sample stages are measured from are timed:
+        # the rest run as without us.
+        only = None
+        if environment.metric_disabled(_SCOPES.seed):
+            only = FORWARD_SCOPES | POSTPROCESS_SCOPES | (SAMPLE_SCOPES if WORKER_TO is not off else frozenset())
+        untimed = untimed_scopes(environment.disabled_scope_patterns(), only)
 
         def factory(
             name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope, _step=CURRENT_STEP.get, _untimed=untimed

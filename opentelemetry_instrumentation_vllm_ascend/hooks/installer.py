@@ -24,7 +24,7 @@ RESOLVED = "resolved"
 GATED = "gated off by version"
 NOT_INSTALLED = "dormant: vllm-ascend not installed"
 MISSING = "missing"
-DISABLED = "disabled by OTEL_VLLM_ASCEND_DISABLED_METRICS"
+DISABLED = "disabled by configuration (OTEL_VLLM_ASCEND_DISABLED_METRICS, or opt-in)"
 PENDING = "waiting for import"
 
 
@@ -164,7 +164,7 @@ def metric_status(rows: list[dict], config) -> list[dict]:
     that differs from its description, ``absent`` on this path (why), or ``not hooked`` (no resolved
     target feeds it: each feeding target's status), ``disabled`` by configuration."""
     from .. import catalogue, paths
-    from ..environment import metric_disabled
+    from ..environment import ENABLED_METRICS, metric_disabled, opt_in_off
 
     feeding: dict[str, list[dict]] = {}
     for row in rows:
@@ -174,7 +174,7 @@ def metric_status(rows: list[dict], config) -> list[dict]:
     for spec in catalogue.CATALOGUE:
         sources = feeding.get(spec.exposed_name, [])
         if metric_disabled(spec.seed):
-            status, detail = DISABLED, ""
+            status, detail = DISABLED, f"opt-in: {ENABLED_METRICS} records it" if opt_in_off(spec.seed) else ""
         elif not any(r["status"] == RESOLVED for r in sources):
             status = "not hooked"
             detail = "; ".join(f"{r['symbol']}: {r['status']}" for r in sources) or "no target feeds it"
