@@ -719,15 +719,16 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "out of it, remote: to or from another node). ExampleConnector: per layer and request, the tokens of "
         "its slot mapping times the layer's bytes per token (the tensor payload of the safetensors file it "
         "writes or reads). OffloadingConnector: each completed job's transfer_size (what "
-        "vllm:kv_offload_{load,store}_bytes count)." + _KV_CONNECTORS,
+        "vllm:kv_offload_{load,store}_bytes count). NixlConnector / MooncakeConnector (remote): the bytes of each "
+        "transfer their stats record (vllm:nixl_bytes_transferred; Mooncake's sends)." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
     _counter(
         "kv_transfer:count",
         "{transfer}",
         "KV transfers, by direction: ExampleConnector: one per file written or read (a request's layer); "
-        "OffloadingConnector: one per completed job (as vllm:kv_offload_{load,store}_size counts them)."
-        + _KV_CONNECTORS,
+        "OffloadingConnector: one per completed job (as vllm:kv_offload_{load,store}_size counts them); "
+        "NixlConnector: one per completed transfer handle; MooncakeConnector: one per batch sent." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
     _timer(
@@ -736,7 +737,8 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "save_kv_layer (the layer's stores) or start_load_kv (the step's loads), which copy synchronously. "
         "OffloadingConnector: the transfer time its worker reports (device time on vLLM's CUDA/XPU worker) of "
         "the jobs one get_finished poll completed, one observation per poll and direction (split by bytes "
-        "between phases); vLLM 0.23: per job." + _KV_CONNECTORS,
+        "between phases); vLLM 0.23: per job. NixlConnector: NIXL's own xferDuration of the transfer; "
+        "MooncakeConnector: the wall time of the synchronous batch send." + _KV_CONNECTORS,
         FINE_SECONDS,
         labels=_KV_LABELS,
     ),
@@ -851,6 +853,22 @@ GENAI_SERVER = (
     ),
 )
 CATALOGUE = CATALOGUE + GENAI_SERVER
+
+# -- KV connectors' failures and weight offloading (handlers/kv_transfer.py, handlers/memory.py) ------------------
+KV_CONNECTOR_CATALOGUE: tuple[MetricSpec, ...] = (
+    _counter(
+        "kv_transfer:failures",
+        "{transfer}",
+        "KV transfers a connector reported as failed, by direction and connector: NixlConnector's "
+        "record_failed_transfer (a transfer handle that ended in neither DONE nor PROC, or a read that could not be "
+        "posted; vLLM 0.32+'s vllm:nixl_num_failed_transfers also counts failed handshakes and notifications, "
+        "these do not), MooncakeConnector's record_failed_transfer (a failed send) and record_failed_recv (a "
+        "request whose remote KV load failed). Only connectors that report failures are counted: see "
+        "docs/time-budget.md." + _KV_CONNECTORS,
+        labels=_KV_LABELS,
+    ),
+)
+CATALOGUE = CATALOGUE + KV_CONNECTOR_CATALOGUE
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 #: What one EPLB cycle (EplbWorker.do_update) sets.

@@ -723,6 +723,14 @@ def alert_rules() -> list[dict]:
             "warning",
             "{{ $labels.instance }} reported vllm_profiling_ metrics an hour ago and reports none now.",
         ),
+        _alert(
+            "VLLMAscendKVTransferFailures",
+            _any_event(spec("kv_transfer:failures").prometheus_name, f"{g}, direction, connector"),
+            None,
+            "warning",
+            "{{ $labels.instance }} dp={{ $labels.dp }}: {{ $labels.connector }} reported failed KV transfers"
+            " ({{ $labels.direction }}).",
+        ),
     ]
 
 

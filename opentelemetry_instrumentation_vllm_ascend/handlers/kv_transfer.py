@@ -281,3 +281,62 @@ class OffloadingWorkerGetFinished(Handler):
                 continue
             direction = "h2d" if kind[1] in _DEVICE_MEDIA else "d2h" if kind[0] in _DEVICE_MEDIA else "remote"
             record_transfer(direction, _OFFLOADING, size, 1, r.transfer_time, phase=phase)
+
+
+# -- remote connectors' own transfer stats (vLLM's NIXL and Mooncake connectors) ---------------------------
+
+_FAILURES = M["kv_transfer:failures"]
+_NIXL = "NixlConnector"
+_MOONCAKE = "MooncakeConnector"
+
+
+def record_failure(direction: str, connector: str, count: int = 1, phase: str | None = None) -> None:
+    """``count`` transfers the connector reported as failed."""
+    recording.add(_FAILURES, count, labels_of(phase or STATE.last_step_phase, direction, connector))
+
+
+class NixlRecordTransfer(Handler):
+    """``NixlKVConnectorStats.record_transfer(res)``: one completed NIXL transfer (the worker's
+    ``_pop_done_transfers`` found its handle DONE, polled in the worker step, so the phase is the polling
+    step's): NIXL's telemetry ``totalBytes`` and ``xferDuration`` (µs, as NIXL measured the transfer),
+    the values behind ``vllm:nixl_bytes_transferred`` and ``vllm:nixl_xfer_time_seconds``. vLLM 0.32+
+    passes None when NIXL gave no telemetry: nothing is recorded, as vLLM records nothing."""
+
+    reads_args = RowParams()  # self, res
+
+    def after(self, state, args, kwargs, result):
+        res = args[1]
+        if res is not None:
+            record_transfer("remote", _NIXL, res.totalBytes, 1, res.xferDuration / 1e6)
+
+
+class MooncakeRecordTransfer(Handler):
+    """``MooncakeKVConnectorStats.record_transfer(duration_s, total_bytes, num_descs)``: one successful
+    ``batch_transfer_sync_write`` of the prefill side's sender pool (``MooncakeConnectorWorker._send_blocks``):
+    its bytes and the wall time vLLM measured around the synchronous call. It runs on a sender thread, in no
+    worker step: phase ``unknown``."""
+
+    reads_args = RowParams()  # self, duration_s, total_bytes
+
+    def after(self, state, args, kwargs, result):
+        record_transfer("remote", _MOONCAKE, args[2], 1, args[1], phase=UNKNOWN)
+
+
+class NixlFailedTransfer(Handler):
+    """``NixlKVConnectorStats.record_failed_transfer()``: a NIXL transfer that failed (a handle not DONE
+    nor in progress, or a read that could not be posted), in the worker step that found it."""
+
+    reads_args = 0
+
+    def after(self, state, args, kwargs, result):
+        record_failure("remote", _NIXL)
+
+
+class MooncakeFailedTransfer(Handler):
+    """``MooncakeKVConnectorStats.record_failed_transfer()`` (a failed send) and ``record_failed_recv()``
+    (a request whose remote KV load failed): on the connector's threads, phase ``unknown``."""
+
+    reads_args = 0
+
+    def after(self, state, args, kwargs, result):
+        record_failure("remote", _MOONCAKE, phase=UNKNOWN)

@@ -108,6 +108,7 @@ _SCHEDULE_FEEDS = (
 )
 _RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
 _KV_TRANSFER_FEEDS = ("kv_transfer:bytes", "kv_transfer:count", "kv_transfer:duration", "kv_transfer:blocking:duration")
+_KV_FAILURES = ("kv_transfer:failures",)
 _MEMORY = tuple(spec.seed for spec in c.CATALOGUE if spec.seed.startswith("engine:memory:"))
 #: What the end of a worker step records (sample_tokens ends it): the inference time and the timeline.
 _STEP_END_FEEDS = (
@@ -658,6 +659,31 @@ TARGETS: tuple[Target, ...] = (
         for method, handler, params in (
             ("transfer_async", "OffloadingTransferAsync", ("job_id",)),
             ("get_finished", "OffloadingWorkerGetFinished", ()),
+        )
+    ),
+    # Remote connectors' own stats containers (vLLM 0.23-0.33): what one transfer or one failure carries.
+    *(
+        Target(
+            f"vllm.distributed.kv_transfer.kv_connector.v1.{module}.stats",
+            qualname,
+            SYNC,
+            f"kv_transfer:{handler}",
+            feeds=feeds,
+            params=params,
+            process=WORKER,
+        )
+        for module, qualname, handler, params, feeds in (
+            ("nixl", "NixlKVConnectorStats.record_transfer", "NixlRecordTransfer", ("res",), _KV_TRANSFER_FEEDS[:3]),
+            (
+                "mooncake",
+                "MooncakeKVConnectorStats.record_transfer",
+                "MooncakeRecordTransfer",
+                ("duration_s", "total_bytes"),
+                _KV_TRANSFER_FEEDS[:3],
+            ),
+            ("nixl", "NixlKVConnectorStats.record_failed_transfer", "NixlFailedTransfer", (), _KV_FAILURES),
+            ("mooncake", "MooncakeKVConnectorStats.record_failed_transfer", "MooncakeFailedTransfer", (), _KV_FAILURES),
+            ("mooncake", "MooncakeKVConnectorStats.record_failed_recv", "MooncakeFailedTransfer", (), _KV_FAILURES),
         )
     ),
     Target(
