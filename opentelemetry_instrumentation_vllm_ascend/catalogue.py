@@ -720,7 +720,9 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "its slot mapping times the layer's bytes per token (the tensor payload of the safetensors file it "
         "writes or reads). OffloadingConnector: each completed job's transfer_size (what "
         "vllm:kv_offload_{load,store}_bytes count). NixlConnector / MooncakeConnector (remote): the bytes of each "
-        "transfer their stats record (vllm:nixl_bytes_transferred; Mooncake's sends)." + _KV_CONNECTORS,
+        "transfer their stats record (vllm:nixl_bytes_transferred; Mooncake's sends). vllm-ascend: its Mooncake "
+        "P2P / layerwise connectors' sum(length_list) per batch read or write (remote); AscendStoreConnector: the "
+        "sizes of the keys a backend put (d2h) or loaded (h2d)." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
     _counter(
@@ -728,7 +730,8 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "{transfer}",
         "KV transfers, by direction: ExampleConnector: one per file written or read (a request's layer); "
         "OffloadingConnector: one per completed job (as vllm:kv_offload_{load,store}_size counts them); "
-        "NixlConnector: one per completed transfer handle; MooncakeConnector: one per batch sent." + _KV_CONNECTORS,
+        "NixlConnector: one per completed transfer handle; MooncakeConnector (vLLM's and vllm-ascend's): one per "
+        "batch; AscendStoreConnector: one per key." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
     _timer(
@@ -738,7 +741,8 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "OffloadingConnector: the transfer time its worker reports (device time on vLLM's CUDA/XPU worker) of "
         "the jobs one get_finished poll completed, one observation per poll and direction (split by bytes "
         "between phases); vLLM 0.23: per job. NixlConnector: NIXL's own xferDuration of the transfer; "
-        "MooncakeConnector: the wall time of the synchronous batch send." + _KV_CONNECTORS,
+        "MooncakeConnector (vLLM's and vllm-ascend's), AscendStoreConnector: the wall time of the synchronous "
+        "batch call." + _KV_CONNECTORS,
         FINE_SECONDS,
         labels=_KV_LABELS,
     ),
@@ -863,7 +867,8 @@ KV_CONNECTOR_CATALOGUE: tuple[MetricSpec, ...] = (
         "record_failed_transfer (a transfer handle that ended in neither DONE nor PROC, or a read that could not be "
         "posted; vLLM 0.32+'s vllm:nixl_num_failed_transfers also counts failed handshakes and notifications, "
         "these do not), MooncakeConnector's record_failed_transfer (a failed send) and record_failed_recv (a "
-        "request whose remote KV load failed). Only connectors that report failures are counted: see "
+        "request whose remote KV load failed), vllm-ascend's Mooncake batch reads / writes that returned a negative "
+        "code, and AscendStore keys a get did not load. Only connectors that report failures are counted: see "
         "docs/time-budget.md." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),

@@ -15,7 +15,7 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import M
-from ..hooks.handler import Handler, RowParams
+from ..hooks.handler import Handler, RowParams, report
 from ..state import STATE, UNKNOWN
 
 _BYTES = M["kv_transfer:bytes"]
@@ -340,3 +340,122 @@ class MooncakeFailedTransfer(Handler):
 
     def after(self, state, args, kwargs, result):
         record_failure("remote", _MOONCAKE, phase=UNKNOWN)
+
+
+# -- vllm-ascend: Mooncake P2P (kv_p2p) and AscendStore (kv_pool) -----------------------------------------
+
+
+class _MeteredEngine:
+    """Stands in for a Mooncake ``TransferEngine`` in the one thread object that holds it as ``engine``
+    (vllm-ascend's ``KVCacheRecvingThread`` / ``KVCacheSendingLayerThread``, which use it only for
+    ``batch_transfer_sync_read`` / ``_write``: the contract test checks it): each synchronous batch's bytes
+    (``sum(length_list)``), one transfer, its wall time; a negative return is a failure. Everything else
+    reaches the real engine. The original call runs exactly once, whatever recording does."""
+
+    __slots__ = ("_engine", "_connector")
+
+    def __init__(self, engine, connector: str) -> None:
+        self._engine = engine
+        self._connector = connector
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def batch_transfer_sync_read(self, session_id, src_list, dst_list, length_list):
+        start = perf_counter()
+        ret = self._engine.batch_transfer_sync_read(session_id, src_list, dst_list, length_list)
+        self._record(ret, length_list, perf_counter() - start)
+        return ret
+
+    def batch_transfer_sync_write(self, session_id, src_list, dst_list, length_list):
+        start = perf_counter()
+        ret = self._engine.batch_transfer_sync_write(session_id, src_list, dst_list, length_list)
+        self._record(ret, length_list, perf_counter() - start)
+        return ret
+
+    def _record(self, ret, length_list, seconds: float) -> None:
+        try:
+            if isinstance(ret, int) and ret < 0:
+                record_failure("remote", self._connector, phase=UNKNOWN)
+            else:
+                record_transfer("remote", self._connector, sum(length_list), 1, seconds, phase=UNKNOWN)
+        except Exception:
+            report(_METERED, "Mooncake TransferEngine batch transfer")
+
+
+_METERED = Handler()
+_METERED.name = "kv_transfer:MooncakeTransferEngine"  # what a recording failure's log line names
+
+
+class AscendMooncakeThreadInit(Handler):
+    """``__init__`` of vllm-ascend's Mooncake transfer threads (``KVCacheRecvingThread`` of the P2P and
+    hybrid connectors, which pull remote KV with ``batch_transfer_sync_read`` in
+    ``_transfer_kv_cache_all_groups``; ``KVCacheSendingLayerThread`` of the layerwise connector, which pushes
+    with ``batch_transfer_sync_write``): the thread's ``engine`` becomes a ``_MeteredEngine``. The transfers
+    run on that thread, in no worker step: phase ``unknown``; direction ``remote``."""
+
+    reads_args = 1  # self
+    connector = "MooncakeConnector"
+
+    def after(self, state, args, kwargs, result):
+        thread = args[0]
+        engine = getattr(thread, "engine", None)
+        if engine is not None and not isinstance(engine, _MeteredEngine):
+            thread.engine = _MeteredEngine(engine, self.connector)
+
+
+class AscendMooncakeLayerwiseThreadInit(AscendMooncakeThreadInit):
+    connector = "MooncakeLayerwiseConnector"
+
+
+_ASCEND_STORE = "AscendStoreConnector"
+
+
+def _nbytes(sizes) -> int:
+    return sum(sum(per_key) for per_key in sizes)
+
+
+class AscendStorePut(Handler):
+    """An AscendStore backend's ``put(keys, addrs, sizes)`` (Mooncake store, Memcache, Yuanrong): the
+    keys' bytes (``sizes``: per key, the sizes of its buffers) leave the KV cache (d2h, into the pool),
+    one transfer per key; the call's wall time. The backends log a failed put and return nothing, so a
+    put is counted as done. Called from the connector's sending threads: phase ``unknown``."""
+
+    reads_args = RowParams()  # self, keys, addrs, sizes
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        keys, sizes = args[1], args[3]
+        if keys:
+            record_transfer("d2h", _ASCEND_STORE, _nbytes(sizes), len(keys), perf_counter() - start, phase=UNKNOWN)
+
+
+class AscendStoreGet(Handler):
+    """An AscendStore backend's ``get(keys, addrs, sizes)``: the keys it loaded into the KV cache (h2d),
+    one transfer per key, by its result (per key, 0 = loaded, as vllm-ascend's ``record_failed_blocks``
+    reads it); the keys with another code are failures, and a None result (the backend caught an error,
+    or its store is not initialised; it logged "Failed to get") fails every key. The call's wall time.
+    Called from the connector's receiving threads: phase ``unknown``."""
+
+    reads_args = RowParams()  # self, keys, addrs, sizes
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        seconds = perf_counter() - start
+        keys, sizes = args[1], args[3]
+        if not keys:
+            return
+        if result is None:
+            record_failure("h2d", _ASCEND_STORE, len(keys), phase=UNKNOWN)
+            return
+        codes = list(result)
+        loaded = [size for size, code in zip(sizes, codes) if code == 0]
+        failed = len(keys) - len(loaded)
+        if loaded:
+            record_transfer("h2d", _ASCEND_STORE, _nbytes(loaded), len(loaded), seconds, phase=UNKNOWN)
+        if failed:
+            record_failure("h2d", _ASCEND_STORE, failed, phase=UNKNOWN)

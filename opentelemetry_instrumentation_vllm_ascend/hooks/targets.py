@@ -686,6 +686,38 @@ TARGETS: tuple[Target, ...] = (
             ("mooncake", "MooncakeKVConnectorStats.record_failed_recv", "MooncakeFailedTransfer", (), _KV_FAILURES),
         )
     ),
+    # vllm-ascend's Mooncake P2P / layerwise transfer threads (their engine is metered) and AscendStore backends.
+    *(
+        Target(
+            f"vllm_ascend.distributed.kv_transfer.{module}",
+            qualname,
+            SYNC,
+            f"kv_transfer:{handler}",
+            vllm_ascend=">=0.23.0",
+            feeds=_KV_TRANSFER_FEEDS[:3] + (() if handler == "AscendStorePut" else _KV_FAILURES),
+            params=params,
+            process=WORKER,
+        )
+        for module, qualname, handler, params in (
+            ("kv_p2p.mooncake_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit", ()),
+            ("kv_p2p.mooncake_hybrid_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit", ()),
+            (
+                "kv_p2p.mooncake_layerwise_connector",
+                "KVCacheSendingLayerThread.__init__",
+                "AscendMooncakeLayerwiseThreadInit",
+                (),
+            ),
+            *(
+                (f"kv_pool.ascend_store.backend.{module}", f"{cls}.{method}", f"AscendStore{method.title()}", params)
+                for module, cls, params in (
+                    ("mooncake_backend", "MooncakeBackend", ("keys", "addrs", "sizes")),
+                    ("memcache_backend", "MemcacheBackend", ("key", "addr", "size")),
+                    ("yuanrong_backend", "YuanrongBackend", ("keys", "addrs", "sizes")),
+                )
+                for method in ("put", "get")
+            ),
+        )
+    ),
     Target(
         _SCHED,
         "Scheduler.__init__",
