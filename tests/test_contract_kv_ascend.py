@@ -135,3 +135,52 @@ def test_store_results_mean_what_the_handlers_read(tree):
         assert all(r.value is None for r in ast.walk(put) if isinstance(r, ast.Return)), cls
         get = next(n for n in node.body if getattr(n, "name", None) == "get")
         assert any(isinstance(r, ast.Return) and r.value is not None for r in ast.walk(get)), cls
+
+
+# -- NPU KV offload: no row of its own, and why ------------------------------------------------------------------
+
+#: The newest vllm-ascend on PyPI, where the NPU offload worker (``NPUOffloadingWorker``) exists. It targets vLLM
+#: 0.30.0 (its docs/source/community/versioning_policy.md), not a supported vLLM; read over vLLM 0.32.0, the first
+#: supported vLLM with the same OffloadingConnectorWorker interface.
+ASCEND_WITH_NPU_OFFLOAD = "0.30.0rc2"
+_NATIVE = _KV + "kv_pool.kv_offload.native."
+
+
+def test_npu_offload_of_0_23_0_post1_cannot_load_on_vllm_0_23(tree):
+    """vllm-ascend 0.23.0.post1's NPU offload spec (``vllm_ascend/kv_offload/npu.py``, the module its docs name
+    in ``spec_module_path``) imports vLLM modules that vLLM 0.23.0 does not have: it fails with an ImportError,
+    so there is nothing to hook on that combination."""
+    module = tree.module("vllm_ascend.kv_offload.npu")
+    imported = {n.module for n in ast.walk(module) if isinstance(n, ast.ImportFrom) and n.module.startswith("vllm.")}
+    missing = {m for m in imported if tree.module(m) is None}
+    assert missing == {"vllm.v1.kv_offload.abstract", "vllm.v1.kv_offload.mediums", "vllm.v1.kv_offload.spec"}
+
+
+def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
+    """Where vllm-ascend has an NPU offload worker (0.30.0rc2), its connector worker subclasses vLLM's
+    OffloadingConnectorWorker without overriding the methods our rows hook (``prepare_store_kv``,
+    ``start_kv_transfers``, ``get_finished``) and its handlers complete jobs with ``TransferResult(transfer_size,
+    transfer_time)`` timed by NPU events: vLLM's own ``transfer_stats``, which our OffloadingConnectorWorker rows
+    read, carry them. Every vLLM module it imports exists in vLLM 0.32."""
+    from test_contract_vllm import tree_for
+
+    ascend = SourceTree.from_archive(sdist("vllm-ascend", ASCEND_WITH_NPU_OFFLOAD), strip_prefix=True)
+    both = SourceTree({**tree_for("0.32.0").files, **ascend.files})
+    found = both.find_class(_NATIVE + "offloading_connector", "AscendOffloadingConnectorWorker")
+    assert found is not None
+    where, node = found
+    base = both.resolve_base(where, node.bases[0])
+    assert base is not None and base[1].name == "OffloadingConnectorWorker"
+    assert base[0] == "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker"
+    defined = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+    assert defined.isdisjoint({"prepare_store_kv", "start_kv_transfers", "get_finished"}), defined
+    worker = both.find_class(_NATIVE + "cpu_npu", "NPUOffloadingWorker")
+    assert worker is not None and both.resolve_base(worker[0], worker[1].bases[0])[1].name == "OffloadingWorker"
+    source = ascend.files["vllm_ascend/distributed/kv_transfer/kv_pool/kv_offload/native/cpu_npu.py"]
+    assert "transfer_size=transfer.num_bytes" in source
+    assert "transfer_time = transfer.start_event.elapsed_time(transfer.end_event) * 1e-3" in source
+    for path, text in ascend.files.items():
+        if path.startswith("vllm_ascend/distributed/kv_transfer/kv_pool/kv_offload/native/"):
+            for n in ast.walk(ast.parse(text)):
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("vllm."):
+                    assert both.module(n.module) is not None, (path, n.module)
