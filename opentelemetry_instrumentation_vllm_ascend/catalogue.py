@@ -873,6 +873,18 @@ KV_CONNECTOR_CATALOGUE: tuple[MetricSpec, ...] = (
         labels=_KV_LABELS,
     ),
 )
+KV_CONNECTOR_CATALOGUE += (
+    _gauge(
+        "memory:weight_offload_bytes",
+        "By",
+        "Bytes of model weights a weight offloader keeps in host memory instead of the device (vLLM's "
+        "--cpu-offload-gb / --offload-backend), per worker: UVAOffloader's cpu_offload_bytes after each "
+        "wrap_modules (0 on vLLM's CPU build, whose parameters are already on CPU), PrefetchOffloader's and "
+        "vllm-ascend's NPUPrefetchOffloader's total_offloaded_bytes after post_init. offloader: its class name. "
+        "The host-to-device copies of offloaded weights are not counted (docs/time-budget.md says why).",
+        labels=STEP_LABELS + ("offloader",),
+    ),
+)
 CATALOGUE = CATALOGUE + KV_CONNECTOR_CATALOGUE
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}

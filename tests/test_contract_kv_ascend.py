@@ -184,3 +184,15 @@ def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
             for n in ast.walk(ast.parse(text)):
                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("vllm."):
                     assert both.module(n.module) is not None, (path, n.module)
+
+
+def test_npu_prefetch_offloader_sums_its_offloaded_bytes_in_post_init(tree):
+    _, node = tree.find_class("vllm_ascend.model_executor.offloader.prefetch", "NPUPrefetchOffloader")
+    post_init = next(n for n in node.body if getattr(n, "name", None) == "post_init")
+    assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(post_init)
+
+
+def test_npu_runner_installs_its_prefetch_offloader(tree):
+    """paths.py's NPU fact for memory:weight_offload_bytes."""
+    source = tree.files["vllm_ascend/worker/model_runner_v1.py"]
+    assert "set_offloader(NPUPrefetchOffloader(" in source

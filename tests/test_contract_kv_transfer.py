@@ -91,3 +91,22 @@ def test_mooncake_records_the_timed_synchronous_send(version):
     assert "total_bytes=sum(lengths)" in text and "duration_s=duration" in text
     assert "duration = time.perf_counter() - start_time" in text
     assert "self.xfer_stats.record_failed_transfer()" in text
+
+
+@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+def test_weight_offloaders_keep_the_totals_the_handlers_read(version):
+    """UVAOffloader adds each offloaded parameter's bytes to ``cpu_offload_bytes`` (skipping parameters already
+    on CPU); without UVA its copies run in a closure installed as the module's forward (``functional_call``: no
+    hookable point, so no h2d bytes); PrefetchOffloader sums ``total_offloaded_bytes`` in ``post_init``."""
+    import ast
+
+    tree = tree_for(version)
+    func = _method(tree, "vllm.model_executor.offloader.uva", "UVAOffloader._maybe_offload_to_cpu")
+    text = ast.unparse(func)
+    assert "self.cpu_offload_bytes += p.data.numel() * p.data.element_size()" in text
+    assert "if device == torch.device('cpu'):\n        return module" in text
+    closures = [n for n in func.body if isinstance(n, ast.If) for s in ast.walk(n) if isinstance(s, ast.FunctionDef)]
+    assert closures and "functional_call(" in ast.unparse(closures[0]) and "module.forward = forward" in text
+    assert "cpu_offload_bytes" in tree.members("vllm.model_executor.offloader.uva", "UVAOffloader")
+    post_init = _method(tree, "vllm.model_executor.offloader.prefetch", "PrefetchOffloader.post_init")
+    assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(post_init)

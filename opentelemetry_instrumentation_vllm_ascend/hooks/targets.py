@@ -718,6 +718,33 @@ TARGETS: tuple[Target, ...] = (
             ),
         )
     ),
+    # Weight offloading: the resident offloaded bytes where vLLM / vllm-ascend decide them.
+    *(
+        Target(
+            module,
+            qualname,
+            SYNC,
+            handler,
+            vllm_ascend=ascend,
+            feeds=("memory:weight_offload_bytes",),
+            process=WORKER,
+        )
+        for module, qualname, handler, ascend in (
+            ("vllm.model_executor.offloader.uva", "UVAOffloader.wrap_modules", "weight_offload:UVAWrapModules", None),
+            (
+                "vllm.model_executor.offloader.prefetch",
+                "PrefetchOffloader.post_init",
+                "weight_offload:PrefetchPostInit",
+                None,
+            ),
+            (
+                "vllm_ascend.model_executor.offloader.prefetch",
+                "NPUPrefetchOffloader.post_init",
+                "weight_offload:PrefetchPostInit",
+                ">=0.23.0",
+            ),
+        )
+    ),
     Target(
         _SCHED,
         "Scheduler.__init__",
