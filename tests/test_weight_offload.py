@@ -45,3 +45,14 @@ def test_the_gauge_follows_the_offloaders_own_totals(metrics):
     assert series(metrics, "NPUPrefetchOffloader") == 3 * 2**20
     weight_offload.PrefetchPostInit().after(None, (SimpleNamespace(),), None, None)  # no total: nothing set
     assert series(metrics, "SimpleNamespace") is None
+
+
+def test_disabled_gauge_leaves_the_offloader_unhooked(metrics, monkeypatch):
+    from conftest import instrumented
+
+    monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "memory:weight_offload_bytes")
+    original = uva.UVAOffloader.wrap_modules
+    with instrumented(monkeypatch):
+        assert uva.UVAOffloader.wrap_modules is original
+        uva.UVAOffloader(cpu_offload_max_bytes=1).wrap_modules(iter([torch.nn.Linear(2, 2)]))
+    assert series(metrics, "UVAOffloader") is None
