@@ -459,3 +459,11 @@ class AscendStoreGet(Handler):
             record_transfer("h2d", _ASCEND_STORE, _nbytes(loaded), len(loaded), seconds, phase=UNKNOWN)
         if failed:
             record_failure("h2d", _ASCEND_STORE, failed, phase=UNKNOWN)
+
+
+class MemcacheStorePut(AscendStorePut):
+    """``MemcacheBackend.put(key, addr, size)``: AscendStorePut under the backend's own parameter names."""
+
+
+class MemcacheStoreGet(AscendStoreGet):
+    """``MemcacheBackend.get(key, addr, size)``: AscendStoreGet under the backend's own parameter names."""

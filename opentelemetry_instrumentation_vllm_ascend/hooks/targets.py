@@ -694,7 +694,7 @@ TARGETS: tuple[Target, ...] = (
             SYNC,
             f"kv_transfer:{handler}",
             vllm_ascend=">=0.23.0",
-            feeds=_KV_TRANSFER_FEEDS[:3] + (() if handler == "AscendStorePut" else _KV_FAILURES),
+            feeds=_KV_TRANSFER_FEEDS[:3] + (() if handler.endswith("StorePut") else _KV_FAILURES),
             params=params,
             process=WORKER,
         )
@@ -708,11 +708,11 @@ TARGETS: tuple[Target, ...] = (
                 (),
             ),
             *(
-                (f"kv_pool.ascend_store.backend.{module}", f"{cls}.{method}", f"AscendStore{method.title()}", params)
-                for module, cls, params in (
-                    ("mooncake_backend", "MooncakeBackend", ("keys", "addrs", "sizes")),
-                    ("memcache_backend", "MemcacheBackend", ("key", "addr", "size")),
-                    ("yuanrong_backend", "YuanrongBackend", ("keys", "addrs", "sizes")),
+                (f"kv_pool.ascend_store.backend.{module}", f"{cls}.{method}", f"{prefix}Store{method.title()}", params)
+                for module, cls, prefix, params in (
+                    ("mooncake_backend", "MooncakeBackend", "Ascend", ("keys", "addrs", "sizes")),
+                    ("memcache_backend", "MemcacheBackend", "Memcache", ("key", "addr", "size")),
+                    ("yuanrong_backend", "YuanrongBackend", "Ascend", ("keys", "addrs", "sizes")),
                 )
                 for method in ("put", "get")
             ),
