@@ -736,15 +736,19 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "out of it, remote: to or from another node). ExampleConnector: per layer and request, the tokens of "
         "its slot mapping times the layer's bytes per token (the tensor payload of the safetensors file it "
         "writes or reads). OffloadingConnector: each completed job's transfer_size (what "
-        "vllm:kv_offload_{load,store}_bytes count)." + _KV_CONNECTORS,
+        "vllm:kv_offload_{load,store}_bytes count). NixlConnector / MooncakeConnector (remote): the bytes of each "
+        "transfer their stats record (vllm:nixl_bytes_transferred; Mooncake's sends). vllm-ascend: its Mooncake "
+        "P2P / layerwise connectors' sum(length_list) per batch read or write (remote); AscendStoreConnector: the "
+        "sizes of the keys a backend put (d2h) or loaded (h2d)." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
     _counter(
         "kv_transfer:count",
         "{transfer}",
         "KV transfers, by direction: ExampleConnector: one per file written or read (a request's layer); "
-        "OffloadingConnector: one per completed job (as vllm:kv_offload_{load,store}_size counts them)."
-        + _KV_CONNECTORS,
+        "OffloadingConnector: one per completed job (as vllm:kv_offload_{load,store}_size counts them); "
+        "NixlConnector: one per completed transfer handle; MooncakeConnector (vLLM's and vllm-ascend's): one per "
+        "batch; AscendStoreConnector: one per key." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
     _timer(
@@ -753,7 +757,9 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "save_kv_layer (the layer's stores) or start_load_kv (the step's loads), which copy synchronously. "
         "OffloadingConnector: the transfer time its worker reports (device time on vLLM's CUDA/XPU worker) of "
         "the jobs one get_finished poll completed, one observation per poll and direction (split by bytes "
-        "between phases); vLLM 0.23: per job." + _KV_CONNECTORS,
+        "between phases); vLLM 0.23: per job. NixlConnector: NIXL's own xferDuration of the transfer; "
+        "MooncakeConnector (vLLM's and vllm-ascend's), AscendStoreConnector: the wall time of the synchronous "
+        "batch call." + _KV_CONNECTORS,
         FINE_SECONDS,
         labels=_KV_LABELS,
     ),
@@ -906,6 +912,35 @@ GENAI_SERVER = (
     ),
 )
 CATALOGUE = CATALOGUE + GENAI_SERVER
+
+# -- KV connectors' failures and weight offloading (handlers/kv_transfer.py, handlers/memory.py) ------------------
+KV_CONNECTOR_CATALOGUE: tuple[MetricSpec, ...] = (
+    _counter(
+        "kv_transfer:failures",
+        "{transfer}",
+        "KV transfers a connector reported as failed, by direction and connector: NixlConnector's "
+        "record_failed_transfer (a transfer handle that ended in neither DONE nor PROC, or a read that could not be "
+        "posted; vLLM 0.32+'s vllm:nixl_num_failed_transfers also counts failed handshakes and notifications, "
+        "these do not), MooncakeConnector's record_failed_transfer (a failed send) and record_failed_recv (a "
+        "request whose remote KV load failed), vllm-ascend's Mooncake batch reads / writes that returned a negative "
+        "code, and AscendStore keys a get did not load. Only connectors that report failures are counted: see "
+        "docs/time-budget.md." + _KV_CONNECTORS,
+        labels=_KV_LABELS,
+    ),
+)
+KV_CONNECTOR_CATALOGUE += (
+    _gauge(
+        "memory:weight_offload_bytes",
+        "By",
+        "Bytes of model weights a weight offloader keeps in host memory instead of the device (vLLM's "
+        "--cpu-offload-gb / --offload-backend), per worker: UVAOffloader's cpu_offload_bytes after each "
+        "wrap_modules (0 on vLLM's CPU build, whose parameters are already on CPU), PrefetchOffloader's and "
+        "vllm-ascend's NPUPrefetchOffloader's total_offloaded_bytes after post_init. offloader: its class name. "
+        "The host-to-device copies of offloaded weights are not counted (docs/time-budget.md says why).",
+        labels=STEP_LABELS + ("offloader",),
+    ),
+)
+CATALOGUE = CATALOGUE + KV_CONNECTOR_CATALOGUE
 
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 #: What one EPLB cycle (EplbWorker.do_update) sets.

@@ -198,6 +198,12 @@ TRUTH: dict[str, dict] = {
             "eplb:log2phy_map_update:duration",
         )
     },
+    "memory:weight_offload_bytes": {
+        "npu": fed(
+            "with `--offload-backend prefetch`, vllm-ascend's NPUModelRunner replaces vLLM's PrefetchOffloader with "
+            "its NPUPrefetchOffloader (offloader=NPUPrefetchOffloader); the UVA backend is vLLM's UVAOffloader"
+        ),
+    },
 }
 
 

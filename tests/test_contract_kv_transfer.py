@@ -47,3 +47,66 @@ def test_every_attribute_the_kv_handlers_read_exists(version):
         for p in check_read(tree, Read(module, cls, attribute))
     ]
     assert problems == [], f"vLLM {version}"
+
+
+def _method(tree, module, qualname):
+    import ast
+
+    cls, name = qualname.split(".")
+    found = tree.find_class(module, cls)
+    assert found is not None, f"{module}:{cls}"
+    return next(n for n in found[1].body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+def test_nixl_record_transfer_reads_the_telemetry_fields_the_handler_reads(version):
+    """NixlRecordTransfer reads ``res.totalBytes`` and ``res.xferDuration`` (µs) of the nixlXferTelemetry
+    vLLM's own record_transfer receives (NIXL's type, not in vLLM's source): vLLM reads the same fields,
+    and divides the duration by 1e6, in every version."""
+    import ast
+
+    func = _method(
+        tree_for(version),
+        "vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats",
+        "NixlKVConnectorStats.record_transfer",
+    )
+    read = {n.attr for n in ast.walk(func) if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) == "res"}
+    assert {"totalBytes", "xferDuration", "descCount"} <= read
+    assert "res.xferDuration / 1000000.0" in ast.unparse(func)  # 1e6, as ast writes it
+
+
+@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+def test_mooncake_records_the_timed_synchronous_send(version):
+    """MooncakeRecordTransfer takes ``duration_s`` as the wall time of one synchronous
+    ``batch_transfer_sync_write`` and ``total_bytes`` as its lengths' sum: what ``_send_blocks`` passes."""
+    import ast
+
+    func = _method(
+        tree_for(version),
+        "vllm.distributed.kv_transfer.kv_connector.v1.mooncake.mooncake_connector",
+        "MooncakeConnectorWorker._send_blocks",
+    )
+    text = ast.unparse(func)
+    assert "self.engine.batch_transfer_sync_write(" in text
+    assert "total_bytes=sum(lengths)" in text and "duration_s=duration" in text
+    assert "duration = time.perf_counter() - start_time" in text
+    assert "self.xfer_stats.record_failed_transfer()" in text
+
+
+@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+def test_weight_offloaders_keep_the_totals_the_handlers_read(version):
+    """UVAOffloader adds each offloaded parameter's bytes to ``cpu_offload_bytes`` (skipping parameters already
+    on CPU); without UVA its copies run in a closure installed as the module's forward (``functional_call``: no
+    hookable point, so no h2d bytes); PrefetchOffloader sums ``total_offloaded_bytes`` in ``post_init``."""
+    import ast
+
+    tree = tree_for(version)
+    func = _method(tree, "vllm.model_executor.offloader.uva", "UVAOffloader._maybe_offload_to_cpu")
+    text = ast.unparse(func)
+    assert "self.cpu_offload_bytes += p.data.numel() * p.data.element_size()" in text
+    assert "if device == torch.device('cpu'):\n        return module" in text
+    closures = [n for n in func.body if isinstance(n, ast.If) for s in ast.walk(n) if isinstance(s, ast.FunctionDef)]
+    assert closures and "functional_call(" in ast.unparse(closures[0]) and "module.forward = forward" in text
+    assert "cpu_offload_bytes" in tree.members("vllm.model_executor.offloader.uva", "UVAOffloader")
+    post_init = _method(tree, "vllm.model_executor.offloader.prefetch", "PrefetchOffloader.post_init")
+    assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(post_init)

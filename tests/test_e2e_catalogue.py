@@ -44,6 +44,8 @@ NOT_ON_CPU = {
         f"kv_transfer:{m}": "needs a KV connector (test_e2e_kv_transfer.py, test_e2e_kv_offload.py)"
         for m in ("bytes", "count", "duration", "blocking:duration")
     },
+    "kv_transfer:failures": "needs a remote KV connector that fails (NIXL, Mooncake, vllm-ascend's)",
+    "memory:weight_offload_bytes": "needs --cpu-offload-gb or --offload-backend (test_weight_offload.py)",
     **{
         f"engine:memory:{m}": "not stored by vLLM's CPU worker"
         for m in ("total_gb", "reserved_gb", "weights_gb", "non_torch_gb", "activation_gb", "graph_gb")

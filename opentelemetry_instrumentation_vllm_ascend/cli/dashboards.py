@@ -32,6 +32,8 @@ EVENT_ONLY = {
     "KV transfers per second by direction": "a KV connector (offloading, P/D disaggregation) only",
     "KV transfer duration": "a KV connector (offloading, P/D disaggregation) only",
     "Step time blocked on KV transfers (seconds per second)": "a KV connector (offloading, P/D disaggregation) only",
+    "KV transfer failures": "appears at a connector's first failed transfer (NIXL, Mooncake, vllm-ascend's)",
+    "Weights offloaded to host memory": "--cpu-offload-gb or --offload-backend only",
 }
 
 #: Dashboard variables: (name, label, query). Every one is multi-valued with "All" = ``.*``, so a series that
@@ -401,6 +403,13 @@ def sections() -> list[tuple[str, list[Panel]]]:
             ("npu:utilization",),
             spec("npu:utilization").description,
         ),
+        Panel(
+            "Weights offloaded to host memory",
+            "bytes",
+            [("{{offloader}} " + _LEG, gauge("memory:weight_offload_bytes", ("instance", "dp", "offloader"), "sum"))],
+            ("memory:weight_offload_bytes",),
+            spec("memory:weight_offload_bytes").description,
+        ),
     ]
     budget = [
         Panel(
@@ -482,6 +491,18 @@ def sections() -> list[tuple[str, list[Panel]]]:
             [(_LEG_PHASE, sum_rate("kv_transfer:blocking:duration", ("instance", "dp", "phase")))],
             ("kv_transfer:blocking:duration",),
             spec("kv_transfer:blocking:duration").description,
+        ),
+        Panel(
+            "KV transfer failures",
+            "short",
+            [
+                (
+                    "{{direction}} {{connector}} " + _LEG,
+                    increase("kv_transfer:failures", ("instance", "dp", "direction", "connector")),
+                )
+            ],
+            ("kv_transfer:failures",),
+            spec("kv_transfer:failures").description,
         ),
     ]
     return [
@@ -736,6 +757,14 @@ def alert_rules() -> list[dict]:
             "10m",
             "warning",
             "{{ $labels.instance }} reported vllm_profiling_ metrics an hour ago and reports none now.",
+        ),
+        _alert(
+            "VLLMAscendKVTransferFailures",
+            _any_event(spec("kv_transfer:failures").prometheus_name, f"{g}, direction, connector"),
+            None,
+            "warning",
+            "{{ $labels.instance }} dp={{ $labels.dp }}: {{ $labels.connector }} reported failed KV transfers"
+            " ({{ $labels.direction }}).",
         ),
     ]
 

@@ -15,7 +15,7 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import M
-from ..hooks.handler import Handler, RowParams
+from ..hooks.handler import Handler, RowParams, report
 from ..state import STATE, UNKNOWN
 
 _BYTES = M["kv_transfer:bytes"]
@@ -281,3 +281,189 @@ class OffloadingWorkerGetFinished(Handler):
                 continue
             direction = "h2d" if kind[1] in _DEVICE_MEDIA else "d2h" if kind[0] in _DEVICE_MEDIA else "remote"
             record_transfer(direction, _OFFLOADING, size, 1, r.transfer_time, phase=phase)
+
+
+# -- remote connectors' own transfer stats (vLLM's NIXL and Mooncake connectors) ---------------------------
+
+_FAILURES = M["kv_transfer:failures"]
+_NIXL = "NixlConnector"
+_MOONCAKE = "MooncakeConnector"
+
+
+def record_failure(direction: str, connector: str, count: int = 1, phase: str | None = None) -> None:
+    """``count`` transfers the connector reported as failed."""
+    recording.add(_FAILURES, count, labels_of(phase or STATE.last_step_phase, direction, connector))
+
+
+class NixlRecordTransfer(Handler):
+    """``NixlKVConnectorStats.record_transfer(res)``: one completed NIXL transfer (the worker's
+    ``_pop_done_transfers`` found its handle DONE, polled in the worker step, so the phase is the polling
+    step's): NIXL's telemetry ``totalBytes`` and ``xferDuration`` (µs, as NIXL measured the transfer),
+    the values behind ``vllm:nixl_bytes_transferred`` and ``vllm:nixl_xfer_time_seconds``. vLLM 0.32+
+    passes None when NIXL gave no telemetry: nothing is recorded, as vLLM records nothing."""
+
+    reads_args = RowParams()  # self, res
+
+    def after(self, state, args, kwargs, result):
+        res = args[1]
+        if res is not None:
+            record_transfer("remote", _NIXL, res.totalBytes, 1, res.xferDuration / 1e6)
+
+
+class MooncakeRecordTransfer(Handler):
+    """``MooncakeKVConnectorStats.record_transfer(duration_s, total_bytes, num_descs)``: one successful
+    ``batch_transfer_sync_write`` of the prefill side's sender pool (``MooncakeConnectorWorker._send_blocks``):
+    its bytes and the wall time vLLM measured around the synchronous call. It runs on a sender thread, in no
+    worker step: phase ``unknown``."""
+
+    reads_args = RowParams()  # self, duration_s, total_bytes
+
+    def after(self, state, args, kwargs, result):
+        record_transfer("remote", _MOONCAKE, args[2], 1, args[1], phase=UNKNOWN)
+
+
+class NixlFailedTransfer(Handler):
+    """``NixlKVConnectorStats.record_failed_transfer()``: a NIXL transfer that failed (a handle not DONE
+    nor in progress, or a read that could not be posted), in the worker step that found it."""
+
+    reads_args = 0
+
+    def after(self, state, args, kwargs, result):
+        record_failure("remote", _NIXL)
+
+
+class MooncakeFailedTransfer(Handler):
+    """``MooncakeKVConnectorStats.record_failed_transfer()`` (a failed send) and ``record_failed_recv()``
+    (a request whose remote KV load failed): on the connector's threads, phase ``unknown``."""
+
+    reads_args = 0
+
+    def after(self, state, args, kwargs, result):
+        record_failure("remote", _MOONCAKE, phase=UNKNOWN)
+
+
+# -- vllm-ascend: Mooncake P2P (kv_p2p) and AscendStore (kv_pool) -----------------------------------------
+
+
+class _MeteredEngine:
+    """Stands in for a Mooncake ``TransferEngine`` in the one thread object that holds it as ``engine``
+    (vllm-ascend's ``KVCacheRecvingThread`` / ``KVCacheSendingLayerThread``, which use it only for
+    ``batch_transfer_sync_read`` / ``_write``: the contract test checks it): each synchronous batch's bytes
+    (``sum(length_list)``), one transfer, its wall time; a negative return is a failure. Everything else
+    reaches the real engine. The original call runs exactly once, whatever recording does."""
+
+    __slots__ = ("_engine", "_connector")
+
+    def __init__(self, engine, connector: str) -> None:
+        self._engine = engine
+        self._connector = connector
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def batch_transfer_sync_read(self, session_id, src_list, dst_list, length_list):
+        start = perf_counter()
+        ret = self._engine.batch_transfer_sync_read(session_id, src_list, dst_list, length_list)
+        self._record(ret, length_list, perf_counter() - start)
+        return ret
+
+    def batch_transfer_sync_write(self, session_id, src_list, dst_list, length_list):
+        start = perf_counter()
+        ret = self._engine.batch_transfer_sync_write(session_id, src_list, dst_list, length_list)
+        self._record(ret, length_list, perf_counter() - start)
+        return ret
+
+    def _record(self, ret, length_list, seconds: float) -> None:
+        try:
+            if isinstance(ret, int) and ret < 0:
+                record_failure("remote", self._connector, phase=UNKNOWN)
+            else:
+                record_transfer("remote", self._connector, sum(length_list), 1, seconds, phase=UNKNOWN)
+        except Exception:
+            report(_METERED, "Mooncake TransferEngine batch transfer")
+
+
+_METERED = Handler()
+_METERED.name = "kv_transfer:MooncakeTransferEngine"  # what a recording failure's log line names
+
+
+class AscendMooncakeThreadInit(Handler):
+    """``__init__`` of vllm-ascend's Mooncake transfer threads (``KVCacheRecvingThread`` of the P2P and
+    hybrid connectors, which pull remote KV with ``batch_transfer_sync_read`` in
+    ``_transfer_kv_cache_all_groups``; ``KVCacheSendingLayerThread`` of the layerwise connector, which pushes
+    with ``batch_transfer_sync_write``): the thread's ``engine`` becomes a ``_MeteredEngine``. The transfers
+    run on that thread, in no worker step: phase ``unknown``; direction ``remote``."""
+
+    reads_args = 1  # self
+    connector = "MooncakeConnector"
+
+    def after(self, state, args, kwargs, result):
+        thread = args[0]
+        engine = getattr(thread, "engine", None)
+        if engine is not None and not isinstance(engine, _MeteredEngine):
+            thread.engine = _MeteredEngine(engine, self.connector)
+
+
+class AscendMooncakeLayerwiseThreadInit(AscendMooncakeThreadInit):
+    connector = "MooncakeLayerwiseConnector"
+
+
+_ASCEND_STORE = "AscendStoreConnector"
+
+
+def _nbytes(sizes) -> int:
+    return sum(sum(per_key) for per_key in sizes)
+
+
+class AscendStorePut(Handler):
+    """An AscendStore backend's ``put(keys, addrs, sizes)`` (Mooncake store, Memcache, Yuanrong): the
+    keys' bytes (``sizes``: per key, the sizes of its buffers) leave the KV cache (d2h, into the pool),
+    one transfer per key; the call's wall time. The backends log a failed put and return nothing, so a
+    put is counted as done. Called from the connector's sending threads: phase ``unknown``."""
+
+    reads_args = RowParams()  # self, keys, addrs, sizes
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        keys, sizes = args[1], args[3]
+        if keys:
+            record_transfer("d2h", _ASCEND_STORE, _nbytes(sizes), len(keys), perf_counter() - start, phase=UNKNOWN)
+
+
+class AscendStoreGet(Handler):
+    """An AscendStore backend's ``get(keys, addrs, sizes)``: the keys it loaded into the KV cache (h2d),
+    one transfer per key, by its result (per key, 0 = loaded, as vllm-ascend's ``record_failed_blocks``
+    reads it); the keys with another code are failures, and a None result (the backend caught an error,
+    or its store is not initialised; it logged "Failed to get") fails every key. The call's wall time.
+    Called from the connector's receiving threads: phase ``unknown``."""
+
+    reads_args = RowParams()  # self, keys, addrs, sizes
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, start, args, kwargs, result):
+        seconds = perf_counter() - start
+        keys, sizes = args[1], args[3]
+        if not keys:
+            return
+        if result is None:
+            record_failure("h2d", _ASCEND_STORE, len(keys), phase=UNKNOWN)
+            return
+        codes = list(result)
+        loaded = [size for size, code in zip(sizes, codes) if code == 0]
+        failed = len(keys) - len(loaded)
+        if loaded:
+            record_transfer("h2d", _ASCEND_STORE, _nbytes(loaded), len(loaded), seconds, phase=UNKNOWN)
+        if failed:
+            record_failure("h2d", _ASCEND_STORE, failed, phase=UNKNOWN)
+
+
+class MemcacheStorePut(AscendStorePut):
+    """``MemcacheBackend.put(key, addr, size)``: AscendStorePut under the backend's own parameter names."""
+
+
+class MemcacheStoreGet(AscendStoreGet):
+    """``MemcacheBackend.get(key, addr, size)``: AscendStoreGet under the backend's own parameter names."""

@@ -108,6 +108,7 @@ _SCHEDULE_FEEDS = (
 )
 _RPC_FEEDS = (c.RPC_ERRORS.seed, "executor:execute_model:duration", "executor:sample_tokens:duration")
 _KV_TRANSFER_FEEDS = ("kv_transfer:bytes", "kv_transfer:count", "kv_transfer:duration", "kv_transfer:blocking:duration")
+_KV_FAILURES = ("kv_transfer:failures",)
 _MEMORY = tuple(spec.seed for spec in c.CATALOGUE if spec.seed.startswith("engine:memory:"))
 #: What the end of a worker step records (sample_tokens ends it): the inference time and the timeline.
 _STEP_END_FEEDS = (
@@ -664,6 +665,90 @@ TARGETS: tuple[Target, ...] = (
         for method, handler, params in (
             ("transfer_async", "OffloadingTransferAsync", ("job_id",)),
             ("get_finished", "OffloadingWorkerGetFinished", ()),
+        )
+    ),
+    # Remote connectors' own stats containers (vLLM 0.23-0.33): what one transfer or one failure carries.
+    *(
+        Target(
+            f"vllm.distributed.kv_transfer.kv_connector.v1.{module}.stats",
+            qualname,
+            SYNC,
+            f"kv_transfer:{handler}",
+            feeds=feeds,
+            params=params,
+            process=WORKER,
+        )
+        for module, qualname, handler, params, feeds in (
+            ("nixl", "NixlKVConnectorStats.record_transfer", "NixlRecordTransfer", ("res",), _KV_TRANSFER_FEEDS[:3]),
+            (
+                "mooncake",
+                "MooncakeKVConnectorStats.record_transfer",
+                "MooncakeRecordTransfer",
+                ("duration_s", "total_bytes"),
+                _KV_TRANSFER_FEEDS[:3],
+            ),
+            ("nixl", "NixlKVConnectorStats.record_failed_transfer", "NixlFailedTransfer", (), _KV_FAILURES),
+            ("mooncake", "MooncakeKVConnectorStats.record_failed_transfer", "MooncakeFailedTransfer", (), _KV_FAILURES),
+            ("mooncake", "MooncakeKVConnectorStats.record_failed_recv", "MooncakeFailedTransfer", (), _KV_FAILURES),
+        )
+    ),
+    # vllm-ascend's Mooncake P2P / layerwise transfer threads (their engine is metered) and AscendStore backends.
+    *(
+        Target(
+            f"vllm_ascend.distributed.kv_transfer.{module}",
+            qualname,
+            SYNC,
+            f"kv_transfer:{handler}",
+            vllm_ascend=">=0.23.0",
+            feeds=_KV_TRANSFER_FEEDS[:3] + (() if handler.endswith("StorePut") else _KV_FAILURES),
+            params=params,
+            process=WORKER,
+        )
+        for module, qualname, handler, params in (
+            ("kv_p2p.mooncake_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit", ()),
+            ("kv_p2p.mooncake_hybrid_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit", ()),
+            (
+                "kv_p2p.mooncake_layerwise_connector",
+                "KVCacheSendingLayerThread.__init__",
+                "AscendMooncakeLayerwiseThreadInit",
+                (),
+            ),
+            *(
+                (f"kv_pool.ascend_store.backend.{module}", f"{cls}.{method}", f"{prefix}Store{method.title()}", params)
+                for module, cls, prefix, params in (
+                    ("mooncake_backend", "MooncakeBackend", "Ascend", ("keys", "addrs", "sizes")),
+                    ("memcache_backend", "MemcacheBackend", "Memcache", ("key", "addr", "size")),
+                    ("yuanrong_backend", "YuanrongBackend", "Ascend", ("keys", "addrs", "sizes")),
+                )
+                for method in ("put", "get")
+            ),
+        )
+    ),
+    # Weight offloading: the resident offloaded bytes where vLLM / vllm-ascend decide them.
+    *(
+        Target(
+            module,
+            qualname,
+            SYNC,
+            handler,
+            vllm_ascend=ascend,
+            feeds=("memory:weight_offload_bytes",),
+            process=WORKER,
+        )
+        for module, qualname, handler, ascend in (
+            ("vllm.model_executor.offloader.uva", "UVAOffloader.wrap_modules", "weight_offload:UVAWrapModules", None),
+            (
+                "vllm.model_executor.offloader.prefetch",
+                "PrefetchOffloader.post_init",
+                "weight_offload:PrefetchPostInit",
+                None,
+            ),
+            (
+                "vllm_ascend.model_executor.offloader.prefetch",
+                "NPUPrefetchOffloader.post_init",
+                "weight_offload:PrefetchPostInit",
+                ">=0.23.0",
+            ),
         )
     ),
     Target(
