@@ -231,6 +231,22 @@ def test_incumbent_handlers_map_and_lock_patch_is_accepted_with_a_reason(tmp_pat
     assert entry.status == userfile.MAPPED and "lock_patch ignored" in entry.reason
 
 
+def test_a_mapped_scope_handler_says_when_its_opt_in_histogram_is_off(tmp_path, monkeypatch):
+    text = (
+        "- symbol: vllm.v1.utils:record_function_or_nullcontext\n"
+        f"  handler: {userfile._MSM}metric_handlers:record_function_timer_hook\n"
+    )
+    monkeypatch.delenv("OTEL_VLLM_ASCEND_ENABLED_METRICS", raising=False)  # the default: scopes off
+    (entry,) = load(tmp_path, text)
+    assert entry.status == userfile.MAPPED
+    assert entry.reason.endswith(
+        "; record_function_or_nullcontext is opt-in and off: name it in OTEL_VLLM_ASCEND_ENABLED_METRICS to record it"
+    )
+    monkeypatch.setenv("OTEL_VLLM_ASCEND_ENABLED_METRICS", "record_function_or_nullcontext")
+    (entry,) = load(tmp_path, text)
+    assert entry.status == userfile.MAPPED and "opt-in" not in entry.reason
+
+
 # -- the incumbent's own files (ms-service-metric 26.0.0, downloaded at test time) ------------------
 @pytest.fixture(scope="module")
 def incumbent_files(tmp_path_factory):

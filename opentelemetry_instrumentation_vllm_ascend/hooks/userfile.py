@@ -32,7 +32,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import catalogue, context
+from .. import catalogue, context, environment
 from ..state import STATE
 from .expressions import Expression, ExpressionError, compile_expression
 from .handler import Handler
@@ -86,6 +86,11 @@ HANDLER_MAP = {
     "record_function_or_nullcontext scope factory)",
     _MSM + "metric_handlers:record_function_timer_hook_vllm_ascend": "model_runner:RecordFunction (vllm-ascend "
     "times the same scopes through record_function_or_nullcontext since v0.13)",
+}
+#: Mapped handlers whose built-in metric is opt-in (catalogue.OPT_IN): the entry's status says when it is off.
+HANDLER_OPT_IN = {
+    _MSM + "metric_handlers:record_function_timer_hook": ("record_function_or_nullcontext",),
+    _MSM + "metric_handlers:record_function_timer_hook_vllm_ascend": ("record_function_or_nullcontext",),
 }
 
 
@@ -292,6 +297,11 @@ def _entry(raw, entry: Entry, seen: dict, feeds: dict, vllm, ascend) -> None:
         entry.reason = f"handler {handler.rsplit(':', 1)[1]} -> built-in {mapped}" + (
             "; lock_patch ignored (control gates every hook alike)" if lock else ""
         )
+        off = [seed for seed in HANDLER_OPT_IN.get(handler, ()) if environment.opt_in_off(seed)]
+        if off:
+            entry.reason += (
+                f"; {', '.join(off)} is opt-in and off: name it in {environment.ENABLED_METRICS} to record it"
+            )
         return
     if not isinstance(metrics, list) or not metrics:
         raise _Rejected("an entry needs a non-empty metrics list (or a handler)")
