@@ -6,6 +6,7 @@ on any source tree (an installed package directory, a wheel, an sdist)."""
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import re
 import zipfile
@@ -278,6 +279,36 @@ def overrides_without_base_call(tree: SourceTree, module: str, qualname: str, me
 
 def positional_params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
     return [a.arg for a in func.args.posonlyargs + func.args.args]
+
+
+def fake_problems(tree: SourceTree, fakes, *, check_init: bool = False) -> list[str]:
+    """Where test fakes differ from the real classes they stand for: ``fakes`` are (fake class, an instance
+    or None, module, class name, names only the tests use). Each method of the fake (``__init__`` too with
+    ``check_init``) is a method of the real class whose positional parameters begin with the fake's; each
+    instance attribute is a member of the real class."""
+    problems = []
+    for fake, instance, module, cls, test_only in fakes:
+        members = tree.members(module, cls)
+        if not members:
+            problems.append(f"{module}:{cls}: class not found")
+            continue
+        for name, value in vars(fake).items():
+            dunder = name.startswith("__") and not (check_init and name == "__init__")
+            if dunder or name in test_only or not callable(value):
+                continue
+            real = members.get(name)
+            if real is None or not hasattr(real, "args"):
+                problems.append(f"{cls}.{name}: not a method of the real class")
+                continue
+            parameters = inspect.signature(getattr(value, "__wrapped__", value)).parameters.values()
+            positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            fake_params = [p.name for p in parameters if p.kind in positional]
+            if positional_params(real)[: len(fake_params)] != fake_params:
+                problems.append(f"{cls}.{name}: fake {fake_params} vs real {positional_params(real)}")
+        for name in vars(instance) if instance is not None else ():
+            if name not in test_only and name not in members:
+                problems.append(f"{cls}.{name}: attribute not in the real class")
+    return problems
 
 
 def check_target(tree: SourceTree, target) -> list[str]:

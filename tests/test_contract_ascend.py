@@ -9,6 +9,7 @@ from contract import (
     SourceTree,
     check_read,
     check_target,
+    fake_problems,
 )
 from packaging.version import Version
 from source_archives import sdist
@@ -115,34 +116,7 @@ def _fakes():
 
 
 def test_fakes_have_the_real_classes_methods_and_attributes(tree):
-    import inspect
-
-    from contract import positional_params
-
-    problems = []
-    for fake, instance, module, cls, test_only in _fakes():
-        members = tree.members(module, cls)
-        assert members, f"{module}:{cls} not found"
-        for name, value in vars(fake).items():
-            if name.startswith("__") or name in test_only or not callable(value):
-                continue
-            function = getattr(value, "__wrapped__", value)
-            real = members.get(name)
-            if real is None or not hasattr(real, "args"):
-                problems.append(f"{cls}.{name}: not a method of the real class")
-                continue
-            fake_params = [
-                p
-                for p in inspect.signature(function).parameters
-                if inspect.signature(function).parameters[p].kind
-                in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-            ]
-            if positional_params(real)[: len(fake_params)] != fake_params:
-                problems.append(f"{cls}.{name}: fake {fake_params} vs real {positional_params(real)}")
-        for name in vars(instance) if instance is not None else ():
-            if name not in test_only and name not in members:
-                problems.append(f"{cls}.{name}: attribute not in the real class")
-    assert problems == []
+    assert fake_problems(tree, _fakes()) == []
 
 
 def test_fake_enums_match_the_real_ones(tree):

@@ -5,10 +5,9 @@ what vllm-ascend itself reads them as. The rows themselves (symbols, parameters)
 ``test_contract_ascend.py``."""
 
 import ast
-import inspect
 
 import pytest
-from contract import SourceTree, positional_params
+from contract import SourceTree, fake_problems
 from source_archives import sdist
 
 _KV = "vllm_ascend.distributed.kv_transfer."
@@ -55,24 +54,7 @@ def _fakes():
 
 
 def test_fakes_have_the_real_classes_methods_and_attributes(tree):
-    problems = []
-    for fake, instance, module, cls, test_only in _fakes():
-        members = tree.members(module, cls)
-        assert members, f"{module}:{cls}"
-        for name, value in vars(fake).items():
-            if name.startswith("__") and name != "__init__" or not callable(value) or name in test_only:
-                continue
-            real = members.get(name)
-            if real is None or not hasattr(real, "args"):
-                problems.append(f"{cls}.{name}: not a method of the real class")
-                continue
-            fake_params = list(inspect.signature(value).parameters)
-            if positional_params(real)[: len(fake_params)] != fake_params:
-                problems.append(f"{cls}.{name}: fake {fake_params} vs real {positional_params(real)}")
-        for name in vars(instance) if instance is not None else ():
-            if name not in members:
-                problems.append(f"{cls}.{name}: attribute not in the real class")
-    assert problems == []
+    assert fake_problems(tree, _fakes(), check_init=True) == []
 
 
 _BATCH = {"batch_transfer_sync_read", "batch_transfer_sync_write"}
