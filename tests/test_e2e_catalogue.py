@@ -436,7 +436,15 @@ def test_a_second_server_started_from_a_child_environment_of_this_one_never_sees
     with Server(server.model, env=inherited, log_path=str(tmp_path / "second.log")) as second:
         for i in range(2):
             second.complete(tiny_model.prompt(500 + i), max_tokens=8)
-        second_text = settle(second, lambda t: value(t, P + "worker:model_inference:duration_count") > 0)
+        # Both processes that record these counts have exported (each on its own interval: CI once saw the
+        # worker's export without the EngineCore's).
+        second_text = settle(
+            second,
+            lambda t: (
+                value(t, P + "worker:model_inference:duration_count") > 0
+                and value(t, P + "scheduler:duration_count", phase="prefill") >= 2
+            ),
+        )
         first_text = server.scrape()
     kinds = {"api_server": 1.0, "engine_core": 1.0, "worker": 1.0}
     for text in (first_text, second_text):
