@@ -1,26 +1,29 @@
-"""End-to-end overhead on real vLLM (CPU build, tiny model): interleaved rounds of the same load on
-two resident servers, one instrumented and one not.
+"""End-to-end overhead on real vLLM (CPU build): interleaved rounds of the same load on three resident servers —
+uninstrumented, instrumented, and uninstrumented again as the A/A control — in one run.
 
-    tox -e bench-e2e            (or: python benchmarks/e2e_overhead.py --server-pairs 2 --rounds 10)
+    tox -e bench-e2e            (all presets; or: python benchmarks/e2e_overhead.py --preset step)
 
-Both servers of a pair run at once with the same launcher (``opentelemetry-instrument``); only
-``OTEL_VLLM_ASCEND_ENABLED`` differs. An idle vLLM server uses ~1.5 % of a core here, so the other
-server's load is not disturbed. Each round sends the same load to one server and then to the other
-(which goes first alternates): ``--requests`` completions of ``--max-tokens`` tokens (ignore_eos) in
-one completion request, so that they reach the engine together; the next starts once the server
-is idle again (a vLLM worker spins for about a second after its last step). Rounds are seconds apart, so the
-machine's drift (a shared VM) cancels within a round's pair; fresh server pairs (``--server-pairs``)
-cover start-up effects such as memory placement.
+Presets (``PRESETS``): ``tiny`` — the tests' 2-layer model, ~3 ms decode steps, where any per-step cost weighs
+most; ``step`` — a random model sized so that a decode step at batch 64 takes tens of milliseconds on one core,
+as an accelerator's step does on a real model; ``short`` — the tiny model under many short requests (the API
+server's per-request work is the bottleneck). The three servers of a set run at once with the same launcher
+(``opentelemetry-instrument``); only ``OTEL_VLLM_ASCEND_ENABLED`` differs. An idle vLLM server uses ~1.5 % of a
+core here, so the others' load is not disturbed. Each round sends the same load to each server in turn (every
+order of the three in turn), each starting once the previous server is idle again (a vLLM worker spins for about
+a second after its last step). Rounds are seconds apart, so the machine's drift (a shared VM) cancels within a
+round; fresh server sets (``--server-sets``) cover start-up effects such as memory placement.
 
-Reported: tokens per second per variant; the instrumented/uninstrumented throughput ratio per round
-(median, quartiles, min–max) and per server pair; CPU seconds per generated token of the API server,
-the EngineCore and the worker (from /proc). The tiny model's steps take a few milliseconds, so any
-per-step cost weighs 5–25x more here than on a real model.
+Reported: throughput per variant; the instrumented/uninstrumented and the control/uninstrumented throughput
+ratios per round (median, quartiles, min–max, and a bootstrap 95 % interval of the median); CPU seconds per
+generated token of the API server, the EngineCore and the worker (from /proc); the uninstrumented decode step
+time the load gave; and, for the first set, the series on /metrics and the time a scrape takes on the
+instrumented and the uninstrumented server.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import random
 import statistics
@@ -85,23 +88,20 @@ def cpu_seconds(server_pid: int) -> dict:
     return out
 
 
-def start(
-    model: str,
-    instrumented: bool,
-    log_dir: str,
-    i: int,
-    disabled: str = "",
-    control: bool = False,
-    disabled_scopes: str = "",
-) -> Server:
-    env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented and not control else "false"}
-    if instrumented and disabled:
-        env["OTEL_VLLM_ASCEND_DISABLED_METRICS"] = disabled
-    if instrumented and disabled_scopes:
-        env["OTEL_VLLM_ASCEND_DISABLED_SCOPES"] = disabled_scopes
-    log = os.path.join(log_dir, f"{'on' if instrumented else 'off'}-{i}.log")
-    extra = ("--num-gpu-blocks-override", "512", "--max-num-seqs", "64")  # room for the whole batch
-    server = Server(model, env=env, log_path=log, extra_args=extra).start()
+VARIANTS = ("off", "on", "control")  # uninstrumented, instrumented, uninstrumented again (the A/A control)
+
+
+def start(model: str, variant: str, log_dir: str, i: int, args) -> Server:
+    instrumented = variant == "on"
+    env = {"OTEL_VLLM_ASCEND_ENABLED": "true" if instrumented else "false"}
+    if instrumented and args.disabled_metrics:
+        env["OTEL_VLLM_ASCEND_DISABLED_METRICS"] = args.disabled_metrics
+    if instrumented and args.disabled_scopes:
+        env["OTEL_VLLM_ASCEND_DISABLED_SCOPES"] = args.disabled_scopes
+    log = os.path.join(log_dir, f"{variant}-{i}.log")
+    # Room for the whole batch: --max-num-seqs concurrent requests of up to 8 + max_tokens tokens.
+    extra = ("--num-gpu-blocks-override", "512", "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "1024")
+    server = Server(model, env=env, log_path=log, extra_args=extra).start(timeout=900)
     server.complete(tiny_model.prompt(999), max_tokens=8)  # warm-up
     return server
 
@@ -131,17 +131,60 @@ def wait_idle(server: Server, timeout: float = 10.0) -> None:
         previous = current
 
 
-def one_round(server: Server, requests: int, max_tokens: int, round_no: int) -> dict:
-    prompts = [tiny_model.prompt(round_no * requests + k) for k in range(requests)]
+def batch_load(server: Server, args, round_no: int) -> tuple[int, int]:
+    """One completion request of ``--requests`` prompts × ``--max-tokens`` tokens (ignore_eos): they reach the
+    engine together. Returns (requests, generated tokens)."""
+    prompts = [tiny_model.prompt(round_no * args.requests + k) for k in range(args.requests)]
+    response = server.batch(prompts, args.max_tokens)
+    tokens = response["usage"]["completion_tokens"]
+    assert tokens == args.requests * args.max_tokens, response["usage"]
+    return args.requests, tokens
+
+
+def short_load(server: Server, args, round_no: int) -> tuple[int, int]:
+    """``--requests`` separate short completion requests (``--max-tokens`` each), ``--concurrency`` in flight at
+    once (aiohttp, one connection each): the API server's per-request work is the bottleneck, not the model."""
+    import asyncio
+
+    import aiohttp
+
+    body = {"model": "tiny", "max_tokens": args.max_tokens, "temperature": 0.0, "ignore_eos": True}
+    url = server.url + "/v1/completions"
+
+    async def run() -> int:
+        todo = iter(range(args.requests))
+        tokens = 0
+
+        async def client(session) -> None:
+            nonlocal tokens
+            for k in todo:
+                prompt = tiny_model.prompt(round_no * args.requests + k, words=4)
+                async with session.post(url, json={**body, "prompt": prompt}) as response:
+                    tokens += (await response.json())["usage"]["completion_tokens"]
+
+        connector = aiohttp.TCPConnector(limit=args.concurrency)
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            await asyncio.gather(*(client(session) for _ in range(args.concurrency)))
+        return tokens
+
+    tokens = asyncio.run(run())
+    assert tokens == args.requests * args.max_tokens, tokens
+    return args.requests, tokens
+
+
+LOADS = {"batch": batch_load, "short": short_load}
+
+
+def one_round(server: Server, args, round_no: int) -> dict:
     cpu0 = cpu_seconds(server.proc.pid)
     t0 = time.perf_counter()
-    response = server.batch(prompts, max_tokens)
+    requests, tokens = LOADS[args.load](server, args, round_no)
     wall = time.perf_counter() - t0
     cpu1 = cpu_seconds(server.proc.pid)
-    tokens = response["usage"]["completion_tokens"]
-    assert tokens == requests * max_tokens, response["usage"]
     return {
         "tokens_per_s": tokens / wall,
+        "requests_per_s": requests / wall,
         "tokens": tokens,
         **{f"{k}_cpu_ms_per_token": (cpu1[k] - cpu0[k]) / tokens * 1e3 for k, _ in PROCESS_KINDS},
     }
@@ -206,12 +249,24 @@ def print_scrape_cost(cost: dict) -> None:
     print("Largest of our families: " + ", ".join(f"{f[len(catalogue.PREFIX) :]} {n}" for f, (n, _) in largest))
 
 
+PRESETS = {
+    # The tests' tiny model: ~3 ms decode steps, the per-step cost weighs most here.
+    "tiny": dict(size=tiny_model.TINY, load="batch", requests=128, max_tokens=200, max_num_seqs=64),
+    # Decode steps of tens of milliseconds at batch 64 (an accelerator's regime).
+    "step": dict(size=tiny_model.STEP_SIZED, load="batch", requests=64, max_tokens=128, max_num_seqs=64),
+    # The API-bound regime: many short requests, the tiny model.
+    "short": dict(size=tiny_model.TINY, load="short", requests=1000, max_tokens=8, max_num_seqs=64),
+}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--server-pairs", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=10, help="rounds per server pair")
-    parser.add_argument("--requests", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="tiny", help="model size and load (see PRESETS)")
+    parser.add_argument("--server-sets", type=int, default=2, help="fresh trios of servers (off, on, control)")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per server set")
+    parser.add_argument("--requests", type=int, help="requests per round and server (default: the preset's)")
+    parser.add_argument("--max-tokens", type=int, help="tokens per request (default: the preset's)")
+    parser.add_argument("--concurrency", type=int, default=32, help="short load: requests in flight")
     parser.add_argument(
         "--disabled-metrics",
         default="",
@@ -222,47 +277,51 @@ def main(argv=None) -> int:
         default="",
         help="OTEL_VLLM_ASCEND_DISABLED_SCOPES for the instrumented server (e.g. 'schedule: allocate_slots')",
     )
-    parser.add_argument(
-        "--control",
-        action="store_true",
-        help="A/A control: the 'instrumented' server is started uninstrumented too, to see what "
-        "ratio the method itself reports when nothing differs",
-    )
-    parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
+    parser.add_argument("--model-dir", help="where to build the preset's model (default: a directory per size)")
     args = parser.parse_args(argv)
-    tiny_model.build(args.model_dir)
+    preset = PRESETS[args.preset]
+    args.load, args.max_num_seqs = preset["load"], preset["max_num_seqs"]
+    args.requests = args.requests or preset["requests"]
+    args.max_tokens = args.max_tokens or preset["max_tokens"]
+    size = preset["size"]
+    model_dir = args.model_dir or os.path.join(
+        tempfile.gettempdir(), "otel-vllm-ascend-llama-{hidden}x{layers}".format(**size)
+    )
+    tiny_model.build(model_dir, **size)
     log_dir = tempfile.mkdtemp(prefix="otel_vllm_e2e_overhead_")
-    rounds = []  # (server pair, on, off)
+    rounds = []  # (server set, {variant: result})
     steps = cost = None
-    for p in range(args.server_pairs):
-        servers = {}
+    unit = "requests_per_s" if args.load == "short" else "tokens_per_s"
+    for p in range(args.server_sets):
+        servers: dict = {}
         try:
-            for instrumented in (False, True) if p % 2 == 0 else (True, False):
-                servers[instrumented] = start(
-                    args.model_dir, instrumented, log_dir, p, args.disabled_metrics, args.control, args.disabled_scopes
-                )
-            expected = {True: 0 if args.control else 3, False: 0}
+            for k in range(len(VARIANTS)):  # start order rotates with the set
+                variant = VARIANTS[(k + p) % len(VARIANTS)]
+                servers[variant] = start(model_dir, variant, log_dir, p, args)
+            expected = {v: 3 if v == "on" else 0 for v in VARIANTS}
             hooked = instrumented_processes(servers, expected)
             assert hooked == expected, hooked
             for server in servers.values():
                 wait_idle(server)
             for r in range(args.rounds):
+                # Every order of the three in turn: each variant runs first, second and third equally often.
+                order = list(itertools.permutations(VARIANTS))[(r + p) % 6]
                 result = {}
-                for instrumented in (False, True) if r % 2 == 0 else (True, False):
-                    result[instrumented] = one_round(servers[instrumented], args.requests, args.max_tokens, r)
-                    wait_idle(servers[instrumented])
-                rounds.append((p, result[True], result[False]))
-                on, off = result[True], result[False]
+                for variant in order:
+                    result[variant] = one_round(servers[variant], args, r)
+                    wait_idle(servers[variant])
+                rounds.append((p, result))
                 print(
-                    f"server pair {p + 1} round {r + 1:2d}: uninstrumented {off['tokens_per_s']:6.0f} tok/s, "
-                    f"instrumented {on['tokens_per_s']:6.0f} tok/s, "
-                    f"ratio {on['tokens_per_s'] / off['tokens_per_s']:.3f}",
+                    f"server set {p + 1} round {r + 1:2d}: "
+                    + ", ".join(f"{v} {result[v][unit]:7.1f}" for v in VARIANTS)
+                    + f" {unit}; on/off {result['on'][unit] / result['off'][unit]:.3f}, "
+                    f"control/off {result['control'][unit] / result['off'][unit]:.3f}",
                     flush=True,
                 )
-            text = servers[True].scrape()
+            text = servers["on"].scrape()
             steps = (total(text, "vllm:iteration_tokens_total_count"), total(text, "vllm:generation_tokens_total"))
-            if not args.control:
-                cost = scrape_cost(servers)
+            if p == 0:
+                cost = scrape_cost({True: servers["on"], False: servers["off"]})
         finally:
             for s in servers.values():
                 s.stop()
@@ -271,41 +330,54 @@ def main(argv=None) -> int:
         med, (q1, q3), (lo, hi) = quantiles(values)
         return f"{f.format(med)} ({f.format(q1)}–{f.format(q3)}; {f.format(lo)}–{f.format(hi)})"
 
-    ratios = [on["tokens_per_s"] / off["tokens_per_s"] for _, on, off in rounds]
     print(
-        f"\n### End-to-end overhead: {args.server_pairs} server pairs x {args.rounds} interleaved rounds, "
-        f"{args.requests} x {args.max_tokens} tokens per round"
+        f"\n### End-to-end overhead, preset {args.preset}: model hidden {size['hidden']} x {size['layers']} layers "
+        f"(intermediate {size['intermediate']}), {args.load} load of {args.requests} x {args.max_tokens} tokens per "
+        f"round and server"
+        + (f" ({args.concurrency} in flight)" if args.load == "short" else "")
+        + f"; {args.server_sets} server sets x {args.rounds} rounds"
         + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
         + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
-        + ("; A/A CONTROL: both servers uninstrumented" if args.control else "")
         + "\n"
     )
     print("Medians (quartiles; min–max) over rounds.\n")
-    print("| | uninstrumented | instrumented | ratio instrumented/uninstrumented (per round) |")
-    print("|---|---:|---:|---:|")
-    rows = [("tokens/s", "tokens_per_s", "{:.0f}")] + [
+    print("| | uninstrumented | instrumented | control (uninstrumented) | on/off per round | control/off per round |")
+    print("|---|---:|---:|---:|---:|---:|")
+    rows = [("tokens/s", "tokens_per_s", "{:.0f}"), ("requests/s", "requests_per_s", "{:.1f}")] + [
         (f"{k} CPU ms per token", f"{k}_cpu_ms_per_token", "{:.4f}") for k, _ in PROCESS_KINDS
     ]
     for label, key, f in rows:
-        offs = [off[key] for _, _, off in rounds]
-        ons = [on[key] for _, on, _ in rounds]
-        per_round = [a / b for a, b in zip(ons, offs) if b]
-        print(f"| {label} | {fmt(offs, f)} | {fmt(ons, f)} | {fmt(per_round) if per_round else '–'} |")
-    for p in range(args.server_pairs):
-        mine = [r for q, r in zip((q for q, _, _ in rounds), ratios) if q == p]
-        print(f"\nServer pair {p + 1}: throughput ratio median {statistics.median(mine):.3f} over {len(mine)} rounds")
-    med = statistics.median(ratios)
-    low, high = bootstrap_median(ratios)
-    print(
-        f"\nThroughput change, median over all rounds: {(med - 1) * 100:+.1f} % (ratio {med:.3f}; bootstrap 95 % "
-        f"interval of the median {low:.3f}–{high:.3f}); instrumented slower in "
-        f"{sum(r < 1 for r in ratios)} of {len(ratios)} rounds"
-    )
-    print("Per-round ratios (to pool runs): " + " ".join(f"{r:.4f}" for r in ratios))
+        col = {v: [res[v][key] for _, res in rounds] for v in VARIANTS}
+        ratios = {v: [a / b for a, b in zip(col[v], col["off"]) if b] for v in ("on", "control")}
+        print(
+            f"| {label} | {fmt(col['off'], f)} | {fmt(col['on'], f)} | {fmt(col['control'], f)} "
+            f"| {fmt(ratios['on']) if ratios['on'] else '–'} | {fmt(ratios['control']) if ratios['control'] else '–'} |"
+        )
+    print()
+    for variant, what in (
+        ("on", "instrumented/uninstrumented"),
+        ("control", "A/A control, uninstrumented/uninstrumented"),
+    ):
+        ratios = [res[variant][unit] / res["off"][unit] for _, res in rounds]
+        med = statistics.median(ratios)
+        low, high = bootstrap_median(ratios)
+        print(
+            f"Throughput ratio {what} ({unit}): median {med:.3f}, bootstrap 95 % interval of the median "
+            f"{low:.3f}–{high:.3f}; below 1 in {sum(r < 1 for r in ratios)} of {len(ratios)} rounds"
+        )
+        print("  per-round ratios (to pool runs): " + " ".join(f"{r:.4f}" for r in ratios))
     if steps:
         print(
             f"Last instrumented server: {steps[0]:.0f} engine steps for {steps[1]:.0f} generated tokens "
             f"(vllm:iteration_tokens_total count, warm-up included): {steps[1] / max(steps[0], 1):.1f} tokens per step"
+        )
+    if args.load == "batch":
+        per_step = [
+            args.max_num_seqs / res["off"]["tokens_per_s"] * 1e3 for _, res in rounds
+        ]  # tokens/s at a full batch: one token per request per step
+        print(
+            f"Uninstrumented step time at batch {min(args.requests, args.max_num_seqs)}, from its throughput "
+            f"(prefill included): median {statistics.median(per_step):.1f} ms"
         )
     if cost:
         print_scrape_cost(cost)
