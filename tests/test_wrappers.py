@@ -10,6 +10,7 @@ import pytest
 from opentelemetry_instrumentation_vllm_ascend.hooks import futures, patches, wrappers
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR, COROUTINE, FUTURE, SYNC
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 
 class Boom(Exception):
@@ -412,7 +413,7 @@ def test_future_class_delivers_completion_once(where, outcome, completes_later):
     for p in installed:
         p.remove()
     assert dict(Fut.__dict__) == before
-    assert Fut not in futures.COMPLETION_HOOKED and Fut not in futures.COMPLETES_LATER
+    assert Fut not in STATE.completion_hooked and Fut not in STATE.completes_later
 
 
 class NoArgs(Handler):

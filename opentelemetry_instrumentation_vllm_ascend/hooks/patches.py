@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 
+from ..state import STATE
 from . import futures
 from .handler import Handler, Hook, report
 from .wrappers import wrap
@@ -107,9 +108,9 @@ def hook_future_class(cls, completes_later: bool = False) -> list:
         if futures.PENDING not in cls.__dict__:
             setattr(cls, futures.PENDING, None)
             patches.append(Patch(cls, futures.PENDING, ABSENT, None, Hook(None)))
-        futures.COMPLETION_HOOKED.add(cls)
+        STATE.completion_hooked.add(cls)
         if completes_later:
-            futures.COMPLETES_LATER.add(cls)
+            STATE.completes_later.add(cls)
         patches.append(_ForgetCompletionClass(cls))
     return patches
 
@@ -121,5 +122,5 @@ class _ForgetCompletionClass:
         self.cls = cls
 
     def remove(self) -> None:
-        futures.COMPLETION_HOOKED.discard(self.cls)
-        futures.COMPLETES_LATER.discard(self.cls)
+        STATE.completion_hooked.discard(self.cls)
+        STATE.completes_later.discard(self.cls)

@@ -822,14 +822,12 @@ def recorded_in(seed: str) -> str:
 
 
 _HANDLERS_PACKAGE = __package__.rsplit(".", 1)[0] + ".handlers"
-_reads_args: dict = {}
 
 
 def reads_args_of(cls) -> int | None:
     """``RowParams``: self plus the ``params`` of the rows whose handler is ``cls`` (or, for a class
-    without rows of its own, its nearest base with rows); None (all arguments) when none has."""
-    if cls in _reads_args:
-        return _reads_args[cls]
+    without rows of its own, its nearest base with rows); None (all arguments) when none has. Read from
+    the table each time (a wrapper reads it once, when it is built)."""
     result = None
     for klass in cls.__mro__:
         module = getattr(klass, "__module__", "")
@@ -840,7 +838,6 @@ def reads_args_of(cls) -> int | None:
         if counts:
             result = max(counts)
             break
-    _reads_args[cls] = result
     return result
 
 

@@ -115,13 +115,13 @@ def private(path: str) -> bool:
 def setup() -> None:
     """In each instrumented process (at ``instrument()``): find (the first process: make) the server's
     control directory, take the state it holds (or OTEL_VLLM_ASCEND_INITIAL_STATE), start polling."""
-    from .metrics_endpoint import DIRECTORY_PREFIX, _write_owner
+    from .metrics_endpoint import DIRECTORY_PREFIX, write_owner
 
     path = directory()
     made = path is None
     if path is None:
         path = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # 0700
-        _write_owner(path)
+        write_owner(path)
         os.environ[environment.CONTROL_DIR] = path
         STATE.control.set_env.append(environment.CONTROL_DIR)
         _remove_at_exit(path)

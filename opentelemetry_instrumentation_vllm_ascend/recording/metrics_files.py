@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import time
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry.sdk.metrics import (
@@ -57,17 +58,19 @@ _NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")
 _LABEL_RE = re.compile(r"[^a-zA-Z0-9_]")
 _PID_RE = re.compile(r"_otel-(\d+)\.(?:db|id)$")
 
-_CUMULATIVE = {
-    cls: AggregationTemporality.CUMULATIVE
-    for cls in (
-        Counter,
-        UpDownCounter,
-        HistogramInstrument,
-        ObservableCounter,
-        ObservableUpDownCounter,
-        ObservableGauge,
-    )
-}
+_CUMULATIVE = MappingProxyType(
+    {
+        cls: AggregationTemporality.CUMULATIVE
+        for cls in (
+            Counter,
+            UpDownCounter,
+            HistogramInstrument,
+            ObservableCounter,
+            ObservableUpDownCounter,
+            ObservableGauge,
+        )
+    }
+)
 
 
 def metric_name(name: str) -> str:
