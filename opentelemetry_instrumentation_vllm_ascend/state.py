@@ -24,7 +24,8 @@ tests' autouse fixture calls it before every test. What it does not reset:
 - the future classes whose completions are hooked (``completion_hooked``, ``completes_later``): they
   follow the installed class patches, which a forked child inherits; removing a patch removes its class.
 
-The fork handler is ``recording.pipeline``'s, the only one the package registers.
+The fork handler is ``recording.pipeline``'s, the only one the package registers (it also starts a
+child's own flush listener and control poller).
 
 ContextVars (``handlers.steps.CURRENT_STEP``, ``IN_PREFIX_CACHE_RESET``) are not state to reset: each
 call sets and restores its own value.

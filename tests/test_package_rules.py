@@ -298,6 +298,18 @@ def test_no_module_imports_or_reads_another_modules_private_names():
     assert _everywhere(_private_reads) == []
 
 
+def test_one_module_registers_the_fork_handler():
+    """recording.pipeline's fork handler is the package's only one: it resets STATE and gives the child
+    what a fork leaves behind (its own pipeline, flush listener and control poller), in one order."""
+    registered = [
+        module
+        for module, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_at_fork"
+    ]
+    assert registered == ["recording.pipeline"]
+
+
 def test_the_rules_see_what_they_forbid():
     """Each rule finds its shape in a sample module (the package passes because it has none of them,
     not because a rule is blind)."""

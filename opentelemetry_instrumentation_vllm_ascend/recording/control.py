@@ -347,15 +347,13 @@ def _run(event, pid: int) -> None:
             logger.debug("control poll failed", exc_info=True)
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
+    """In a forked child (``recording.pipeline``'s fork handler): a polling parent's child polls too, on a
+    thread of its own (the parent's is not running here)."""
     c = STATE.control
-    if c.poller is not None:  # the parent's thread is not running here
+    if c.poller is not None:
         c.poller = None
         try:
             start()
         except Exception:
             pass
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

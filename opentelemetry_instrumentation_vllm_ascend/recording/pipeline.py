@@ -382,6 +382,7 @@ def _after_fork_in_child() -> None:
         old.abandon()
     state.reset()  # a parent's pending records, caches and steps are not this process's
     shutdown.after_fork_in_child()  # the child answers flush requests on its own socket
+    control.after_fork_in_child()  # …and polls the control file on its own thread
 
 
 if hasattr(os, "register_at_fork"):
