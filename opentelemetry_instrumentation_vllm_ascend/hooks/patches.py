@@ -7,7 +7,7 @@ import functools
 import threading
 
 from ..state import STATE
-from . import futures
+from . import codegen, futures
 from .handler import Handler, Hook, report
 from .wrappers import wrap
 
@@ -32,6 +32,7 @@ class Patch:
                 delattr(self.owner, self.attribute)
             else:
                 setattr(self.owner, self.attribute, self.original)
+            codegen.forget(self.wrapper)  # its source lines, kept for tracebacks, are not needed now
         else:
             # Someone wrapped over us (vllm-ascend assigns its own wrappers onto classes): removing
             # ours would drop theirs, so ours turns into a plain call-through instead.

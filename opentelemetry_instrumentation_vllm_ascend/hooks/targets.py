@@ -858,5 +858,7 @@ def load_handler(target: Target):
 
 
 def handler_of(symbol: str):
-    """The handler ``load_handler`` builds for the row of ``symbol`` ("module:Class.method")."""
+    """The handler ``load_handler`` builds for the row of ``symbol`` ("module:Class.method"): what the
+    tests and the benchmarks (``benchmarks/``, which import the package, not ``tests/``) wrap their
+    vLLM-shaped classes with."""
     return load_handler(next(t for t in TARGETS if t.symbol == symbol))
