@@ -179,6 +179,10 @@ def eplb_hotness_seed(placement: str, stat: str) -> str:
     return f"eplb:expert_hotness:{placement}_{stat}"
 
 
+#: The imbalance summaries of an EPLB cycle: each placement's mean and max over MoE layers.
+EPLB_HOTNESS_SEEDS = tuple(eplb_hotness_seed(p, s) for p in EPLB_PLACEMENTS for s in EPLB_STATS)
+
+
 def eplb_layer_load_seed(stat: str) -> str:
     """The seed of an EPLB cycle's per-layer load gauge (``stat`` over EP ranks)."""
     return f"eplb:layer_load:{stat}"
@@ -606,9 +610,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
             f"(eplb:expert_hotness:imbalance) of the {placement}, in the last EPLB cycle. phase=all.",
             labels=STEP_LABELS + ("rank",),
         )
-        for which, placement in (
-            ("current", "placement in use while the load was collected"),
-            ("update", "placement EPLB computed, on the same load"),
+        for which, placement in zip(
+            EPLB_PLACEMENTS,
+            ("placement in use while the load was collected", "placement EPLB computed, on the same load"),
+            strict=True,
         )
         for stat in EPLB_STATS
     ),
@@ -945,7 +950,7 @@ CATALOGUE = CATALOGUE + KV_CONNECTOR_CATALOGUE
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 #: What one EPLB cycle (EplbWorker.do_update) sets.
 EPLB_CYCLE_SEEDS = (
-    *(eplb_hotness_seed(p, s) for p in EPLB_PLACEMENTS for s in EPLB_STATS),
+    *EPLB_HOTNESS_SEEDS,
     "eplb:expert_hotness:imbalance",
     *(eplb_layer_load_seed(s) for s in EPLB_STATS),
 )
