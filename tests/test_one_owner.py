@@ -1,4 +1,4 @@
-"""Each fact in one place (issue 16): which symbol feeds which metric and in which process is the target
+"""Each fact in one place: which symbol feeds which metric and in which process is the target
 table's alone (the catalogue's "hooked" / "recorded in" and both tables of docs/metrics.md come from it);
 plain timers, counters and value-of-an-argument hooks are data in their row; handler names, the arguments
 a handler reads, the TTFT thresholds, the scope-name bound, the bucket sets and the EPLB names each have

@@ -1,7 +1,7 @@
 """Rules of the package's source, read from its syntax trees: per-process state lives in ``state.STATE``
 (no module-level mutable containers, no ``global`` rebinding, no import-time registration into another
 module's objects), constant tables are not mutated, and no module imports or reads another module's
-private names. Each exception is in an allow-list below, with its reason."""
+private names; docs/architecture.md names every module. Each exception is in an allow-list below, with its reason."""
 
 from __future__ import annotations
 
@@ -308,6 +308,28 @@ def test_one_module_registers_the_fork_handler():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register_at_fork"
     ]
     assert registered == ["recording.pipeline"]
+
+
+def _layout_rows() -> dict[str, str]:
+    """docs/architecture.md's Layout table: package (``hooks/``, …, ``top level``) -> its "what" cell."""
+    lines = (ROOT / "docs" / "architecture.md").read_text().split("## Layout", 1)[1].splitlines()
+    rows = [[cell.strip() for cell in line.strip().strip("|").split(" | ")] for line in lines if line.startswith("| ")]
+    return {cells[0].strip("`"): cells[1] for cells in rows[1:]}
+
+
+def test_architecture_md_names_every_module_in_its_package_s_row():
+    rows = _layout_rows()
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if len(parts) > 2:  # a subpackage of a package (cli/demo): named as a whole
+            parts = parts[:2]
+        package, name = ("top level", parts[0]) if len(parts) == 1 else (parts[0] + "/", parts[1])
+        if name == "__init__" and package != "top level":
+            continue  # the package itself: its row
+        if f"`{name}`" not in rows.get(package, ""):
+            missing.append(f"{package} {name}")
+    assert sorted(set(missing)) == []
 
 
 def test_the_rules_see_what_they_forbid():

@@ -296,7 +296,8 @@ def _allocate(path: str, size: int) -> None:
     """Makes the first ``size`` bytes of ``path`` (created if needed) take real disk blocks now. An
     mmap'ed file grown with truncate() is sparse: on a full filesystem the first write into a page
     the disk cannot back is a SIGBUS that kills the process. Allocated first, a full disk is an
-    OSError (ENOSPC) here instead. A filesystem without fallocate keeps the old behaviour."""
+    OSError (ENOSPC) here instead. On a filesystem without fallocate the file stays sparse (a full
+    disk can then still be a SIGBUS)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         size = max(size, os.fstat(fd).st_size)
