@@ -14,6 +14,7 @@ import sys
 import types
 
 import pytest
+from fakes import Clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers
@@ -226,20 +227,12 @@ def test_eplb_names_are_built_in_one_place():
 # -- the recipe: a plain timer is two edits --------------------------------------------------------------------
 
 
-class _Clock:
-    def __init__(self):
-        self.t = 10.0
-
-    def __call__(self):
-        return self.t
-
-
 @pytest.fixture
 def recipe(monkeypatch):
     """A module holding a vLLM-shaped class the recipe hooks, a controllable clock, and this process's
     pipeline with an in-memory reader, set up after the test's catalogue edit."""
     module = types.ModuleType("otel_recipe_engine")
-    clock = _Clock()
+    clock = Clock(10.0)
 
     class Engine:
         def work(self, n, scale=1.0):
