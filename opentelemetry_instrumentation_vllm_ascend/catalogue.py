@@ -13,6 +13,9 @@ unit is stated in each metric's HELP text and in docs/metrics.md. Counters get `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
+
+from .state import STATE
 
 PREFIX = "vllm_profiling_"
 INSTRUMENT_PREFIX = "vllm_ascend."
@@ -35,7 +38,7 @@ PHASES = ("prefill", "decode", "mixed", "idle", "unknown", "all")
 ALL = "all"
 
 #: ``role`` from ``kv_transfer_config.kv_role``.
-ROLES = {"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed", None: "mixed"}
+ROLES = MappingProxyType({"kv_producer": "prefill", "kv_consumer": "decode", "kv_both": "mixed", None: "mixed"})
 
 #: Process kinds (label ``process`` and resource attribute ``vllm.process.role``).
 PROCESS_KINDS = ("api_server", "engine_core", "worker", "eplb", "unknown")
@@ -47,10 +50,8 @@ PROCESS_KINDS = ("api_server", "engine_core", "worker", "eplb", "unknown")
 #: workers of one engine never merge into one series; a process hosting no worker adds nothing.
 WORKER_LABELS = ("rank",)
 
-
-_PROCESS_LABELS: dict[str, tuple[str, ...]] = {}
 #: OpenTelemetry's Prometheus unit suffixes, for the explicitly named (semantic-convention) metrics.
-_PROMETHEUS_UNIT_SUFFIXES = {"s": "_seconds"}
+_PROMETHEUS_UNIT_SUFFIXES = MappingProxyType({"s": "_seconds"})
 
 
 @dataclass(frozen=True)
@@ -80,12 +81,9 @@ class MetricSpec:
     @property
     def process_labels(self) -> tuple[str, ...]:
         """Labels the pipeline adds from the recording process, after ``labels``: the worker's rank
-        (WORKER_LABELS) on metrics recorded in workers."""
-        labels = _PROCESS_LABELS.get(self.seed)
-        if labels is None:
-            in_worker = "worker" in self.recorded_in.split(", ")
-            labels = _PROCESS_LABELS[self.seed] = WORKER_LABELS if in_worker else ()
-        return labels
+        (WORKER_LABELS) on metrics recorded in workers. Derived from the target table at each read (not
+        for the hot path: a pipeline's instrument reads it once)."""
+        return WORKER_LABELS if "worker" in self.recorded_in.split(", ") else ()
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -139,32 +137,23 @@ REQUESTS = (0, 1, 4, 16, 64, 256, 1024)
 #: Numbers of tokens (per step, per iteration): 0, 1, then powers of 4 from 8 up to 32768 (r = 4).
 TOKENS = (0, 1, 8, 32, 128, 512, 2048, 8192, 32768)
 
-#: Named bucket sets (the docs' names for them).
-BUCKET_SETS = {
-    "step seconds": STEP_SECONDS,
-    "fine seconds": FINE_SECONDS,
-    "scope seconds": SCOPE_SECONDS,
-    "token seconds": TOKEN_SECONDS,
-    "request seconds": REQUEST_SECONDS,
-    "requests": REQUESTS,
-    "tokens": TOKENS,
-}
-
 #: The series budget's opt-in families (docs/performance.md "Series budget"): documented and recorded like the rest,
 #: but only where OTEL_VLLM_ASCEND_ENABLED_METRICS names them (``environment.disabled_metric_patterns``). Each is
 #: fine-grained detail or a near-duplicate of a default family (named here, the reason docs/metrics.md states).
-OPT_IN = {
-    "record_function_or_nullcontext": "fine-grained: every profiling scope name x phase (~40 label combinations an "
-    "engine, 28 a worker); npu:forward_duration and npu:kernel_launch time the forward pass by default",
-    "engine_core:process_engine_step:duration": "near-duplicate of engine_core:engine_core_step:duration (plus "
-    "queueing the step's outputs)",
-    "async_llm:record_stats:duration": "detail: the time vLLM's own stat loggers take per engine update",
-    "scheduler:running_queue_size": "duplicate: the sum over req_phase of running_phase_batch_size",
-    "total_tokens": "duplicate: input + output of the same iteration",
-    "batch_size": "duplicate on the API server of running_phase_batch_size (and vLLM's vllm:num_requests_running)",
-    "waiting_batch_size": "duplicate on the API server of waiting_phase_batch_size (and vLLM's "
-    "vllm:num_requests_waiting)",
-}
+OPT_IN = MappingProxyType(
+    {
+        "record_function_or_nullcontext": "fine-grained: every profiling scope name x phase (~40 label combinations an "
+        "engine, 28 a worker); npu:forward_duration and npu:kernel_launch time the forward pass by default",
+        "engine_core:process_engine_step:duration": "near-duplicate of engine_core:engine_core_step:duration (plus "
+        "queueing the step's outputs)",
+        "async_llm:record_stats:duration": "detail: the time vLLM's own stat loggers take per engine update",
+        "scheduler:running_queue_size": "duplicate: the sum over req_phase of running_phase_batch_size",
+        "total_tokens": "duplicate: input + output of the same iteration",
+        "batch_size": "duplicate on the API server of running_phase_batch_size (and vLLM's vllm:num_requests_running)",
+        "waiting_batch_size": "duplicate on the API server of waiting_phase_batch_size (and vLLM's "
+        "vllm:num_requests_waiting)",
+    }
+)
 
 #: The series budget of the default set (docs/performance.md "Series budget"): our series (``vllm_profiling_*``) on
 #: one engine's /metrics at TP=1, the worker's included; of those, recorded by one worker (each TP/PP worker adds as
@@ -188,6 +177,10 @@ EPLB_STATS = ("mean", "max")
 def eplb_hotness_seed(placement: str, stat: str) -> str:
     """The seed of an EPLB cycle's imbalance summary: the one place these names are spelled."""
     return f"eplb:expert_hotness:{placement}_{stat}"
+
+
+#: The imbalance summaries of an EPLB cycle: each placement's mean and max over MoE layers.
+EPLB_HOTNESS_SEEDS = tuple(eplb_hotness_seed(p, s) for p in EPLB_PLACEMENTS for s in EPLB_STATS)
 
 
 def eplb_layer_load_seed(stat: str) -> str:
@@ -617,9 +610,10 @@ CATALOGUE: tuple[MetricSpec, ...] = (
             f"(eplb:expert_hotness:imbalance) of the {placement}, in the last EPLB cycle. phase=all.",
             labels=STEP_LABELS + ("rank",),
         )
-        for which, placement in (
-            ("current", "placement in use while the load was collected"),
-            ("update", "placement EPLB computed, on the same load"),
+        for which, placement in zip(
+            EPLB_PLACEMENTS,
+            ("placement in use while the load was collected", "placement EPLB computed, on the same load"),
+            strict=True,
         )
         for stat in EPLB_STATS
     ),
@@ -838,11 +832,13 @@ def _stage_start(seed: str, counter: str) -> MetricSpec:
 
 
 #: Each time budget's counter → its start gauge (handlers/budget.py).
-STAGE_STARTS = {
-    "engine_core:stage_seconds": "engine_core:stage_start_time",
-    "worker:stage_seconds": "worker:stage_start_time",
-    "api_server:output_loop_stage_seconds": "api_server:output_loop_stage_start_time",
-}
+STAGE_STARTS = MappingProxyType(
+    {
+        "engine_core:stage_seconds": "engine_core:stage_start_time",
+        "worker:stage_seconds": "worker:stage_start_time",
+        "api_server:output_loop_stage_seconds": "api_server:output_loop_stage_start_time",
+    }
+)
 KV_TRANSFER_CATALOGUE += tuple(_stage_start(start, counter) for counter, start in STAGE_STARTS.items())
 CATALOGUE = CATALOGUE + KV_TRANSFER_CATALOGUE
 
@@ -866,8 +862,17 @@ GENAI_ERROR_TYPES = ("abort", "error")
 GENAI_REQUEST_SECONDS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
 GENAI_TPOT_SECONDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 GENAI_TTFT_SECONDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-BUCKET_SETS.update(
+
+#: Named bucket sets (the docs' names for them).
+BUCKET_SETS = MappingProxyType(
     {
+        "step seconds": STEP_SECONDS,
+        "fine seconds": FINE_SECONDS,
+        "scope seconds": SCOPE_SECONDS,
+        "token seconds": TOKEN_SECONDS,
+        "request seconds": REQUEST_SECONDS,
+        "requests": REQUESTS,
+        "tokens": TOKENS,
         "GenAI request seconds": GENAI_REQUEST_SECONDS,
         "GenAI TPOT seconds": GENAI_TPOT_SECONDS,
         "GenAI TTFT seconds": GENAI_TTFT_SECONDS,
@@ -945,7 +950,7 @@ CATALOGUE = CATALOGUE + KV_CONNECTOR_CATALOGUE
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 #: What one EPLB cycle (EplbWorker.do_update) sets.
 EPLB_CYCLE_SEEDS = (
-    *(eplb_hotness_seed(p, s) for p in EPLB_PLACEMENTS for s in EPLB_STATS),
+    *EPLB_HOTNESS_SEEDS,
     "eplb:expert_hotness:imbalance",
     *(eplb_layer_load_seed(s) for s in EPLB_STATS),
 )
@@ -987,5 +992,6 @@ def views():
 SCOPE_NAME = "opentelemetry_instrumentation_vllm_ascend"
 
 #: Metrics declared at run time (users' hook files: hooks/userfile.py): named, exported and given
-#: Views like catalogue entries, but not part of the catalogue (nor of docs/metrics.md).
-EXTRA: dict[str, MetricSpec] = {}
+#: Views like catalogue entries, but not part of the catalogue (nor of docs/metrics.md). Kept in
+#: ``STATE.extra_metrics`` (a registration: see ``state``).
+EXTRA: dict[str, MetricSpec] = STATE.extra_metrics

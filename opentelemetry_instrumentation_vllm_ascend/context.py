@@ -15,11 +15,13 @@ Label rules (docs/labels.md):
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .catalogue import ROLES
 from .state import STATE, UNKNOWN, clear_label_caches
 
 # Higher wins when several hooks claim the same process (an in-process worker inside an EngineCore).
-_PRIORITY = {UNKNOWN: 0, "api_server": 1, "worker": 2, "engine_core": 3, "eplb": 4}
+_PRIORITY = MappingProxyType({UNKNOWN: 0, "api_server": 1, "worker": 2, "engine_core": 3, "eplb": 4})
 
 
 class ProcessContext:

@@ -76,8 +76,8 @@ ENTRY_POINT_NAME = "vllm_ascend"
 
 DEFAULT_PROMETHEUS_INTERVAL_MS = 2000
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_TRUE = frozenset(("1", "true", "yes", "on"))
+_FALSE = frozenset(("0", "false", "no", "off"))
 
 
 #: (variable, value) pairs already warned about: one log line per bad value, not one per read.

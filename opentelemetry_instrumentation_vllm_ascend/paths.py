@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from dataclasses import dataclass
+from types import MappingProxyType
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ PATHS: tuple[Path, ...] = (
         "process gets its share of every engine's outputs.",
     ),
 )
-BY_KEY = {path.key: path for path in PATHS}
+BY_KEY = MappingProxyType({path.key: path for path in PATHS})
 AXES = ("scheduling", "worker", "executor", "frontend")
 
 
@@ -123,88 +124,90 @@ _NO_ASYNC_OUTPUT = absent(
 
 #: The exceptions, by catalogue seed, each under a path or a combination of paths (a tuple: all of
 #: them taken): a metric not named for a path is fed there with its catalogue meaning.
-TRUTH: dict[str, dict] = {
-    "executor:execute_model:duration": {
-        "uniproc": fed(
-            "dispatch until the in-process runner's execute_model returned: host time, so with async "
-            "scheduling the time to launch the step, not to compute it"
-        ),
-    },
-    "executor:sample_tokens:duration": {
-        ("batch_queue", "uniproc"): absent(
-            "UniProcExecutor fetches the sampled tokens only when the engine reads "
-            "them, so no moment says when the device finished"
-        ),
-    },
-    "worker:model_runner_get_output:duration": {
-        ("sync", "mrv1"): _NO_ASYNC_OUTPUT,
-        ("sync", "npu"): _NO_ASYNC_OUTPUT,
-    },
-    "record_function_or_nullcontext": {
-        "mrv2": fed("the EngineCore's `schedule: …` scopes only: model runner V2 enters no profiling scopes"),
-    },
-    "npu:forward_duration": {"mrv2": _MRV2_NO_SCOPES},
-    "npu:kernel_launch": {"mrv2": _MRV2_NO_SCOPES},
-    "npu:non_forward_duration": {"mrv2": _MRV2_NO_SCOPES},
-    "worker:stage_seconds": {
-        "mrv2": absent(
-            "model runner V2 enters no profiling scopes, so its forward cannot be told from its input "
-            "preparation or its sampling: its steps move no boundary of the worker budget"
-        ),
-        "npu": fed(
-            "host time of the worker's thread, split by vllm-ascend's `forward` and `sample_token` scopes "
-            "(`vllm_ascend/worker/model_runner_v1.py`): the NPU computes asynchronously, so `forward` and "
-            "`sample` hold the time to launch them and the device's time lands where the host waits for it"
-        ),
-        "batch_queue": fed(
-            "execute_model and sample_tokens are separate RPCs as without async scheduling; vLLM's output "
-            "thread waits for the sampled tokens (`get_output`) off this clock, which is the thread running "
-            "the model runner's calls: `idle` runs from sample_tokens' return to the next execute_model"
-        ),
-        "uniproc": fed(
-            "the worker runs in the EngineCore's thread: `idle` and `wait_sample` are the EngineCore's own "
-            "work between the model runner's calls (scheduling, updating, waiting for requests), which "
-            "`engine_core:stage_seconds` splits"
-        ),
-    },
-    "worker:stage_start_time": {"mrv2": absent("the worker budget is absent on model runner V2")},
-    "engine_core:engine_core_step:duration": {
-        "batch_queue": fed(
-            "one `step_with_batch_queue` call: it schedules and dispatches the next step when the "
-            "queue has room, and otherwise (or when the queue is full) waits for the oldest step's "
-            "output and processes it; labelled with the phase of the step it scheduled, `idle` when "
-            "it scheduled none"
-        ),
-    },
-    **{
-        seed: {
-            "multi_api": fed(
-                "each API server's share of an iteration: an EngineCore splits every step's outputs "
-                "among the API servers by client; totals over all series equal vLLM's own"
-            )
-        }
-        for seed in ("input", "output", "total_tokens", "output_processor_duration", "engine_core_outputs_len")
-    },
-    **{
-        seed: {
+TRUTH: MappingProxyType[str, dict] = MappingProxyType(
+    {
+        "executor:execute_model:duration": {
+            "uniproc": fed(
+                "dispatch until the in-process runner's execute_model returned: host time, so with async "
+                "scheduling the time to launch the step, not to compute it"
+            ),
+        },
+        "executor:sample_tokens:duration": {
+            ("batch_queue", "uniproc"): absent(
+                "UniProcExecutor fetches the sampled tokens only when the engine reads "
+                "them, so no moment says when the device finished"
+            ),
+        },
+        "worker:model_runner_get_output:duration": {
+            ("sync", "mrv1"): _NO_ASYNC_OUTPUT,
+            ("sync", "npu"): _NO_ASYNC_OUTPUT,
+        },
+        "record_function_or_nullcontext": {
+            "mrv2": fed("the EngineCore's `schedule: …` scopes only: model runner V2 enters no profiling scopes"),
+        },
+        "npu:forward_duration": {"mrv2": _MRV2_NO_SCOPES},
+        "npu:kernel_launch": {"mrv2": _MRV2_NO_SCOPES},
+        "npu:non_forward_duration": {"mrv2": _MRV2_NO_SCOPES},
+        "worker:stage_seconds": {
+            "mrv2": absent(
+                "model runner V2 enters no profiling scopes, so its forward cannot be told from its input "
+                "preparation or its sampling: its steps move no boundary of the worker budget"
+            ),
             "npu": fed(
-                "host time (see its description): the transfers and copies it waits on or issues are "
-                "queued on the NPU stream, which may run them after the call returned; not a device time"
+                "host time of the worker's thread, split by vllm-ascend's `forward` and `sample_token` scopes "
+                "(`vllm_ascend/worker/model_runner_v1.py`): the NPU computes asynchronously, so `forward` and "
+                "`sample` hold the time to launch them and the device's time lands where the host waits for it"
+            ),
+            "batch_queue": fed(
+                "execute_model and sample_tokens are separate RPCs as without async scheduling; vLLM's output "
+                "thread waits for the sampled tokens (`get_output`) off this clock, which is the thread running "
+                "the model runner's calls: `idle` runs from sample_tokens' return to the next execute_model"
+            ),
+            "uniproc": fed(
+                "the worker runs in the EngineCore's thread: `idle` and `wait_sample` are the EngineCore's own "
+                "work between the model runner's calls (scheduling, updating, waiting for requests), which "
+                "`engine_core:stage_seconds` splits"
+            ),
+        },
+        "worker:stage_start_time": {"mrv2": absent("the worker budget is absent on model runner V2")},
+        "engine_core:engine_core_step:duration": {
+            "batch_queue": fed(
+                "one `step_with_batch_queue` call: it schedules and dispatches the next step when the "
+                "queue has room, and otherwise (or when the queue is full) waits for the oldest step's "
+                "output and processes it; labelled with the phase of the step it scheduled, `idle` when "
+                "it scheduled none"
+            ),
+        },
+        **{
+            seed: {
+                "multi_api": fed(
+                    "each API server's share of an iteration: an EngineCore splits every step's outputs "
+                    "among the API servers by client; totals over all series equal vLLM's own"
+                )
+            }
+            for seed in ("input", "output", "total_tokens", "output_processor_duration", "engine_core_outputs_len")
+        },
+        **{
+            seed: {
+                "npu": fed(
+                    "host time (see its description): the transfers and copies it waits on or issues are "
+                    "queued on the NPU stream, which may run them after the call returned; not a device time"
+                )
+            }
+            for seed in (
+                "eplb:expert_weight_update:duration",
+                "eplb:expert_weight_replace:duration",
+                "eplb:log2phy_map_update:duration",
             )
-        }
-        for seed in (
-            "eplb:expert_weight_update:duration",
-            "eplb:expert_weight_replace:duration",
-            "eplb:log2phy_map_update:duration",
-        )
-    },
-    "memory:weight_offload_bytes": {
-        "npu": fed(
-            "with `--offload-backend prefetch`, vllm-ascend's NPUModelRunner replaces vLLM's PrefetchOffloader with "
-            "its NPUPrefetchOffloader (offloader=NPUPrefetchOffloader); the UVA backend is vLLM's UVAOffloader"
-        ),
-    },
-}
+        },
+        "memory:weight_offload_bytes": {
+            "npu": fed(
+                "with `--offload-backend prefetch`, vllm-ascend's NPUModelRunner replaces vLLM's PrefetchOffloader "
+                "with its NPUPrefetchOffloader (offloader=NPUPrefetchOffloader); the UVA backend is vLLM's UVAOffloader"
+            ),
+        },
+    }
+)
 
 
 def _keys(where) -> tuple:

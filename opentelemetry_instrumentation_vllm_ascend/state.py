@@ -11,11 +11,21 @@ tests' autouse fixture calls it before every test. What it does not reset:
 
 - the process identity (``context.PROCESS``: kind, dp, role, rank): a forked child inherits its
   parent's, and a hook's ``claim`` changes it (clearing the label caches, ``clear_label_caches``);
-- registrations (``observers``, ``utilization_observed``): an observable gauge registered once is
-  observed by every pipeline the process builds, a forked child's included. ``reset(registrations=True)``
-  drops them too (tests that count registrations);
+- registrations (``observers``, ``utilization_observed``, ``extra_metrics``): an observable gauge
+  registered once is observed by every pipeline the process builds, a forked child's included; a metric
+  a user's hook file declared keeps its View. ``reset(registrations=True)`` drops them too (tests that
+  count registrations);
 - the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
-  server's control file for the process's lifetime: ``recording.control.teardown`` resets it.
+  server's control file for the process's lifetime: ``recording.control.teardown`` resets it;
+- the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``): ``recording.pipeline.reset()``
+  closes it (its final export), and the fork handler abandons a parent's (its readers are not ours);
+- the flush listener (``flush_listener``, ``flush_env``), which follows ``instrument()`` /
+  ``uninstrument()`` (``recording.shutdown.setup`` / ``teardown``); the fork handler starts a child's own;
+- the future classes whose completions are hooked (``completion_hooked``, ``completes_later``): they
+  follow the installed class patches, which a forked child inherits; removing a patch removes its class.
+
+The fork handler is ``recording.pipeline``'s, the only one the package registers (it also starts a
+child's own flush listener and control poller).
 
 ContextVars (``handlers.steps.CURRENT_STEP``, ``IN_PREFIX_CACHE_RESET``) are not state to reset: each
 call sets and restores its own value.
@@ -23,6 +33,7 @@ call sets and restores its own value.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import deque
 from typing import Any
@@ -73,6 +84,17 @@ class State:
         # -- registrations (kept by reset() unless registrations=True) --
         "observers",
         "utilization_observed",
+        "extra_metrics",
+        # -- the pipeline (recording.pipeline: reset() there closes it; kept by reset()) --
+        "pipeline",
+        "extra_readers",
+        "pipeline_lock",
+        # -- the flush listener (recording.shutdown: setup / teardown; kept by reset()) --
+        "flush_listener",
+        "flush_env",
+        # -- future classes hooked by installed patches (hooks.patches, hooks.futures; kept by reset()) --
+        "completion_hooked",
+        "completes_later",
         # -- runtime control (recording.control; reset by its teardown) --
         "control",
     )
@@ -154,6 +176,24 @@ class State:
         self.observers: list = []
         #: Whether the device utilization gauge was registered (handlers.memory).
         self.utilization_observed: bool = False
+        #: Metrics declared at run time (users' hook files: hooks.userfile), seed -> MetricSpec:
+        #: ``catalogue.EXTRA``.
+        self.extra_metrics: dict[str, Any] = {}
+        #: This process's pipeline (recording.pipeline.Pipeline), None: not built yet.
+        self.pipeline: Any = None
+        #: Readers every pipeline this process builds gets besides its own (tests' in-memory readers).
+        self.extra_readers: tuple = ()
+        #: Held while the pipeline is built or replaced (a new one in a forked child).
+        self.pipeline_lock = threading.Lock()
+        #: (pid, socket, thread) of this process's shutdown-flush listener (recording.shutdown), None:
+        #: not listening.
+        self.flush_listener: tuple | None = None
+        #: Environment variables recording.shutdown set for its children (removed at its teardown).
+        self.flush_env: list[str] = []
+        #: Future classes that deliver their completion to the FUTURE hook (hooks.patches.hook_future_class).
+        self.completion_hooked: set = set()
+        #: …and are only ever completed after the call that made them returned.
+        self.completes_later: set = set()
         #: The runtime control's state in this process (recording.control).
         self.control = ControlState()
 
@@ -260,3 +300,4 @@ def reset(*, registrations: bool = False) -> None:
     if registrations:
         s.observers.clear()
         s.utilization_observed = False
+        s.extra_metrics.clear()

@@ -1,13 +1,17 @@
-"""Test doubles shaped like vLLM's objects (requests, SchedulerOutputs, schedulers, executors, the
-``vllm.v1.utils`` profiling-scope module, torch's record_function) and an injectable clock, shared by
-the handler tests; plus the helpers that spell expected series (label keys, bucket counts)."""
+"""Test doubles shaped like vLLM's and vllm-ascend's objects (requests, SchedulerOutputs, schedulers,
+executors, the ``vllm.v1.utils`` profiling-scope module, torch's record_function, the NPU model runner,
+the Ascend schedulers, EPLB's worker, adaptor and loader, the Mooncake / AscendStore KV transfer classes)
+and an injectable clock, shared by the handler tests and the contract tests that check their shape
+against the real source; plus the helpers that spell expected series (label keys, bucket counts)."""
 
 import concurrent.futures
+import enum
 import types
 from types import SimpleNamespace as NS
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
-from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler
+from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, scheduler
+from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
 from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 
@@ -286,3 +290,299 @@ class FakeExecutor:
         if method in self.times_out:
             raise TimeoutError(f"RPC call to {method} timed out.")
         return self.replies.get(method)
+
+
+# -- vllm-ascend: NPU model runner, Ascend schedulers (tests/test_contract_ascend.py checks their shape) ---
+
+
+class AscendAttentionState(enum.Enum):  # vllm_ascend.attention.attention_v1
+    PrefillNoCache = 0
+    PrefillCacheHit = 1
+    DecodeOnly = 2
+    ChunkedPrefill = 3
+    SpecDecoding = 4
+
+
+def npu_runner(attn_state):
+    class NPUModelRunner:
+        def __init__(self):
+            self.requests = {}
+            self.attn_state = None
+
+        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens=None):
+            self.attn_state = attn_state
+
+        def execute_model(self, scheduler_output, intermediate_tensors=None):
+            self._prepare_inputs(scheduler_output)
+            return None
+
+        def sample_tokens(self, grammar_output):
+            return "output"
+
+    NPUModelRunner.execute_model = wrap(NPUModelRunner.execute_model, ascend.NPUExecuteModel(), SYNC)[0]
+    NPUModelRunner._prepare_inputs = wrap(NPUModelRunner._prepare_inputs, ascend.NPUPrepareInputs(), SYNC_TIMER)[0]
+    NPUModelRunner.sample_tokens = wrap(NPUModelRunner.sample_tokens, SampleTokens(), SYNC)[0]
+    return NPUModelRunner()
+
+
+class RecomputeScheduler:
+    """The parts of vllm_ascend.core.recompute_scheduler.RecomputeScheduler the handlers touch."""
+
+    def __init__(self, recomputed, nested=False):
+        self.requests = {"d": req(41, 42, prompt=40)}  # decoding (2 outputs)
+        self.running, self.waiting = [], []
+        self.max_num_running_reqs = 8
+        self.kv_cache_manager = NS(block_pool=NS(num_gpu_blocks=9, get_num_free_blocks=lambda: 4))
+        self.recomputed = recomputed
+        self.nested = nested
+
+    def base_schedule(self):
+        out = output(self.requests, cached=[("d", 1)])
+        out.recomputed_reqs = [NS(request_id=f"r{i}") for i in range(self.recomputed)]
+        return out
+
+    def schedule(self):
+        return self.base_schedule()
+
+
+# -- vllm-ascend 0.23.0.post1's EPLB: EplbWorker (policy replaced by a fixed answer), adaptor, loader ------
+
+
+class FakeEplbWorker:
+    """``vllm_ascend.eplb.core.eplb_worker.EplbWorker`` (0.23.0.post1) as far as ``do_update`` goes, its
+    code copied (the placement checks and update-info packing left out). This is the version with
+    ``latest_expert_hotness`` (computed on EP rank 0 only)."""
+
+    computes_hotness = True
+
+    def __init__(self, shared_dict, rank_id, new_placement, policy_type=2):
+        self.shared_dict = shared_dict
+        self.old_expert_maps = None
+        self.rank_id = rank_id
+        self.multi_stage = policy_type == 3
+        self.new_placement = new_placement
+
+    def do_update(self):
+        import numpy as np
+        import torch
+
+        if self.old_expert_maps is None:
+            self.old_expert_maps = self.get_init_expert_maps()
+            if self.old_expert_maps is not None:
+                self.num_local_experts = self.old_expert_maps.max() + 1
+            else:
+                raise ValueError("Failed to get expert_maps from shared_dict.")
+        load_info = self.fetch_and_sum_load_info()
+        if load_info is None:
+            return
+        old_placement = self.global2local(self.old_expert_maps, self.num_local_experts)
+        new_placement = torch.tensor(self.new_placement)  # the policy's answer
+        if self.rank_id == 0 and self.computes_hotness:
+            if self.multi_stage:
+                hotness = self._calculate_hotness(old_placement, load_info.sum(0))
+            else:
+                hotness = self._calculate_hotness(old_placement, load_info)
+            with np.errstate(invalid="ignore"):  # 0 / 0 on a layer without load, as in vllm-ascend
+                current_mean, current_max, current_imbalance_list = self._compute_imbalance(
+                    old_placement, hotness, return_list=True
+                )
+                update_mean, update_max, update_imbalance_list = self._compute_imbalance(
+                    new_placement, hotness, return_list=True
+                )
+            self.latest_expert_hotness = {
+                "current_mean": current_mean,
+                "current_max": current_max,
+                "update_mean": update_mean,
+                "update_max": update_max,
+                "current_imbalance_list": current_imbalance_list,
+                "update_imbalance_list": update_imbalance_list,
+            }
+        new_expert_maps = self.local2global(new_placement)
+        self.shared_dict["expert_maps"] = new_expert_maps
+        self.old_expert_maps = new_expert_maps
+        return [("update info of layer", layer) for layer in range(new_expert_maps.shape[0])]
+
+    def get_init_expert_maps(self):
+        return self.shared_dict.get("expert_maps", None)
+
+    def fetch_and_sum_load_info(self):
+        return self.shared_dict.get("moe_load", None)
+
+    def global2local(self, placement, E_local):
+        import torch
+
+        L, G, _ = placement.shape
+        pt_local = torch.full((L, G, E_local), fill_value=-1, dtype=torch.long, device=placement.device)
+        valid = placement >= 0
+        l_idx, g_idx, k_idx = valid.nonzero(as_tuple=True)
+        slot_idx = placement[l_idx, g_idx, k_idx]
+        pt_local[l_idx, g_idx, slot_idx] = k_idx
+        return pt_local
+
+    def local2global(self, placement_local):
+        import torch
+
+        L, G, E_local = placement_local.shape
+        max_id = torch.max(placement_local)
+        E_global = (max_id + 1).item() if max_id >= 0 else 0
+        placement_global = torch.full((L, G, E_global), fill_value=-1, dtype=torch.long)
+        valid = placement_local >= 0
+        l_idx, g_idx, slot_idx = valid.nonzero(as_tuple=True)
+        gid_idx = placement_local[l_idx, g_idx, slot_idx]
+        placement_global[l_idx, g_idx, gid_idx] = slot_idx
+        return placement_global
+
+    @staticmethod
+    def _compute_imbalance(deployment_all_layer, hotness_all_layer, return_list=False):
+        import numpy as np
+
+        imbalance_list = []
+        deployment_all_layer = np.array(deployment_all_layer)
+        for deployment, hotness in zip(deployment_all_layer, hotness_all_layer):
+            counts = np.bincount(deployment.reshape(-1), minlength=hotness.shape[0])
+            unit_hotness = np.divide(hotness, counts, out=np.zeros_like(hotness, dtype=float), where=counts != 0)
+            stage_load = unit_hotness[deployment].sum(-1)
+            stage_par = stage_load.max() / stage_load.mean()
+            imbalance_list.append(stage_par)
+        max_val = max(imbalance_list)
+        mean_val = sum(imbalance_list) / len(imbalance_list)
+        if return_list:
+            return mean_val, max_val, imbalance_list
+        return mean_val, max_val
+
+    @staticmethod
+    def _calculate_hotness(deployment_all_layer, moe_load_all_layer):
+        import numpy as np
+
+        hotnesses = []
+        num_of_expert = deployment_all_layer.shape[1] * deployment_all_layer.shape[2]
+        for deployment, rank_load in zip(deployment_all_layer, moe_load_all_layer.numpy()):
+            hotness = np.zeros(num_of_expert, dtype=rank_load.dtype)
+            np.add.at(hotness, deployment.ravel(), rank_load.ravel())
+            hotnesses.append(hotness)
+        return np.array(hotnesses)
+
+
+class FakeEplbWorkerWithoutHotness(FakeEplbWorker):
+    """A vllm-ascend without ``latest_expert_hotness`` (before v0.21.0rc1): do_update computes none."""
+
+    computes_hotness = False
+
+
+class ExpertWeightUpdateState(enum.Enum):
+    WAITING = 0
+    READY = 1
+    TRANSFERRING = 2
+
+
+class FakeAdaptor:
+    """``VllmEplbAdaptor``'s update methods (signatures of 0.23.0.post1)."""
+
+    def __init__(self):
+        self.calls = []
+        self.num_moe_layers = 2
+
+    def do_update_expert_map(self, layer_id, updated_expert_map):
+        self.calls.append(("map", layer_id))
+
+    def do_update_expert_weight(self, layer_id, local_expert_to_replace, buffer_tensor_id):
+        self.calls.append(("weight", layer_id, local_expert_to_replace, buffer_tensor_id))
+
+    def do_update_log2phy_map(self, layer_id, updated_log2phy_map):
+        self.calls.append(("log2phy", layer_id))
+
+
+class FakeLoader:
+    """``D2DExpertWeightLoader.update_expert_map_and_weight`` of 0.23.0.post1 (profiling scope and logs
+    left out)."""
+
+    def __init__(self, adaptor):
+        self.eplb_adaptor = adaptor
+        self.comm_op_list = None
+        self.updated_expert_map = None
+        self.updated_log2phy_map = None
+        self.layer_id = -1
+        self.state = ExpertWeightUpdateState.WAITING
+        self.recv_expert_list = []
+
+    def update_expert_map_and_weight(self, reqs):
+        if self.state != ExpertWeightUpdateState.TRANSFERRING:
+            return
+        if reqs:
+            for req in reqs:
+                req.wait()
+        if self.comm_op_list is not None:
+            self.comm_op_list = None
+        self.eplb_adaptor.do_update_expert_map(self.layer_id, self.updated_expert_map)
+        self.eplb_adaptor.do_update_log2phy_map(self.layer_id, self.updated_log2phy_map)
+        for local_expert_to_replace, buffer_tensor_id in self.recv_expert_list:
+            self.eplb_adaptor.do_update_expert_weight(self.layer_id, local_expert_to_replace, buffer_tensor_id)
+        self.recv_expert_list = []
+        self.updated_expert_map = None
+        self.layer_id = -1
+        self.state = ExpertWeightUpdateState.WAITING
+
+
+# -- vllm-ascend's KV transfers: Mooncake P2P threads, AscendStore backends (test_contract_kv_ascend.py) ---
+
+
+class TransferEngine:
+    """Mooncake's TransferEngine (C++; the calls vllm-ascend makes): returns ``ret`` (negative: failed)."""
+
+    def __init__(self, ret=0):
+        self.ret = ret
+        self.calls = []
+
+    def batch_transfer_sync_read(self, session_id, src, dst, lengths):
+        self.calls.append(("read", session_id, list(lengths)))
+        return self.ret
+
+    def batch_transfer_sync_write(self, session_id, src, dst, lengths):
+        self.calls.append(("write", session_id, list(lengths)))
+        return self.ret
+
+    def get_rpc_port(self):
+        return 12345
+
+
+class KVCacheRecvingThread:
+    """vllm-ascend's receiving thread: ``_transfer_kv_cache_all_groups`` pulls one request's blocks with one
+    ``batch_transfer_sync_read`` and raises on a negative return, as the real one does."""
+
+    def __init__(self, tp_rank, tp_size, _prefill_pp_size, engine):
+        self.tp_rank = tp_rank
+        self.engine = engine
+
+    def _transfer_kv_cache_all_groups(self, req_meta):
+        ret = self.engine.batch_transfer_sync_read(
+            req_meta["session"], req_meta["src"], req_meta["dst"], req_meta["len"]
+        )
+        if ret < 0:
+            raise RuntimeError(f"Mooncake transfer failed, ret: {ret}")
+
+
+class KVCacheSendingLayerThread:
+    def __init__(self, engine):
+        self.engine = engine
+
+
+class MooncakeBackend:
+    """An AscendStore backend: ``put`` returns nothing, ``get`` a code per key (0: loaded) or None."""
+
+    def __init__(self, codes=None):
+        self.codes = codes
+        self.puts = []
+
+    def put(self, keys, addrs, sizes):
+        self.puts.append(list(keys))
+
+    def get(self, keys, addrs, sizes):
+        return self.codes
+
+
+class MemcacheBackend(MooncakeBackend):
+    def put(self, key, addr, size):
+        self.puts.append(list(key))
+
+    def get(self, key, addr, size):
+        return self.codes

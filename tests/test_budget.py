@@ -8,7 +8,7 @@ import queue
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import patch_clock
+from fakes import output, patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
@@ -26,16 +26,6 @@ def clock(monkeypatch):
     c = patch_clock(monkeypatch, scheduler, engine, budget)
     c.t = 1000.0
     return c
-
-
-def _output():
-    """A SchedulerOutput's shape: one new request of 5 tokens (a prefill step)."""
-    return NS(
-        num_scheduled_tokens={"a": 5},
-        total_num_scheduled_tokens=5,
-        scheduled_new_reqs=[NS(req_id="a", num_computed_tokens=0)],
-        scheduled_cached_reqs=NS(req_ids=[], resumed_req_ids=set(), num_computed_tokens=[], num_output_tokens=[]),
-    )
 
 
 def _engine(clock):
@@ -57,7 +47,7 @@ def _engine(clock):
 
         def schedule(self, throttle=False):
             advance(0.125)
-            return _output()
+            return output({}, new=[("a", 5)])  # one new request of 5 tokens: a prefill step
 
         def get_grammar_bitmask(self, scheduler_output):
             advance(0.03125)

@@ -78,28 +78,27 @@ def test_npu_runner_sets_attn_state_in_prepare_inputs(tree):
 
 def _fakes():
     """(fake class, an instance or None, real module, real class, names the fake adds for the test only)."""
-    import test_eplb
-    import test_handlers_ascend as t
+    import fakes as t
 
     runner = t.npu_runner(t.AscendAttentionState.DecodeOnly)
     return [
         (
-            test_eplb.FakeEplbWorker,
-            test_eplb.FakeEplbWorker({}, 0, None),
+            t.FakeEplbWorker,
+            t.FakeEplbWorker({}, 0, None),
             "vllm_ascend.eplb.core.eplb_worker",
             "EplbWorker",
             {"computes_hotness", "new_placement", "multi_stage"},
         ),
         (
-            test_eplb.FakeAdaptor,
-            test_eplb.FakeAdaptor(),
+            t.FakeAdaptor,
+            t.FakeAdaptor(),
             "vllm_ascend.eplb.adaptor.vllm_adaptor",
             "VllmEplbAdaptor",
             {"calls"},
         ),
         (
-            test_eplb.FakeLoader,
-            test_eplb.FakeLoader(None),
+            t.FakeLoader,
+            t.FakeLoader(None),
             "vllm_ascend.eplb.core.eplb_device_transfer_loader",
             "D2DExpertWeightLoader",
             set(),
@@ -120,13 +119,12 @@ def test_fakes_have_the_real_classes_methods_and_attributes(tree):
 
 
 def test_fake_enums_match_the_real_ones(tree):
-    import test_eplb
-    import test_handlers_ascend as t
+    import fakes as t
 
     for fake, module, cls in (
         (t.AscendAttentionState, "vllm_ascend.attention.attention_v1", "AscendAttentionState"),
         (
-            test_eplb.ExpertWeightUpdateState,
+            t.ExpertWeightUpdateState,
             "vllm_ascend.eplb.core.eplb_device_transfer_loader",
             "ExpertWeightUpdateState",
         ),

@@ -1,5 +1,5 @@
 """Contract of the vllm-ascend KV transfer handlers with vllm-ascend 0.23.0.post1's source (with vLLM 0.23.0's
-beneath it): the fakes of ``test_kv_ascend.py`` have the real classes' shape, the metered TransferEngine stands
+beneath it): the fakes ``test_kv_ascend.py`` uses (tests/fakes.py) have the real classes' shape, the metered TransferEngine stands
 in only where the thread uses it for nothing but the two batch calls, and the results the handlers read mean
 what vllm-ascend itself reads them as. The rows themselves (symbols, parameters) are checked by
 ``test_contract_ascend.py``."""
@@ -23,7 +23,7 @@ def tree():
 
 
 def _fakes():
-    import test_kv_ascend as t
+    import fakes as t
 
     return [
         (

@@ -85,8 +85,9 @@ def test_every_override_that_bypasses_a_hook_has_a_row_or_a_reason(name):
 
 
 def test_the_known_bypassing_overrides_are_found_and_have_rows():
-    """The cases that were found the hard way (issue 11: D6, D7), plus the NPU model runner V2's input
-    preparation, are what the search reports, and their rows exist."""
+    """vllm-ascend's overrides known to bypass a hook (RecomputeScheduler's update_from_output and
+    add_request, the 310P runner's _prepare_inputs, the NPU model runner V2's prepare_inputs,
+    SchedulerDynamicBatch's schedule) are what the search reports, and each has its own row."""
     found = overrides(ASCEND)
     expected = {
         "vllm_ascend.core.recompute_scheduler:RecomputeScheduler.update_from_output": "vllm.v1.core.sched.scheduler:Scheduler.update_from_output",

@@ -1,50 +1,18 @@
 """vllm-ascend handlers (NPU runner phase, Ascend schedulers, memory, device utilization) on fakes
 whose attribute names are the ones tests/test_contract_ascend.py checks against vllm-ascend's source."""
 
-import enum
 import sys
 import types
 from types import SimpleNamespace as NS
 
 import pytest
-from test_handlers import output, req
+from fakes import AscendAttentionState, RecomputeScheduler, npu_runner
 
 from opentelemetry_instrumentation_vllm_ascend import context, recording
-from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, memory, steps
-from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
+from opentelemetry_instrumentation_vllm_ascend.handlers import memory, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
-from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
-
-
-class AscendAttentionState(enum.Enum):  # vllm_ascend.attention.attention_v1
-    PrefillNoCache = 0
-    PrefillCacheHit = 1
-    DecodeOnly = 2
-    ChunkedPrefill = 3
-    SpecDecoding = 4
-
-
-def npu_runner(attn_state):
-    class NPUModelRunner:
-        def __init__(self):
-            self.requests = {}
-            self.attn_state = None
-
-        def _prepare_inputs(self, scheduler_output, num_scheduled_tokens=None):
-            self.attn_state = attn_state
-
-        def execute_model(self, scheduler_output, intermediate_tensors=None):
-            self._prepare_inputs(scheduler_output)
-            return None
-
-        def sample_tokens(self, grammar_output):
-            return "output"
-
-    NPUModelRunner.execute_model = wrap(NPUModelRunner.execute_model, ascend.NPUExecuteModel(), SYNC)[0]
-    NPUModelRunner._prepare_inputs = wrap(NPUModelRunner._prepare_inputs, ascend.NPUPrepareInputs(), SYNC_TIMER)[0]
-    NPUModelRunner.sample_tokens = wrap(NPUModelRunner.sample_tokens, SampleTokens(), SYNC)[0]
-    return NPUModelRunner()
 
 
 @pytest.mark.parametrize(
@@ -76,26 +44,6 @@ def test_npu_step_phase_carried_by_the_output_wins(metrics):
         metrics.value("vllm_profiling_worker:model_inference:duration", dp="0", role="mixed", phase="prefill")[0] == 1
     )
     assert metrics.value("vllm_profiling_worker:model_inference:duration", dp="0", role="mixed", phase="mixed") is None
-
-
-class RecomputeScheduler:
-    """The parts of vllm_ascend.core.recompute_scheduler.RecomputeScheduler the handlers touch."""
-
-    def __init__(self, recomputed, nested=False):
-        self.requests = {"d": req(41, 42, prompt=40)}  # decoding (2 outputs)
-        self.running, self.waiting = [], []
-        self.max_num_running_reqs = 8
-        self.kv_cache_manager = NS(block_pool=NS(num_gpu_blocks=9, get_num_free_blocks=lambda: 4))
-        self.recomputed = recomputed
-        self.nested = nested
-
-    def base_schedule(self):
-        out = output(self.requests, cached=[("d", 1)])
-        out.recomputed_reqs = [NS(request_id=f"r{i}") for i in range(self.recomputed)]
-        return out
-
-    def schedule(self):
-        return self.base_schedule()
 
 
 def test_requests_sent_back_for_recompute_are_recompute_events(metrics):

@@ -18,6 +18,7 @@ from fakes import (
 
 from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers import executor, steps
+from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc, exception_type
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks import patches
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, wrap
@@ -196,3 +197,48 @@ def test_real_future_wrapper_times_do_not_depend_on_when_vllm_reads_the_reply(me
     }
     assert metrics.points()[SAMPLE] == {key(**step("decode")): (1, 0.25, counts(S, b8=1))}
     assert metrics.points()[RPC] == {key(**step("mixed", exception_type="worker_failed")): 1}
+
+
+# -- RPC errors -------------------------------------------------------------------------------
+
+RPC = "vllm_profiling_rpc_errors"
+
+
+@pytest.mark.parametrize(
+    "exc, label",
+    [
+        (TimeoutError("RPC call to execute_model timed out."), "timeout"),
+        (RuntimeError("Executor failed."), "executor_failed"),
+        (RuntimeError("Worker failed with error 'boom', please check the stack trace above"), "worker_failed"),
+        (RuntimeError("One or more workers failed"), "worker_failed"),
+        (RuntimeError("cancelled"), "cancelled"),
+        (concurrent.futures.CancelledError(), "cancelled"),
+        (ValueError("x"), "other"),
+        (RuntimeError("something else"), "other"),
+    ],
+)
+def test_exception_type_is_bounded(exc, label):
+    assert exception_type(exc) == label
+
+
+def test_rpc_errors_blocking_and_through_the_future(metrics):
+    ex = FakeExecutor(times_out={"get_kv_cache_spec"})
+    rpc = wrap(FakeExecutor.collective_rpc, CollectiveRpc(), FUTURE)[0]
+    STATE.last_step_phase = "prefill"
+
+    fut = rpc(ex, "execute_model", args=("so",), non_block=True)
+    assert metrics.points().get("vllm_profiling_rpc_errors") is None  # nothing failed yet
+    fut.set_exception(RuntimeError("Worker failed with error 'oom'"))
+    with pytest.raises(RuntimeError):
+        fut.result()
+    ok = rpc(ex, "sample_tokens", non_block=True)
+    ok.set_result("fine")
+    with pytest.raises(TimeoutError):
+        rpc(ex, "get_kv_cache_spec")  # blocking utility call: phase unknown
+    with pytest.raises(RuntimeError):
+        rpc(ex, method="dead", non_block=True)  # raised before any future exists
+    assert ex.calls == 4
+    assert metrics.value(RPC, dp="0", role="mixed", phase="prefill", exception_type="worker_failed") == 1
+    assert metrics.value(RPC, dp="0", role="mixed", phase="unknown", exception_type="timeout") == 1
+    assert metrics.value(RPC, dp="0", role="mixed", phase="unknown", exception_type="executor_failed") == 1
+    assert sum(metrics.points()[RPC].values()) == 3

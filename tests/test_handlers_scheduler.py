@@ -1,4 +1,5 @@
-"""Scheduler handlers (schedule, update_from_output, add_request, preemptions, KV blocks) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
+"""Scheduler handlers (schedule, update_from_output, add_request, preemptions, KV blocks and allocation
+failures) and the step classification (handlers/steps.py) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
 recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
 fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
 
@@ -9,7 +10,9 @@ from fakes import (
     ALL_LABELS,
     SC,
     F,
+    FakeKV,
     FakeScheduler,
+    PlannedScheduler,
     R,
     T,
     counts,
@@ -24,6 +27,8 @@ from fakes import (
 
 from opentelemetry_instrumentation_vllm_ascend import context, state
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler, steps
+from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
+from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
@@ -454,3 +459,170 @@ def test_add_request_phase_all(metrics, clock):
     assert metrics.points()[name("scheduler:add_request:duration")] == {
         key(**ALL_LABELS): (2, 0.00390625, counts(F, b7=2))
     }  # (0.001, 0.0025]
+
+
+# -- phase classification -------------------------------------------------------------------
+
+REQUESTS = {
+    "new": req(0, 8),  # a new request (its NewRequestData), whatever its prefix-cache hit
+    "resumed": req(0, 13, prompt=10),  # preempted after 3 outputs: recomputes 13 tokens
+    "chunk": req(4, 10),  # chunked prefill: 4 of 10 prompt tokens done before this step
+    "last_chunk": req(8, 10),  # the final chunk of 2 prompt tokens
+    "decode": req(12, 13, prompt=10),  # 12 of 13 computed: computes the last sampled token
+    "spec": req(12, 13, prompt=10),  # decode with 2 speculative drafts
+    "resumed_chunk2": req(8, 13, prompt=10),  # resumed, second chunk: 8 of 13 recomputed so far
+}
+
+
+class Sched:
+    def __init__(self, requests):
+        self.requests = requests
+
+
+@pytest.mark.parametrize(
+    "new, cached, resumed, recomputing, expected",
+    [
+        (["new"], [], [], [], "prefill"),
+        ([], [("resumed", 13)], ["resumed"], ["resumed"], "prefill"),
+        ([], [("chunk", 4)], [], [], "prefill"),
+        ([], [("last_chunk", 2)], [], [], "prefill"),
+        ([], [("resumed_chunk2", 5)], [], ["resumed_chunk2"], "prefill"),  # not in resumed_req_ids any more
+        ([], [("decode", 1)], [], [], "decode"),
+        ([], [("decode", 1), ("spec", 3)], [], [], "decode"),
+        (["new"], [("decode", 1)], [], [], "mixed"),
+        ([], [("decode", 1), ("chunk", 4)], [], [], "mixed"),
+        ([], [("decode", 1), ("resumed", 13)], ["resumed"], ["resumed"], "mixed"),
+        ([], [("decode", 1), ("resumed_chunk2", 5)], [], ["resumed_chunk2"], "mixed"),
+        ([], [], [], [], "idle"),
+    ],
+)
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_step_phase(new, cached, resumed, recomputing, expected, path):
+    """All four request classes, through the fast path (no request recomputing unless the case has
+    one) and the exact per-request loop (forced by an unrelated recomputing request)."""
+    sched = Sched(dict(REQUESTS))
+    for rid in recomputing:
+        steps.mark_recomputing(sched, rid)
+    if path == "exact":
+        sched.requests["other"] = req(3, 20, prompt=10)
+        steps.mark_recomputing(sched, "other")
+    assert steps.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
+
+
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_classify_step_splits_requests_and_tokens_by_req_phase(path):
+    """Hand-computed: a new request (6 tokens), a chunk (4), a decode (1), a spec decode (3)."""
+    sched = Sched(dict(REQUESTS))
+    if path == "exact":
+        sched.requests["other"] = req(3, 20, prompt=10)
+        steps.mark_recomputing(sched, "other")
+    out = output(REQUESTS, [("new", 6)], [("chunk", 4), ("decode", 1), ("spec", 3)])
+    assert steps.classify_step(sched, out) == ("mixed", 2, 10, 2, 4)
+    out = output(REQUESTS, [], [("decode", 1), ("spec", 3)])
+    assert steps.classify_step(sched, out) == ("decode", 0, 0, 2, 4)
+    out = output(REQUESTS, [("new", 6)], [("last_chunk", 2)])
+    assert steps.classify_step(sched, out) == ("prefill", 2, 8, 0, 0)
+    if path == "exact":  # a resumed request recomputes: prefill tokens, even though it has outputs
+        out = output(REQUESTS, [], [("resumed", 13), ("decode", 1)], ["resumed"])
+        assert steps.classify_step(sched, out) == ("mixed", 1, 13, 1, 1)
+
+
+def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():
+    sched = Sched({"r": req(5, 13, prompt=10), "gone": req(0, 4)})
+    steps.mark_recomputing(sched, "r")
+    steps.mark_recomputing(sched, "gone")
+    del sched.requests["gone"]
+    out = output(sched.requests, cached=[("r", 5)])
+    assert steps.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
+    assert STATE.recomputing[sched] == {"r"}
+    sched.requests["r"].num_computed_tokens = 12  # after this step: caught up (12 == 13 - 1)
+    steps.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
+    assert STATE.recomputing[sched] == set()
+
+
+# -- preemption, recompute, allocation failures ---------------------------------------------
+
+R2W = "vllm_profiling_running_to_waiting_count"
+RECOMPUTE = "vllm_profiling_scheduler:recompute_events"
+ALLOC = "vllm_profiling_block_allocate_failures"
+
+
+def with_event_hooks(scheduler):
+    """``scheduler`` (a PlannedScheduler) with the schedule, preemption, prefix-cache reset and KV
+    allocation handlers wrapped around its methods."""
+    cls = type(scheduler)
+    sched = type("Instrumented", (cls,), {})
+    sched.schedule = wrap(cls.schedule, Schedule(), SYNC)[0]
+    sched._preempt_request = wrap(cls._preempt_request, PreemptRequest(), SYNC)[0]
+    sched.reset_prefix_cache = wrap(cls.reset_prefix_cache, ResetPrefixCache(), SYNC)[0]
+    scheduler.__class__ = sched
+    kv = type("KV", (FakeKV,), {"allocate_slots": wrap(FakeKV.allocate_slots, AllocateSlots(), SYNC)[0]})
+    scheduler.kv_cache_manager.__class__ = kv
+    return scheduler
+
+
+def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
+    victim = req(40, 41)  # had computed tokens: a recompute event
+    fresh = req(0, 5)  # preempted before computing anything: no recompute
+    decode_req = req(41, 41)
+    decoding = lambda requests: output(requests, cached=[("d", 1)])  # noqa: E731
+    s = with_event_hooks(
+        PlannedScheduler(
+            [
+                ([("alloc", victim), ("preempt", victim), ("alloc", fresh), ("preempt", fresh)], decoding),
+                ([], decoding),
+            ]
+        )
+    )
+    s.requests["d"] = decode_req
+    s.kv_cache_manager.results = [None, None]
+    s.schedule()
+    attrs = dict(dp="0", role="mixed", phase="decode")
+    assert metrics.value(R2W, **attrs) == 2
+    assert metrics.value(RECOMPUTE, **attrs) == 1
+    assert metrics.value(ALLOC, **attrs) == 2
+    decode_req.num_computed_tokens += 1
+    decode_req.num_tokens += 1
+    s.schedule()  # a step with no events adds nothing (and creates no zero series)
+    assert metrics.value(R2W, **attrs) == 2
+    assert set(metrics.points()[R2W]) == {tuple(sorted(attrs.items()))}
+    assert STATE.last_step_phase == "decode"
+
+
+def test_successful_allocation_is_not_a_failure_and_raise_is(metrics):
+    s = with_event_hooks(
+        PlannedScheduler([([("alloc", req(0, 1))], lambda requests: output(requests, cached=[("a", 1)]))])
+    )
+    s.requests["a"] = req(1, 1)
+    s.kv_cache_manager.results = [object()]
+    s.schedule()
+    assert metrics.points().get(ALLOC) is None
+    kv = s.kv_cache_manager
+    kv.results = [ValueError("bad")]
+    with pytest.raises(ValueError, match="bad"):  # re-raised unchanged, outside a step
+        kv.allocate_slots(req(0, 1), 1)
+    assert metrics.value(ALLOC, dp="0", role="mixed", phase="unknown") == 1
+
+
+def test_reset_prefix_cache_preemptions_are_not_counted(metrics):
+    s = with_event_hooks(PlannedScheduler([]))
+    s.requests = {"a": req(5, 6), "b": req(7, 8)}
+    assert s.reset_prefix_cache(reset_running_requests=True) is True
+    assert metrics.points().get(R2W) is None
+    # …but a preemption outside any step and outside a reset still counts, with phase unknown.
+    s._preempt_request(req(3, 4), 0.0)
+    assert metrics.value(R2W, dp="0", role="mixed", phase="unknown") == 1
+    assert metrics.value(RECOMPUTE, dp="0", role="mixed", phase="unknown") == 1
+
+
+def test_schedule_that_raises_still_records_its_events(metrics):
+    class Exploding(PlannedScheduler):
+        def schedule(self):
+            self._preempt_request(req(3, 4), 0.0)
+            raise RuntimeError("scheduler bug")
+
+    s = with_event_hooks(Exploding([]))
+    with pytest.raises(RuntimeError, match="scheduler bug"):
+        s.schedule()
+    assert metrics.value(R2W, dp="0", role="mixed", phase="unknown") == 1
+    assert steps.CURRENT_STEP.get() is None

@@ -217,7 +217,7 @@ def test_a_full_metrics_filesystem_is_one_log_line_not_a_sigbus(tmp_path):
         out = subprocess.run(
             [sys.executable, "-c", FULL_DISK_CHILD, str(mount)], env=env, capture_output=True, text=True, timeout=300
         )
-        assert out.returncode == 0, (out.returncode, out.stderr[-3000:])  # before: -7 (SIGBUS)
+        assert out.returncode == 0, (out.returncode, out.stderr[-3000:])  # a sparse file's page: -7 (SIGBUS)
         assert "survived" in out.stdout
         lines = [line for line in out.stderr.splitlines() if "opentelemetry-instrumentation-vllm-ascend" in line]
         assert len(lines) == 1 and "No space left on device" in lines[0], out.stderr[-3000:]

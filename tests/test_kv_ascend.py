@@ -4,6 +4,13 @@ shape ``test_contract_kv_ascend.py`` checks in vllm-ascend's real source. Oracle
 computed by hand from the lengths and sizes the fakes are given."""
 
 import pytest
+from fakes import (
+    KVCacheRecvingThread,
+    KVCacheSendingLayerThread,
+    MemcacheBackend,
+    MooncakeBackend,
+    TransferEngine,
+)
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import kv_transfer
@@ -27,46 +34,6 @@ def hooked(cls, module, methods):
 
 def labels(connector, direction="remote", phase="unknown"):
     return {"dp": "0", "role": "mixed", "phase": phase, "direction": direction, "connector": connector}
-
-
-class TransferEngine:
-    """Mooncake's TransferEngine (C++; the calls vllm-ascend makes): returns ``ret`` (negative: failed)."""
-
-    def __init__(self, ret=0):
-        self.ret = ret
-        self.calls = []
-
-    def batch_transfer_sync_read(self, session_id, src, dst, lengths):
-        self.calls.append(("read", session_id, list(lengths)))
-        return self.ret
-
-    def batch_transfer_sync_write(self, session_id, src, dst, lengths):
-        self.calls.append(("write", session_id, list(lengths)))
-        return self.ret
-
-    def get_rpc_port(self):
-        return 12345
-
-
-class KVCacheRecvingThread:
-    """vllm-ascend's receiving thread: ``_transfer_kv_cache_all_groups`` pulls one request's blocks with one
-    ``batch_transfer_sync_read`` and raises on a negative return, as the real one does."""
-
-    def __init__(self, tp_rank, tp_size, _prefill_pp_size, engine):
-        self.tp_rank = tp_rank
-        self.engine = engine
-
-    def _transfer_kv_cache_all_groups(self, req_meta):
-        ret = self.engine.batch_transfer_sync_read(
-            req_meta["session"], req_meta["src"], req_meta["dst"], req_meta["len"]
-        )
-        if ret < 0:
-            raise RuntimeError(f"Mooncake transfer failed, ret: {ret}")
-
-
-class KVCacheSendingLayerThread:
-    def __init__(self, engine):
-        self.engine = engine
 
 
 def test_mooncake_p2p_reads_count_the_lengths_of_each_batch(metrics):
@@ -110,28 +77,6 @@ def test_a_failing_record_never_reaches_the_transfer(metrics, monkeypatch):
     monkeypatch.setattr(kv_transfer, "record_transfer", broken)
     assert metered.batch_transfer_sync_read("p:1", [1], [2], [10]) == 0
     assert engine.calls == [("read", "p:1", [10])]
-
-
-class MooncakeBackend:
-    """An AscendStore backend: ``put`` returns nothing, ``get`` a code per key (0: loaded) or None."""
-
-    def __init__(self, codes=None):
-        self.codes = codes
-        self.puts = []
-
-    def put(self, keys, addrs, sizes):
-        self.puts.append(list(keys))
-
-    def get(self, keys, addrs, sizes):
-        return self.codes
-
-
-class MemcacheBackend(MooncakeBackend):
-    def put(self, key, addr, size):
-        self.puts.append(list(key))
-
-    def get(self, key, addr, size):
-        return self.codes
 
 
 def test_ascend_store_put_and_get_count_keys_bytes_and_failed_keys(metrics):

@@ -1,4 +1,4 @@
-"""Each fact in one place (issue 16): which symbol feeds which metric and in which process is the target
+"""Each fact in one place: which symbol feeds which metric and in which process is the target
 table's alone (the catalogue's "hooked" / "recorded in" and both tables of docs/metrics.md come from it);
 plain timers, counters and value-of-an-argument hooks are data in their row; handler names, the arguments
 a handler reads, the TTFT thresholds, the scope-name bound, the bucket sets and the EPLB names each have
@@ -14,6 +14,7 @@ import sys
 import types
 
 import pytest
+from fakes import Clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers
@@ -188,15 +189,36 @@ def test_ttft_thresholds_scope_bound_and_bucket_sets_have_one_owner():
         assert not {v for v in _constants(path) if isinstance(v, tuple)} & bounds
 
 
+def _lists_every_placement(node: ast.AST) -> bool:
+    """A tuple or list display naming every EPLB placement (directly, or as the first item of its pairs)."""
+    if not isinstance(node, (ast.Tuple, ast.List)):
+        return False
+    heads = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in node.elts]
+    named = {h.value for h in heads if isinstance(h, ast.Constant)}
+    return set(catalogue.EPLB_PLACEMENTS) <= named
+
+
 def test_eplb_names_are_built_in_one_place():
-    """No f-string spells an ``eplb:`` seed outside catalogue.eplb_hotness_seed / eplb_layer_load_seed."""
-    spelled = []
+    """No f-string spells an ``eplb:`` seed outside catalogue.eplb_hotness_seed / eplb_layer_load_seed, no
+    string literal is one of the seeds they build, and the placements are listed once (EPLB_PLACEMENTS)."""
+    built = {
+        *(catalogue.eplb_hotness_seed(p, s) for p in catalogue.EPLB_PLACEMENTS for s in catalogue.EPLB_STATS),
+        *(catalogue.eplb_layer_load_seed(s) for s in catalogue.EPLB_STATS),
+    }
+    spelled, literals, placements = [], [], []
     for path in PACKAGE.rglob("*.py"):
+        where = path.relative_to(PACKAGE).as_posix()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
                 if str(node.values[0].value).startswith("eplb:"):
-                    spelled.append((path.relative_to(PACKAGE).as_posix(), node.lineno))
+                    spelled.append((where, node.lineno))
+            elif isinstance(node, ast.Constant) and node.value in built:
+                literals.append((where, node.lineno, node.value))
+            elif _lists_every_placement(node):
+                placements.append((where, node.lineno))
     assert [where for where, _ in spelled] == ["catalogue.py", "catalogue.py"]
+    assert literals == []
+    assert [where for where, _ in placements] == ["catalogue.py"]  # EPLB_PLACEMENTS itself
     assert set(catalogue.EPLB_CYCLE_SEEDS) <= set(catalogue.BY_SEED)
     do_update = next(t for t in targets.TARGETS if t.qualname == "EplbWorker.do_update")
     assert set(catalogue.EPLB_CYCLE_SEEDS) < set(do_update.feeds)
@@ -205,20 +227,12 @@ def test_eplb_names_are_built_in_one_place():
 # -- the recipe: a plain timer is two edits --------------------------------------------------------------------
 
 
-class _Clock:
-    def __init__(self):
-        self.t = 10.0
-
-    def __call__(self):
-        return self.t
-
-
 @pytest.fixture
 def recipe(monkeypatch):
     """A module holding a vLLM-shaped class the recipe hooks, a controllable clock, and this process's
     pipeline with an in-memory reader, set up after the test's catalogue edit."""
     module = types.ModuleType("otel_recipe_engine")
-    clock = _Clock()
+    clock = Clock(10.0)
 
     class Engine:
         def work(self, n, scale=1.0):

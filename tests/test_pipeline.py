@@ -173,3 +173,30 @@ def test_a_pipeline_that_cannot_be_built_is_one_log_line_and_no_leak(monkeypatch
     assert pipeline.current().disabled and pipeline.current().readers == []
     assert threading.active_count() == before  # the files reader's thread was stopped again
     pipeline.reset()
+
+
+def _report_poller(conn):
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+    poller = STATE.control.poller
+    conn.send((os.getpid(), poller and poller[0], poller is not None and poller[1].is_alive()))
+
+
+def test_the_fork_handler_gives_a_polling_process_s_child_its_own_control_poller(monkeypatch):
+    """recording.pipeline's fork handler (the package's only one) restarts the runtime control's poller in
+    the child: the parent's thread does not run there."""
+    from opentelemetry_instrumentation_vllm_ascend.recording import control
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+    monkeypatch.delenv(environment.CONTROL_DIR, raising=False)
+    control.start()
+    try:
+        parent, child_end = multiprocessing.Pipe()
+        child = multiprocessing.get_context("fork").Process(target=_report_poller, args=(child_end,))
+        child.start()
+        assert parent.recv() == (child.pid, child.pid, True)
+        child.join(10)
+        assert child.exitcode == 0
+        assert STATE.control.poller[0] == os.getpid()
+    finally:
+        control.teardown()

@@ -183,3 +183,36 @@ def test_teardown_stops_the_listener_thread():
         while listeners() and time.monotonic() < deadline:
             time.sleep(0.01)
         assert listeners() == []
+
+
+def _forked_listener(conn):
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+    listener = STATE.flush_listener
+    conn.send((os.getpid(), listener and listener[0]))
+    conn.recv()  # until the parent asked
+
+
+def test_a_forked_child_answers_flush_requests_on_its_own_socket(monkeypatch):
+    """The fork handler (recording.pipeline's) gives a listening process's child a listener of its own:
+    the parent's socket, inherited, is not the child's to read, and the child's pid names a new one."""
+    import multiprocessing
+
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+    monkeypatch.setenv(environment.TREE, "f" + os.urandom(8).hex())
+    shutdown.setup()
+    try:
+        parent, child_end = multiprocessing.Pipe()
+        child = multiprocessing.get_context("fork").Process(target=_forked_listener, args=(child_end,))
+        child.start()
+        try:
+            assert parent.recv() == (child.pid, child.pid)
+            assert shutdown.flush_processes([child.pid], timeout_s=5, with_descendants=False) == {child.pid}
+            assert STATE.flush_listener[0] == os.getpid()  # the parent's own, unchanged
+        finally:
+            parent.send("done")
+            child.join(10)
+        assert child.exitcode == 0
+    finally:
+        shutdown.teardown()

@@ -7,9 +7,10 @@ import logging
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend.hooks import futures, patches, wrappers
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, futures, patches, wrappers
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR, COROUTINE, FUTURE, SYNC
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 
 class Boom(Exception):
@@ -412,7 +413,7 @@ def test_future_class_delivers_completion_once(where, outcome, completes_later):
     for p in installed:
         p.remove()
     assert dict(Fut.__dict__) == before
-    assert Fut not in futures.COMPLETION_HOOKED and Fut not in futures.COMPLETES_LATER
+    assert Fut not in STATE.completion_hooked and Fut not in STATE.completes_later
 
 
 class NoArgs(Handler):
@@ -615,3 +616,41 @@ def test_a_traceback_through_a_generated_wrapper_shows_its_source_lines():
     assert len(ours) == 1
     assert ours[0].line == "_otel_result = _otel_original(self, n)"
     assert "_otel_original(self, n)" in "".join(traceback.format_tb(info.tb))
+
+
+def test_an_uninstalled_wrapper_s_source_leaves_linecache_and_one_wrapped_over_keeps_it():
+    """Removing a patch drops its wrapper's lines from linecache (nothing runs them any more); a wrapper
+    another library wrapped over stays as a call-through and keeps them. A hooked future class's
+    completion functions (real source files) are never dropped."""
+    import linecache
+
+    class Engine:
+        def step(self, n):
+            return n
+
+    class Other:
+        def step(self, n):
+            return n
+
+    restored = patches.patch_method(Engine, "step", Handler(), SYNC)
+    kept = patches.patch_method(Other, "step", Handler(), SYNC)
+    names = [p.wrapper.__code__.co_filename for p in (restored, kept)]
+    assert all(name.startswith(codegen.FILENAME_PREFIX) and name in linecache.cache for name in names)
+    wrapped_over = kept.wrapper
+    Other.step = lambda self, n, _ours=wrapped_over: _ours(self, n) + 1  # someone else's wrapper on top
+    restored.remove()
+    kept.remove()
+    assert Engine().step(2) == 2 and Other().step(2) == 3
+    assert names[0] not in linecache.cache and linecache.getlines(names[0]) == []
+    assert "def _otel_vllm_ascend_wrapper(" in "".join(linecache.getlines(names[1]))  # tracebacks show it
+
+    class Fut(concurrent.futures.Future):
+        pass
+
+    completions = patches.hook_future_class(Fut)
+    source = completions[0].wrapper.__code__.co_filename
+    assert source == patches.__file__
+    linecache.getlines(source)  # loaded, as a traceback through it would
+    for patch in completions:
+        patch.remove()
+    assert source in linecache.cache

@@ -281,17 +281,11 @@ def sections() -> list[tuple[str, list[Panel]]]:
             "Expert load imbalance, placement in use vs computed",
             "short",
             [
-                (f"current mean {_LEG}", gauge("eplb:expert_hotness:current_mean")),
-                (f"current max {_LEG}", gauge("eplb:expert_hotness:current_max")),
-                (f"update mean {_LEG}", gauge("eplb:expert_hotness:update_mean")),
-                (f"update max {_LEG}", gauge("eplb:expert_hotness:update_max")),
+                (f"{placement} {stat} {_LEG}", gauge(catalogue.eplb_hotness_seed(placement, stat)))
+                for placement in catalogue.EPLB_PLACEMENTS
+                for stat in catalogue.EPLB_STATS
             ],
-            (
-                "eplb:expert_hotness:current_mean",
-                "eplb:expert_hotness:current_max",
-                "eplb:expert_hotness:update_mean",
-                "eplb:expert_hotness:update_max",
-            ),
+            catalogue.EPLB_HOTNESS_SEEDS,
             "Imbalance (max/mean over EP ranks, 1.0 = balanced) of the placement in use and of the one EPLB computed.",
         ),
         Panel(
@@ -304,9 +298,9 @@ def sections() -> list[tuple[str, list[Panel]]]:
         Panel(
             "Busiest EP rank's load per layer",
             "short",
-            [("layer {{layer}} " + _LEG, gauge("eplb:layer_load:max", ("instance", "dp", "layer")))],
-            ("eplb:layer_load:max",),
-            spec("eplb:layer_load:max").description,
+            [("layer {{layer}} " + _LEG, gauge(catalogue.eplb_layer_load_seed("max"), ("instance", "dp", "layer")))],
+            (catalogue.eplb_layer_load_seed("max"),),
+            spec(catalogue.eplb_layer_load_seed("max")).description,
         ),
         Panel(
             "Expert transfer times, p90",
@@ -738,7 +732,9 @@ def alert_rules() -> list[dict]:
         ),
         _alert(
             "VLLMAscendEPLBImbalanceHigh",
-            f"max by ({g}) ({spec('eplb:expert_hotness:current_max').prometheus_name}) > {EPLB_IMBALANCE:g}",
+            # The placement in use (EPLB_PLACEMENTS[0]): the one EPLB chose at its previous rebalance.
+            f"max by ({g}) ({spec(catalogue.eplb_hotness_seed(catalogue.EPLB_PLACEMENTS[0], 'max')).prometheus_name})"
+            f" > {EPLB_IMBALANCE:g}",
             "30m",
             "warning",
             "{{ $labels.instance }} dp={{ $labels.dp }}: expert load imbalance {{ $value | humanize }}"

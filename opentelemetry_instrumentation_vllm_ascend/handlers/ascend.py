@@ -18,6 +18,8 @@ recomputation without ``_preempt_request`` (``recomputed_reqs`` of its output): 
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from ..catalogue import M
 from ..state import STATE, UNKNOWN
 from .common import StepTimer
@@ -25,13 +27,15 @@ from .model_runner import ExecuteModel, begin_step
 from .steps import PHASE_ATTRIBUTE
 
 #: AscendAttentionState names → step phase.
-ATTN_STATE_PHASES = {
-    "PrefillNoCache": "prefill",
-    "PrefillCacheHit": "prefill",
-    "DecodeOnly": "decode",
-    "SpecDecoding": "decode",
-    "ChunkedPrefill": "mixed",
-}
+ATTN_STATE_PHASES = MappingProxyType(
+    {
+        "PrefillNoCache": "prefill",
+        "PrefillCacheHit": "prefill",
+        "DecodeOnly": "decode",
+        "SpecDecoding": "decode",
+        "ChunkedPrefill": "mixed",
+    }
+)
 _PENDING = "pending"  # the step's phase is not known until _prepare_inputs ran
 
 

@@ -188,7 +188,8 @@ CLOCKS = (ENGINE, API, WORKER)
 
 
 def flush() -> None:
-    """Each clock's seconds so far into its counter (run at the start of every collection)."""
+    """Each clock's seconds so far into its counter (``recording.pipeline`` runs it at the start of every
+    collection)."""
     try:
         for clock in CLOCKS:
             clock.flush()
@@ -198,6 +199,3 @@ def flush() -> None:
 
 class _Budget:
     name = "stage budget"
-
-
-recording.pipeline.before_collect_hooks.append(flush)

@@ -156,7 +156,7 @@ def layer_stats(load, old_maps, new_maps, multi_stage=None) -> dict:
     new = local_placement(new_maps)
     hotness = expert_hotness(old, slot_load(load, old, multi_stage))
     out = {}
-    for phase, placement in (("current", old), ("update", new)):
+    for phase, placement in zip(PHASES, (old, new), strict=True):
         rows = []
         for layer_placement, layer_hotness in zip(placement, hotness):
             loads = rank_loads(layer_placement, layer_hotness)

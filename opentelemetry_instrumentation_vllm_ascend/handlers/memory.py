@@ -13,6 +13,8 @@ where no device exists or the API is unavailable.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from .. import context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler
@@ -48,18 +50,20 @@ def _first(*readers):
     return read
 
 
-MEMORY = {
-    "engine:memory:total_gb": _getter("init_snapshot", "total_memory"),
-    "engine:memory:utilization_ratio": _getter("cache_config", "gpu_memory_utilization", scale=None),
-    "engine:memory:reserved_gb": _getter("requested_memory"),
-    "engine:memory:weights_gb": _getter("model_runner", "model_memory_usage"),
-    "engine:memory:kvcache_gb": _first(
-        _getter("available_kv_cache_memory_bytes"), _getter("cache_config", "kv_cache_memory_bytes")
-    ),  # CPU workers, explicit sizes
-    "engine:memory:non_torch_gb": _getter("non_torch_memory"),
-    "engine:memory:activation_gb": _getter("peak_activation_memory"),
-    "engine:memory:graph_gb": _getter("npugraph_memory_bytes"),
-}
+MEMORY = MappingProxyType(
+    {
+        "engine:memory:total_gb": _getter("init_snapshot", "total_memory"),
+        "engine:memory:utilization_ratio": _getter("cache_config", "gpu_memory_utilization", scale=None),
+        "engine:memory:reserved_gb": _getter("requested_memory"),
+        "engine:memory:weights_gb": _getter("model_runner", "model_memory_usage"),
+        "engine:memory:kvcache_gb": _first(
+            _getter("available_kv_cache_memory_bytes"), _getter("cache_config", "kv_cache_memory_bytes")
+        ),  # CPU workers, explicit sizes
+        "engine:memory:non_torch_gb": _getter("non_torch_memory"),
+        "engine:memory:activation_gb": _getter("peak_activation_memory"),
+        "engine:memory:graph_gb": _getter("npugraph_memory_bytes"),
+    }
+)
 
 _captured = STATE.memory_captured  # ids of workers whose memory was recorded
 

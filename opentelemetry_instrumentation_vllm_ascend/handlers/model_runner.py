@@ -19,6 +19,7 @@ import contextlib
 import fnmatch
 import sys
 from time import perf_counter
+from types import MappingProxyType
 from typing import Any
 
 from .. import catalogue, context, environment, recording
@@ -260,7 +261,7 @@ def _in_step_scope(step: Step, name, untimed=None):
 
 
 _record = recording.record
-_NO_LABELS: dict = {}
+_NO_LABELS: MappingProxyType = MappingProxyType({})
 #: phase → {scope name → label tuple}; emptied when the process context changes.
 _scope_labels = STATE.scope_labels
 

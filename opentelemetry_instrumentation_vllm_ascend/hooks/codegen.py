@@ -1,5 +1,6 @@
 """Wrapper source generation: one template per wrapper shape, compiled with ``exec`` and registered
-in ``linecache`` so that a traceback through a wrapper shows its source."""
+in ``linecache`` so that a traceback through a wrapper shows its source (``forget`` drops it when the
+wrapper is uninstalled)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from time import perf_counter
 
 from .handler import report
 
+#: How the pseudo file name of every generated wrapper begins (tracebacks show it; ``forget`` checks it).
+FILENAME_PREFIX = "<otel-vllm-ascend wrapper of "
 #: Marks a ``before`` that raised: the wrapper then skips the handler's other methods for that call.
 FAILED = object()
 
@@ -170,7 +173,7 @@ def generate(original, hook, body: str, *, is_async: bool, head, guard: str | No
         def_="async def" if is_async else "def",
         await_="await " if is_async else "",
     )
-    filename = f"<otel-vllm-ascend wrapper of {getattr(original, '__qualname__', original)} #{id(hook):x}>"
+    filename = f"{FILENAME_PREFIX}{getattr(original, '__qualname__', original)} #{id(hook):x}>"
     # Registered so that tracebacks and debuggers show the wrapper's lines (no file holds them); a
     # None mtime keeps ``linecache.checkcache`` from dropping the entry.
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -181,6 +184,14 @@ def generate(original, hook, body: str, *, is_async: bool, head, guard: str | No
     except (AttributeError, TypeError, ValueError):
         pass
     return wrapper
+
+
+def forget(wrapper) -> None:
+    """Drop ``wrapper``'s source from ``linecache`` (it was uninstalled: nothing runs its lines any more).
+    Anything but a generated wrapper is left alone."""
+    code = getattr(wrapper, "__code__", None)
+    if code is not None and code.co_filename.startswith(FILENAME_PREFIX):
+        linecache.cache.pop(code.co_filename, None)
 
 
 def _end_stream(handler, state, args, kwargs, exc) -> None:

@@ -3,6 +3,7 @@ the future classes that hand their own completions to the hook (``patches.hook_f
 
 from __future__ import annotations
 
+from ..state import STATE
 from . import codegen
 from .handler import Handler, report
 
@@ -19,8 +20,8 @@ class FutureAdapter(Handler):
         self.before = inner.before  # type: ignore[method-assign]
         self.error = inner.error  # type: ignore[method-assign]
 
-    def after(self, state, args, kwargs, result):
-        if type(result) in COMPLETION_HOOKED:
+    def after(self, state, args, kwargs, result, _hooked=STATE.completion_hooked):
+        if type(result) in _hooked:
             # The future's class hands its completion to us: one attribute store, no callback.
             setattr(result, PENDING, (self.inner, state, args, kwargs))
             if result._state != "PENDING" and result._state != "RUNNING":
@@ -45,8 +46,6 @@ class FutureAdapter(Handler):
 #: itself holds None, so reading it needs no default, and instances keep their inline attribute
 #: values (``__dict__.pop`` would build the instance's dict on every future: ~70 ns more).
 PENDING = "_otel_vllm_ascend_pending"
-COMPLETION_HOOKED: set = set()  # future classes that deliver their completion to the hook
-COMPLETES_LATER: set = set()  # …and are only ever completed after the call that made them returned
 
 
 def _take(future):
@@ -80,5 +79,5 @@ def future_wrapper(original, hook):
         is_async=False,
         head=hook.handler.inner.reads_args,
         FAILED=codegen.FAILED,
-        completes_later=COMPLETES_LATER,
+        completes_later=STATE.completes_later,
     )

@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 import threading
 
-from . import futures
+from ..state import STATE
+from . import codegen, futures
 from .handler import Handler, Hook, report
 from .wrappers import wrap
 
@@ -31,6 +32,7 @@ class Patch:
                 delattr(self.owner, self.attribute)
             else:
                 setattr(self.owner, self.attribute, self.original)
+            codegen.forget(self.wrapper)  # its source lines, kept for tracebacks, are not needed now
         else:
             # Someone wrapped over us (vllm-ascend assigns its own wrappers onto classes): removing
             # ours would drop theirs, so ours turns into a plain call-through instead.
@@ -107,9 +109,9 @@ def hook_future_class(cls, completes_later: bool = False) -> list:
         if futures.PENDING not in cls.__dict__:
             setattr(cls, futures.PENDING, None)
             patches.append(Patch(cls, futures.PENDING, ABSENT, None, Hook(None)))
-        futures.COMPLETION_HOOKED.add(cls)
+        STATE.completion_hooked.add(cls)
         if completes_later:
-            futures.COMPLETES_LATER.add(cls)
+            STATE.completes_later.add(cls)
         patches.append(_ForgetCompletionClass(cls))
     return patches
 
@@ -121,5 +123,5 @@ class _ForgetCompletionClass:
         self.cls = cls
 
     def remove(self) -> None:
-        futures.COMPLETION_HOOKED.discard(self.cls)
-        futures.COMPLETES_LATER.discard(self.cls)
+        STATE.completion_hooked.discard(self.cls)
+        STATE.completes_later.discard(self.cls)

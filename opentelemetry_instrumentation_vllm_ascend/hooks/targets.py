@@ -822,14 +822,12 @@ def recorded_in(seed: str) -> str:
 
 
 _HANDLERS_PACKAGE = __package__.rsplit(".", 1)[0] + ".handlers"
-_reads_args: dict = {}
 
 
 def reads_args_of(cls) -> int | None:
     """``RowParams``: self plus the ``params`` of the rows whose handler is ``cls`` (or, for a class
-    without rows of its own, its nearest base with rows); None (all arguments) when none has."""
-    if cls in _reads_args:
-        return _reads_args[cls]
+    without rows of its own, its nearest base with rows); None (all arguments) when none has. Read from
+    the table each time (a wrapper reads it once, when it is built)."""
     result = None
     for klass in cls.__mro__:
         module = getattr(klass, "__module__", "")
@@ -840,7 +838,6 @@ def reads_args_of(cls) -> int | None:
         if counts:
             result = max(counts)
             break
-    _reads_args[cls] = result
     return result
 
 
@@ -861,5 +858,7 @@ def load_handler(target: Target):
 
 
 def handler_of(symbol: str):
-    """The handler ``load_handler`` builds for the row of ``symbol`` ("module:Class.method")."""
+    """The handler ``load_handler`` builds for the row of ``symbol`` ("module:Class.method"): what the
+    tests and the benchmarks (``benchmarks/``, which import the package, not ``tests/``) wrap their
+    vLLM-shaped classes with."""
     return load_handler(next(t for t in TARGETS if t.symbol == symbol))

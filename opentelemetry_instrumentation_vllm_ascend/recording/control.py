@@ -115,13 +115,13 @@ def private(path: str) -> bool:
 def setup() -> None:
     """In each instrumented process (at ``instrument()``): find (the first process: make) the server's
     control directory, take the state it holds (or OTEL_VLLM_ASCEND_INITIAL_STATE), start polling."""
-    from .metrics_endpoint import DIRECTORY_PREFIX, _write_owner
+    from .metrics_endpoint import DIRECTORY_PREFIX, write_owner
 
     path = directory()
     made = path is None
     if path is None:
         path = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # 0700
-        _write_owner(path)
+        write_owner(path)
         os.environ[environment.CONTROL_DIR] = path
         STATE.control.set_env.append(environment.CONTROL_DIR)
         _remove_at_exit(path)
@@ -347,15 +347,13 @@ def _run(event, pid: int) -> None:
             logger.debug("control poll failed", exc_info=True)
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
+    """In a forked child (``recording.pipeline``'s fork handler): a polling parent's child polls too, on a
+    thread of its own (the parent's is not running here)."""
     c = STATE.control
-    if c.poller is not None:  # the parent's thread is not running here
+    if c.poller is not None:
         c.poller = None
         try:
             start()
         except Exception:
             pass
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

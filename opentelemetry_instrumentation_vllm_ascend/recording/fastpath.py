@@ -23,6 +23,7 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from time import time_ns
+from types import MappingProxyType
 
 from opentelemetry.sdk.metrics import Counter
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
@@ -60,10 +61,12 @@ CUMULATIVE = AggregationTemporality.CUMULATIVE
 class _Instrument:
     """Per-thread shards of ``{label values tuple: state}``."""
 
-    __slots__ = ("spec", "_tls", "_shards", "_lock", "start_ns")
+    __slots__ = ("spec", "process_labels", "_tls", "_shards", "_lock", "start_ns")
 
     def __init__(self, spec: catalogue.MetricSpec) -> None:
         self.spec = spec
+        #: ``spec.process_labels``, read once (derived from the target table).
+        self.process_labels = spec.process_labels
         self._tls = threading.local()
         self._shards: list[dict] = []
         self._lock = threading.Lock()
@@ -252,7 +255,9 @@ class FastGauge(_Instrument):
         return {key: value for key, (value, t) in latest.items() if t > since}
 
 
-_KINDS = {catalogue.COUNTER: FastCounter, catalogue.HISTOGRAM: FastHistogram, catalogue.GAUGE: FastGauge}
+_KINDS = MappingProxyType(
+    {catalogue.COUNTER: FastCounter, catalogue.HISTOGRAM: FastHistogram, catalogue.GAUGE: FastGauge}
+)
 
 
 class Store:
@@ -309,7 +314,8 @@ class Store:
         for instrument in instruments:
             spec = instrument.spec
             labels = spec.labels
-            extra = self._process_attributes(spec.process_labels) if spec.process_labels else None
+            process_labels = instrument.process_labels
+            extra = self._process_attributes(process_labels) if process_labels else None
             if isinstance(instrument, FastCounter):
                 snap = instrument.snapshot()
                 current[spec.seed] = snap

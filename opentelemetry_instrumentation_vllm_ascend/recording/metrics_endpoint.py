@@ -67,7 +67,7 @@ class Exposition:
 
         remove_leaked_directories()
         directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
-        _write_owner(directory)
+        write_owner(directory)
         os.environ[environment.FILES_DIR] = directory
         self._set_env.append(environment.FILES_DIR)
         self.directory = directory
@@ -174,7 +174,9 @@ def drop_foreign_identity() -> None:
         )
 
 
-def _write_owner(directory: str) -> None:
+def write_owner(directory: str) -> None:
+    """Record this process as the owner of ``directory`` (pid and start identity), for
+    ``remove_leaked_directories`` once the process is gone."""
     from .metrics_files import process_identity
 
     try:

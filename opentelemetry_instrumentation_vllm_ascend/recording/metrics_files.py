@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import time
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry.sdk.metrics import (
@@ -57,17 +58,19 @@ _NAME_RE = re.compile(r"[^a-zA-Z0-9_:]")
 _LABEL_RE = re.compile(r"[^a-zA-Z0-9_]")
 _PID_RE = re.compile(r"_otel-(\d+)\.(?:db|id)$")
 
-_CUMULATIVE = {
-    cls: AggregationTemporality.CUMULATIVE
-    for cls in (
-        Counter,
-        UpDownCounter,
-        HistogramInstrument,
-        ObservableCounter,
-        ObservableUpDownCounter,
-        ObservableGauge,
-    )
-}
+_CUMULATIVE = MappingProxyType(
+    {
+        cls: AggregationTemporality.CUMULATIVE
+        for cls in (
+            Counter,
+            UpDownCounter,
+            HistogramInstrument,
+            ObservableCounter,
+            ObservableUpDownCounter,
+            ObservableGauge,
+        )
+    }
+)
 
 
 def metric_name(name: str) -> str:
@@ -293,7 +296,8 @@ def _allocate(path: str, size: int) -> None:
     """Makes the first ``size`` bytes of ``path`` (created if needed) take real disk blocks now. An
     mmap'ed file grown with truncate() is sparse: on a full filesystem the first write into a page
     the disk cannot back is a SIGBUS that kills the process. Allocated first, a full disk is an
-    OSError (ENOSPC) here instead. A filesystem without fallocate keeps the old behaviour."""
+    OSError (ENOSPC) here instead. On a filesystem without fallocate the file stays sparse (a full
+    disk can then still be a SIGBUS)."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         size = max(size, os.fstat(fd).st_size)

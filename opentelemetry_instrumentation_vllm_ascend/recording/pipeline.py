@@ -24,9 +24,10 @@ import uuid
 from typing import TYPE_CHECKING
 
 from .. import catalogue, context, environment, state
+from ..handlers import budget
 from ..state import STATE
 from ..version import __version__
-from . import control
+from . import control, shutdown
 from .deferred import run_deferred
 
 if TYPE_CHECKING:
@@ -217,8 +218,10 @@ class Pipeline:
             return
         from opentelemetry.metrics import Observation
 
+        process_labels = spec.process_labels
+
         def sdk_callback(_options):
-            extra = context.process_attributes(spec.process_labels)
+            extra = context.process_attributes(process_labels)
             return [
                 Observation(value, context.series_attributes(spec.labels, labels, extra))
                 for labels, value in callback()
@@ -284,16 +287,6 @@ class Pipeline:
                 event.set()
 
 
-_lock = threading.Lock()
-_pipeline: Pipeline | None = None
-_extra_readers: tuple = ()
-
-
-#: Functions run at the start of every collection, after the deferred records (handlers.budget's
-#: stage clocks add their seconds so far). Each must not raise.
-before_collect_hooks: list = []
-
-
 def _final_export_failed(timeout_millis: float, exc: Exception) -> None:
     logger.warning(
         "opentelemetry-instrumentation-vllm-ascend: the final export did not complete within %s ms "
@@ -304,33 +297,33 @@ def _final_export_failed(timeout_millis: float, exc: Exception) -> None:
 
 
 def _before_collect() -> None:
-    """Run at the start of every collection, in the collecting thread: the deferred records go in."""
+    """Run at the start of every collection, in the collecting thread: the deferred records go in, then
+    the stage clocks' seconds so far (handlers.budget)."""
     try:
         run_deferred()
-        for hook in before_collect_hooks:
-            hook()
+        budget.flush()
         control.exported()  # the last export's time, for `control status`
     except Exception:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
 
 def get() -> Pipeline:
-    pipeline = _pipeline
+    pipeline = STATE.pipeline
     if pipeline is not None:
         return pipeline
     return _build()
 
 
 def current() -> Pipeline | None:
-    return _pipeline
+    return STATE.pipeline
 
 
 def _build() -> Pipeline:
-    global _pipeline
-    with _lock:
-        if _pipeline is None:
+    with STATE.pipeline_lock:
+        built = STATE.pipeline
+        if built is None:
             try:
-                _pipeline = Pipeline(extra_readers=_extra_readers)
+                built = Pipeline(extra_readers=STATE.extra_readers)
             except Exception as exc:
                 # Never a retry per record (each would start reader threads again): this process
                 # records into a pipeline without readers of its own until the next reset().
@@ -340,12 +333,13 @@ def _build() -> Pipeline:
                     type(exc).__name__,
                     exc,
                 )
-                _pipeline = Pipeline(extra_readers=_extra_readers, disabled=True)
-            _register_exit(_pipeline)
+                built = Pipeline(extra_readers=STATE.extra_readers, disabled=True)
+            STATE.pipeline = built
+            _register_exit(built)
             state.forget_pipeline(closed=False)  # the recording layer's instruments were the old one's
             for spec, callback in STATE.observers:  # every observable gauge of this process
-                _pipeline.observe(spec, callback)
-        return _pipeline
+                built.observe(spec, callback)
+        return built
 
 
 def _register_exit(pipeline: Pipeline) -> None:
@@ -368,26 +362,27 @@ def _register_exit(pipeline: Pipeline) -> None:
 
 def reset(extra_readers=()) -> None:
     """Close this process's pipeline; the next recording builds a new one (tests, uninstrument)."""
-    global _pipeline, _extra_readers
-    current = _pipeline
-    if current is not None and current.pid == os.getpid() and not current._closed:
+    current = STATE.pipeline
+    if current is not None and current.pid == os.getpid() and not current.closing:
         _before_collect()  # held values go in while it is still the current pipeline
-    with _lock:
-        old, _pipeline = _pipeline, None
-        _extra_readers = tuple(extra_readers)
+    with STATE.pipeline_lock:
+        old, STATE.pipeline = STATE.pipeline, None
+        STATE.extra_readers = tuple(extra_readers)
     if old is not None:
         old.close()
     state.forget_pipeline(closed=True)
 
 
 def _after_fork_in_child() -> None:
-    global _pipeline, _lock, _extra_readers
-    _lock = threading.Lock()
-    _extra_readers = ()  # a reader belongs to one provider: the parent's
-    old, _pipeline = _pipeline, None
+    """The package's fork handler."""
+    STATE.pipeline_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    STATE.extra_readers = ()  # a reader belongs to one provider: the parent's
+    old, STATE.pipeline = STATE.pipeline, None
     if old is not None:
         old.abandon()
     state.reset()  # a parent's pending records, caches and steps are not this process's
+    shutdown.after_fork_in_child()  # the child answers flush requests on its own socket
+    control.after_fork_in_child()  # …and polls the control file on its own thread
 
 
 if hasattr(os, "register_at_fork"):

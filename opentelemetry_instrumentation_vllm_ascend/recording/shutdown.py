@@ -26,15 +26,12 @@ import time
 import uuid
 
 from .. import environment
+from ..state import STATE
 
 logger = logging.getLogger(__name__)
 
 _REQUEST, _DONE = b"flush", b"done"
 _CREDENTIALS = struct.calcsize("3i")  # struct ucred: pid, uid, gid
-
-#: [pid, socket, thread] of this process's listener; rebuilt in a forked child.
-_listener: list = [None, None, None]
-_set_env: list = []
 
 
 def tree() -> str:
@@ -43,7 +40,7 @@ def tree() -> str:
     if not (value and len(value) <= 64 and value.isalnum()):
         value = uuid.uuid4().hex
         os.environ[environment.TREE] = value
-        _set_env.append(environment.TREE)
+        STATE.flush_env.append(environment.TREE)
     return value
 
 
@@ -58,13 +55,12 @@ def setup() -> None:
 
 
 def teardown() -> None:
-    sock = _listener[1]
-    _listener[:] = [None, None, None]
-    if sock is not None:
-        _stop(sock)
-    for name in _set_env:
+    listener, STATE.flush_listener = STATE.flush_listener, None
+    if listener is not None:
+        _stop(listener[1])
+    for name in STATE.flush_env:
         os.environ.pop(name, None)
-    _set_env.clear()
+    STATE.flush_env.clear()
 
 
 def _stop(sock) -> None:
@@ -82,15 +78,15 @@ def _stop(sock) -> None:
 
 def listen() -> None:
     pid = os.getpid()
-    if _listener[0] == pid:
+    inherited = STATE.flush_listener
+    if inherited is not None and inherited[0] == pid:
         return
-    inherited = _listener[1]
     if inherited is not None:  # a forked child: the parent's socket is not ours to read
         try:
-            inherited.close()
+            inherited[1].close()
         except OSError:
             pass
-    _listener[:] = [None, None, None]
+    STATE.flush_listener = None
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     except (OSError, AttributeError):  # no Unix sockets here: no flush on request
@@ -103,7 +99,7 @@ def listen() -> None:
         logger.debug("no shutdown flush listener in this process: %s", exc)
         return
     thread = threading.Thread(target=_serve, args=(sock, pid), daemon=True, name="otel-vllm-ascend-flush")
-    _listener[:] = [pid, sock, thread]
+    STATE.flush_listener = (pid, sock, thread)
     thread.start()
 
 
@@ -115,7 +111,8 @@ def _serve(sock, pid: int) -> None:
             data, ancillary, _flags, sender = sock.recvmsg(64, space)
         except OSError:  # closed (teardown, fork)
             return
-        if os.getpid() != pid or _listener[1] is not sock:
+        listener = STATE.flush_listener
+        if os.getpid() != pid or listener is None or listener[1] is not sock:
             return  # stopped (teardown), or a forked child's copy
         credentials = [
             d for level, kind, d in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS
@@ -221,10 +218,8 @@ def flush_processes(pids, timeout_s: float | None = None, with_descendants: bool
     return answered
 
 
-def _after_fork_in_child() -> None:
-    if _listener[0] is not None:
+def after_fork_in_child() -> None:
+    """In a forked child (``recording.pipeline``'s fork handler): a listening parent's child listens too,
+    on its own socket."""
+    if STATE.flush_listener is not None:
         listen()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
