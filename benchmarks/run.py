@@ -589,8 +589,11 @@ def _record_realistic_process(store_pipeline_recorder=None):
 
 def export_and_scrape_rows(repeat):
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client import CollectorRegistry
+    from prometheus_client import exposition as exposition_module
+    from prometheus_client.openmetrics import exposition as openmetrics
 
+    from opentelemetry_instrumentation_vllm_ascend.recording.exposition import FastExposition
     from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
 
     os.environ.pop(environment.FILES_DIR, None)
@@ -633,13 +636,29 @@ def export_and_scrape_rows(repeat):
                         os.path.join(d, name.replace(f"otel-{os.getpid()}", f"otel-{10_000_000 + p}")),
                     )
         registry = CollectorRegistry()
-        registry.register(FilesCollector(d))
-        runs = []
-        for _ in range(repeat):
-            start = perf_counter()
-            text = generate_latest(registry)
-            runs.append((perf_counter() - start) * 1e3)
-        scrape_rows.append((f"/metrics scrape, {processes} process(es), {len(text) // 1024} KiB, ms", runs))
+        collector = FilesCollector(d)
+        registry.register(collector)
+        fast = FastExposition(collector, registry)
+        kw = {"escaping": openmetrics.UNDERSCORES, "version": "1.0.0"}  # what Prometheus' Accept header selects
+        # The module attributes, looked up at each call as vLLM's /metrics does: wrapped once fast is installed.
+        encoders = {
+            "text": lambda r: exposition_module.generate_latest(r),
+            "OpenMetrics": lambda r: openmetrics.generate_latest(r, **kw),
+        }
+        for label, wrapped in (("prometheus_client formats every line", False), ("cached lines (ours)", True)):
+            if wrapped:
+                fast.install()
+            for fmt, encode in encoders.items():
+                runs = []
+                for _ in range(repeat):
+                    start = perf_counter()
+                    text = encode(registry)
+                    runs.append((perf_counter() - start) * 1e3)
+                scrape_rows.append(
+                    (f"/metrics scrape, {processes} process(es), {len(text) // 1024} KiB, {fmt}, {label}, ms", runs)
+                )
+            if wrapped:
+                fast.remove()
         shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(directory, ignore_errors=True)
     pipeline.reset()

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from .. import environment
 
 if TYPE_CHECKING:
+    from .exposition import FastExposition
     from .metrics_files import FilesCollector, MultiprocessGuard
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class Exposition:
     def __init__(self) -> None:
         self.collector: FilesCollector | None = None
         self._guard: MultiprocessGuard | None = None
+        self._fast: FastExposition | None = None
         self.directory: str | None = None
         self._set_env: list[str] = []
 
@@ -73,6 +75,16 @@ class Exposition:
         self.directory = directory
         self.collector = FilesCollector(directory)
         REGISTRY.register(self.collector)
+        try:
+            from .exposition import FastExposition
+
+            self._fast = FastExposition(self.collector, REGISTRY)
+            self._fast.install()
+        except Exception:
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: /metrics renders our series without cached lines",
+                exc_info=True,
+            )
         owner = os.getpid()
 
         def remove_directory() -> None:
@@ -86,6 +98,9 @@ class Exposition:
         if self._guard is not None:
             self._guard.remove()
             self._guard = None
+        if self._fast is not None:
+            self._fast.remove()
+            self._fast = None
         if self.collector is not None:
             from prometheus_client import REGISTRY
 

@@ -25,6 +25,7 @@ import math
 import os
 import re
 import struct
+import threading
 import time
 from types import MappingProxyType
 from typing import Any
@@ -529,6 +530,10 @@ def _file_pid(path: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+class _Skip(threading.local):
+    active = False
+
+
 class FilesCollector:
     """prometheus_client collector over one directory of per-process files (ours only).
 
@@ -542,6 +547,9 @@ class FilesCollector:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._keys: dict[str, tuple] = {}
+        self._le: dict[float, str] = {}  # bucket bound -> its ``le`` label value
+        #: Set (per thread) while recording/exposition.py renders these families itself: collect() yields none.
+        self.skip = _Skip()
         self._skipped: set[str] = set()
 
     def describe(self):
@@ -565,8 +573,22 @@ class FilesCollector:
         return parsed
 
     def collect(self):
+        if self.skip.active:  # recording/exposition.py renders this collector's families itself
+            return []
         from prometheus_client.metrics_core import Metric
         from prometheus_client.samples import Sample
+
+        out = []
+        for name, typ, help_text, samples in self.families():
+            metric = Metric(name, help_text, typ)
+            metric.samples.extend(Sample(sample, dict(labels), value) for sample, labels, value in samples)
+            out.append(metric)
+        return out
+
+    def families(self) -> list:
+        """Every family merged over the directory's files: ``[(name, type, help, [(sample name, label items,
+        value)])]``, in exposition order (a histogram's cumulative buckets and ``_count`` per label set, then its
+        ``_sum`` samples)."""
         from prometheus_client.utils import floatToGoString
 
         families: dict[str, list] = {}  # name -> [type, help, mode, values {(sample, labels): v}, buckets]
@@ -607,17 +629,21 @@ class FilesCollector:
                 else:
                     samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
         out = []
+        le_of = self._le
         for name, (typ, help_text, _mode, samples, buckets) in families.items():
-            metric = Metric(name, help_text, typ)
+            rows = []
             for rest, per in buckets.items():
                 acc = 0.0
                 for bound in sorted(per):
                     acc += per[bound]
-                    metric.samples.append(Sample(name + "_bucket", dict(rest + (("le", floatToGoString(bound)),)), acc))
-                metric.samples.append(Sample(name + "_count", dict(rest), acc))
+                    le = le_of.get(bound)
+                    if le is None:
+                        le = le_of[bound] = floatToGoString(bound)
+                    rows.append((name + "_bucket", rest + (("le", le),), acc))
+                rows.append((name + "_count", rest, acc))
             for (sample, labels), value in samples.items():
-                metric.samples.append(Sample(sample, dict(labels), value[0] if isinstance(value, tuple) else value))
-            out.append(metric)
+                rows.append((sample, labels, value[0] if isinstance(value, tuple) else value))
+            out.append((name, typ, help_text, rows))
         return out
 
     @staticmethod
