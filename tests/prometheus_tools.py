@@ -1,6 +1,8 @@
 """Finds ``prometheus`` and ``promtool`` for the tests, installing Debian's ``prometheus`` package (2.42, which
 brings ``promtool``) where they are missing and the tests run as root with apt-get (CI: a fresh Debian machine).
-Anywhere else (a developer's machine, not root) the tests that need them skip, saying how to get them.
+Anywhere else (a developer's machine, not root) the tests that need them skip, saying how to get them; in CI
+(the ``CI`` environment variable set, as CI services set it and tox passes it through) they fail instead, so that
+a CI machine without the tools cannot pass by skipping them.
 
 Set ``OTEL_VLLM_ASCEND_NO_APT=1`` to forbid the installation even as root."""
 
@@ -38,10 +40,17 @@ def _provision() -> str | None:
     return f"apt-get install prometheus failed; {HINT}"
 
 
+def in_ci() -> bool:
+    """``CI`` is set (GitHub Actions, GitLab CI and most others set ``CI=true``); ``0``/``false`` do not count."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def tool(name: str) -> str:
-    """The path of ``prometheus`` or ``promtool``, or skip the calling test."""
+    """The path of ``prometheus`` or ``promtool``, or skip the calling test (fail it in CI)."""
     reason = _provision()
     if reason:
+        if in_ci():
+            pytest.fail(f"CI is set: {reason}", pytrace=False)
         pytest.skip(reason)
     path = shutil.which(name)
     assert path

@@ -9,6 +9,7 @@ import json
 import os
 import re
 
+import prometheus_tools
 import pytest
 import yaml
 from prometheus_tools import promtool
@@ -116,3 +117,21 @@ def test_collector_pipelines_use_defined_components():
         assert extension in config["extensions"], extension
     assert set(config["receivers"]["otlp"]["protocols"]) == {"grpc", "http"}
     assert "batch" in pipelines["metrics"]["processors"]
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [(None, pytest.skip.Exception), ("true", pytest.fail.Exception)])
+def test_missing_tools_skip_outside_ci_and_fail_in_ci(monkeypatch, tmp_path, ci, outcome):
+    """Without prometheus/promtool on PATH and no installation allowed: a skip on a developer's machine, a
+    failure where CI is set (tox passes CI through), never a silent pass."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: neither tool is found
+    monkeypatch.setenv("OTEL_VLLM_ASCEND_NO_APT", "1")
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    prometheus_tools._provision.cache_clear()
+    try:
+        with pytest.raises(outcome, match="prometheus/promtool missing"):
+            prometheus_tools.tool("promtool")
+    finally:
+        prometheus_tools._provision.cache_clear()
