@@ -11,9 +11,10 @@ tests' autouse fixture calls it before every test. What it does not reset:
 
 - the process identity (``context.PROCESS``: kind, dp, role, rank): a forked child inherits its
   parent's, and a hook's ``claim`` changes it (clearing the label caches, ``clear_label_caches``);
-- registrations (``observers``, ``utilization_observed``): an observable gauge registered once is
-  observed by every pipeline the process builds, a forked child's included. ``reset(registrations=True)``
-  drops them too (tests that count registrations);
+- registrations (``observers``, ``utilization_observed``, ``neighbour_patches``): an observable gauge
+  registered once is observed by every pipeline the process builds, a forked child's included; the installer's
+  patches stay installed in a forked child. ``reset(registrations=True)`` drops them too (tests that count
+  registrations);
 - the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
   server's control file for the process's lifetime: ``recording.control.teardown`` resets it.
 
@@ -70,9 +71,12 @@ class State:
         # -- log-once memories --
         "reported",
         "warned",
+        "neighbours_reported",
+        "neighbours_rechecked",
         # -- registrations (kept by reset() unless registrations=True) --
         "observers",
         "utilization_observed",
+        "neighbour_patches",
         # -- runtime control (recording.control; reset by its teardown) --
         "control",
     )
@@ -150,10 +154,17 @@ class State:
         self.reported: set = set()
         #: Configuration warnings already logged (environment).
         self.warned: set = set()
+        #: What the neighbours warning named (neighbours): (neighbour names, {symbol: neighbour names}); None: no
+        #: warning yet.
+        self.neighbours_reported: tuple | None = None
+        #: Whether the one later re-check (at the first collection) ran (neighbours.recheck).
+        self.neighbours_rechecked: bool = False
         #: (spec, callback) of this process's observable gauges (recording.observe).
         self.observers: list = []
         #: Whether the device utilization gauge was registered (handlers.memory).
         self.utilization_observed: bool = False
+        #: The installer's list of patches, for the neighbours re-check (neighbours.check stores it).
+        self.neighbour_patches: list | None = None
         #: The runtime control's state in this process (recording.control).
         self.control = ControlState()
 
@@ -257,6 +268,9 @@ def reset(*, registrations: bool = False) -> None:
     forget_pipeline(closed=True)
     s.reported.clear()
     s.warned.clear()
+    s.neighbours_reported = None
+    s.neighbours_rechecked = False
     if registrations:
         s.observers.clear()
         s.utilization_observed = False
+        s.neighbour_patches = None

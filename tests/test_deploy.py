@@ -9,13 +9,12 @@ import json
 import os
 import re
 
+import prometheus_naming as naming
 import prometheus_tools
 import pytest
 import yaml
-from prometheus_tools import promtool
-
-import prometheus_naming as naming
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
+from prometheus_tools import promtool
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
@@ -187,7 +186,7 @@ def ottl_apply(statements: list[str], metric: dict) -> None:
     C ``IsMatch(metric.name, "re")``, ``metric.type == ENUM`` or ``metric.is_monotonic == true|false``. Any other
     form fails the test (extend this, do not guess)."""
     for statement in statements:
-        m = re.fullmatch(r'set\(metric\.(name|unit), (.+?)\)(?: where (.+))?', statement)
+        m = re.fullmatch(r"set\(metric\.(name|unit), (.+?)\)(?: where (.+))?", statement)
         assert m, f"unsupported OTTL statement: {statement}"
         path, value, where = m.groups()
         ok = True
@@ -268,7 +267,6 @@ def test_collector_writes_the_names_metrics_shows(metrics):
     assert naming.legacy_contrib_name("vllm_profiling_scheduler:duration", "", naming.HISTOGRAM) == (
         "vllm_profiling_scheduler_duration"
     )
-
 
 
 @pytest.mark.parametrize(("ci", "outcome"), [(None, pytest.skip.Exception), ("true", pytest.fail.Exception)])

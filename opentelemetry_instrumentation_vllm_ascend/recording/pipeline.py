@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import catalogue, context, environment, state
+from .. import catalogue, context, environment, neighbours, state
 from ..state import STATE
 from ..version import __version__
 from . import control
@@ -310,6 +310,8 @@ def _before_collect() -> None:
         for hook in before_collect_hooks:
             hook()
         control.exported()  # the last export's time, for `control status`
+        if not STATE.neighbours_rechecked:
+            neighbours.recheck()  # once: other instrumentations may have patched since the hooks went in
     except Exception:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
