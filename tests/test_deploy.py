@@ -285,3 +285,92 @@ def test_missing_tools_skip_outside_ci_and_fail_in_ci(monkeypatch, tmp_path, ci,
             prometheus_tools.tool("promtool")
     finally:
         prometheus_tools._provision.cache_clear()
+
+
+# -- every panel query asks for series that exist: names with their kind's suffix, labels the metric carries -------
+#: Labels every series has in Prometheus without the catalogue: the target's (job, instance) and what the scrape
+#: config adds (model).
+TARGET_LABELS = set(dashboards.SCRAPE_LABELS)
+KIND_SUFFIXES = {catalogue.HISTOGRAM: ("_bucket", "_sum", "_count"), catalogue.COUNTER: ("",), catalogue.GAUGE: ("",)}
+SELECTOR = re.compile(r"([A-Za-z_:][\w:]*)?\{([^{}]*)\}")
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+AGGREGATION = re.compile(r"\b(sum|max|min|avg|count) by \(([^)]*)\) \(")
+
+
+def queried(name: str, matchers: list) -> list[tuple[catalogue.MetricSpec, str]]:
+    """The catalogue metrics (and the sample suffix each) a selector reads: by exact sample name, or by a
+    ``__name__`` regex. Every one of a counter's samples ends in _total; a histogram's in _bucket/_sum/_count."""
+    out = []
+    for spec in catalogue.CATALOGUE:
+        if spec.kind == catalogue.COUNTER:
+            assert spec.prometheus_name.endswith("_total"), spec.seed
+        for suffix in KIND_SUFFIXES[spec.kind]:
+            sample = spec.prometheus_name + suffix
+            by_regex = [re.fullmatch(v, sample) for k, op, v in matchers if k == "__name__" and op == "=~"]
+            if sample == name or (not name and by_regex and all(by_regex)):
+                out.append((spec, suffix))
+    return out
+
+
+def carried(spec: catalogue.MetricSpec, suffix: str) -> set[str]:
+    return TARGET_LABELS | set(spec.all_labels) | ({"le"} if suffix == "_bucket" else set())
+
+
+def balanced(expr: str, start: int) -> str:
+    """The text inside the parenthesis opening at ``start``."""
+    depth = 0
+    for i in range(start, len(expr)):
+        depth += {"(": 1, ")": -1}.get(expr[i], 0)
+        if depth == 0:
+            return expr[start + 1 : i]
+    raise AssertionError(f"unbalanced: {expr}")
+
+
+def selectors(expr: str) -> list[tuple[catalogue.MetricSpec, str, list]]:
+    out = []
+    for name, body in SELECTOR.findall(expr):
+        matchers = MATCHER.findall(body)
+        metrics = queried(name, matchers)
+        assert metrics, f"{name or body} is no catalogue sample name (with its kind's suffix): {expr}"
+        out += [(spec, suffix, matchers) for spec, suffix in metrics]
+    return out
+
+
+def panel_targets():
+    return [
+        (p.title, legend, expr) for _, panels in dashboards.sections() for p in panels for legend, expr in p.targets
+    ]
+
+
+@pytest.mark.parametrize(("title", "legend", "expr"), panel_targets(), ids=lambda v: str(v)[:60])
+def test_panel_queries_read_existing_series(title, legend, expr):
+    """Every metric a panel reads is a catalogue metric under its exact /metrics name with the suffix its kind gives
+    (_total for counters; _bucket only inside histogram_quantile, grouped by le); every label it filters on, groups
+    by or shows in its legend is one that metric carries (the catalogue's labels, the worker's rank where recorded
+    in workers, job/instance/model from the scrape). Together with the real-Prometheus run (tests/
+    test_e2e_prometheus.py) this covers the panels that run cannot fill (dashboards.EVENT_ONLY)."""
+    unquoted = re.sub(r'"[^"]*"', '""', expr)
+    bare = re.findall(r"\b(?:vllm_profiling_|gen_ai_)[\w:]*(?![\w:{])", unquoted)
+    assert not bare, f"metric names without a selector (the checks below read selectors): {bare}"
+    reads = selectors(expr)
+    for spec, suffix, matchers in reads:
+        filtered = {k for k, _, _ in matchers if k != "__name__"}
+        assert filtered <= carried(spec, suffix), (spec.seed, filtered - carried(spec, suffix))
+        if suffix == "_bucket":
+            assert expr.startswith("histogram_quantile("), expr
+    groupings = []
+    for m in AGGREGATION.finditer(expr):
+        labels = {x.strip() for x in m.group(2).split(",")}
+        inside = selectors(balanced(expr, m.end() - 1))
+        for spec, suffix, _ in inside:
+            assert labels <= carried(spec, suffix), (title, spec.seed, labels - carried(spec, suffix))
+        if any(suffix == "_bucket" for _, suffix, _ in inside):
+            assert "le" in labels, expr
+        groupings.append(labels - {"le"})
+    shown = set(re.findall(r"\{\{(\w+)\}\}", legend))
+    if groupings:
+        for labels in groupings:
+            assert shown <= labels, (title, legend, shown - labels)
+    else:
+        for spec, suffix, _ in reads:
+            assert shown <= carried(spec, suffix) | {"__name__"}, (title, legend)
