@@ -2,18 +2,29 @@
 tapm-instrumentation-vllm (Tencent) and ddtrace's vLLM integration. Each wraps some of the functions this
 package wraps; both work, but each call then pays for two wrappers, and the two sets of metrics measure
 overlapping things under different names. ``check(patches)`` logs ONE warning per process naming the
-neighbours found and the symbols both wrap; it never raises.
+neighbours found and the symbols both wrap; ``recheck()``, run once at the process's first metrics collection,
+logs a second one only if more was found since (a neighbour that patched after the first warning, or one loaded
+only later). Neither ever raises.
 
-A symbol counts as double-wrapped when, in the ``__wrapped__`` chain of what its owner holds now (a wrapper
-put over ours) or of the original we wrapped (a wrapper under ours), a layer's own module — or, for a wrapt
-proxy, its wrapper function's module — belongs to a neighbour. A neighbour that rewrites the function's code in
-place (ddtrace's bytecode wrapping) leaves no layer: it is named as loaded, without symbols."""
+A symbol counts as double-wrapped when, among the layers of what its owner holds now (a wrapper put over ours)
+or of the original we wrapped (a wrapper under ours), one belongs to a neighbour. Layers: the ``__wrapped__``
+chain, and ms-service-metric's hook chain (its ``execute_hook_chain`` carries ``_hook_chain``, whose
+``ori_func`` is what it wraps; it sets no ``__wrapped__``). A layer belongs to a neighbour when its own module
+is one of the neighbour's, or, for a wrapt proxy, its wrapper function's module, or when its code was rewritten
+to call a neighbour's function: a function object among its code's constants (bytecode wrapping in place, as
+ddtrace's), or, in a function whose globals are a copy rather than its module's own (ms-service-metric's
+``inject_function``: the original's code with calls to ``hook_func_when_enter`` / ``hook_func_when_return``
+inserted), a function its code names from those globals. A neighbour that leaves none of these is named as
+loaded, without symbols."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import types
 from dataclasses import dataclass
+
+from .state import STATE
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +42,6 @@ NEIGHBOURS = (
     Neighbour("ddtrace vLLM integration", ("ddtrace.contrib.internal.vllm", "ddtrace.contrib.vllm")),
 )
 
-_warned = [False]
-
 
 def _belongs(module: str | None, neighbour: Neighbour) -> bool:
     return module is not None and any(module == m or module.startswith(m + ".") for m in neighbour.modules)
@@ -44,16 +53,28 @@ def loaded(modules=None) -> list[Neighbour]:
     return [n for n in NEIGHBOURS if any(m in modules for m in n.modules)]
 
 
+def _inner(obj):
+    """What ``obj`` wraps: ``__wrapped__``, or the function an ms-service-metric hook chain calls."""
+    try:
+        inner = getattr(obj, "__wrapped__", None)
+        if inner is None:
+            chain = getattr(obj, "_hook_chain", None)
+            inner = getattr(chain, "ori_func", None) if chain is not None else None
+        return inner
+    except Exception:
+        return None
+
+
 def _layers(obj, limit: int = 16):
-    """obj and what it wraps (``__wrapped__``), outermost first."""
+    """obj and what it wraps, outermost first."""
     seen = 0
     while obj is not None and seen < limit:
         yield obj
         seen += 1
-        try:
-            obj = getattr(obj, "__wrapped__", None)
-        except Exception:
+        inner = _inner(obj)
+        if inner is obj:
             return
+        obj = inner
 
 
 def _defined_in(obj) -> str | None:
@@ -68,6 +89,19 @@ def _defined_in(obj) -> str | None:
         return None
 
 
+def _injected(obj) -> list:
+    """Functions that code rewriting put into ``obj``'s code: function objects among its constants, and, where its
+    globals are a copy rather than its module's own dict, the functions its code names from them."""
+    if not isinstance(obj, types.FunctionType):
+        return []
+    code = obj.__code__
+    found = [c for c in code.co_consts if isinstance(c, types.FunctionType)]
+    module = sys.modules.get(obj.__globals__.get("__name__", ""))
+    if module is None or getattr(module, "__dict__", None) is not obj.__globals__:
+        found += [f for f in (obj.__globals__.get(n) for n in code.co_names) if isinstance(f, types.FunctionType)]
+    return found
+
+
 def _wrapped_by(obj, neighbours, stop=None) -> set[str]:
     found = set()
     for layer in _layers(obj):
@@ -76,6 +110,10 @@ def _wrapped_by(obj, neighbours, stop=None) -> set[str]:
         modules = [_defined_in(layer)]
         try:
             modules.append(_defined_in(object.__getattribute__(layer, "_self_wrapper")))  # wrapt.FunctionWrapper
+        except Exception:
+            pass
+        try:
+            modules += [_defined_in(f) for f in _injected(layer)]
         except Exception:
             pass
         for n in neighbours:
@@ -108,22 +146,48 @@ def double_wrapped(patches, neighbours) -> dict[str, set[str]]:
 
 
 def check(patches, modules=None) -> bool:
-    """Log the warning once, the first time a neighbour is loaded; True when it logged now."""
-    if _warned[0]:
+    """Log the warning once, the first time a neighbour is loaded; True when it logged now. Keeps ``patches``
+    (the installer's list, which grows as modules are hooked) for ``recheck``."""
+    s = STATE
+    s.neighbour_patches = patches
+    if s.neighbours_reported is not None:
         return False
     try:
-        found = loaded(modules)
-        if not found:
-            return False
-        _warned[0] = True
-        both = double_wrapped(patches, found)
-        symbols = "; ".join(f"{s} ({', '.join(sorted(n))})" for s, n in sorted(both.items())) or "none found yet"
-        logger.warning(
-            "opentelemetry-instrumentation-vllm-ascend: other vLLM instrumentation loaded in this process: %s. "
-            "Both wrap the same functions (each call pays for both); double-wrapped symbols: %s",
-            ", ".join(n.name for n in found),
-            symbols,
-        )
-        return True
+        return _report(patches, loaded(modules), later=False)
     except Exception:  # never break the host
         return False
+
+
+def recheck(modules=None) -> bool:
+    """Run once per process, at its first collection (recording.pipeline): look again, and log only what is new
+    since ``check``'s warning (or the first warning, if ``check`` found no neighbour then); True when it logged."""
+    s = STATE
+    if s.neighbours_rechecked:
+        return False
+    s.neighbours_rechecked = True
+    try:
+        return _report(s.neighbour_patches or (), loaded(modules), later=True)
+    except Exception:  # never break the host
+        return False
+
+
+def _report(patches, found: list[Neighbour], later: bool) -> bool:
+    if not found:
+        return False
+    s = STATE
+    names = tuple(n.name for n in found)
+    both = double_wrapped(patches, found)
+    if s.neighbours_reported is not None:
+        old_names, old_symbols = s.neighbours_reported
+        if set(names) <= set(old_names) and all(old_symbols.get(k, set()) >= v for k, v in both.items()):
+            return False
+    s.neighbours_reported = (names, both)
+    symbols = "; ".join(f"{k} ({', '.join(sorted(v))})" for k, v in sorted(both.items())) or "none found yet"
+    logger.warning(
+        "opentelemetry-instrumentation-vllm-ascend: other vLLM instrumentation loaded in this process: %s. "
+        "Both wrap the same functions (each call pays for both); double-wrapped symbols%s: %s",
+        ", ".join(names),
+        " (looked again at the first metrics collection)" if later else "",
+        symbols,
+    )
+    return True

@@ -11,10 +11,10 @@ tests' autouse fixture calls it before every test. What it does not reset:
 
 - the process identity (``context.PROCESS``: kind, dp, role, rank): a forked child inherits its
   parent's, and a hook's ``claim`` changes it (clearing the label caches, ``clear_label_caches``);
-- registrations (``observers``, ``utilization_observed``, ``extra_metrics``): an observable gauge
-  registered once is observed by every pipeline the process builds, a forked child's included; a metric
-  a user's hook file declared keeps its View. ``reset(registrations=True)`` drops them too (tests that
-  count registrations);
+- registrations (``observers``, ``utilization_observed``, ``extra_metrics``, ``neighbour_patches``): an
+  observable gauge registered once is observed by every pipeline the process builds, a forked child's included;
+  a metric a user's hook file declared keeps its View; the installer's patches stay installed in a forked child.
+  ``reset(registrations=True)`` drops them too (tests that count registrations);
 - the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
   server's control file for the process's lifetime: ``recording.control.teardown`` resets it;
 - the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``): ``recording.pipeline.reset()``
@@ -81,10 +81,13 @@ class State:
         # -- log-once memories --
         "reported",
         "warned",
+        "neighbours_reported",
+        "neighbours_rechecked",
         # -- registrations (kept by reset() unless registrations=True) --
         "observers",
         "utilization_observed",
         "extra_metrics",
+        "neighbour_patches",
         # -- the pipeline (recording.pipeline: reset() there closes it; kept by reset()) --
         "pipeline",
         "extra_readers",
@@ -172,6 +175,11 @@ class State:
         self.reported: set = set()
         #: Configuration warnings already logged (environment).
         self.warned: set = set()
+        #: What the neighbours warning named (neighbours): (neighbour names, {symbol: neighbour names}); None: no
+        #: warning yet.
+        self.neighbours_reported: tuple | None = None
+        #: Whether the one later re-check (at the first collection) ran (neighbours.recheck).
+        self.neighbours_rechecked: bool = False
         #: (spec, callback) of this process's observable gauges (recording.observe).
         self.observers: list = []
         #: Whether the device utilization gauge was registered (handlers.memory).
@@ -194,6 +202,8 @@ class State:
         self.completion_hooked: set = set()
         #: …and are only ever completed after the call that made them returned.
         self.completes_later: set = set()
+        #: The installer's list of patches, for the neighbours re-check (neighbours.check stores it).
+        self.neighbour_patches: list | None = None
         #: The runtime control's state in this process (recording.control).
         self.control = ControlState()
 
@@ -297,7 +307,10 @@ def reset(*, registrations: bool = False) -> None:
     forget_pipeline(closed=True)
     s.reported.clear()
     s.warned.clear()
+    s.neighbours_reported = None
+    s.neighbours_rechecked = False
     if registrations:
         s.observers.clear()
         s.utilization_observed = False
         s.extra_metrics.clear()
+        s.neighbour_patches = None

@@ -1,15 +1,22 @@
 """Finds ``prometheus`` and ``promtool`` for the tests, installing Debian's ``prometheus`` package (2.42, which
 brings ``promtool``) where they are missing and the tests run as root with apt-get (CI: a fresh Debian machine).
-Anywhere else (a developer's machine, not root) the tests that need them skip, saying how to get them.
+Anywhere else (a developer's machine, not root) the tests that need them skip, saying how to get them; in CI
+(the ``CI`` environment variable set, as CI services set it and tox passes it through) they fail instead, so that
+a CI machine without the tools cannot pass by skipping them.
 
 Set ``OTEL_VLLM_ASCEND_NO_APT=1`` to forbid the installation even as root."""
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
+import socket
 import subprocess
+import time
+import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -38,10 +45,17 @@ def _provision() -> str | None:
     return f"apt-get install prometheus failed; {HINT}"
 
 
+def in_ci() -> bool:
+    """``CI`` is set (GitHub Actions, GitLab CI and most others set ``CI=true``); ``0``/``false`` do not count."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def tool(name: str) -> str:
-    """The path of ``prometheus`` or ``promtool``, or skip the calling test."""
+    """The path of ``prometheus`` or ``promtool``, or skip the calling test (fail it in CI)."""
     reason = _provision()
     if reason:
+        if in_ci():
+            pytest.fail(f"CI is set: {reason}", pytrace=False)
         pytest.skip(reason)
     path = shutil.which(name)
     assert path
@@ -50,3 +64,67 @@ def tool(name: str) -> str:
 
 def promtool(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Prometheus:
+    """A real Prometheus on a free local port scraping ``targets`` (host:port) every second, its data and log
+    under ``root``; ``stop()`` ends it."""
+
+    def __init__(self, root, targets: list[str], job: str = "vllm") -> None:
+        self.port = free_port()
+        config = root / "prometheus.yml"
+        config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            "scrape_configs:\n"
+            f"  - job_name: {job}\n"
+            f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
+        )
+        self.log = open(root / "prometheus.log", "wb")
+        self.proc = subprocess.Popen(
+            [
+                tool("prometheus"),
+                f"--config.file={config}",
+                f"--storage.tsdb.path={root / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while not self._ready():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"prometheus did not start; log: {root / 'prometheus.log'}")
+            time.sleep(0.25)
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def query(self, expr: str, at: float | None = None) -> list:
+        """An instant query, now or at unix time ``at`` (queries compared with each other need the same time)."""
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=30) as r:
+            body = json.loads(r.read())
+        assert body["status"] == "success", body
+        return body["data"]["result"]
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        self.log.close()

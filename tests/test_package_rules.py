@@ -30,7 +30,6 @@ ALLOWED_CONTAINERS = {
     ("hooks.userfile", "HANDLER_MAP"): "constant",
     ("hooks.userfile", "HANDLER_OPT_IN"): "constant",
     # A log-once flag kept as a one-element list: it belongs in STATE.warned.
-    ("neighbours", "_warned"): "mutable: a log-once cell",
 }
 
 #: Modules whose private names another module may import: (importing module, imported module, name) -> why.

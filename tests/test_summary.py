@@ -4,11 +4,14 @@ prometheus_client exposition with hand-chosen observations; the printed shares a
 from __future__ import annotations
 
 import http.server
+import importlib
+import re
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
+from opentelemetry_instrumentation_vllm_ascend.cli import summary
 from opentelemetry_instrumentation_vllm_ascend.cli.summary import summarize
 
 P = "vllm_profiling_"
@@ -51,6 +54,17 @@ def test_summary_lines():
     assert "  worker RPC errors              0" in lines
     assert "Processes reporting: engine_core dp=0 x1, worker dp=0 x2" in lines
     assert "deploy/grafana/vllm-ascend.json" in text and "docs/deploy.md" in text
+
+
+def test_where_to_look_names_files_the_installed_package_writes(tmp_path):
+    """The summary's pointer works from a wheel: the command it names writes every DIR/... file it names."""
+    command = re.search(r"`python -m ([\w.]+) DIR`", summary.WHERE).group(1)
+    named = re.findall(r"DIR/([\w./-]+\.(?:json|yml|yaml))", summary.WHERE)
+    assert len(named) == 3
+    module = importlib.import_module(command)
+    assert module.main([str(tmp_path)]) == 0
+    for path in named:
+        assert (tmp_path / path).read_text() == module.render()[path]
 
 
 def test_summary_of_an_idle_server():

@@ -23,6 +23,8 @@ ASCEND_ONLY_PREFIXES = ("eplb:",)
 
 #: Panels whose series appear only once a rare event happened (a counter is first exported at its first
 #: increment; some gauges are stored only by NPU workers): empty on a healthy CPU run, with the reason.
+#: tests/test_event_panels.py records their events through the real handlers and runs their queries on a real
+#: Prometheus instead.
 EVENT_ONLY = {
     "Health-check failures": "appears at the first failed health check (a dead engine)",
     "Inter-token latency over 1 s / TTFT over threshold": "appears at the first slow token or first token",
@@ -677,6 +679,17 @@ def _any_event(counter: str, by: str) -> str:
     )
 
 
+def _with_births(counter: str, fn: str = "increase") -> str:
+    """Per series, ``fn`` (``increase`` or ``rate``) of a counter over the last 5 minutes, or, for a series that
+    appeared in them, its whole value (as an increase, or per second of the window): a counter is first exported
+    at its first increment, so a series born mid-window starts above 0 and ``increase()`` loses its first scrape's
+    value. Series that existed 5 minutes ago take the ``fn`` branch; the others the value branch."""
+    born = f"({counter} unless {counter} offset 5m)"
+    if fn == "rate":
+        born = f"({born} / 300)"
+    return f"(({fn}({counter}[5m]) and {counter} offset 5m) or {born})"
+
+
 def alert_rules() -> list[dict]:
     g = _g()
     gauge_name = spec("instrumented_processes").prometheus_name
@@ -684,7 +697,7 @@ def alert_rules() -> list[dict]:
     return [
         _alert(
             "VLLMAscendPreemptionStorm",
-            f"sum by ({g}) (increase({spec('running_to_waiting_count').prometheus_name}[5m])) > {PREEMPTIONS_PER_5M}",
+            f"sum by ({g}) {_with_births(spec('running_to_waiting_count').prometheus_name)} > {PREEMPTIONS_PER_5M}",
             "1m",
             "warning",
             "{{ $labels.instance }} dp={{ $labels.dp }}: {{ $value | humanize }} preemptions in 5 minutes"
@@ -692,7 +705,7 @@ def alert_rules() -> list[dict]:
         ),
         _alert(
             "VLLMAscendKVBlockAllocationFailures",
-            f"sum by ({g}) (rate({spec('block_allocate_failures').prometheus_name}[5m]))"
+            f"sum by ({g}) {_with_births(spec('block_allocate_failures').prometheus_name, 'rate')}"
             f" > {ALLOCATION_FAILURES_PER_S:.6g}",
             "5m",
             "warning",

@@ -37,9 +37,13 @@ EXCEPTIONS = (
     ("health-check failures", "health_check_failed", None),
     ("scheduler blocked on capacity", "request_prefill_pending_nums", None),
 )
+#: The installed package generates the dashboard and rules (cli/dashboards.py); deploy/ and docs/ are files of the
+#: source repository, not of the wheel.
 WHERE = (
-    "dashboards: deploy/grafana/vllm-ascend.json (Grafana); rules: deploy/prometheus/rules.yml "
-    "(or deploy/kubernetes/prometheusrule.yaml); alerts and runbooks: docs/deploy.md"
+    "`python -m opentelemetry_instrumentation_vllm_ascend.cli.dashboards DIR` writes the Grafana dashboard "
+    "DIR/deploy/grafana/vllm-ascend.json and the rules DIR/deploy/prometheus/rules.yml "
+    "(DIR/deploy/kubernetes/prometheusrule.yaml for the Prometheus Operator); the same files, the fleet configs "
+    "and the alerts' runbooks (docs/deploy.md) are in the source repository"
 )
 
 

@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import catalogue, context, environment, state
+from .. import catalogue, context, environment, neighbours, state
 from ..handlers import budget
 from ..state import STATE
 from ..version import __version__
@@ -303,6 +303,8 @@ def _before_collect() -> None:
         run_deferred()
         budget.flush()
         control.exported()  # the last export's time, for `control status`
+        if not STATE.neighbours_rechecked:
+            neighbours.recheck()  # once: other instrumentations may have patched since the hooks went in
     except Exception:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
