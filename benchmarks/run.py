@@ -371,6 +371,7 @@ def feature_rows(number, repeat):
     hook for a step storing 4 requests; each beside its own bare call, measured in the same run."""
     from opentelemetry_instrumentation_vllm_ascend.handlers import budget, kv_transfer
     from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
+    from opentelemetry_instrumentation_vllm_ascend.hooks.declarative import build_handler
 
     t = _targets.Target()
     bare_step, bare_tick = _targets.Target.step, _targets.Target.tick
@@ -384,8 +385,8 @@ def feature_rows(number, repeat):
     for qualname, function in (("Target.step", bare_step), ("Target.tick", bare_tick)):
         entry = entries[qualname]
         assert entry.status != userfile.REJECTED, entry.reason
-        handler = userfile.UserHandler(entry, userfile.parameters_of(function))
-        user[qualname] = wrap(function, handler, userfile.kind_of(function))[0]
+        row = userfile.row_of(entry, function)  # the entry's declarative row, as the hook-file loader builds it
+        user[qualname] = wrap(function, build_handler(row), row.kind)[0]
     user_timer, user_hist = user["Target.step"], user["Target.tick"]
 
     clock = budget.StageClock(catalogue.ENGINE_STAGES, catalogue.M["engine_core:stage_seconds"])

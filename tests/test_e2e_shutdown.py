@@ -152,14 +152,15 @@ def wait_roles(receiver, roles, timeout=60.0):
 
 
 def test_kill_9_of_each_process_kind_then_a_restart_on_the_same_directory(model, tmp_path):
-    """kill -9 of the worker, then of the EngineCore, then of the API server, each in a server run on one
-    persistent PROMETHEUS_MULTIPROC_DIR; then a fourth run on it: its /metrics counts its own three
-    processes once each and its own preemptions only — nothing stale, nothing twice. vLLM 0.32 leaves
-    the EngineCore and worker of the SIGKILLed API server running: they still run during the fourth
-    run (their files count as a dead tree's: their root is gone)."""
+    """kill -9 of the worker, of the EngineCore and of the API server, each in its own server run on one
+    persistent PROMETHEUS_MULTIPROC_DIR (the three runs at once: each writes its files, exports, and loses
+    one process); then a fourth run on it: its /metrics counts its own three processes once each and its
+    own preemptions only — nothing stale, nothing twice. vLLM 0.32 leaves the EngineCore and worker of the
+    SIGKILLed API server running: they still run during the fourth run (their files count as a dead tree's:
+    their root is gone)."""
     directory = tmp_path / "prom"
     directory.mkdir()
-    orphans = []
+    orphans: list = []
     try:
         run_kill_9_sequence(model, tmp_path, directory, orphans)
     finally:
@@ -170,40 +171,55 @@ def test_kill_9_of_each_process_kind_then_a_restart_on_the_same_directory(model,
                 pass
 
 
-def run_kill_9_sequence(model, tmp_path, directory, orphans):
+def kill_one(model, tmp_path, directory, kind: str, orphans: list) -> list:
+    """A server run on ``directory`` whose ``kind`` process is SIGKILLed once every process has exported (a
+    short request, then a periodic export): returns the pids the API server's kill leaves running."""
     import time
 
-    for i, kind in enumerate(("worker", "engine_core", "api_server", None)):
-        with Receiver() as receiver:
-            env = {
-                **receiver.env(500),
-                "PROMETHEUS_MULTIPROC_DIR": str(directory),
-            }
-            server = Server(model, env=env, log_path=str(tmp_path / f"server{i}.log"))
-            server.start()
-            try:
-                server.batch([tiny_model.prompt(j) for j in range(16)], max_tokens=150)
-                pids = wait_roles(receiver, ("api_server", "engine_core", "worker"))
-                if kind is not None:
-                    time.sleep(1.5)  # a periodic export: the files of the process to kill are there
-                    if kind == "api_server":
-                        orphan_pids = [pids["engine_core"], pids["worker"]]
-                    os.kill(pids[kind], signal.SIGKILL)
-                    time.sleep(2.0)
-                    continue
-                time.sleep(1.5)
-                preemptions = receiver.counter_totals(R2W, by="process.pid").get(pids["engine_core"], 0)
-                text = server.scrape()
-            finally:
-                if kind == "api_server":
-                    orphans.append(server.proc.pid)  # its process group: the EngineCore and worker live on
-                else:
-                    try:
-                        os.killpg(server.proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-                    server.proc.wait(30)
-                server.stop()
+    left: list = []
+    with Receiver() as receiver:
+        env = {**receiver.env(500), "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+        server = Server(model, env=env, log_path=str(tmp_path / f"server-{kind}.log"))
+        server.start(timeout=900)
+        try:
+            server.complete(tiny_model.prompt(0), max_tokens=8)
+            pids = wait_roles(receiver, ("api_server", "engine_core", "worker"))
+            time.sleep(1.5)  # a periodic export: the files of the process to kill are there
+            if kind == "api_server":
+                left = [pids["engine_core"], pids["worker"]]
+            os.kill(pids[kind], signal.SIGKILL)
+            time.sleep(2.0)
+        finally:
+            if kind == "api_server":
+                orphans.append(server.proc.pid)  # its process group: the EngineCore and worker live on
+            else:
+                try:
+                    os.killpg(server.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                server.proc.wait(30)
+            server.stop()
+    return left
+
+
+def run_kill_9_sequence(model, tmp_path, directory, orphans):
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(3) as pool:
+        runs = [
+            pool.submit(kill_one, model, tmp_path, directory, kind, orphans)
+            for kind in ("worker", "engine_core", "api_server")
+        ]
+        orphan_pids = [pid for run in runs for pid in run.result()]
+    with Receiver() as receiver:
+        env = {**receiver.env(500), "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+        with Server(model, env=env, log_path=str(tmp_path / "server-last.log")) as server:
+            server.batch([tiny_model.prompt(j) for j in range(16)], max_tokens=150)
+            pids = wait_roles(receiver, ("api_server", "engine_core", "worker"))
+            time.sleep(1.5)
+            preemptions = receiver.counter_totals(R2W, by="process.pid").get(pids["engine_core"], 0)
+            text = server.scrape()
     from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import samples
 
     alive = [pid for pid in orphan_pids if os.path.exists(f"/proc/{pid}")]

@@ -8,7 +8,7 @@ import pytest
 from fakes import patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context
-from opentelemetry_instrumentation_vllm_ascend.handlers import api
+from opentelemetry_instrumentation_vllm_ascend.handlers import api, common
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
@@ -36,9 +36,13 @@ def counts(bounds, **hits):
     return tuple(out)
 
 
+GENERATE_SYMBOL = "vllm.v1.engine.async_llm:AsyncLLM.generate"
+CHAT_SYMBOL = "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.create_chat_completion"
+
+
 @pytest.fixture
 def clock(monkeypatch):
-    return patch_clock(monkeypatch, api)  # the API handlers read the clock themselves
+    return patch_clock(monkeypatch, api, common)  # the API handlers and the stream timers read the clock themselves
 
 
 @pytest.fixture
@@ -357,7 +361,7 @@ def test_add_request_and_abort_are_timed_awaited(api_process, clock):
 
 def test_generate_is_timed_to_exhaustion_not_creation(api_process, clock):
     m = api_process
-    gen = wrap(FakeAsyncLLM.generate, api.Generate(), ASYNC_GENERATOR)[0]
+    gen = wrap(FakeAsyncLLM.generate, targets.handler_of(GENERATE_SYMBOL), ASYNC_GENERATOR)[0]
     llm = FakeAsyncLLM(clock)
     labels = {"dp": "0", "role": "decode", "phase": "all"}
     series = name("engine:generate:duration")
@@ -405,7 +409,7 @@ class Chat:
 
 def test_streaming_chat_is_timed_to_stream_end(api_process, clock):
     m = api_process
-    create = wrap(Chat.create_chat_completion, api.CreateChatCompletion(), COROUTINE_STREAM)[0]
+    create = wrap(Chat.create_chat_completion, targets.handler_of(CHAT_SYMBOL), COROUTINE_STREAM)[0]
     chat = Chat(clock)
     labels = {"dp": "0", "role": "decode", "phase": "all"}
     series = name("server:create_chat_completion:duration")
@@ -495,8 +499,8 @@ def test_process_outputs_phase_of_each_chunk(api_process, clock):
         (StatLoggerManager.record, api.RecordStats(), SYNC_TIMER),
         (FakeIterationStats.update_from_output, api.SecondTokenLatency(), SYNC),
         (OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC),
-        (FakeAsyncLLM.generate, api.Generate(), ASYNC_GENERATOR),
-        (Chat.create_chat_completion, api.CreateChatCompletion(), COROUTINE_STREAM),
+        (FakeAsyncLLM.generate, targets.handler_of(GENERATE_SYMBOL), ASYNC_GENERATOR),
+        (Chat.create_chat_completion, targets.handler_of(CHAT_SYMBOL), COROUTINE_STREAM),
         (
             FakeAsyncLLM.add_request,
             targets.handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"),

@@ -104,7 +104,7 @@ def test_every_row_that_feeds_a_metric_names_its_process_and_real_metrics():
 
 def test_declarative_rows_are_sound_and_feed_what_they_measure():
     declared = [t for t in targets.TARGETS if t.measures]
-    assert len(declared) == 14  # _process_engine_step has a handler: its end is a stage-budget boundary
+    assert len(declared) == 16  # _process_engine_step has a handler: its end is a stage-budget boundary
     for t in targets.TARGETS:
         assert declarative.problems(t, catalogue.BY_SEED) == [], t.symbol
     for t in declared:
@@ -112,13 +112,42 @@ def test_declarative_rows_are_sound_and_feed_what_they_measure():
 
 
 def test_no_handler_class_only_binds_a_spec_to_a_timer():
-    """Timer subclasses left in handlers/ are there for their own logic (they override ``timed``)."""
+    """Timer subclasses left in handlers/ are there for their own logic (they override ``timed``), and
+    no handler class is only data (a body that assigns ``spec`` and nothing with logic: a row's measures)."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
+
+    timers = (common.StepTimer, common.AllPhaseTimer, common.StreamTimer)
     for module in _handler_modules():
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ != module.__name__ or cls in (common.StepTimer, common.AllPhaseTimer):
+            if cls.__module__ != module.__name__ or cls in timers or not issubclass(cls, Handler):
                 continue
-            if issubclass(cls, (common.StepTimer, common.AllPhaseTimer)):
+            if issubclass(cls, timers):
                 assert "timed" in cls.__dict__, f"{cls.__qualname__}: a plain timer is a row's measures"
+            node = ast.parse(inspect.getsource(cls).strip()).body[0]
+            assert not _only_binds_a_spec(node), f"{cls.__qualname__}: a class that only sets spec is a row's measures"
+
+
+def _only_binds_a_spec(node: ast.ClassDef) -> bool:
+    """Whether the class body (its docstring aside) only assigns names, ``spec`` among them."""
+    body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    names = set()
+    for stmt in body:
+        if isinstance(stmt, ast.Assign):
+            names.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            names.add(stmt.target.id)
+        else:
+            return False
+    return "spec" in names
+
+
+def test_the_spec_only_check_catches_a_class_that_only_sets_spec():
+    # What handlers/api.py had for AsyncLLM.generate before it became a row's measures.
+    before = (
+        'class Generate(_UntilStreamEnd):\n    """From the call until the stream ended."""\n\n    spec = GENERATE\n'
+    )
+    assert _only_binds_a_spec(ast.parse(before).body[0])
+    assert not _only_binds_a_spec(ast.parse(inspect.getsource(common.StreamTimer)).body[0])
 
 
 def _handler_modules():

@@ -4,6 +4,8 @@ what malformed or hostile files do (one log line each, nothing executed)."""
 import asyncio
 import logging
 import os
+import re
+import sys
 import types
 
 import pytest
@@ -443,3 +445,286 @@ def test_the_off_path_of_a_hook_is_one_attribute_check():
     assert control.switched_off("x") is False
     control.register(hook)  # a hook without handler is not registered
     assert hook not in STATE.control.hooks
+
+
+# -- timers the right way for each kind, composed with built-in hooks --------------------------------------
+def _clock(monkeypatch):
+    """The clock of the timer wrappers and of the stream timers (which read it themselves)."""
+    from fakes import patch_clock
+
+    from opentelemetry_instrumentation_vllm_ascend.handlers import common
+
+    return patch_clock(monkeypatch, common)
+
+
+STEP_UNKNOWN = {"dp": "0", "role": "mixed", "phase": "unknown"}
+
+
+@pytest.mark.parametrize("user_first", [False, True])
+def test_a_user_timer_on_a_built_in_async_generator_hook_times_the_whole_stream(
+    tmp_path, metrics, monkeypatch, user_first
+):
+    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+    from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR
+
+    clock = _clock(monkeypatch)
+
+    class C:
+        async def agen(self, n):
+            for i in range(n):
+                clock.t += 0.25
+                yield i
+
+    def builtin():  # the built-in row of AsyncLLM.generate (an ASYNC_GENERATOR hook)
+        handler = targets.handler_of("vllm.v1.engine.async_llm:AsyncLLM.generate")
+        return patch_method(C, "agen", handler, ASYNC_GENERATOR)
+
+    text = "- symbol: m:C.agen\n  metrics: [{name: t:stream, type: timer}]\n"
+    if user_first:
+        hooks = _install(tmp_path, text, C)
+        patch = builtin()
+    else:
+        patch = builtin()
+        hooks = _install(tmp_path, text, C)
+    try:
+
+        async def drive():
+            return [i async for i in C().agen(3)]
+
+        assert asyncio.run(drive()) == [0, 1, 2]
+        assert metrics.value(P + "t:stream", **STEP_UNKNOWN)[:2] == (1, 0.75)  # the stream, not its creation
+        generate = metrics.value(P + "engine:generate:duration", dp="0", role="mixed", phase="all")
+        assert generate[:2] == (1, 0.75)
+    finally:
+        hooks.uninstall()
+        patch.remove()
+
+
+def test_user_timers_time_async_generators_to_exhaustion_and_coroutines_awaited(tmp_path, metrics, monkeypatch):
+    clock = _clock(monkeypatch)
+
+    class C:
+        async def agen(self, n):
+            for i in range(n):
+                clock.t += 0.5
+                yield i
+
+        async def coro(self, n):
+            clock.t += 0.125
+            await asyncio.sleep(0)
+            clock.t += 0.125
+            return n
+
+    text = (
+        "- symbol: m:C.agen\n  metrics: [{name: t:agen_time, type: timer}]\n"
+        "- symbol: m:C.coro\n  metrics: [{name: t:coro_time, type: timer}]\n"
+    )
+    entries = load(tmp_path, text)
+    hooks = userfile.UserHooks([])
+    hooks.active = True
+    module = types.ModuleType("fake_target_module")
+    module.C = C
+    for e in entries:
+        e.symbol = e.symbol.replace("m:", "fake_target_module:")
+        hooks.pending.add(e.key)
+        for m in e.measures:
+            catalogue.EXTRA.setdefault(m.metric, m.spec)
+    hooks._apply(module, entries)
+    try:
+
+        async def drive():
+            items = [i async for i in C().agen(3)]
+            return items, await C().coro(4)
+
+        assert asyncio.run(drive()) == ([0, 1, 2], 4)
+        assert metrics.value(P + "t:agen_time", **STEP_UNKNOWN)[:2] == (1, 1.5)  # to exhaustion
+        assert metrics.value(P + "t:coro_time", **STEP_UNKNOWN)[:2] == (1, 0.25)  # the awaited call
+
+        async def first_then_close():
+            stream = C().agen(3)
+            item = await stream.__anext__()
+            await stream.aclose()
+            return item
+
+        # A stream closed early is timed until it was closed, as the built-in stream timers do.
+        assert asyncio.run(first_then_close()) == 0
+        assert metrics.value(P + "t:agen_time", **STEP_UNKNOWN)[:2] == (2, 2.0)
+    finally:
+        hooks.uninstall()
+
+
+def test_a_counter_with_expr_adds_the_value(tmp_path, metrics):
+    cls = type("C", (Target,), {"add_request": Target.add_request})
+    text = "- symbol: m:C.add_request\n  metrics: [{name: t:tokens, type: counter, expr: 'request.n * 2'}]\n"
+    hooks = _install(tmp_path, text, cls)
+    try:
+        for n in (3, 0, 5):
+            cls().add_request(types.SimpleNamespace(n=n))
+        assert metrics.value(P + "t:tokens", **STEP_UNKNOWN) == 16  # 6 + 0 + 10
+    finally:
+        hooks.uninstall()
+
+
+# -- reload: changed entries are replaced ----------------------------------------------------------------
+RELOAD_MODULE = "otel_userfile_reload_target"
+
+
+@pytest.fixture
+def reload_target(monkeypatch):
+    module = types.ModuleType(RELOAD_MODULE)
+    module.C = type("C", (Target,), {"add_request": Target.add_request})
+    monkeypatch.setitem(sys.modules, RELOAD_MODULE, module)
+    yield module.C
+    for seed in ("t:r", "t:r2"):
+        catalogue.EXTRA.pop(seed, None)
+
+
+def _reload_file(buckets="[1, 4]", label="request.k", name="t:r"):
+    return (
+        f"- symbol: {RELOAD_MODULE}:C.add_request\n  metrics:\n"
+        f"    - {{name: '{name}', type: histogram, expr: request.n, buckets: {buckets},"
+        f' labels: [{{name: k, expr: "{label}"}}]}}\n'
+    )
+
+
+def test_reload_replaces_an_entry_whose_label_expression_changed(tmp_path, metrics, reload_target):
+    path = write(tmp_path, _reload_file())
+    hooks = userfile.UserHooks([path])
+    hooks.install()
+    try:
+        reload_target().add_request(types.SimpleNamespace(n=2, k="a"))
+        write(tmp_path, _reload_file(label="request.k + '!'"))
+        hooks.reload()
+        reload_target().add_request(types.SimpleNamespace(n=3, k="a"))
+        assert metrics.value(P + "t:r", k="a", **STEP_UNKNOWN)[:2] == (1, 2)
+        assert metrics.value(P + "t:r", k="a!", **STEP_UNKNOWN)[:2] == (1, 3)  # the new expression's value
+    finally:
+        hooks.uninstall()
+    assert reload_target.add_request is Target.add_request
+
+
+def test_reload_refuses_to_change_a_defined_metrics_buckets_and_stops_the_old_hook(
+    tmp_path, metrics, reload_target, caplog
+):
+    path = write(tmp_path, _reload_file())
+    hooks = userfile.UserHooks([path])
+    hooks.install()
+    try:
+        reload_target().add_request(types.SimpleNamespace(n=2, k="a"))
+        assert metrics.value(P + "t:r", k="a", **STEP_UNKNOWN) == (1, 2, (0, 1, 0))
+        write(tmp_path, _reload_file(buckets="[1, 2, 8]"))
+        hooks.reload()
+        (entry,) = hooks.entries
+        assert entry.status == userfile.REJECTED
+        assert "t:r" in entry.reason and "restart" in entry.reason
+        reload_target().add_request(types.SimpleNamespace(n=3, k="a"))
+        assert metrics.value(P + "t:r", k="a", **STEP_UNKNOWN) == (1, 2, (0, 1, 0))  # the old hook is gone
+        assert catalogue.EXTRA["t:r"].buckets == (1.0, 4.0)
+        write(tmp_path, _reload_file(buckets="[1, 2, 8]", name="t:r2"))  # a new name: loaded, its own buckets
+        hooks.reload()
+        assert [e.status for e in hooks.entries] == [userfile.LOADED]
+        reload_target().add_request(types.SimpleNamespace(n=3, k="a"))
+        assert metrics.value(P + "t:r2", k="a", **STEP_UNKNOWN) == (1, 3, (0, 0, 1, 0))
+        assert catalogue.EXTRA["t:r2"].buckets == (1.0, 2.0, 8.0)
+    finally:
+        hooks.uninstall()
+
+
+# -- messages name the entry and the position ------------------------------------------------------------
+@pytest.mark.parametrize("source", HOSTILE)
+def test_hostile_expressions_are_rejected_with_their_column(source):
+    with pytest.raises(ExpressionError, match=r"at column \d+"):
+        compile_expression(source, None)
+
+
+EXPRESSION_CASES = sorted(name for name in MALFORMED if name.startswith(("expr ", "label bad expr")))
+
+
+@pytest.mark.parametrize("name", EXPRESSION_CASES)
+def test_a_rejected_expression_names_its_file_entry_and_column(name, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger=userfile.logger.name)
+    path = write(tmp_path, GOOD + MALFORMED[name])  # the bad entry is the file's second
+    entries = userfile.load([path], V, None)
+    assert [e.status for e in entries] == [userfile.LOADED, userfile.REJECTED]
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"{path} entry 2: m:C.f rejected: metric 1 (a): " in line
+    if name != "expr not a string":
+        assert re.search(r"at column \d+", line), line
+
+
+def test_a_gated_entry_with_lock_patch_says_it_is_ignored(tmp_path):
+    text = "- symbol: m:C.f\n  lock_patch: true\n  min_version: '9.0'\n  metrics: [{name: a}]\n"
+    (entry,) = load(tmp_path, text)
+    assert entry.status == userfile.GATED
+    assert entry.reason == "vLLM 0.32.0 is outside >=9.0; lock_patch ignored (control gates every hook alike)"
+    text = "- symbol: m:C.f\n  lock_patch: true\n  enabled: false\n  metrics: [{name: a}]\n"
+    (entry,) = load(tmp_path, text)
+    assert entry.reason == "enabled: false; lock_patch ignored (control gates every hook alike)"
+
+
+# -- check --config ------------------------------------------------------------------------------------------
+CHECKED = """\
+- symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request
+  metrics: [{name: custom:calls, type: counter}]
+- symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request
+  max_version: "0.1.0"
+  metrics: [{name: custom:old, type: counter}]
+"""
+CHECKED_BAD = """\
+- symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request
+  metrics: [{name: custom:bad, type: gauge, expr: "len(request) + __import__('os')"}]
+- symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request
+  metrics: [{name: custom:x, type: gauge, expr: requests.n}]
+"""
+
+
+def test_check_config_prints_each_entry_loaded_gated_or_rejected_and_fails_on_a_rejected_one(tmp_path, capsys):
+    pytest.importorskip("vllm")
+    from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
+    from opentelemetry_instrumentation_vllm_ascend.hooks import installer
+
+    good = write(tmp_path, CHECKED, "good.yaml")
+    bad = write(tmp_path, CHECKED_BAD, "bad.yaml")
+    symbol = "vllm.v1.core.sched.scheduler:Scheduler.add_request"
+    assert cli.main(["check", "--config", good]) == 0
+    out = capsys.readouterr().out
+    hook_files = out[out.index("Hook files:\n") :].splitlines()
+    assert hook_files == [
+        "Hook files:",
+        f"  {good}:1  {symbol}  loaded: vllm_profiling_custom:calls",
+        f"  {good}:2  {symbol}  gated: vLLM {installer.vllm_version()} is outside <=0.1.0",
+        "entries: 1 gated, 1 loaded",
+    ]
+    assert cli.main(["check", "--config", good, "--config", bad]) == 1
+    out = capsys.readouterr().out
+    hook_files = out[out.index("Hook files:\n") :].splitlines()
+    assert hook_files[3:] == [
+        f"  {bad}:1  {symbol}  rejected: metric 1 (custom:bad): expr: call of '__import__' not allowed (allowed: "
+        "len, min, max, sum, abs, int, float, round) at column 16",
+        f"  {bad}:2  {symbol}  rejected: cannot hook: ValueError: custom:x: expr 'requests.n' reads 'requests', not "
+        f"a parameter of {symbol} (self, request)",
+        "entries: 1 gated, 1 loaded, 2 rejected",
+    ]
+
+
+def test_an_entry_compiles_to_the_declarative_form_of_the_built_in_rows(tmp_path):
+    from opentelemetry_instrumentation_vllm_ascend.handlers.common import MeasuresHandler, StepTimer
+    from opentelemetry_instrumentation_vllm_ascend.hooks import declarative
+    from opentelemetry_instrumentation_vllm_ascend.hooks.targets import Target as Row
+    from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR
+
+    (entry,) = load(tmp_path, ADD)
+    row = userfile.row_of(entry, Target.add_request)
+    assert isinstance(row, Row) and row.kind == SYNC_TIMER and row.params == ("request", "flag")
+    assert all(isinstance(m, declarative.Measure) for m in row.measures)
+    assert row.feeds == ("t:calls", "t:n", "t:last", "t:time", "t:bad", "t:kind")
+    assert declarative.problems(row, catalogue.BY_SEED) == []
+    handler = declarative.build_handler(row)
+    assert type(handler) is MeasuresHandler and handler.reads_args is None  # its expressions read arguments
+    # One plain timer is the built-in timer handler itself, with the entry's own metric.
+    (entry,) = load(tmp_path, "- symbol: m:C.agen\n  metrics: [{name: t:one, type: timer}]\n")
+    row = userfile.row_of(entry, Target.agen)
+    assert row.kind == ASYNC_GENERATOR and declarative.problems(row, catalogue.BY_SEED) == []
+    (entry,) = load(tmp_path, "- symbol: m:C.add_request\n  metrics: [{name: t:one, type: timer}]\n")
+    handler = declarative.build_handler(userfile.row_of(entry, Target.add_request))
+    assert type(handler) is StepTimer and handler.spec is entry.measures[0].spec

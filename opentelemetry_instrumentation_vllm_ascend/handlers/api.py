@@ -1,5 +1,6 @@
-"""API server side: vLLM's per-engine stats updates, request-level latencies, and the timings of the
-frontend's own work (adding, generating, aborting, chat completions, input and output processing).
+"""API server side: vLLM's per-engine stats updates, request-level latencies, the output loop's work
+and its time budget. The frontend's plain timers (adding, generating, aborting, chat completions,
+input processing) are declarative rows (hooks/targets.py).
 
 Labels (see catalogue.py):
 - ``dp`` / ``engine``: values that come with an engine index (``StatLoggerManager.record``) carry
@@ -35,8 +36,6 @@ SECOND_TOKEN = M["second_token_latency"]
 DECODE_OVER_1S = M["decode_over_1s_count"]
 PREFILL_OVER_THRESHOLD = M["prefill_over_threshold_count"]
 RECORD_STATS = M["async_llm:record_stats:duration"]
-GENERATE = M["engine:generate:duration"]
-CHAT = M["server:create_chat_completion:duration"]
 OUTPUT_PROCESSOR = M["output_processor_duration"]
 OUTPUTS_LEN = M["engine_core_outputs_len"]
 HEALTH_CHECK_FAILED = M["health_check_failed"]
@@ -234,39 +233,6 @@ class CheckHealth(Handler):
     def error(self, state, args, kwargs, exc):
         if isinstance(exc, Exception):
             recording.add(HEALTH_CHECK_FAILED, 1, context.step_labels(ALL))
-
-
-class _UntilStreamEnd(Handler):
-    """From the call until the result is complete: ``after`` (a plain result, or a stream exhausted)
-    and ``error`` (the call raised, a stream raised or was closed / cancelled early) alike record the
-    time since ``before`` — a stream cut short still occupied the server until then."""
-
-    spec: catalogue.MetricSpec
-    reads_args = 0
-
-    def before(self, args, kwargs):
-        return perf_counter()
-
-    def after(self, state, args, kwargs, result):
-        recording.record(self.spec, perf_counter() - state, context.step_labels(ALL))
-
-    def error(self, state, args, kwargs, exc):
-        recording.record(self.spec, perf_counter() - state, context.step_labels(ALL))
-
-
-class Generate(_UntilStreamEnd):
-    """``AsyncLLM.generate`` (ASYNC_GENERATOR): from the call (which creates the output stream) until
-    the stream ended — exhausted, failed, or closed / cancelled early (recorded in every case)."""
-
-    spec = GENERATE
-
-
-class CreateChatCompletion(_UntilStreamEnd):
-    """``OpenAIServingChat.create_chat_completion`` (COROUTINE_STREAM): a non-streaming request until
-    its awaited response (an error response included); a streaming one until its stream of chunks
-    ended (exhausted, failed, or closed / cancelled by a client disconnect)."""
-
-    spec = CHAT
 
 
 # -- OutputProcessor.process_outputs ---------------------------------------------------------------

@@ -1,10 +1,15 @@
-"""Building blocks shared by subsystem handlers: the timers and the handler declarative rows build."""
+"""Building blocks shared by subsystem handlers: the timers and the handlers declarative rows build."""
 
 from __future__ import annotations
 
 import sys
+import threading
+from collections.abc import Callable
+from time import perf_counter
+from typing import NamedTuple
 
 from .. import catalogue, context, recording
+from ..hooks.declarative import HOOK_ERRORS, MAX_LABEL_LENGTH, MAX_LABEL_VALUES, OTHER, duration
 from ..hooks.handler import Handler
 from ..state import STATE
 
@@ -39,30 +44,128 @@ class AllPhaseTimer(Handler):
         recording.record(self.spec, seconds, context.step_labels(catalogue.ALL))
 
 
-class MeasuresHandler(Handler):
-    """A declarative row's handler (``hooks/declarative.py``) when it is more than one plain timer:
-    after each call that returned, every measure's value (``value_reader``) into its metric, labelled
-    dp / role and phase ``all`` or the step's. Timer wrapper kinds call ``timed``; sync / coroutine
-    kinds ``after`` (no duration then)."""
+class StreamTimer(Handler):
+    """ASYNC_GENERATOR / COROUTINE_STREAM (a stream row's plain timer): from the call until the result
+    is complete — a plain result, or a stream exhausted — and, alike, until the call raised or a stream
+    raised or was closed / cancelled early (a stream cut short still occupied the server until then).
+    Labelled dp / role and phase ``all`` (``in_step``: the step's)."""
 
-    def __init__(self, measures: tuple, reads_args: int) -> None:
-        #: (spec, measure kind, step phase?, reader) per measure.
-        self.measures = measures
-        self.reads_args = reads_args
+    __slots__ = ("spec", "in_step")
+    reads_args = 0
 
-    def timed(self, seconds, args, kwargs, result):
-        for spec, kind, in_step, reader in self.measures:
-            value = reader(args, result, seconds)
-            labels = context.step_labels(STATE.last_step_phase if in_step else catalogue.ALL)
-            if kind == "counter":
-                recording.add(spec, value, labels)
-            elif kind == "gauge":
-                recording.set_gauge(spec, value, labels)
-            else:
-                recording.record(spec, value, labels)
+    def __init__(self, spec: catalogue.MetricSpec, in_step: bool = False) -> None:
+        self.spec = spec
+        self.in_step = in_step
+
+    def before(self, args, kwargs):
+        return perf_counter()
 
     def after(self, state, args, kwargs, result):
-        self.timed(None, args, kwargs, result)
+        phase = STATE.last_step_phase if self.in_step else catalogue.ALL
+        recording.record(self.spec, perf_counter() - state, context.step_labels(phase))
+
+    error = after
+
+
+class Measured(NamedTuple):
+    """One measure of a ``MeasuresHandler``, compiled from a row (``hooks/declarative.py``)."""
+
+    spec: catalogue.MetricSpec
+    kind: str
+    in_step: bool  # phase label: the step's (else ``all``)
+    reader: Callable  # (args, values, result, seconds) -> value
+    labels: tuple  # ((label name, Expression), …) after dp, role, phase
+    counted: bool  # an expression: a failed sample is skipped and counted in hook_errors
+
+
+class MeasuresHandler(Handler):
+    """A declarative row's handler (``hooks/declarative.py``) when it is more than one plain timer:
+    after each call that returned, every measure's value into its metric, labelled dp / role, phase
+    ``all`` or the step's, and the measure's own label expressions. Timer wrapper kinds call
+    ``timed``; sync / coroutine kinds ``after`` (no duration then). A measure computed by an expression
+    that fails (or gives no number) skips that sample and counts it in hook_errors; the call and the
+    other measures are unaffected."""
+
+    def __init__(self, measures: tuple, reads_args: int | None, arguments=None, hook: str = "") -> None:
+        self.measures: tuple[Measured, ...] = measures
+        self.reads_args = reads_args
+        #: ((name, position), …) of the arguments the expressions read; None: the row has no expression.
+        self.arguments = arguments
+        self.hook = hook  # the symbol, for hook_errors
+        #: (metric, label) -> the values given so far (at most MAX_LABEL_VALUES).
+        self.label_values: dict[tuple, set] = {}
+        self.lock = threading.Lock()
+
+    def timed(self, seconds, args, kwargs, result):
+        self._record(self.measures, seconds, args, kwargs, result)
+
+    def after(self, state, args, kwargs, result):
+        self._record(self.measures, None, args, kwargs, result)
+
+    def _record(self, measures, seconds, args, kwargs, result):
+        values = None
+        if self.arguments is not None:
+            values = {"result": result, "duration": seconds}
+            for name, i in self.arguments:
+                if kwargs and name in kwargs:
+                    values[name] = kwargs[name]
+                elif i < len(args):
+                    values[name] = args[i]
+        for spec, kind, in_step, reader, labels, counted in measures:
+            try:
+                row = context.step_labels(STATE.last_step_phase if in_step else catalogue.ALL)
+                if labels:
+                    row = row + tuple(self._label(spec.seed, name, e, values) for name, e in labels)
+                value = reader(args, values, result, seconds)
+                if kind == "counter":
+                    recording.add(spec, value, row)
+                elif kind == "gauge":
+                    recording.set_gauge(spec, value, row)
+                else:
+                    recording.record(spec, value, row)
+            except Exception:
+                if not counted:
+                    raise
+                try:
+                    recording.add(
+                        HOOK_ERRORS, 1, (context.PROCESS.dp, context.PROCESS.role, f"{self.hook}/{spec.seed}")
+                    )
+                except Exception:
+                    pass
+
+    def _label(self, metric: str, name: str, expression, values) -> str:
+        text = str(expression.evaluate(values))[:MAX_LABEL_LENGTH]
+        key = (metric, name)
+        seen = self.label_values.get(key)
+        if seen is None:
+            seen = self.label_values.setdefault(key, set())
+        if text in seen:
+            return text
+        with self.lock:
+            if len(seen) >= MAX_LABEL_VALUES:
+                return OTHER
+            seen.add(text)
+        return text
+
+
+class StreamMeasuresHandler(MeasuresHandler):
+    """A ``MeasuresHandler`` on a stream row (ASYNC_GENERATOR / COROUTINE_STREAM): it reads the clock
+    itself, records every measure when the result is complete (a stream exhausted), and its plain
+    timers also when the call or the stream raised or was closed early (as ``StreamTimer``)."""
+
+    def __init__(self, measures: tuple, reads_args: int | None, arguments=None, hook: str = "") -> None:
+        super().__init__(measures, reads_args, arguments, hook)
+        self.timers = tuple(m for m in measures if m.reader is duration)
+
+    def before(self, args, kwargs):
+        return perf_counter()
+
+    def after(self, state, args, kwargs, result):
+        self._record(self.measures, perf_counter() - state, args, kwargs, result)
+
+    def error(self, state, args, kwargs, exc):
+        if self.timers:
+            self._record(self.timers, perf_counter() - state, args, kwargs, None)
 
 
 def device_module():

@@ -82,6 +82,13 @@ class Expression:
     def __repr__(self) -> str:
         return f"Expression({self.source!r})"
 
+    # Equal by source (the code is a function of it): a reloaded file's unchanged entry is the same entry.
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Expression) and other.source == self.source
+
+    def __hash__(self) -> int:
+        return hash(self.source)
+
 
 def compile_expression(source, parameters=()) -> Expression:
     """Parse and check ``source``; ``parameters``: the target's parameter names (None: any name is
@@ -89,16 +96,19 @@ def compile_expression(source, parameters=()) -> Expression:
     if not isinstance(source, str):
         raise ExpressionError(f"an expression must be a string, not {type(source).__name__}")
     if not source.strip():
-        raise ExpressionError("empty expression")
+        raise ExpressionError("empty expression at column 1")
     if len(source) > MAX_LENGTH:
-        raise ExpressionError(f"longer than {MAX_LENGTH} characters")
-    if _nesting(source) > MAX_DEPTH:
-        raise ExpressionError(f"nested deeper than {MAX_DEPTH} levels")
+        raise ExpressionError(f"too long at column {MAX_LENGTH + 1} (at most {MAX_LENGTH} characters)")
+    too_deep = _too_deep(source)
+    if too_deep is not None:
+        raise ExpressionError(f"nested deeper than {MAX_DEPTH} levels at column {too_deep}")
+    text = source.strip()
     try:
-        tree = ast.parse(source.strip(), mode="eval")
+        tree = ast.parse(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        where = f" at column {exc.offset}" if isinstance(exc, SyntaxError) and exc.offset else ""
-        raise ExpressionError(f"not an expression{where}: {getattr(exc, 'msg', exc)}") from None
+        # A SyntaxError's offset is 1-based; 0 or None: the input ended too early.
+        column = (exc.offset or len(text) + 1) if isinstance(exc, SyntaxError) else 1
+        raise ExpressionError(f"not an expression at column {column}: {getattr(exc, 'msg', exc)}") from None
     allowed = None if parameters is None else set(parameters) | set(SPECIAL)
     names: list[str] = []
     _check(tree.body, allowed, names, 1)
@@ -106,15 +116,17 @@ def compile_expression(source, parameters=()) -> Expression:
     return Expression(source, tuple(dict.fromkeys(names)), code)
 
 
-def _nesting(source: str) -> int:
-    depth = deepest = 0
-    for char in source:
+def _too_deep(source: str) -> int | None:
+    """The column of the first bracket nested deeper than ``MAX_DEPTH``, or None."""
+    depth = 0
+    for column, char in enumerate(source, 1):
         if char in "([{":
             depth += 1
-            deepest = max(deepest, depth)
+            if depth > MAX_DEPTH:
+                return column
         elif char in ")]}":
             depth -= 1
-    return deepest
+    return None
 
 
 def _fail(node, what: str):

@@ -221,7 +221,7 @@ class Installer:
                         self.patches.append(targets_module.load_handler(target).install(module))
                         self.status[target.symbol] = RESOLVED
                         continue
-                    owner = original_class(module, target.owner_qualname)
+                    owner = module if target.owner_qualname is None else original_class(module, target.owner_qualname)
                     if target.kind == FUTURE_CLASS:
                         # vLLM's FutureWrapper is completed in result(), after collective_rpc returned.
                         self.patches.extend(hook_future_class(owner, completes_later=True))

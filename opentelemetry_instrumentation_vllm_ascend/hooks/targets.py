@@ -62,16 +62,18 @@ class Target:
 
     @property
     def owner_qualname(self) -> str | None:
-        """The class whose attribute is wrapped (None for a module-level SCOPE_FACTORY)."""
-        if self.kind == SCOPE_FACTORY:
+        """The class whose attribute is wrapped (None for a module-level SCOPE_FACTORY or function)."""
+        if self.kind == FUTURE_CLASS:
+            return self.qualname
+        if self.kind == SCOPE_FACTORY or "." not in self.qualname:
             return None
-        return self.qualname if self.kind == FUTURE_CLASS else self.qualname.rsplit(".", 1)[0]
+        return self.qualname.rsplit(".", 1)[0]
 
     @property
     def attribute(self) -> str | None:
-        if self.kind == SCOPE_FACTORY:
-            return self.qualname
-        return None if self.kind == FUTURE_CLASS else self.qualname.rsplit(".", 1)[1]
+        if self.kind == FUTURE_CLASS:
+            return None
+        return self.qualname.rsplit(".", 1)[-1]
 
 
 _SCHED = "vllm.v1.core.sched.scheduler"
@@ -418,20 +420,20 @@ TARGETS: tuple[Target, ...] = (
         measures=_timer("engine:async_add_request:duration"),
         process=API_SERVER,
     ),
+    # From the call until its stream ended: exhausted, failed, or closed / cancelled early.
     Target(
         _ALLM,
         "AsyncLLM.generate",
         ASYNC_GENERATOR,
-        "api:Generate",
-        feeds=("engine:generate:duration",),
+        measures=_timer("engine:generate:duration"),
         process=API_SERVER,
     ),
+    # A non-streaming request until its awaited response; a streaming one until its stream of chunks ended.
     Target(
         "vllm.entrypoints.openai.chat_completion.serving",
         "OpenAIServingChat.create_chat_completion",
         COROUTINE_STREAM,
-        "api:CreateChatCompletion",
-        feeds=("server:create_chat_completion:duration",),
+        measures=_timer("server:create_chat_completion:duration"),
         process=API_SERVER,
     ),
     # Also when run in the renderer's executor through process_inputs_async, if the hook was installed

@@ -1,6 +1,7 @@
 """Users' hook files (``OTEL_VLLM_ASCEND_CONFIG``): YAML lists of entries in ms-service-metric's shape,
-compiled once at load into target rows, measures and metric specs; nothing from a file is imported
-or executed.
+compiled once at load into the declarative form of the built-in rows (hooks/declarative.py: a
+``Target`` row with ``Measure``s, each with its metric's spec); nothing from a file is imported or
+executed.
 
 An entry::
 
@@ -26,22 +27,35 @@ import inspect
 import logging
 import re
 import threading
-from dataclasses import dataclass, field
-from time import perf_counter
+from dataclasses import dataclass
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from .. import catalogue, context, environment
-from ..state import STATE
-from .expressions import Expression, ExpressionError, compile_expression
-from .handler import Handler
+from .. import catalogue, environment
+from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: the bounds this format documents)
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    HOOK_ERRORS,
+    MAX_LABEL_LENGTH,
+    MAX_LABEL_VALUES,
+    PHASE_STEP,
+    TIMER,
+    Measure,
+    argument_names,
+    build_handler,
+    expressions_of,
+    spec_of,
+)
+from .expressions import ExpressionError, compile_expression
 
 logger = logging.getLogger(__name__)
 
 LOADED, MAPPED, GATED, REJECTED = "loaded", "mapped", "gated", "rejected"
 
-TIMER, HISTOGRAM, COUNTER, GAUGE = "timer", "histogram", "counter", "gauge"
+#: The ``type:`` of a metric: the declarative measure kinds (a ``histogram`` without ``expr`` is a timer
+#: with the histogram's default buckets).
 TYPES = (TIMER, HISTOGRAM, COUNTER, GAUGE)
 ENTRY_KEYS = frozenset({"symbol", "handler", "metrics", "min_version", "max_version", "lock_patch", "need_locals"})
 #: Keys of the incumbent's entries accepted with a fixed meaning (see ``_entry``).
@@ -50,9 +64,6 @@ METRIC_KEYS = frozenset({"name", "type", "expr", "buckets", "labels"})
 #: Labels every series gets from the process / step: a user label may not take these names.
 RESERVED_LABELS = frozenset({"dp", "role", "phase", "rank", "process", "le", "quantile"})
 MAX_LABELS = 4
-#: Distinct values one user label may take in one process; later new values are recorded as ``other``.
-MAX_LABEL_VALUES = 32
-MAX_LABEL_LENGTH = 64
 MAX_BUCKETS = 64
 MAX_ENTRIES = 256
 MAX_FILE_BYTES = 1 << 20
@@ -94,17 +105,6 @@ HANDLER_OPT_IN = {
 }
 
 
-@dataclass(frozen=True)
-class Measure:
-    """One metric a user hook records (the declarative form's row: see hooks/targets.py)."""
-
-    metric: str  # seed name
-    kind: str  # timer | histogram | counter | gauge
-    value: Expression | None  # a compiled Expression, or None (timer/histogram: the duration; counter: 1)
-    spec: catalogue.MetricSpec
-    labels: tuple = ()  # ((label name, Expression), …)
-
-
 @dataclass
 class Entry:
     file: str
@@ -112,11 +112,17 @@ class Entry:
     symbol: str = ""
     status: str = REJECTED
     reason: str = ""
-    measures: tuple = ()
+    #: declarative.Measure per metric of the entry that is not a built-in one.
+    measures: tuple[Measure, ...] = ()
     min_version: str | None = None
     max_version: str | None = None
     lock_patch: bool = False
-    key: tuple = field(default=())
+
+    @property
+    def key(self) -> tuple:
+        """What the entry installs: equal keys, the same hook (expressions compare by source; the
+        measures carry their metrics' specs, buckets and labels included)."""
+        return (self.symbol, self.measures)
 
     @property
     def where(self) -> str:
@@ -181,7 +187,9 @@ class _Rejected(Exception):
     pass
 
 
-def _metric(raw, n: int, seen: dict) -> Measure:
+def _metric(raw, n: int, seen: dict, defined: dict) -> Measure:
+    """The measure of the YAML metric ``raw`` (the entry's ``n``-th); ``seen``: the specs of user metrics
+    of this load so far, ``defined``: those this process defined before (earlier loads)."""
     if not isinstance(raw, dict):
         raise _Rejected(f"metric {n} is not a mapping")
     unknown = sorted(set(map(str, raw)) - METRIC_KEYS)
@@ -240,15 +248,24 @@ def _metric(raw, n: int, seen: dict) -> Measure:
         buckets=buckets,
     )
     known = seen.get(seed)
-    if known is not None and (known.kind, known.buckets, known.labels) != (spec.kind, spec.buckets, spec.labels):
-        raise _Rejected(f"metric {n} ({name}): declared before with another type, buckets or labels")
-    return Measure(seed, kind, value, known or spec, tuple(labels))
+    if known is not None and known != spec:
+        if defined.get(seed) == known:
+            # Its series exist with that definition (the /metrics files keep a process's series for its
+            # life): a histogram whose buckets changed would show both sets, a label set two shapes.
+            raise _Rejected(
+                f"metric {n} ({name}): {seed} is defined since start-up with another type, unit, buckets or "
+                "labels, which cannot change while the server runs: rename the metric, or restart"
+            )
+        raise _Rejected(f"metric {n} ({name}): declared before with another type, unit, buckets or labels")
+    # A histogram without expr records the duration: a timer measure, with a histogram's default buckets.
+    measure_kind = TIMER if kind == HISTOGRAM and value is None else kind
+    return Measure(seed, measure_kind, value, PHASE_STEP, tuple(labels), spec)
 
 
 OTEL_CONFIG_NAME = "OTEL_VLLM_ASCEND_CONFIG"
 
 
-def _entry(raw, entry: Entry, seen: dict, feeds: dict, vllm, ascend) -> None:
+def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, ascend) -> None:
     """Fill ``entry`` from the YAML item ``raw`` (status and reason); raises _Rejected."""
     from .installer import in_range
 
@@ -309,7 +326,7 @@ def _entry(raw, entry: Entry, seen: dict, feeds: dict, vllm, ascend) -> None:
     mapped_names: list[str] = []
     local = dict(seen)
     for n, raw_metric in enumerate(metrics, 1):
-        measure = _metric(raw_metric, n, local)
+        measure = _metric(raw_metric, n, local, defined)
         if any(m.metric == measure.metric for m in measures):
             raise _Rejected(f"metric {n}: {measure.metric} appears twice in this entry")
         local.setdefault(measure.metric, measure.spec)
@@ -327,24 +344,24 @@ def _entry(raw, entry: Entry, seen: dict, feeds: dict, vllm, ascend) -> None:
     spec = ",".join(
         s for s in (entry.min_version and f">={entry.min_version}", entry.max_version and f"<={entry.max_version}") if s
     )
+    ignored = "; lock_patch ignored (control gates every hook alike)" if lock else ""
     if raw.get("enabled", True) is False:
-        entry.status, entry.reason = GATED, "enabled: false"
+        entry.status, entry.reason = GATED, "enabled: false" + ignored
         return
     if spec and not in_range(version, spec):
         which = "vllm-ascend" if version is ascend else "vLLM"
-        entry.status, entry.reason = GATED, f"{which} {version} is outside {spec}"
+        entry.status, entry.reason = GATED, f"{which} {version} is outside {spec}{ignored}"
         return
     if not measures:
         entry.status = MAPPED
-        entry.reason = "built-in metric recorded: " + "; ".join(mapped_names)
+        entry.reason = "built-in metric recorded: " + "; ".join(mapped_names) + ignored
         return
     entry.status = LOADED
-    entry.reason = ", ".join(catalogue.PREFIX + m.metric for m in measures) + (
-        f" (built-in: {'; '.join(mapped_names)})" if mapped_names else ""
+    entry.reason = (
+        ", ".join(catalogue.PREFIX + m.metric for m in measures)
+        + (f" (built-in: {'; '.join(mapped_names)})" if mapped_names else "")
+        + ignored
     )
-    if lock:
-        entry.reason += "; lock_patch ignored (control gates every hook alike)"
-    entry.key = (entry.symbol, tuple((m.metric, m.kind, m.value and m.value.source) for m in measures))
 
 
 def paths_from_environment() -> list[str]:
@@ -353,9 +370,10 @@ def paths_from_environment() -> list[str]:
     return [p.strip() for p in os.environ.get(OTEL_CONFIG_NAME, "").split(",") if p.strip()]
 
 
-def load(paths, vllm=None, ascend=None, *, log: bool = True) -> list[Entry]:
+def load(paths, vllm=None, ascend=None, *, log: bool = True, defined=None) -> list[Entry]:
     """Every entry of every file, each with its state and reason; never raises. ``vllm`` /
-    ``ascend``: the installed versions (default: looked up)."""
+    ``ascend``: the installed versions (default: looked up). ``defined``: seed -> spec of the user
+    metrics this process defined before (a reload: a metric keeps its definition)."""
     import yaml
 
     from .installer import vllm_ascend_version, vllm_version
@@ -363,7 +381,8 @@ def load(paths, vllm=None, ascend=None, *, log: bool = True) -> list[Entry]:
     vllm = vllm_version() if vllm is None else vllm
     ascend = vllm_ascend_version() if ascend is None else ascend
     feeds = _builtin_feeds()
-    seen: dict[str, catalogue.MetricSpec] = {}
+    defined = dict(defined or {})
+    seen: dict[str, catalogue.MetricSpec] = dict(defined)
     entries: list[Entry] = []
     for path in paths:
         try:
@@ -386,7 +405,7 @@ def load(paths, vllm=None, ascend=None, *, log: bool = True) -> list[Entry]:
         for index, raw in enumerate(items, 1):
             entry = Entry(path, index)
             try:
-                _entry(raw, entry, seen, feeds, vllm, ascend)
+                _entry(raw, entry, seen, defined, feeds, vllm, ascend)
             except _Rejected as exc:
                 entry.status, entry.reason, entry.measures = REJECTED, str(exc), ()
             except Exception as exc:  # a defect of ours: the entry, not the host, pays
@@ -414,101 +433,7 @@ def _log(entry: Entry, log: bool) -> Entry:
     return entry
 
 
-# -- the hook ---------------------------------------------------------------------------------------
-HOOK_ERRORS = catalogue.MetricSpec(
-    "hook_errors",
-    catalogue.COUNTER,
-    "{error}",
-    "Samples of user hook metrics (OTEL_VLLM_ASCEND_CONFIG) skipped because an expression failed or gave "
-    "no number. hook: symbol/metric.",
-    labels=("dp", "role", "hook"),
-)
-
-
-class UserHandler(Handler):
-    """Records an entry's measures after each call that returned (SYNC / COROUTINE: the awaited call;
-    ASYNC_GENERATOR: the exhausted stream). A failing expression skips that measure's sample and
-    counts in hook_errors; the call and the other measures are unaffected."""
-
-    def __init__(self, entry: Entry, parameters: tuple[str, ...]) -> None:
-        self.name = f"user hook {entry.symbol}"
-        self.symbol = entry.symbol
-        self.measures = entry.measures
-        self.parameters = parameters
-        self.index = {name: i for i, name in enumerate(parameters)}
-        needed = set()
-        for m in self.measures:
-            for expression in (m.value, *(e for _, e in m.labels)):
-                if expression is not None:
-                    needed.update(expression.names)
-        self.needed = tuple(n for n in needed if n not in ("result", "duration"))
-        self.label_values: dict[tuple, set] = {}
-        self.lock = threading.Lock()
-
-    def before(self, args, kwargs):
-        return perf_counter()
-
-    def error(self, state, args, kwargs, exc):
-        pass
-
-    def _values(self, args, kwargs, result, duration) -> dict:
-        values = {"result": result, "duration": duration}
-        for name in self.needed:
-            i = self.index[name]
-            if kwargs and name in kwargs:
-                values[name] = kwargs[name]
-            elif i < len(args):
-                values[name] = args[i]
-        return values
-
-    def after(self, start, args, kwargs, result):
-        from .. import recording
-
-        duration = perf_counter() - start
-        values = self._values(args, kwargs, result, duration) if self.needed or self.measures else {}
-        dp, role, phase = context.PROCESS.dp, context.PROCESS.role, STATE.last_step_phase
-        for m in self.measures:
-            try:
-                labels = (dp, role, phase) + tuple(self._label(m, name, e, values) for name, e in m.labels)
-                if m.kind == COUNTER:
-                    value = 1 if m.value is None else _number(m.value.evaluate(values))
-                    if value < 0:
-                        raise ValueError("a counter cannot decrease")
-                    recording.add(m.spec, value, labels)
-                elif m.kind == GAUGE:
-                    recording.set_gauge(m.spec, _number(m.value.evaluate(values)), labels)
-                else:
-                    value = duration if m.value is None else _number(m.value.evaluate(values))
-                    recording.record(m.spec, value, labels)
-            except Exception:
-                try:
-                    recording.add(HOOK_ERRORS, 1, (dp, role, f"{self.symbol}/{m.metric}"))
-                except Exception:
-                    pass
-
-    def _label(self, measure, name, expression, values) -> str:
-        text = str(expression.evaluate(values))[:MAX_LABEL_LENGTH]
-        key = (measure.metric, name)
-        seen = self.label_values.get(key)
-        if seen is None:
-            seen = self.label_values.setdefault(key, set())
-        if text in seen:
-            return text
-        with self.lock:
-            if len(seen) >= MAX_LABEL_VALUES:
-                return "other"
-            seen.add(text)
-        return text
-
-
-def _number(value) -> float:
-    if isinstance(value, bool):
-        return int(value)
-    if not isinstance(value, (int, float)) or value != value:
-        raise TypeError(f"not a number: {type(value).__name__}")
-    return value
-
-
+# -- the hook: a declarative row ------------------------------------------------------------------
 def parameters_of(function) -> tuple[str, ...]:
     """Names of ``function``'s parameters, in order (``self`` first for a method)."""
     try:
@@ -518,29 +443,48 @@ def parameters_of(function) -> tuple[str, ...]:
 
 
 def kind_of(function) -> str:
+    """The wrapper kind of ``function`` itself: the original's, through wrappers of ours (a built-in
+    hook on the same function: an async generator's wrapper is a plain function returning one)."""
     from .wrappers import ASYNC_GENERATOR, COROUTINE, SYNC
 
-    if inspect.isasyncgenfunction(function):
+    original = inspect.unwrap(function, stop=lambda f: not hasattr(f, "__otel_vllm_ascend_hook__"))
+    if inspect.isasyncgenfunction(original):
         return ASYNC_GENERATOR
-    if inspect.iscoroutinefunction(function):
+    if inspect.iscoroutinefunction(original):
         return COROUTINE
     return SYNC
 
 
-def check_names(entry: Entry, parameters: tuple[str, ...]) -> str | None:
-    """Why the entry's expressions cannot run on a target with these parameters, or None."""
+def row_of(entry: Entry, function):
+    """The declarative row of ``entry`` on ``function`` (what it names, found by ``function_of``): the
+    timer wrapper kind of a sync function or a coroutine, the stream kind of an async generator, the
+    function's parameters (after ``self`` for a method) as the row's ``params``. Raises ValueError
+    when an expression reads a name the function does not have."""
+    from .targets import Target
+    from .wrappers import ASYNC_GENERATOR, COROUTINE, COROUTINE_TIMER, SYNC_TIMER
+
+    kind = {COROUTINE: COROUTINE_TIMER, ASYNC_GENERATOR: ASYNC_GENERATOR}.get(kind_of(function), SYNC_TIMER)
+    parameters = parameters_of(function)
+    params = parameters[1:] if "." in entry.qualname else parameters
+    row = Target(entry.module, entry.qualname, kind, vllm="", params=params, measures=entry.measures)
+    why = check_names(entry, argument_names(row))
+    if why is not None:
+        raise ValueError(why)
+    return row
+
+
+def check_names(entry: Entry, names: tuple[str, ...]) -> str | None:
+    """Why the entry's expressions cannot run on a target whose arguments are ``names``, or None."""
     from .expressions import SPECIAL
 
-    allowed = set(parameters) | set(SPECIAL)
+    allowed = set(names) | set(SPECIAL)
     for m in entry.measures:
-        for expression in (m.value, *(e for _, e in m.labels)):
-            if expression is None:
-                continue
+        for expression in expressions_of(m):
             unknown = [n for n in expression.names if n not in allowed]
             if unknown:
                 return (
                     f"{m.metric}: expr {expression.source!r} reads {unknown[0]!r}, not a parameter of "
-                    f"{entry.symbol} ({', '.join(parameters) or 'none'})"
+                    f"{entry.symbol} ({', '.join(names) or 'none'})"
                 )
     return None
 
@@ -580,7 +524,7 @@ class UserHooks:
 
         from ..recording import control
 
-        entries = load(self.paths)
+        entries = load(self.paths, defined=catalogue.EXTRA)
         with self._lock:
             self.entries = entries
             wanted = {e.key: e for e in entries if e.status == LOADED}
@@ -592,8 +536,9 @@ class UserHooks:
             self.pending &= set(wanted)
             for entry in wanted.values():
                 for measure in entry.measures:
-                    catalogue.EXTRA.setdefault(measure.metric, measure.spec)
-            catalogue.EXTRA.setdefault(HOOK_ERRORS.seed, HOOK_ERRORS)
+                    # load() refused any other definition of a metric this process defined before.
+                    catalogue.EXTRA[measure.metric] = spec_of(measure)
+            catalogue.EXTRA[HOOK_ERRORS.seed] = HOOK_ERRORS
             by_module: dict[str, list] = {}
             for key, entry in wanted.items():
                 if key in self.installed or key in self.pending:
@@ -622,14 +567,12 @@ class UserHooks:
                 self.pending.discard(entry.key)
                 try:
                     owner, attribute, function = function_of(module, entry)
-                    parameters = parameters_of(function)
-                    why = check_names(entry, parameters)
-                    if why is not None:
-                        raise ValueError(why)
-                    handler = UserHandler(entry, parameters)
-                    patch = patch_method(owner, attribute, handler, kind_of(function))
+                    row = row_of(entry, function)
+                    handler = build_handler(row)
+                    handler.name = f"user hook {entry.symbol}"
+                    patch = patch_method(owner, attribute, handler, row.kind)
                     self.installed[entry.key] = patch
-                    control.register(patch.hook, feeds=[m.metric for m in entry.measures])
+                    control.register(patch.hook, feeds=row.feeds)
                 except Exception as exc:  # never break the host
                     entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {_short(exc)}"
                     _log(entry, True)
@@ -678,9 +621,7 @@ def resolve_entries(entries: list[Entry]) -> list[Entry]:
             _, _, function = function_of(module, entry)
             if isinstance(function, (staticmethod, classmethod)):
                 raise TypeError("static and class methods are not hooked")
-            why = check_names(entry, parameters_of(function))
-            if why is not None:
-                raise ValueError(why)
+            row_of(entry, function)
         except Exception as exc:
             entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {_short(exc)}"
     return entries

@@ -115,11 +115,14 @@ def private(path: str) -> bool:
 def setup() -> None:
     """In each instrumented process (at ``instrument()``): find (the first process: make) the server's
     control directory, take the state it holds (or OTEL_VLLM_ASCEND_INITIAL_STATE), start polling."""
-    from .metrics_endpoint import DIRECTORY_PREFIX, write_owner
+    from .metrics_endpoint import DIRECTORY_PREFIX, remove_leaked_directories, write_owner
 
     path = directory()
     made = path is None
     if path is None:
+        # No /metrics files directory (PROMETHEUS_MULTIPROC_DIR set, or /metrics off): the control's own,
+        # and, as for that directory, those a killed server left behind are removed first.
+        remove_leaked_directories()
         path = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # 0700
         write_owner(path)
         os.environ[environment.CONTROL_DIR] = path
@@ -337,14 +340,20 @@ def start() -> None:
 
 
 def _run(event, pid: int) -> None:
+    """Poll at a fixed rate, once per /metrics export interval: a change written at any moment is
+    read within one interval (a poll that overran, e.g. a reload, is followed by the next at once),
+    and the export after it shows it: within two export intervals of the command."""
     interval = interval_s()
-    while not event.wait(interval):
+    deadline = time.monotonic() + interval
+    while not event.wait(max(0.0, deadline - time.monotonic())):
         if os.getpid() != pid:
             return
+        deadline += interval
         try:
             poll_once()
         except Exception:
             logger.debug("control poll failed", exc_info=True)
+        deadline = max(deadline, time.monotonic())
 
 
 def after_fork_in_child() -> None:
