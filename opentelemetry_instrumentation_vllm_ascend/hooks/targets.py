@@ -646,7 +646,7 @@ TARGETS: tuple[Target, ...] = (
             process=WORKER,
         )
         for method, handler, params in (
-            ("prepare_store_kv", "OffloadingPrepareStore", ("metadata",)),
+            ("handle_preemptions", "OffloadingHandlePreemptions", ("kv_connector_metadata",)),
             ("start_kv_transfers", "OffloadingStartTransfers", ("metadata",)),
             ("get_finished", "OffloadingGetFinished", ()),
         )
