@@ -12,6 +12,7 @@ from fakes import patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 
 core = pytest.importorskip("vllm.v1.engine.core")
@@ -132,8 +133,11 @@ def _engine(clock):
             advance(0.0078125)
             self.scheduler.pending += 1
 
+    Engine.capture_iteration_details = wrap(real.capture_iteration_details, engine.WaitForWorkers(), SYNC)[0]
+    Engine.post_step = wrap(real.post_step, engine.PostStep(), SYNC)[0]
     Engine._process_input_queue = wrap(real._process_input_queue, engine.ProcessInputQueue(), SYNC)[0]
-    Engine._process_engine_step = wrap(real._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER)[0]
+    step_row = targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step")
+    Engine._process_engine_step = wrap(real._process_engine_step, step_row, SYNC_TIMER)[0]
     Engine._handle_client_request = wrap(Engine._handle_client_request, engine.HandleClientRequest(), SYNC)[0]
     return Engine()
 

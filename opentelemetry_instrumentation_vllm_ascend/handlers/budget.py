@@ -9,26 +9,31 @@ progress counts up to that moment, so a collection never misses the time of a lo
 
 EngineCore busy loop (vLLM 0.23-0.33 ``EngineCoreProc.run_busy_loop``: ``_process_input_queue`` then
 ``_process_engine_step``, whose ``step()`` schedules, sends the step to the workers, asks for the
-grammar bitmask, waits for the output and updates the scheduler):
+grammar bitmask, waits for the output and updates the scheduler; ``tests/test_contract_budget.py`` checks
+that order in each version's source):
 
 - ``idle``: ``_process_input_queue`` blocked on the input queue while the engine had no work;
 - ``input``: the rest of ``_process_input_queue`` (handling client requests: adds, aborts, utility calls);
 - ``schedule``: ``Scheduler.schedule``;
-- ``dispatch``: from ``schedule()``'s return to ``get_grammar_bitmask``'s (sending the execute_model RPC,
-  building the grammar bitmask);
+- ``dispatch``: from ``schedule()``'s return to the wait for the workers (sending the execute_model RPC,
+  building the grammar bitmask; with the batch queue also the non-blocking sample_tokens RPC, up to the
+  call's return when it does not wait);
 - ``telemetry``: this package's deferred scheduler records, run inside ``get_grammar_bitmask`` every
-  ``FLUSH_STEPS`` steps (the instrumentation's own cost, made visible);
-- ``wait_workers``: from ``get_grammar_bitmask``'s return to ``update_from_output`` (waiting for the
-  workers' output, the sample_tokens RPC, vLLM's abort queue);
+  ``FLUSH_STEPS`` steps (the instrumentation's own cost, made visible); the stage it interrupted resumes;
+- ``wait_workers``: from the call of ``capture_iteration_details`` (vLLM 0.23: ``log_iteration_details``),
+  the context manager ``step`` and ``step_with_batch_queue`` open right before ``future.result()``, to
+  ``update_from_output`` (waiting for the workers' output, step()'s blocking sample_tokens RPC, vLLM's
+  abort queue); also the DP engine's dummy batch, which runs inside the same context manager;
 - ``update``: ``Scheduler.update_from_output``;
-- ``output``: from ``update_from_output``'s return to ``_process_engine_step``'s (queueing the outputs
-  to the clients);
-- ``other``: everything else in the loop (between the two calls: publishing DP request counts, the
-  shutdown check; an idle ``step()`` that found no requests; batch-queue steps that schedule nothing).
+- ``output``: from ``update_from_output``'s return to ``post_step``'s call (queueing the outputs to the
+  clients; the batch queue's deferred structured-output sampling, which follows the update);
+- ``other``: everything else in the loop (``post_step`` and the short sleep of a step that ran no model,
+  publishing DP request counts, the shutdown check; an idle ``step()`` that found no requests).
 
-With the batch queue (pipeline parallelism, async scheduling) ``step_with_batch_queue`` calls the same
-hooked methods in another order; each second still lands in exactly one stage (the one its last
-boundary opened), and the stage names keep their meaning for the calls they name.
+With the batch queue (async scheduling, pipeline parallelism) ``step_with_batch_queue`` calls the same
+hooked methods in another order, and a call may schedule without waiting or wait without scheduling; the
+wait begins at the same context manager, so each stage keeps its meaning there
+(``tests/test_batch_queue.py`` replays vLLM's own function, stage by stage).
 
 Worker step (``worker:stage_seconds``; the thread that runs the model runner's ``execute_model`` and
 ``sample_tokens``: a worker process's RPC loop, or the EngineCore's thread with an in-process worker).
