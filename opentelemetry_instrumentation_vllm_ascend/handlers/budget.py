@@ -66,6 +66,15 @@ Each clock also sets its start gauge (``catalogue.STAGE_STARTS``: ``engine_core:
 co.): the system clock (``time.time()``) read once, at the clock's first boundary. It is the independent
 oracle of the wall time the stages cover: an export's stage sum equals its collection's timestamp minus
 this start (tests/test_e2e_kv_transfer.py).
+
+Runtime control (``recording.control.set_state``): when a clock's metric is switched off (recording off,
+or a pattern matching it), the clock pauses: its totals are noted and nothing is flushed; some of its
+boundaries may stop moving meanwhile (rows that feed only the budget are uninstalled). When it is switched
+on again it resumes: the seconds each stage gained while off are excluded from that stage, and the start
+gauge moves forward by the time it was off, so the stages still sum to ``time() - start`` and a stage's
+seconds are only ones counted while on. Until the loop's next boundary after ``on``, its seconds count
+in the stage in progress when it went off. The totals are read from the control's thread, like a
+collection reads them: a reading that races a boundary can misplace that one boundary's seconds.
 """
 
 from __future__ import annotations
@@ -97,6 +106,9 @@ class StageClock:
         "spec",
         "labels",
         "start_spec",
+        "excluded",
+        "shift",
+        "paused",
     )
 
     def __init__(self, names: tuple[str, ...], spec) -> None:
@@ -110,6 +122,11 @@ class StageClock:
         self.since: float | None = None
         self.started: float | None = None
         self.labels: dict = {}
+        #: Seconds per stage gained while runtime control had the metric off (not counted), and the time the
+        #: start gauge moved forward for them; ``paused``: (totals, time()) when it went off, None while on.
+        self.excluded = [0.0] * len(names)
+        self.shift = 0.0
+        self.paused: tuple | None = None
 
     def to(self, stage: int, now: float) -> None:
         """Close the stage in progress at ``now`` and open ``stage``."""
@@ -132,18 +149,45 @@ class StageClock:
 
     def flush(self, now: float | None = None) -> None:
         """Add what each stage gained since the last flush to the counter (the stage in progress
-        up to ``now``). A reading that raced a boundary in the loop's thread is caught up later."""
-        if self.since is None:
+        up to ``now``). A reading that raced a boundary in the loop's thread is caught up later.
+        Nothing while paused (the metric is switched off)."""
+        if self.since is None or self.paused is not None:
             return
         totals = self.totals(perf_counter() if now is None else now)
+        excluded = self.excluded
         for index, value in enumerate(totals):
+            value -= excluded[index]
             gained = value - self.reported[index]
             if gained > 0:
                 self.reported[index] = value
                 recording.add(self.spec, gained, self._labels(index))
         started = self.started_unix
         if started is not None:
-            recording.set_gauge(self.start_spec, started, (context.PROCESS.dp, context.PROCESS.role))
+            recording.set_gauge(self.start_spec, started + self.shift, (context.PROCESS.dp, context.PROCESS.role))
+
+    def pause(self) -> None:
+        """Runtime control switched the metric off: note the totals (None: not started yet) and the time."""
+        if self.paused is None:
+            if self.since is None:
+                self.paused = (None, 0.0)
+            else:
+                self.paused = (self.totals(perf_counter()), time())
+
+    def resume(self) -> None:
+        """Switched on again: exclude what each stage gained while off, move the start by the time off."""
+        paused = self.paused
+        if paused is None:
+            return
+        self.paused = None
+        if self.since is None:
+            return  # not started (or reset meanwhile): it starts at its next boundary
+        at_pause, unix = paused
+        totals = self.totals(perf_counter())
+        if at_pause is None:  # it started while off: none of its seconds so far were on
+            at_pause, unix = [0.0] * len(totals), self.started_unix
+        for index, value in enumerate(totals):
+            self.excluded[index] += value - at_pause[index]
+        self.shift += time() - unix
 
     def _labels(self, index: int) -> tuple:
         key = (context.PROCESS.dp, context.PROCESS.role, index)
@@ -160,6 +204,9 @@ class StageClock:
         self.started = None
         self.started_unix = None
         self.labels = {}
+        self.excluded = [0.0] * len(self.names)
+        self.shift = 0.0
+        self.paused = None
 
 
 #: The EngineCore busy loop's clock (one loop per EngineCore process); ``state.reset()`` and a closed
