@@ -294,7 +294,7 @@ class OffloadingGetFinished(Handler):
     """``OffloadingConnectorWorker.get_finished`` (vLLM 0.32+): the jobs it completed and the sizes
     and device times vLLM itself recorded for them (``transfer_stats.load`` / ``.store`` of the
     worker's ``OffloadingWorkerMetadata``, the numbers behind ``vllm:kv_offload_*``): one transfer per
-    job, its bytes labelled with the phase of the step that queued it. The poll's time per direction is
+    job, its bytes labelled with the phase of the step that submitted it. The poll's time per direction is
     one duration observation (split by bytes when jobs of several phases completed in one poll)."""
 
     reads_args = 1  # self
