@@ -2,8 +2,9 @@
 (``tests/offload/copying_offload_spec.py``: vLLM's CPUOffloadingSpec with a worker that copies blocks
 between the KV cache and CPU tensors; vLLM's own worker needs CUDA or XPU). Distinct prompts, then the
 same prompts again (prefix caching off: the repeats load from the offloaded copies). Oracle: vLLM's
-own ``vllm:kv_offload_{load,store}_bytes`` and ``_size`` (one observation per job), which vLLM builds
-from the same transfer results through its scheduler and stat loggers."""
+own ``vllm:kv_offload_{load,store}_bytes``, ``_size`` (one observation per job) and ``_time``, which vLLM
+builds from the same transfer results through its scheduler and stat loggers; for the phases, the order in
+which vLLM's connector worker queues and submits jobs (docs/time-budget.md)."""
 
 import json
 import os
