@@ -719,7 +719,8 @@ API_STAGES = ("wait_engine", "process", "other")
 #: ``stage`` values of ``worker:stage_seconds`` (handlers/budget.py says where each begins and ends).
 WORKER_STAGES = ("idle", "prepare_inputs", "forward", "wait_sample", "sample", "other")
 _KV_CONNECTORS = (
-    " connector: the connector's class name. phase: the phase of the worker step that submitted the transfer."
+    " connector: the connector's class name. phase: the phase of the worker step that submitted the transfer "
+    "(OffloadingConnector queues a store in the step that produced its KV and submits it in the next step)."
 )
 
 KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
@@ -761,8 +762,9 @@ KV_TRANSFER_CATALOGUE: tuple[MetricSpec, ...] = (
         "kv_transfer:blocking:duration",
         "Host time the worker step spent blocked in a connector's transfer calls, by direction: "
         "ExampleConnector's save_kv_layer and start_load_kv are synchronous, so all of their time blocks; "
-        "OffloadingConnector (vLLM 0.32+): start_kv_transfers, which submits the step's loads (h2d) and the "
-        "stores deferred from the previous step, in steps that load." + _KV_CONNECTORS,
+        "OffloadingConnector (vLLM 0.32+): the host time of its offloading worker's submit_store (d2h), "
+        "submit_load (h2d) and wait (the direction of the jobs waited for) calls made by start_kv_transfers and "
+        "handle_preemptions, one observation per call and direction (not measured on vLLM 0.23)." + _KV_CONNECTORS,
         FINE_SECONDS,
         labels=_KV_LABELS,
     ),

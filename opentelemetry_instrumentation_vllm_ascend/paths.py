@@ -170,6 +170,19 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
             ),
         },
         "worker:stage_start_time": {"mrv2": absent("the worker budget is absent on model runner V2")},
+        "engine_core:stage_seconds": {
+            "batch_queue": fed(
+                "`step_with_batch_queue` schedules and dispatches step N+1 while the workers run step N: `dispatch` "
+                "also holds its non-blocking sample_tokens RPC, and `wait_workers` (from the context manager vLLM "
+                "opens right before `future.result()`) comes only when the queue is full or nothing is left to "
+                "schedule"
+            ),
+            "uniproc": fed(
+                "the in-process worker runs the model inside the execute_model and sample_tokens calls: `dispatch` "
+                "holds execute_model's host time (with async scheduling, launching the step) and `wait_workers` the "
+                "blocking sample_tokens of a synchronous step or the wait for an asynchronous output"
+            ),
+        },
         "engine_core:engine_core_step:duration": {
             "batch_queue": fed(
                 "one `step_with_batch_queue` call: it schedules and dispatches the next step when the "

@@ -155,7 +155,7 @@ class State:
         self.worker_stages: Any = None  # the worker step's (handlers.budget.WORKER)
         #: KV bytes one scheduled token writes in this EngineCore (handlers.kv_transfer; 0: unknown).
         self.kv_bytes_per_token: int = 0
-        #: OffloadingConnector job id -> phase of the worker step that queued it (handlers.kv_transfer).
+        #: OffloadingConnector job id -> phase of the worker step that submitted it (handlers.kv_transfer).
         self.kv_job_phases: dict = {}
         #: (phase, direction, connector) -> KV transfer label values (handlers.kv_transfer).
         self.kv_labels: dict[tuple, tuple] = {}

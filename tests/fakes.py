@@ -43,13 +43,40 @@ def key(**attrs):
 
 class Clock:
     """perf_counter stand-in: tests advance ``t`` by exact binary fractions, so every duration, sum and
-    bucket is hand-computable."""
+    bucket is hand-computable. ``reads`` counts the readings taken."""
 
     def __init__(self, t: float = 100.0):
         self.t = t
+        self.reads = 0
 
     def __call__(self):
+        self.reads += 1
         return self.t
+
+
+class Boundaries:
+    """Stands in for a time budget's boundary function (``budget.ENGINE_TO`` & co.): calls the real one and
+    notes the clock's read count at each boundary, so that a test can check what each boundary cost in clock
+    readings (``reads_per_boundary``: the readings since the previous boundary, the first since ``start``) and
+    that the boundary itself reads no clock (``inside``)."""
+
+    def __init__(self, clock: Clock, to):
+        self.clock = clock
+        self.to = to
+        self.start = clock.reads
+        self.marks: list[int] = []
+        self.stages: list[int] = []
+        self.inside = 0
+
+    def __call__(self, stage, now):
+        before = self.clock.reads
+        self.to(stage, now)
+        self.inside += self.clock.reads - before
+        self.marks.append(self.clock.reads)
+        self.stages.append(stage)
+
+    def reads_per_boundary(self) -> list[int]:
+        return [mark - previous for previous, mark in zip([self.start] + self.marks, self.marks)]
 
 
 def patch_clock(monkeypatch, *modules) -> Clock:

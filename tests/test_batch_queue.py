@@ -16,6 +16,7 @@ import time
 from collections import deque
 from types import SimpleNamespace as NS
 
+import fakes
 import pytest
 
 pytest.importorskip("vllm")
@@ -299,3 +300,173 @@ def test_uniproc_synchronous_steps_record_both(instrumented, metrics):
             count, total, _ = histogram(metrics, name, phase)
             assert count == STEPS // 2
             assert total == pytest.approx(truth[phase][i], abs=TOLERANCE), (name, phase, total, truth[phase][i])
+
+
+# -- the EngineCore's time budget on the batch queue, on an injected clock ---------------------------------
+
+
+def _hooked(owner, qualname, func=None):
+    """``owner.<method>`` wrapped by the handler of its row in the target table (the installed vLLM's),
+    the real vLLM function unless ``func`` is given."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range, vllm_version
+
+    (target,) = [
+        t
+        for t in targets.TARGETS
+        if t.qualname == qualname
+        and t.module in ("vllm.v1.engine.core", "vllm.v1.core.sched.scheduler")
+        and in_range(vllm_version(), t.vllm)
+    ]
+    setattr(
+        owner,
+        target.attribute,
+        wrap(func or owner.__dict__[target.attribute], targets.load_handler(target), target.kind)[0],
+    )
+
+
+def _batch_queue_engine(clock, plan):
+    """vLLM's EngineCoreProc busy-loop functions and ``EngineCore.step_with_batch_queue`` (queue of 2), every
+    hooked call wrapped by its row's handler, on stand-ins whose calls advance ``clock``: schedule 1/8 s,
+    execute_model's dispatch 1/16 s, the grammar bitmask 1/32 s, sample_tokens' dispatch 1/64 s, update 1/4 s,
+    queueing one output 1/128 s, waiting for a step's output 1 s (1/4 s for a step that ran no model), blocking
+    on the input queue 1/2 s. ``plan``: the tokens each schedule() call schedules."""
+    from vllm.v1.engine import core
+
+    def advance(seconds):
+        clock.t += seconds
+
+    class Future:
+        def __init__(self, wait):
+            self.wait = wait
+
+        def result(self):
+            advance(self.wait)  # the workers compute; their reply arrives
+            return NS(req_ids=[])
+
+    class Scheduler:
+        running, waiting, max_num_running_reqs, requests = [], [], 4, {}
+        kv_cache_manager = NS(block_pool=NS(num_gpu_blocks=16, get_num_free_blocks=lambda: 8))
+
+        def __init__(self):
+            self.plan = []  # the client's request brings the work
+
+        def has_requests(self):
+            return bool(self.plan)
+
+        def schedule(self, throttle_prefills=False):
+            advance(0.125)
+            tokens = self.plan.pop(0)
+            out = fakes.output({}, new=[("a", tokens)] if tokens else ())
+            out.pending_structured_output_tokens = False
+            return out
+
+        def get_grammar_bitmask(self, scheduler_output):
+            advance(0.03125)
+
+        def update_from_output(self, scheduler_output, model_output):
+            advance(0.25)
+            return {0: NS(weight_version=None)}
+
+    for name in ("schedule", "get_grammar_bitmask", "update_from_output"):
+        _hooked(Scheduler, f"Scheduler.{name}")
+
+    class Executor:
+        def execute_model(self, scheduler_output, non_block=False):
+            advance(0.0625)
+            return Future(1.0 if scheduler_output.total_num_scheduled_tokens else 0.25)
+
+        def sample_tokens(self, grammar_output, non_block=False):
+            advance(0.015625)
+            return Future(1.0)
+
+    class InputQueue(queue.Queue):
+        def get(self, block=True, timeout=None):
+            if block and self.empty():
+                advance(0.5)  # blocked until a client request arrives
+                return ("ADD", None)
+            return super().get(block, timeout)
+
+    class OutputQueue:
+        def put_nowait(self, item):
+            advance(0.0078125)
+
+    real = core.EngineCoreProc
+
+    class Engine:
+        has_work = real.has_work
+        is_running = real.is_running
+        _notify_idle_state_callbacks = real._notify_idle_state_callbacks
+        _process_aborts_queue = real._process_aborts_queue
+        _should_throttle_prefills = real._should_throttle_prefills
+        log_error_detail = real.log_error_detail
+        _attach_iteration_details = real._attach_iteration_details
+        _attach_weight_version = real._attach_weight_version
+
+        def __init__(self):
+            self.scheduler = Scheduler()
+            self.model_executor = Executor()
+            self.input_queue = InputQueue()
+            self.output_queue = OutputQueue()
+            self.aborts_queue = queue.Queue()
+            self.process_input_queue_block = True
+            self._idle_state_callbacks = []
+            self.engines_running = False
+            self.batch_queue_size = 2
+            self.batch_queue = deque(maxlen=2)
+            self.shutdown_state = core.EngineShutdownState.RUNNING
+            self.is_pooling_model = self.is_mm_encoder_only = self.check_for_draft_tokens = False
+            self.async_scheduling = True
+            self.log_stats = False
+            self._weight_version = None
+            self.vllm_config = NS(observability_config=NS(enable_logging_iteration_details=False))
+
+        @property
+        def step_fn(self):
+            return self.step_with_batch_queue
+
+        def _handle_client_request(self, request_type, request):
+            advance(0.0078125)
+            self.scheduler.plan = list(plan)
+
+    for name in ("capture_iteration_details", "post_step", "step_with_batch_queue"):
+        qualname = "EngineCore." + name
+        _hooked(Engine, qualname, func=getattr(core.EngineCore, name))
+    for name in ("_process_input_queue", "_process_engine_step", "_handle_client_request"):
+        _hooked(Engine, "EngineCoreProc." + name, func=Engine.__dict__.get(name) or getattr(real, name))
+    return Engine()
+
+
+def test_the_engine_budget_on_the_batch_queue_sums_to_the_wall_time_stage_by_stage(metrics, clock):
+    """Four passes of the busy loop through vLLM's real step_with_batch_queue (queue of 2): step A schedules
+    and returns at once (the queue has room); B schedules and waits for A's output; C schedules nothing and
+    waits for B's; D has nothing to schedule and waits for C's. Each wait is ``wait_workers`` — also C's and
+    D's, which reach ``future.result()`` without a grammar bitmask — the sample_tokens dispatch is
+    ``dispatch``, and the stages sum to the injected clock's wall time exactly; ``schedule`` is the
+    scheduler's own duration."""
+    from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
+
+    loop = _batch_queue_engine(clock, plan=[1, 1, 0])
+    start = clock.t
+    for _ in range(4):  # run_busy_loop's body; 1/2 s between the two calls ("other")
+        loop._process_input_queue()
+        clock.t += 0.5
+        loop._process_engine_step()
+    assert not loop.batch_queue and not loop.scheduler.has_requests()
+    clock.t += 0.25  # the loop is in "other" when the collection comes
+    wall = clock.t - start
+    recording.flush()
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[catalogue.PREFIX + "engine_core:stage_seconds"].items()}
+    dispatch = 0.0625 + 0.03125 + 0.015625  # execute_model RPC, grammar bitmask, sample_tokens RPC
+    assert got == {
+        "idle": 0.5,  # the first pass blocks on the input queue; then the queue keeps the engine busy
+        "input": 0.0078125,
+        "schedule": 3 * 0.125,
+        "dispatch": 2 * dispatch + 0.0625,  # C: execute_model only
+        "wait_workers": 1.0 + 1.0 + 0.25,  # B waits for A, C for B, D for C (a step that ran no model)
+        "update": 3 * 0.25,
+        "output": 3 * 0.0078125,
+        "other": 4 * 0.5 + 0.25,
+    }
+    assert sum(got.values()) == wall
+    durations = metrics.points()[catalogue.PREFIX + "scheduler:duration"].values()  # prefill and idle steps
+    assert (sum(d[0] for d in durations), sum(d[1] for d in durations)) == (3, got["schedule"])

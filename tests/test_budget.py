@@ -8,10 +8,11 @@ import queue
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import output, patch_clock
+from fakes import Boundaries, output, patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 
 core = pytest.importorskip("vllm.v1.engine.core")
@@ -122,14 +123,20 @@ def _engine(clock):
             advance(0.0078125)
             self.scheduler.pending += 1
 
+    Engine.capture_iteration_details = wrap(real.capture_iteration_details, engine.WaitForWorkers(), SYNC)[0]
+    Engine.post_step = wrap(real.post_step, engine.PostStep(), SYNC)[0]
     Engine._process_input_queue = wrap(real._process_input_queue, engine.ProcessInputQueue(), SYNC)[0]
-    Engine._process_engine_step = wrap(real._process_engine_step, engine.ProcessEngineStep(), SYNC_TIMER)[0]
+    step_row = targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step")
+    Engine._process_engine_step = wrap(real._process_engine_step, step_row, SYNC_TIMER)[0]
     Engine._handle_client_request = wrap(Engine._handle_client_request, engine.HandleClientRequest(), SYNC)[0]
     return Engine()
 
 
-def test_the_stages_of_vllms_busy_loop_sum_to_its_wall_time(metrics, clock):
+def test_the_stages_of_vllms_busy_loop_sum_to_its_wall_time(metrics, clock, monkeypatch):
     loop = _engine(clock)
+    boundaries = Boundaries(clock, budget.ENGINE_TO)
+    for module in (engine, scheduler):
+        monkeypatch.setattr(module, "ENGINE_TO", boundaries)
     start = clock.t
     for _ in range(3):  # run_busy_loop's body, three times; 0.5 s between the calls ("other")
         loop._process_input_queue()
@@ -155,6 +162,16 @@ def test_the_stages_of_vllms_busy_loop_sum_to_its_wall_time(metrics, clock):
     # The schedule stage and scheduler:duration read the same two clock readings.
     count, seconds, _ = metrics.value(catalogue.PREFIX + "scheduler:duration", dp="0", role="mixed", phase="prefill")
     assert (count, seconds) == (3, got["schedule"])
+    # The cost: per pass 9 boundaries, none reading the clock itself (each takes its hook's reading), and at
+    # most 2 readings since the boundary before: other's 2 are _handle_client_request's and
+    # _process_input_queue's ends, schedule's 2 the _process_engine_step timer's start and schedule()'s;
+    # from the second pass, idle's 2 are the engine-step timer's end and _process_input_queue's start.
+    assert boundaries.inside == 0
+    stages = [budget.IDLE, budget.INPUT, budget.OTHER, budget.SCHEDULE, budget.DISPATCH, budget.WAIT_WORKERS]
+    stages += [budget.UPDATE, budget.OUTPUT, budget.OTHER]
+    assert boundaries.stages == 3 * stages
+    per_pass = [1, 2, 2, 1, 1, 1, 1, 1]  # input, other, schedule, dispatch, wait_workers, update, output, other
+    assert boundaries.reads_per_boundary() == [1] + per_pass + 2 * ([2] + per_pass)
 
 
 def test_a_disabled_budget_costs_no_boundary(monkeypatch):
@@ -183,6 +200,8 @@ def test_the_output_loops_stages_sum_to_its_wall_time(metrics, monkeypatch):
 
     get = wrap(get_output_async, api.GetOutput(), COROUTINE)[0]
     process = wrap(process_outputs, api.ProcessOutputs(), SYNC)[0]
+    boundaries = Boundaries(clock, budget.API_TO)
+    monkeypatch.setattr(api, "API_TO", boundaries)
 
     async def loop():
         for _ in range(2):
@@ -198,6 +217,9 @@ def test_the_output_loops_stages_sum_to_its_wall_time(metrics, monkeypatch):
     got = {dict(k)["stage"]: v for k, v in metrics.points()[name].items()}
     assert got == {"wait_engine": 1.0, "process": 0.5, "other": 0.25}
     assert sum(got.values()) == wall
+    # wait_engine, other, process, other per pass: one reading each, taken by the hook, none by the boundary.
+    assert boundaries.stages == 2 * [budget.WAIT_ENGINE, budget.API_OTHER, budget.PROCESS, budget.API_OTHER]
+    assert (boundaries.reads_per_boundary(), boundaries.inside) == ([1] * 8, 0)
 
 
 def test_the_clocks_and_kv_state_live_in_state_and_reset_in_place(metrics):
@@ -329,6 +351,8 @@ def test_the_worker_steps_stages_sum_to_its_wall_time(metrics, monkeypatch, util
         (0.5, None),
     ]
     proc = _worker_proc(clock, runner, rpcs)
+    boundaries = Boundaries(clock, budget.WORKER_TO)
+    monkeypatch.setattr(model_runner.begin_step, "__defaults__", (boundaries,))
     with pytest.raises(_Done):
         proc.worker_busy_loop()
     assert [r if r is None or r == "empty" else "sampled" for r in proc.replies] == [
@@ -356,6 +380,14 @@ def test_the_worker_steps_stages_sum_to_its_wall_time(metrics, monkeypatch, util
     count, seconds, _ = metrics.value(catalogue.PREFIX + "npu:forward_duration", dp="0", role="mixed", phase="decode")
     assert (count, seconds) == (2, got["forward"])
     assert list(metrics.points()[START].values()) == [1_700_000_000.5]
+    # Each boundary takes a reading its hook takes anyway (none of its own) and costs one: the 3s below are
+    # the preprocess, postprocess and bookkeep scopes' own timers (2 readings each, for
+    # record_function_or_nullcontext and npu:non_forward_duration) before the boundary's reading.
+    assert boundaries.inside == 0
+    step = [budget.W_PREPARE, budget.W_FORWARD, budget.W_OTHER, budget.W_WAIT_SAMPLE, budget.W_OTHER]
+    step += [budget.W_SAMPLE, budget.W_OTHER, budget.W_IDLE]
+    assert boundaries.stages == 2 * step + [budget.W_PREPARE, budget.W_IDLE]
+    assert boundaries.reads_per_boundary() == 2 * [1, 3, 1, 3, 1, 1, 1, 3] + [1, 3]
 
 
 def test_model_runner_v2_moves_no_boundary_of_the_worker_budget(metrics, monkeypatch, utils):

@@ -140,7 +140,7 @@ def test_npu_offload_of_0_23_0_post1_cannot_load_on_vllm_0_23(tree):
 
 def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
     """Where vllm-ascend has an NPU offload worker (0.30.0rc2), its connector worker subclasses vLLM's
-    OffloadingConnectorWorker without overriding the methods our rows hook (``prepare_store_kv``,
+    OffloadingConnectorWorker without overriding the methods our rows hook (``handle_preemptions``,
     ``start_kv_transfers``, ``get_finished``) and its handlers complete jobs with ``TransferResult(transfer_size,
     transfer_time)`` timed by NPU events: vLLM's own ``transfer_stats``, which our OffloadingConnectorWorker rows
     read, carry them. Every vLLM module it imports exists in vLLM 0.32."""
@@ -155,7 +155,7 @@ def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
     assert base is not None and base[1].name == "OffloadingConnectorWorker"
     assert base[0] == "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker"
     defined = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
-    assert defined.isdisjoint({"prepare_store_kv", "start_kv_transfers", "get_finished"}), defined
+    assert defined.isdisjoint({"handle_preemptions", "start_kv_transfers", "get_finished"}), defined
     worker = both.find_class(_NATIVE + "cpu_npu", "NPUOffloadingWorker")
     assert worker is not None and both.resolve_base(worker[0], worker[1].bases[0])[1].name == "OffloadingWorker"
     source = ascend.files["vllm_ascend/distributed/kv_transfer/kv_pool/kv_offload/native/cpu_npu.py"]

@@ -22,11 +22,16 @@ KV_READS = (
     (">=0.23.0", "vllm.v1.kv_cache_interface", "KVCacheConfig", ("kv_cache_groups",)),
     (">=0.23.0", "vllm.v1.kv_cache_interface", "KVCacheGroupSpec", ("kv_cache_spec", "layer_names")),
     (">=0.23.0", "vllm.v1.kv_cache_interface", "AttentionSpec", ("page_size_bytes", "block_size")),
-    (">=0.32.0", _OFFLOADING + ".worker", "OffloadingConnectorWorker", ("_connector_worker_meta", "_load_jobs")),
+    (
+        ">=0.32.0",
+        _OFFLOADING + ".worker",
+        "OffloadingConnectorWorker",
+        ("_connector_worker_meta", "_load_jobs", "_unsubmitted_store_jobs", "_is_store_writer", "worker"),
+    ),
     (">=0.32.0", _OFFLOADING + ".common", "OffloadingWorkerMetadata", ("completed_jobs", "transfer_stats")),
     (">=0.32.0", _OFFLOADING + ".common", "TransferStats", ("load", "store")),
     (">=0.32.0", _OFFLOADING + ".common", "DirectionalTransferStats", ("sizes", "time", "bytes")),
-    (">=0.32.0", _OFFLOADING + ".common", "OffloadingConnectorMetadata", ("load_jobs", "store_jobs")),
+    (">=0.32.0", _OFFLOADING + ".common", "OffloadingConnectorMetadata", ("load_jobs", "store_jobs", "jobs_to_flush")),
     (
         "<0.32.0",
         "vllm.v1.kv_offload.worker.worker",
@@ -110,3 +115,51 @@ def test_weight_offloaders_keep_the_totals_the_handlers_read(version):
     assert "cpu_offload_bytes" in tree.members("vllm.model_executor.offloader.uva", "UVAOffloader")
     post_init = _method(tree, "vllm.model_executor.offloader.prefetch", "PrefetchOffloader.post_init")
     assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(post_init)
+
+
+def _calls_on(func, owner: str) -> list[str]:
+    """The methods ``func`` calls on ``self.<owner>``, in source order."""
+    import ast
+
+    calls = [
+        n
+        for n in ast.walk(func)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and ast.unparse(n.func.value) == f"self.{owner}"
+    ]
+    return [n.func.attr for n in sorted(calls, key=lambda n: (n.lineno, n.col_offset))]
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+def test_offloading_transfers_block_the_step_only_through_the_metered_worker_calls(version):
+    """What OffloadingStartTransfers / OffloadingHandlePreemptions and their metered worker rely on:
+    ``start_kv_transfers`` submits the queued stores (``_unsubmitted_store_jobs``: job id first) before this
+    step's loads (0.33: then waits for its sync loads), ``handle_preemptions`` moves the ``jobs_to_flush`` among
+    ``store_jobs`` into the queue, submits it and waits for ``jobs_to_flush``; neither calls anything else on its
+    ``worker``. vLLM's CPU worker launches each job's copies on the calling thread (``transfer_async``: streams,
+    events, ``_swap_blocks_batch``) and its ``wait`` synchronizes on the jobs' events: host time the step spends."""
+    import ast
+
+    tree = tree_for(version)
+    module = _OFFLOADING + ".worker"
+    start = _method(tree, module, "OffloadingConnectorWorker.start_kv_transfers")
+    expected = ["submit_store", "submit_load"] + (["submit_load", "wait"] if version == "0.33.0" else [])
+    assert _calls_on(start, "worker") == expected
+    text = ast.unparse(start)
+    assert "for job_id, src_spec, dst_spec in self._unsubmitted_store_jobs:" in text
+    assert text.index("_unsubmitted_store_jobs") < text.index("metadata.load_jobs")
+    preempt = _method(tree, module, "OffloadingConnectorWorker.handle_preemptions")
+    assert _calls_on(preempt, "worker") == ["submit_store", "wait"]
+    text = ast.unparse(preempt)
+    assert "entry = kv_connector_metadata.store_jobs.pop(job_id, None)" in text
+    assert "if not self._is_store_writer:" in text
+    assert "self.worker.wait(kv_connector_metadata.jobs_to_flush)" in text
+    prepare = _method(tree, module, "OffloadingConnectorWorker.prepare_store_kv")
+    assert _calls_on(prepare, "worker") == []  # queues only: the submission is the next step's
+    cpu = "vllm.v1.kv_offload.cpu.gpu_worker"
+    for name in ("submit_store", "submit_load"):
+        assert "transfer_async(" in ast.unparse(_method(tree, cpu, f"CPUOffloadingWorker.{name}"))
+    handler = ast.unparse(_method(tree, cpu, "SingleDirectionOffloadingHandler.transfer_async"))
+    assert "end_event.record(stream)" in handler and "self._swap_blocks_batch(" in handler
+    assert "event.synchronize()" in ast.unparse(_method(tree, cpu, "SingleDirectionOffloadingHandler.wait"))

@@ -79,7 +79,7 @@ def run(tmp_path_factory):
     }
     args = ["--no-enable-prefix-caching", "--kv-transfer-config", json.dumps(config)]
     log = str(root / "server.log")
-    seen = {"model": model, "storage": str(storage)}
+    seen = {"model": model, "storage": str(storage), "example": str(root / EXAMPLE)}
     receiver = seen["otlp"] = Receiver()  # every process pushes OTLP each second (its requests outlive it)
     with receiver, Server(model, extra_args=args, log_path=log, env=receiver.env(1000)) as server:
         seen["before"] = server.scrape()
@@ -109,6 +109,30 @@ def run(tmp_path_factory):
     with open(log, errors="replace") as f:
         assert "handler" not in "".join(line for line in f if "opentelemetry-instrumentation-vllm-ascend" in line)
     return seen
+
+
+#: The numbers of docs/time-budget.md's worked example, written by each run (with its date and vLLM version)
+#: into the module's pytest tmp dir, so the docs can be checked against a fresh run.
+EXAMPLE = "time-budget-example.json"
+
+
+def example(run, key, numbers) -> None:
+    """Add ``numbers`` under ``key`` to this run's example file and print them with the date (``-s``)."""
+    import datetime
+
+    from vllm import __version__ as vllm_version
+
+    path = run["example"]
+    try:
+        with open(path) as f:
+            content = json.load(f)
+    except FileNotFoundError:
+        content = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+        content["vllm"] = vllm_version
+    content[key] = numbers
+    with open(path, "w") as f:
+        json.dump(content, f, indent=1, sort_keys=True)
+    print(f"{content['date']} vLLM {content['vllm']} {key}: {json.dumps(numbers)} (in {path})")
 
 
 def delta(after, before, name, **match):
@@ -176,7 +200,7 @@ def test_the_schedule_stage_is_the_schedulers_own_duration(run):
         value(text, P + "scheduler:update_from_output:duration_sum"), rel=0.01
     )
     seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == P + "engine_core:stage_seconds_total"}
-    print("engine_core:stage_seconds", json.dumps(seconds))  # shown with -s: docs/time-budget.md's example
+    example(run, "engine_core:stage_seconds", seconds)  # docs/time-budget.md's example
     stages = set(seconds)
     assert {"idle", "input", "schedule", "dispatch", "wait_workers", "update", "output", "other"} <= stages
 
@@ -188,7 +212,7 @@ def test_the_output_loops_process_stage_is_the_output_processors_own_duration(ru
     assert process > 0
     assert process == pytest.approx(value(text, P + "output_processor_duration_sum"), rel=0.01)
     seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == stage}
-    print("api_server:output_loop_stage_seconds", json.dumps(seconds))
+    example(run, "api_server:output_loop_stage_seconds", seconds)
     assert set(seconds) == {"wait_engine", "process", "other"}
 
 
@@ -226,7 +250,7 @@ def test_each_budgets_stages_sum_to_the_wall_time_it_covers(run, seed, stages):
     assert len(exports) == 1  # one EngineCore, one worker, one API server
     for collected, total, started in exports.values():
         covered = collected - started
-        print(f"{seed}: stages sum {total:.4f} s, covered wall time {covered:.4f} s")
+        example(run, f"{seed} sum vs covered wall time", [total, covered])
         assert covered > 1.0
         assert total == pytest.approx(covered, rel=0.01)
 
@@ -237,7 +261,7 @@ def test_the_worker_budgets_forward_and_sample_stages_are_their_scopes(run):
     text = run["after_second"]
     stage = P + "worker:stage_seconds_total"
     seconds = {labels["stage"]: v for n, labels, v in samples(text) if n == stage}
-    print("worker:stage_seconds", json.dumps(seconds))
+    example(run, "worker:stage_seconds", seconds)
     assert set(seconds) == BUDGETS[1][1]
     assert {labels.get("rank") for n, labels, v in samples(text) if n == stage} == {"0"}
     assert seconds["forward"] > 0

@@ -9,26 +9,31 @@ progress counts up to that moment, so a collection never misses the time of a lo
 
 EngineCore busy loop (vLLM 0.23-0.33 ``EngineCoreProc.run_busy_loop``: ``_process_input_queue`` then
 ``_process_engine_step``, whose ``step()`` schedules, sends the step to the workers, asks for the
-grammar bitmask, waits for the output and updates the scheduler):
+grammar bitmask, waits for the output and updates the scheduler; ``tests/test_contract_budget.py`` checks
+that order in each version's source):
 
 - ``idle``: ``_process_input_queue`` blocked on the input queue while the engine had no work;
 - ``input``: the rest of ``_process_input_queue`` (handling client requests: adds, aborts, utility calls);
 - ``schedule``: ``Scheduler.schedule``;
-- ``dispatch``: from ``schedule()``'s return to ``get_grammar_bitmask``'s (sending the execute_model RPC,
-  building the grammar bitmask);
+- ``dispatch``: from ``schedule()``'s return to the wait for the workers (sending the execute_model RPC,
+  building the grammar bitmask; with the batch queue also the non-blocking sample_tokens RPC, up to the
+  call's return when it does not wait);
 - ``telemetry``: this package's deferred scheduler records, run inside ``get_grammar_bitmask`` every
-  ``FLUSH_STEPS`` steps (the instrumentation's own cost, made visible);
-- ``wait_workers``: from ``get_grammar_bitmask``'s return to ``update_from_output`` (waiting for the
-  workers' output, the sample_tokens RPC, vLLM's abort queue);
+  ``FLUSH_STEPS`` steps (the instrumentation's own cost, made visible); the stage it interrupted resumes;
+- ``wait_workers``: from the call of ``capture_iteration_details`` (vLLM 0.23: ``log_iteration_details``),
+  the context manager ``step`` and ``step_with_batch_queue`` open right before ``future.result()``, to
+  ``update_from_output`` (waiting for the workers' output, step()'s blocking sample_tokens RPC, vLLM's
+  abort queue); also the DP engine's dummy batch, which runs inside the same context manager;
 - ``update``: ``Scheduler.update_from_output``;
-- ``output``: from ``update_from_output``'s return to ``_process_engine_step``'s (queueing the outputs
-  to the clients);
-- ``other``: everything else in the loop (between the two calls: publishing DP request counts, the
-  shutdown check; an idle ``step()`` that found no requests; batch-queue steps that schedule nothing).
+- ``output``: from ``update_from_output``'s return to ``post_step``'s call (queueing the outputs to the
+  clients; the batch queue's deferred structured-output sampling, which follows the update);
+- ``other``: everything else in the loop (``post_step`` and the short sleep of a step that ran no model,
+  publishing DP request counts, the shutdown check; an idle ``step()`` that found no requests).
 
-With the batch queue (pipeline parallelism, async scheduling) ``step_with_batch_queue`` calls the same
-hooked methods in another order; each second still lands in exactly one stage (the one its last
-boundary opened), and the stage names keep their meaning for the calls they name.
+With the batch queue (async scheduling, pipeline parallelism) ``step_with_batch_queue`` calls the same
+hooked methods in another order, and a call may schedule without waiting or wait without scheduling; the
+wait begins at the same context manager, so each stage keeps its meaning there
+(``tests/test_batch_queue.py`` replays vLLM's own function, stage by stage).
 
 Worker step (``worker:stage_seconds``; the thread that runs the model runner's ``execute_model`` and
 ``sample_tokens``: a worker process's RPC loop, or the EngineCore's thread with an in-process worker).
@@ -61,6 +66,15 @@ Each clock also sets its start gauge (``catalogue.STAGE_STARTS``: ``engine_core:
 co.): the system clock (``time.time()``) read once, at the clock's first boundary. It is the independent
 oracle of the wall time the stages cover: an export's stage sum equals its collection's timestamp minus
 this start (tests/test_e2e_kv_transfer.py).
+
+Runtime control (``recording.control.set_state``): when a clock's metric is switched off (recording off,
+or a pattern matching it), the clock pauses: its totals are noted and nothing is flushed; some of its
+boundaries may stop moving meanwhile (rows that feed only the budget are uninstalled). When it is switched
+on again it resumes: the seconds each stage gained while off are excluded from that stage, and the start
+gauge moves forward by the time it was off, so the stages still sum to ``time() - start`` and a stage's
+seconds are only ones counted while on. Until the loop's next boundary after ``on``, its seconds count
+in the stage in progress when it went off. The totals are read from the control's thread, like a
+collection reads them: a reading that races a boundary can misplace that one boundary's seconds.
 """
 
 from __future__ import annotations
@@ -92,6 +106,9 @@ class StageClock:
         "spec",
         "labels",
         "start_spec",
+        "excluded",
+        "shift",
+        "paused",
     )
 
     def __init__(self, names: tuple[str, ...], spec) -> None:
@@ -105,6 +122,11 @@ class StageClock:
         self.since: float | None = None
         self.started: float | None = None
         self.labels: dict = {}
+        #: Seconds per stage gained while runtime control had the metric off (not counted), and the time the
+        #: start gauge moved forward for them; ``paused``: (totals, time()) when it went off, None while on.
+        self.excluded = [0.0] * len(names)
+        self.shift = 0.0
+        self.paused: tuple | None = None
 
     def to(self, stage: int, now: float) -> None:
         """Close the stage in progress at ``now`` and open ``stage``."""
@@ -127,18 +149,45 @@ class StageClock:
 
     def flush(self, now: float | None = None) -> None:
         """Add what each stage gained since the last flush to the counter (the stage in progress
-        up to ``now``). A reading that raced a boundary in the loop's thread is caught up later."""
-        if self.since is None:
+        up to ``now``). A reading that raced a boundary in the loop's thread is caught up later.
+        Nothing while paused (the metric is switched off)."""
+        if self.since is None or self.paused is not None:
             return
         totals = self.totals(perf_counter() if now is None else now)
+        excluded = self.excluded
         for index, value in enumerate(totals):
+            value -= excluded[index]
             gained = value - self.reported[index]
             if gained > 0:
                 self.reported[index] = value
                 recording.add(self.spec, gained, self._labels(index))
         started = self.started_unix
         if started is not None:
-            recording.set_gauge(self.start_spec, started, (context.PROCESS.dp, context.PROCESS.role))
+            recording.set_gauge(self.start_spec, started + self.shift, (context.PROCESS.dp, context.PROCESS.role))
+
+    def pause(self) -> None:
+        """Runtime control switched the metric off: note the totals (None: not started yet) and the time."""
+        if self.paused is None:
+            if self.since is None:
+                self.paused = (None, 0.0)
+            else:
+                self.paused = (self.totals(perf_counter()), time())
+
+    def resume(self) -> None:
+        """Switched on again: exclude what each stage gained while off, move the start by the time off."""
+        paused = self.paused
+        if paused is None:
+            return
+        self.paused = None
+        if self.since is None:
+            return  # not started (or reset meanwhile): it starts at its next boundary
+        at_pause, unix = paused
+        totals = self.totals(perf_counter())
+        if at_pause is None:  # it started while off: none of its seconds so far were on
+            at_pause, unix = [0.0] * len(totals), self.started_unix
+        for index, value in enumerate(totals):
+            self.excluded[index] += value - at_pause[index]
+        self.shift += time() - unix
 
     def _labels(self, index: int) -> tuple:
         key = (context.PROCESS.dp, context.PROCESS.role, index)
@@ -155,6 +204,9 @@ class StageClock:
         self.started = None
         self.started_unix = None
         self.labels = {}
+        self.excluded = [0.0] * len(self.names)
+        self.shift = 0.0
+        self.paused = None
 
 
 #: The EngineCore busy loop's clock (one loop per EngineCore process); ``state.reset()`` and a closed

@@ -12,6 +12,7 @@ from .budget import ENGINE_TO
 from .budget import IDLE as _IDLE_STAGE
 from .budget import INPUT as _INPUT_STAGE
 from .budget import OTHER as _OTHER_STAGE
+from .budget import WAIT_WORKERS as _WAIT_STAGE
 from .common import StepTimer
 
 IDLE = "idle"
@@ -40,16 +41,28 @@ class EngineStepTimer(StepTimer):
             recording.record(self.spec, seconds, context.step_labels(IDLE))
 
 
-class ProcessEngineStep(EngineStepTimer):
-    """``EngineCoreProc._process_engine_step``: a busy-loop step, queueing its outputs included (an
-    engine-step timer, see ``EngineStepTimer``); its end closes the stage budget's ``output`` stage."""
+class WaitForWorkers(Handler):
+    """``EngineCore.capture_iteration_details`` (vLLM 0.32+) / ``log_iteration_details`` (0.23): the context
+    manager ``step`` and ``step_with_batch_queue`` open right before ``future.result()`` (and the DP engine
+    around its dummy batch): the stage budget's ``wait_workers`` begins at its call. On the batch queue it is
+    the one moment that says the engine now waits: a step that scheduled nothing, or none at all, goes from
+    dispatching (or the loop) straight to the oldest step's output."""
 
-    def __init__(self) -> None:
-        super().__init__(M["engine_core:process_engine_step:duration"])
+    reads_args = 0
 
-    def timed(self, seconds, args, kwargs, result, _to=ENGINE_TO):
-        _to(_OTHER_STAGE, perf_counter())  # stage budget: the step's output stage ends
-        super().timed(seconds, args, kwargs, result)
+    def before(self, args, kwargs):
+        ENGINE_TO(_WAIT_STAGE, perf_counter())
+
+
+class PostStep(Handler):
+    """``EngineCore.post_step(model_executed)``: ``_process_engine_step`` calls it once the step's outputs
+    are queued to the clients: the stage budget's ``output`` stage ends (what follows, the short sleep of a
+    step that ran no model while the scheduler has work, is ``other``)."""
+
+    reads_args = 0
+
+    def before(self, args, kwargs):
+        ENGINE_TO(_OTHER_STAGE, perf_counter())
 
 
 class _Pass:

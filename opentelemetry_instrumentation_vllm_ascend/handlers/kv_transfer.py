@@ -156,12 +156,16 @@ def kv_writes(tokens: int, labels: tuple, _state=STATE) -> None:
 
 # -- OffloadingConnector ----------------------------------------------------------------------------------
 
-#: ``STATE.kv_job_phases``: job id → phase of the worker step that queued it (a store: ``prepare_store_kv``,
-#: submitted a step later; a load: ``start_kv_transfers``); taken when the job completes. Bounded: jobs that
-#: never complete here (another worker's, a shutdown) are dropped with the oldest.
+#: ``STATE.kv_job_phases``: job id → phase of the worker step that submitted it to the OffloadingWorker (vLLM
+#: 0.32+: ``start_kv_transfers`` or ``handle_preemptions``; 0.23: ``OffloadingWorker.transfer_async``); taken
+#: when the job completes. A store is queued by ``prepare_store_kv`` in the step that produced its KV and
+#: submitted by the next step: it carries that next step's phase. Bounded: jobs that never complete here
+#: (another worker's, a shutdown) are dropped with the oldest.
 JOB_PHASES = STATE.kv_job_phases
 _MAX_JOBS = 65536
 _OFFLOADING = "OffloadingConnector"
+_H2D, _D2H = 0, 1
+_DIRECTIONS = ("h2d", "d2h")
 
 
 def _keep(jobs, phase: str) -> None:
@@ -171,40 +175,126 @@ def _keep(jobs, phase: str) -> None:
         JOB_PHASES[job_id] = phase
 
 
-class OffloadingPrepareStore(Handler):
-    """``OffloadingConnectorWorker.prepare_store_kv(metadata)``: the step's store jobs (d2h), queued
-    now and submitted at the next step's ``start_kv_transfers``, keep this step's phase. Workers
-    that do not write (``_is_store_writer`` false) complete them at once, with no transfer."""
+class _MeteredOffloadingWorker:
+    """Stands in for the ``OffloadingWorker`` of a vLLM 0.32+ ``OffloadingConnectorWorker`` (its ``worker``
+    attribute, replaced at the first ``start_kv_transfers`` / ``handle_preemptions``): the host time of each
+    ``submit_store`` (d2h), ``submit_load`` (h2d) and ``wait(job_ids)`` (h2d when one of the jobs is a load of
+    the connector worker's ``_load_jobs``, else d2h) is added to ``spent`` (seconds and calls per direction),
+    which the connector-worker hooks read around their call. vLLM's CPU/GPU worker builds and launches the
+    copies on the calling thread in ``submit_*`` and synchronizes on their CUDA events in ``wait``: the step
+    waits for both. Everything else reaches the real worker; each call runs exactly once."""
 
-    reads_args = RowParams()  # self, metadata
+    __slots__ = ("_worker", "_owner", "spent")
 
-    def after(self, state, args, kwargs, result):
-        if args[1].store_jobs and getattr(args[0], "_is_store_writer", True):
-            _keep(args[1].store_jobs, STATE.last_step_phase)
+    def __init__(self, worker, owner) -> None:
+        self._worker = worker
+        self._owner = owner
+        self.spent = [0.0, 0.0, 0, 0]  # seconds h2d, d2h; calls h2d, d2h
+
+    def __getattr__(self, name):
+        return getattr(self._worker, name)
+
+    def submit_store(self, *args, **kwargs):
+        start = perf_counter()
+        ok = self._worker.submit_store(*args, **kwargs)
+        self._add(_D2H, perf_counter() - start)
+        return ok
+
+    def submit_load(self, *args, **kwargs):
+        start = perf_counter()
+        ok = self._worker.submit_load(*args, **kwargs)
+        self._add(_H2D, perf_counter() - start)
+        return ok
+
+    def wait(self, job_ids):
+        start = perf_counter()
+        result = self._worker.wait(job_ids)
+        seconds = perf_counter() - start
+        try:
+            loads = self._owner._load_jobs
+            self._add(_H2D if any(job in loads for job in job_ids) else _D2H, seconds)
+        except Exception:
+            report(_METERED_WORKER, "wait")
+        return result
+
+    def _add(self, direction: int, seconds: float) -> None:
+        spent = self.spent
+        spent[direction] += seconds
+        spent[direction + 2] += 1
+
+
+_METERED_WORKER = Handler()
+_METERED_WORKER.name = "kv_transfer:MeteredOffloadingWorker"
+
+
+def _metered(connector_worker) -> _MeteredOffloadingWorker | None:
+    """The connector worker's metered OffloadingWorker (installed now if needed), its counts zeroed."""
+    worker = connector_worker.worker
+    if worker is None:
+        return None
+    if type(worker) is not _MeteredOffloadingWorker:
+        worker = connector_worker.worker = _MeteredOffloadingWorker(worker, connector_worker)
+    spent = worker.spent
+    spent[0] = spent[1] = 0.0
+    spent[2] = spent[3] = 0
+    return worker
+
+
+def _record_blocking(worker: _MeteredOffloadingWorker | None) -> None:
+    """One ``kv_transfer:blocking:duration`` observation per direction the call submitted or waited for."""
+    if worker is None:
+        return
+    spent = worker.spent
+    phase = STATE.last_step_phase
+    for direction in (_H2D, _D2H):
+        if spent[direction + 2]:
+            recording.record(_BLOCKING, spent[direction], labels_of(phase, _DIRECTIONS[direction], _OFFLOADING))
 
 
 class OffloadingStartTransfers(Handler):
-    """``OffloadingConnectorWorker.start_kv_transfers(metadata)``: the step's load jobs (h2d) keep
-    this step's phase; the host time of the submissions (stores deferred from the previous step, then
-    this step's loads) is time the step is blocked."""
+    """``OffloadingConnectorWorker.start_kv_transfers(metadata)`` (vLLM 0.32+): it submits the stores the
+    previous step queued (``_unsubmitted_store_jobs``, d2h) and this step's loads (h2d; 0.33 then waits for
+    the loads its request needs in this step): each job keeps this step's phase, and the host time of the
+    submissions and the wait, per direction, is time the step is blocked (``_MeteredOffloadingWorker``)."""
 
     reads_args = RowParams()  # self, metadata
 
     def before(self, args, kwargs):
-        return perf_counter()
+        connector_worker = args[0]
+        _keep([job[0] for job in connector_worker._unsubmitted_store_jobs], STATE.last_step_phase)
+        _keep(args[1].load_jobs, STATE.last_step_phase)
+        return _metered(connector_worker)
 
-    def after(self, start, args, kwargs, result):
-        seconds = perf_counter() - start
-        if args[1].load_jobs:
-            _keep(args[1].load_jobs, STATE.last_step_phase)
-            recording.record(_BLOCKING, seconds, labels_of(STATE.last_step_phase, "h2d", _OFFLOADING))
+    def after(self, worker, args, kwargs, result):
+        _record_blocking(worker)
+
+
+class OffloadingHandlePreemptions(Handler):
+    """``OffloadingConnectorWorker.handle_preemptions(metadata)`` (vLLM 0.32+, at the start of the step): it
+    submits the queued stores and this step's stores that must be flushed (``jobs_to_flush`` among
+    ``store_jobs``, when this worker writes), then waits for ``jobs_to_flush``: the submitted jobs keep this
+    step's phase, and the host time of the submissions and the wait is time the step is blocked."""
+
+    reads_args = RowParams()  # self, kv_connector_metadata
+
+    def before(self, args, kwargs):
+        connector_worker, metadata = args[0], args[1]
+        phase = STATE.last_step_phase
+        _keep([job[0] for job in connector_worker._unsubmitted_store_jobs], phase)
+        flush = metadata.jobs_to_flush
+        if flush and getattr(connector_worker, "_is_store_writer", True):
+            _keep([job for job in flush if job in metadata.store_jobs], phase)
+        return _metered(connector_worker)
+
+    def after(self, worker, args, kwargs, result):
+        _record_blocking(worker)
 
 
 class OffloadingGetFinished(Handler):
     """``OffloadingConnectorWorker.get_finished`` (vLLM 0.32+): the jobs it completed and the sizes
     and device times vLLM itself recorded for them (``transfer_stats.load`` / ``.store`` of the
     worker's ``OffloadingWorkerMetadata``, the numbers behind ``vllm:kv_offload_*``): one transfer per
-    job, its bytes labelled with the phase of the step that queued it. The poll's time per direction is
+    job, its bytes labelled with the phase of the step that submitted it. The poll's time per direction is
     one duration observation (split by bytes when jobs of several phases completed in one poll)."""
 
     reads_args = 1  # self
@@ -253,8 +343,8 @@ def _record_poll(direction: str, sizes: list, phases: list, seconds: float) -> N
 
 class OffloadingTransferAsync(Handler):
     """vLLM 0.23 ``OffloadingWorker.transfer_async(job_id, spec)``: the job keeps the phase of the step
-    that submits it (0.23 too defers a store to the next step's ``start_kv_transfers``: a store's phase
-    is that of the step after the one that produced its KV)."""
+    that submits it (``start_kv_transfers`` or ``handle_preemptions``; as on 0.32+, a store is queued in
+    the step that produced its KV and submitted by the next one, whose phase it carries)."""
 
     reads_args = RowParams()  # self, job_id
 

@@ -433,18 +433,17 @@ class GrammarBitmask(Handler):
     """``Scheduler.get_grammar_bitmask``: the EngineCore calls it right after sending a step's
     ``execute_model`` RPC, before it waits for the reply — the moment to run the records the
     scheduler hook deferred (once ``FLUSH_STEPS`` steps wait), while the workers compute (no
-    measurement of its own)."""
+    measurement of its own). The stage budget's ``telemetry`` stage is that run; the stage it
+    interrupted (``dispatch``; ``output`` for the batch queue's deferred sampling) resumes after it."""
 
     reads_args = 0
 
-    def before(self, args, kwargs, _pending=STATE.deferred):
+    def before(self, args, kwargs, _pending=STATE.deferred, _clock=budget.ENGINE):
         if len(_pending) >= FLUSH_STEPS:
+            resumed = _clock.stage
             ENGINE_TO(budget.TELEMETRY, perf_counter())
             recording.run_deferred()
-            ENGINE_TO(budget.DISPATCH, perf_counter())
-
-    def after(self, state, args, kwargs, result):
-        ENGINE_TO(budget.WAIT_WORKERS, perf_counter())
+            ENGINE_TO(resumed, perf_counter())
 
 
 class UpdateFromOutput(Handler):

@@ -210,8 +210,7 @@ TARGETS: tuple[Target, ...] = (
         _CORE,
         "EngineCoreProc._process_engine_step",
         SYNC_TIMER,
-        "engine:ProcessEngineStep",  # an engine-step timer that also ends the step's output stage
-        feeds=("engine_core:process_engine_step:duration", "engine_core:stage_seconds"),
+        measures=_timer("engine_core:process_engine_step:duration", PHASE_ENGINE_STEP),
         process=ENGINE_CORE,
     ),
     Target(
@@ -221,6 +220,24 @@ TARGETS: tuple[Target, ...] = (
         "engine:ProcessInputQueue",
         feeds=("engine_core:process_input_queue:duration", "engine_core:stage_seconds", "engine_core:stage_start_time"),
         process=ENGINE_CORE,
+    ),
+    # The stage budget's wait_workers begins where step / step_with_batch_queue open this context manager,
+    # right before future.result(); output ends where _process_engine_step calls post_step.
+    *(
+        Target(
+            _CORE,
+            qualname,
+            SYNC,
+            handler,
+            vllm=versions,
+            feeds=("engine_core:stage_seconds",),
+            process=ENGINE_CORE,
+        )
+        for qualname, handler, versions in (
+            ("EngineCore.capture_iteration_details", "engine:WaitForWorkers", ">=0.32.0"),
+            ("EngineCore.log_iteration_details", "engine:WaitForWorkers", "<0.32.0"),
+            ("EngineCore.post_step", "engine:PostStep", ">=0.23.0"),
+        )
     ),
     # The requests handled while the engine has no work: what _process_input_queue's duration counts.
     Target(
@@ -648,7 +665,7 @@ TARGETS: tuple[Target, ...] = (
             process=WORKER,
         )
         for method, handler, params in (
-            ("prepare_store_kv", "OffloadingPrepareStore", ("metadata",)),
+            ("handle_preemptions", "OffloadingHandlePreemptions", ("kv_connector_metadata",)),
             ("start_kv_transfers", "OffloadingStartTransfers", ("metadata",)),
             ("get_finished", "OffloadingGetFinished", ()),
         )

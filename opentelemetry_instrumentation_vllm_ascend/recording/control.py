@@ -13,7 +13,8 @@ it was killed, by the next server's start-up), so no state outlives the server.
 
 "off" sets the handler of every installed hook to None (the wrapper's existing check: the call goes
 straight to the original; the functions stay patched) and switches the recording facade's
-instruments to no-ops (what a hook already holds, e.g. deferred records, is dropped)."""
+instruments to no-ops (what a hook already holds, e.g. deferred records, is dropped). A time budget whose
+metric goes off pauses and, when it comes back, leaves the seconds it was off out (``handlers/budget.py``)."""
 
 from __future__ import annotations
 
@@ -93,9 +94,23 @@ def set_state(on: bool, patterns=()) -> None:
         c = STATE.control
         c.on = bool(on)
         c.patterns = tuple(patterns)
+        clocks = [clock for clock in (STATE.engine_stages, STATE.api_stages, STATE.worker_stages) if clock is not None]
+        for clock in clocks:  # a time budget switched off pauses before its instruments go
+            if switched_off(clock.spec.seed):
+                _budget(clock.pause)
         for hook in list(c.hooks):
             _apply_to(hook)
         recording.control_changed()
+        for clock in clocks:  # and resumes once they are back (handlers/budget.py: StageClock)
+            if not switched_off(clock.spec.seed):
+                _budget(clock.resume)
+
+
+def _budget(step) -> None:
+    try:
+        step()
+    except Exception:
+        logger.debug("time budget pause/resume failed", exc_info=True)
 
 
 # -- the directory ----------------------------------------------------------------------------------
