@@ -17,7 +17,7 @@ MARKER = "tiny-llama-v1.json"
 TINY = MappingProxyType({"hidden": 128, "layers": 2, "intermediate": 256})
 #: The step-time-realistic model of ``benchmarks/e2e_overhead.py --model step`` (docs/performance.md records the
 #: decode step time it gave at batch 64 on the CI machine's kind).
-STEP_SIZED = MappingProxyType({"hidden": 512, "layers": 4, "intermediate": 1536})
+STEP_SIZED = MappingProxyType({"hidden": 512, "layers": 2, "intermediate": 1536})
 
 
 def build(path: str, seed: int = 0, hidden: int = 128, layers: int = 2, intermediate: int = 256) -> str:
