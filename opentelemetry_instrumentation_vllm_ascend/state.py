@@ -224,9 +224,13 @@ class ControlState:
         "reloaders",
         "summaries",
         "set_env",
+        "lock",
     )
 
     def __init__(self) -> None:
+        #: Held while the state is applied (the poller thread and the instrumenting thread); a forked child
+        #: gets a new one (a parent's thread may have held it at the fork).
+        self.lock = threading.RLock()
         self.clear()
 
     def clear(self) -> None:

@@ -167,6 +167,38 @@ def test_a_forked_child_applies_a_change(host):
     print(f"applied in the forked child {float(seen) - written:.3f} s after the write (interval {INTERVAL_MS} ms)")
 
 
+def test_a_child_forked_while_a_thread_holds_the_control_lock_can_switch(host):
+    """The parent's poller may hold the control's lock at the moment of a fork (vllm-ascend forks its EPLB
+    process from a worker): the child gets a lock of its own and switches without waiting for a thread that
+    does not exist in it."""
+    import threading
+
+    control.setup()
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with STATE.control.lock:
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(5)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            done = threading.Event()
+            threading.Thread(target=lambda: (control.set_state(False), done.set()), daemon=True).start()
+            code = 0 if done.wait(5) and not control.is_on() else 3
+        finally:
+            os._exit(code)
+    release.set()
+    thread.join(5)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0  # 3: the child waited on the parent's lock
+
+
 def test_the_poller_reads_the_file_once_per_metrics_export_interval(host, monkeypatch):
     """By construction: the poller waits at most one /metrics export interval between reads, so a change
     is applied within one interval of the command and the export after it shows it: within two."""

@@ -36,14 +36,13 @@ CONTROL_FILE = "control.json"
 STATUS_PREFIX = "status-"
 MAX_CONTROL_BYTES = 64 * 1024
 
-#: This process's control state: ``STATE.control`` (state.ControlState).
-_lock = threading.RLock()
+#: This process's control state: ``STATE.control`` (state.ControlState), applied under ``STATE.control.lock``.
 
 
 # -- the switch -------------------------------------------------------------------------------------
 def register(hook, feeds=(), provides_context: bool = False) -> None:
     """An installed hook (a ``Hook`` whose handler is set): from now on it follows the state."""
-    with _lock:
+    with STATE.control.lock:
         handler = hook.handler
         if handler is None:
             return
@@ -52,12 +51,12 @@ def register(hook, feeds=(), provides_context: bool = False) -> None:
 
 
 def unregister(hook) -> None:
-    with _lock:
+    with STATE.control.lock:
         STATE.control.hooks.pop(hook, None)
 
 
 def clear() -> None:
-    with _lock:
+    with STATE.control.lock:
         STATE.control.hooks.clear()
 
 
@@ -90,7 +89,7 @@ def switched_off(seed: str) -> bool:
 def set_state(on: bool, patterns=()) -> None:
     from .. import recording
 
-    with _lock:
+    with STATE.control.lock:
         c = STATE.control
         c.on = bool(on)
         c.patterns = tuple(patterns)
@@ -184,7 +183,7 @@ def initial_state() -> bool | None:
 
 def teardown() -> None:
     """Stop polling, forget the hooks and callbacks, back to on (``STATE.control`` cleared)."""
-    with _lock:
+    with STATE.control.lock:
         c = STATE.control
         if c.poller is not None:
             c.poller[2].set()
@@ -375,6 +374,7 @@ def after_fork_in_child() -> None:
     """In a forked child (``recording.pipeline``'s fork handler): a polling parent's child polls too, on a
     thread of its own (the parent's is not running here)."""
     c = STATE.control
+    c.lock = threading.RLock()  # the parent's poller may have held it at the fork
     if c.poller is not None:
         c.poller = None
         try:
