@@ -206,32 +206,51 @@ PROBE = (
     "import sys, vllm.v1.core.sched.scheduler as s;"
     "print(hasattr(s.Scheduler.__dict__['_preempt_request'], '__otel_vllm_ascend_hook__'))"
 )
+DISABLED = {"": "True", "vllm_ascend": "False", "*": "False"}
 
 
-@pytest.mark.parametrize("disabled, expected", [("", "True"), ("vllm_ascend", "False"), ("*", "False")])
-def test_opentelemetry_instrument_loads_it_and_honours_disabled(disabled, expected):
+@pytest.fixture(scope="module")
+def launched():
+    """The subprocesses these tests read, started at once (each imports vLLM for ~10 s on one core):
+    ``opentelemetry-instrument python -c PROBE`` with each OTEL_PYTHON_DISABLED_INSTRUMENTATIONS value, and
+    ``check --json``. {name: CompletedProcess-like (returncode, stdout, stderr)}."""
     launcher = shutil.which("opentelemetry-instrument", path=os.path.dirname(sys.executable))
-    env = dict(
-        os.environ,
-        OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
-        OTEL_METRICS_EXPORTER="none",
-        OTEL_TRACES_EXPORTER="none",
-        OTEL_LOGS_EXPORTER="none",
+    procs = {}
+    for disabled in DISABLED:
+        env = dict(
+            os.environ,
+            OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=disabled,
+            OTEL_METRICS_EXPORTER="none",
+            OTEL_TRACES_EXPORTER="none",
+            OTEL_LOGS_EXPORTER="none",
+        )
+        env.pop(environment.ENABLED, None)
+        procs[disabled] = subprocess.Popen(
+            [launcher, sys.executable, "-c", PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    procs["check"] = subprocess.Popen(
+        [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    env.pop(environment.ENABLED, None)
-    out = subprocess.run([launcher, sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=300)
+    out = {}
+    for name, proc in procs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        out[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    return out
+
+
+@pytest.mark.parametrize("disabled, expected", list(DISABLED.items()))
+def test_opentelemetry_instrument_loads_it_and_honours_disabled(launched, disabled, expected):
+    out = launched[disabled]
     assert out.returncode == 0, out.stderr
     # The module is imported *after* instrument(): the post-import hook patched it on import.
     assert out.stdout.strip().splitlines()[-1] == expected
 
 
-def test_check_command_reports_every_target_resolved():
-    out = subprocess.run(
-        [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_check_command_reports_every_target_resolved(launched):
+    out = launched["check"]
     assert out.returncode == 0, out.stderr
     import json
 
