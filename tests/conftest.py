@@ -66,6 +66,22 @@ def metrics(monkeypatch):
 
 
 @pytest.fixture
+def files_dir(tmp_path, monkeypatch):
+    """This process as an EngineCore (dp 0, role decode) writing its /metrics files into ``tmp_path`` only when a
+    test flushes (the export interval is an hour); no OTLP."""
+    monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
+    monkeypatch.delenv(environment.METRICS_EXPORTER, raising=False)
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")
+    pipeline.reset()
+    saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
+    context.set_process("engine_core", "0", "decode")
+    yield str(tmp_path)
+    pipeline.reset()
+    context.set_process(*saved)
+
+
+@pytest.fixture
 def clock(monkeypatch):
     """perf_counter of the timer wrappers and of the EngineCore / worker handlers that read the clock
     themselves (a test module may override it for other handlers); the system clock the time budgets

@@ -613,3 +613,70 @@ class MemcacheBackend(MooncakeBackend):
 
     def get(self, key, addr, size):
         return self.codes
+
+
+# -- the EngineCore busy loop -------------------------------------------------------------------------------------
+
+
+def busy_loop_engine(core, advance, scheduler, executor, *, batch_queue: bool, output_put: float, on_request):
+    """A stand-in EngineCoreProc class running vLLM's own loop functions (``core``: ``vllm.v1.engine.core``) over
+    the given scheduler and executor instances' classes; every call it makes advances the clock by ``advance``:
+    a blocking input-queue read 0.5 s (a client request then arrives), a client request 0.0078125 s (then
+    ``on_request(engine)``), each output put ``output_put``. ``batch_queue``: async scheduling with a queue of 2
+    (``step_with_batch_queue``), else ``step``. Tests hook the methods they time on the returned class."""
+    import queue
+    from collections import deque
+
+    real = core.EngineCoreProc
+
+    class InputQueue(queue.Queue):
+        def get(self, block=True, timeout=None):
+            if block and self.empty():
+                advance(0.5)  # blocked until a client request arrives
+                return ("ADD", None)
+            return super().get(block, timeout)
+
+    class OutputQueue:
+        def put_nowait(self, item):
+            advance(output_put)
+
+    class Engine:
+        step = real.step
+        has_work = real.has_work
+        is_running = real.is_running
+        post_step = real.post_step
+        _notify_idle_state_callbacks = real._notify_idle_state_callbacks
+        _process_aborts_queue = real._process_aborts_queue
+        _should_throttle_prefills = real._should_throttle_prefills
+        capture_iteration_details = real.capture_iteration_details
+        log_error_detail = real.log_error_detail
+        _attach_iteration_details = real._attach_iteration_details
+        _attach_weight_version = real._attach_weight_version
+
+        def __init__(self):
+            self.scheduler = scheduler
+            self.model_executor = executor
+            self.input_queue = InputQueue()
+            self.output_queue = OutputQueue()
+            self.aborts_queue = queue.Queue()
+            self.process_input_queue_block = True
+            self._idle_state_callbacks = []
+            self.engines_running = False
+            self.batch_queue_size = 2 if batch_queue else 1
+            self.batch_queue = deque(maxlen=2) if batch_queue else None
+            self.shutdown_state = core.EngineShutdownState.RUNNING
+            self.is_pooling_model = self.is_mm_encoder_only = self.check_for_draft_tokens = False
+            self.async_scheduling = batch_queue
+            self.log_stats = False
+            self._weight_version = None
+            self.vllm_config = NS(observability_config=NS(enable_logging_iteration_details=False))
+
+        @property
+        def step_fn(self):
+            return self.step_with_batch_queue if batch_queue else self.step
+
+        def _handle_client_request(self, request_type, request):
+            advance(0.0078125)
+            on_request(self)
+
+    return Engine

@@ -76,12 +76,13 @@ class Prometheus:
     """A real Prometheus on a free local port scraping ``targets`` (host:port) every second, its data and log
     under ``root``; ``stop()`` ends it."""
 
-    def __init__(self, root, targets: list[str], job: str = "vllm") -> None:
+    def __init__(self, root, targets: list[str], job: str = "vllm", rule_files: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         config = root / "prometheus.yml"
         config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            "scrape_configs:\n"
+            + (f"rule_files: {json.dumps(list(rule_files))}\n" if rule_files else "")
+            + "scrape_configs:\n"
             f"  - job_name: {job}\n"
             f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
         )
@@ -111,14 +112,23 @@ class Prometheus:
         except OSError:
             return False
 
-    def query(self, expr: str, at: float | None = None) -> list:
-        """An instant query, now or at unix time ``at`` (queries compared with each other need the same time)."""
-        params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
-        url = f"http://127.0.0.1:{self.port}/api/v1/query?" + urllib.parse.urlencode(params)
+    def get(self, path: str, **params) -> dict:
+        """The ``data`` of a successful API answer."""
+        url = f"http://127.0.0.1:{self.port}{path}?" + urllib.parse.urlencode(params)
         with urllib.request.urlopen(url, timeout=30) as r:
             body = json.loads(r.read())
         assert body["status"] == "success", body
-        return body["data"]["result"]
+        return body["data"]
+
+    def query(self, expr: str, at: float | None = None) -> list:
+        """An instant query, now or at unix time ``at`` (queries compared with each other need the same time)."""
+        params = {"query": expr} if at is None else {"query": expr, "time": f"{float(at):.3f}"}
+        return self.get("/api/v1/query", **params)["result"]
+
+    def scalar(self, expr: str) -> float:
+        result = self.query(expr)
+        assert len(result) == 1, (expr, result)
+        return float(result[0]["value"][1])
 
     def stop(self) -> None:
         self.proc.terminate()

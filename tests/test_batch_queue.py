@@ -379,55 +379,13 @@ def _batch_queue_engine(clock, plan):
             advance(0.015625)
             return Future(1.0)
 
-    class InputQueue(queue.Queue):
-        def get(self, block=True, timeout=None):
-            if block and self.empty():
-                advance(0.5)  # blocked until a client request arrives
-                return ("ADD", None)
-            return super().get(block, timeout)
+    def request(engine):
+        engine.scheduler.plan = list(plan)
 
-    class OutputQueue:
-        def put_nowait(self, item):
-            advance(0.0078125)
-
+    Engine = fakes.busy_loop_engine(
+        core, advance, Scheduler(), Executor(), batch_queue=True, output_put=0.0078125, on_request=request
+    )
     real = core.EngineCoreProc
-
-    class Engine:
-        has_work = real.has_work
-        is_running = real.is_running
-        _notify_idle_state_callbacks = real._notify_idle_state_callbacks
-        _process_aborts_queue = real._process_aborts_queue
-        _should_throttle_prefills = real._should_throttle_prefills
-        log_error_detail = real.log_error_detail
-        _attach_iteration_details = real._attach_iteration_details
-        _attach_weight_version = real._attach_weight_version
-
-        def __init__(self):
-            self.scheduler = Scheduler()
-            self.model_executor = Executor()
-            self.input_queue = InputQueue()
-            self.output_queue = OutputQueue()
-            self.aborts_queue = queue.Queue()
-            self.process_input_queue_block = True
-            self._idle_state_callbacks = []
-            self.engines_running = False
-            self.batch_queue_size = 2
-            self.batch_queue = deque(maxlen=2)
-            self.shutdown_state = core.EngineShutdownState.RUNNING
-            self.is_pooling_model = self.is_mm_encoder_only = self.check_for_draft_tokens = False
-            self.async_scheduling = True
-            self.log_stats = False
-            self._weight_version = None
-            self.vllm_config = NS(observability_config=NS(enable_logging_iteration_details=False))
-
-        @property
-        def step_fn(self):
-            return self.step_with_batch_queue
-
-        def _handle_client_request(self, request_type, request):
-            advance(0.0078125)
-            self.scheduler.plan = list(plan)
-
     for name in ("capture_iteration_details", "post_step", "step_with_batch_queue"):
         qualname = "EngineCore." + name
         _hooked(Engine, qualname, func=getattr(core.EngineCore, name))

@@ -4,11 +4,10 @@ wrappers and handlers of every hooked call) on a stand-in engine whose calls adv
 by exact binary fractions: each stage's seconds are hand-computed, and their sum is the wall time the
 loop ran, exactly."""
 
-import queue
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import Boundaries, output, patch_clock
+from fakes import Boundaries, busy_loop_engine, output, patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
@@ -72,57 +71,13 @@ def _engine(clock):
             advance(0.0625)
             return Future()
 
-    class InputQueue(queue.Queue):
-        def get(self, block=True, timeout=None):
-            if block and self.empty():
-                advance(0.5)  # blocked until a client request arrives
-                return ("ADD", None)
-            return super().get(block, timeout)
+    def request(engine):
+        engine.scheduler.pending += 1
 
-    class OutputQueue:
-        def put_nowait(self, item):
-            advance(0.015625)
-
+    Engine = busy_loop_engine(
+        core, advance, Scheduler(), Executor(), batch_queue=False, output_put=0.015625, on_request=request
+    )
     real = core.EngineCoreProc
-
-    class Engine:
-        step = real.step
-        has_work = real.has_work
-        is_running = real.is_running
-        post_step = real.post_step
-        _notify_idle_state_callbacks = real._notify_idle_state_callbacks
-        _process_aborts_queue = real._process_aborts_queue
-        _should_throttle_prefills = real._should_throttle_prefills
-        capture_iteration_details = real.capture_iteration_details
-        log_error_detail = real.log_error_detail
-        _attach_iteration_details = real._attach_iteration_details
-        _attach_weight_version = real._attach_weight_version
-
-        def __init__(self):
-            self.scheduler = Scheduler()
-            self.model_executor = Executor()
-            self.input_queue = InputQueue()
-            self.output_queue = OutputQueue()
-            self.aborts_queue = queue.Queue()
-            self.process_input_queue_block = True
-            self._idle_state_callbacks = []
-            self.engines_running = False
-            self.batch_queue = None
-            self.shutdown_state = core.EngineShutdownState.RUNNING
-            self.check_for_draft_tokens = False
-            self.async_scheduling = False
-            self.log_stats = False
-            self._weight_version = None
-            self.vllm_config = NS(observability_config=NS(enable_logging_iteration_details=False))
-
-        @property
-        def step_fn(self):
-            return self.step
-
-        def _handle_client_request(self, request_type, request):
-            advance(0.0078125)
-            self.scheduler.pending += 1
-
     Engine.capture_iteration_details = wrap(real.capture_iteration_details, engine.WaitForWorkers(), SYNC)[0]
     Engine.post_step = wrap(real.post_step, engine.PostStep(), SYNC)[0]
     Engine._process_input_queue = wrap(real._process_input_queue, engine.ProcessInputQueue(), SYNC)[0]

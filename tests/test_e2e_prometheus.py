@@ -8,24 +8,21 @@ vLLM's own counters scraped in the same run. One server and one Prometheus for t
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
 
 pytest.importorskip("vllm")
 
-from prometheus_tools import tool  # noqa: E402
+from prometheus_tools import Prometheus, tool  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, free_port, samples  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -35,67 +32,6 @@ REQUESTS, MAX_TOKENS = 16, 150
 RPC = dashboards.spec("rpc_errors").prometheus_name
 #: What a dashboard's $__rate_interval becomes here: wide enough to hold the whole load.
 RANGE = "5m"
-
-
-class Prometheus:
-    def __init__(self, binary: str, root, target_port: int) -> None:
-        self.port = free_port()
-        config = root / "prometheus.yml"
-        config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-            f"rule_files: [{json.dumps(RULES)}]\n"
-            "scrape_configs:\n"
-            "  - job_name: vllm\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{target_port}']}}]\n"
-        )
-        self.log = open(root / "prometheus.log", "wb")
-        self.proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={root / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}",
-                "--web.enable-lifecycle",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while not self._ready():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"prometheus did not start; log: {root / 'prometheus.log'}")
-            time.sleep(0.5)
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    def get(self, path: str, **params) -> dict:
-        url = f"http://127.0.0.1:{self.port}{path}?" + urllib.parse.urlencode(params)
-        with urllib.request.urlopen(url, timeout=30) as r:
-            body = json.loads(r.read())
-        assert body["status"] == "success", body
-        return body["data"]
-
-    def query(self, expr: str) -> list:
-        return self.get("/api/v1/query", query=expr)["result"]
-
-    def scalar(self, expr: str) -> float:
-        result = self.query(expr)
-        assert len(result) == 1, (expr, result)
-        return float(result[0]["value"][1])
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 def match_all(expr: str) -> str:
@@ -115,7 +51,7 @@ def wait_for(predicate, timeout: float, step: float = 1.0):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    binary = tool("prometheus")
+    tool("prometheus")  # installed, or the reason it cannot be
     root = tmp_path_factory.mktemp("prometheus-e2e")
     model = tiny_model.build(str(root / "model"))
     # VLLM_SERVER_DEV_MODE exposes /collective_rpc, to make a worker RPC fail for real. At most 8 running
@@ -123,7 +59,7 @@ def stack(tmp_path_factory):
     env = {"OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000", "VLLM_SERVER_DEV_MODE": "1"}
     args = ["--max-num-seqs", "8"]
     with Server(model, env=env, extra_args=args, log_path=str(root / "server.log")) as server:
-        prom = Prometheus(binary, root, server.port)
+        prom = Prometheus(root, [f"127.0.0.1:{server.port}"], rule_files=(RULES,))
         try:
             assert wait_for(lambda: prom.query('up{job="vllm"} == 1'), 60), "Prometheus never scraped vLLM"
             server.batch([tiny_model.prompt(i) for i in range(REQUESTS)], MAX_TOKENS)
@@ -194,10 +130,9 @@ def test_every_recording_rule_returns_series(stack):
     # the values our series had at their first scrape, is vLLM's increase over the window.
     [sample] = wait_for(lambda: prom.query(dashboards.record_name("output", "tokens_per_second_5m")), 10)
     at, recorded = sample["value"][0], float(sample["value"][1])
-    at_time = {"time": at}
-    theirs = prom.get("/api/v1/query", query="sum(rate(vllm:generation_tokens_total[5m]))", **at_time)["result"]
+    theirs = prom.query("sum(rate(vllm:generation_tokens_total[5m]))", at=at)
     name = dashboards.spec("output").prometheus_name + "_sum"
-    raw = prom.get("/api/v1/query", query=f"{name}[5m]", **at_time)["result"]
+    raw = prom.query(f"{name}[5m]", at=at)
     first_values = sum(float(series["values"][0][1]) for series in raw)
     window = 300.0
     assert recorded * window + first_values == pytest.approx(float(theirs[0]["value"][1]) * window, rel=0.05), (

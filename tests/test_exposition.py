@@ -13,7 +13,7 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import exposition, pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording import exposition
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_endpoint import Exposition
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
 
@@ -105,18 +105,6 @@ def test_a_real_pipelines_files_render_identically(files_dir, monkeypatch):
         fast.remove()
     assert cached == plain
     assert b'vllm_profiling_scheduler:duration_bucket{dp="0",le="0.005",phase="mixed",role="decode"} 1.0' in cached[2]
-
-
-@pytest.fixture
-def files_dir(tmp_path, monkeypatch):
-    monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
-    monkeypatch.delenv(environment.METRICS_EXPORTER, raising=False)
-    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
-    monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")
-    pipeline.reset()
-    context.set_process("engine_core", "0", "decode")
-    yield str(tmp_path)
-    pipeline.reset()
 
 
 def test_other_registries_and_an_unregistered_collector_are_left_to_prometheus_client(tmp_path, served):

@@ -4,7 +4,6 @@ import multiprocessing
 import os
 import time
 
-import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
@@ -20,18 +19,6 @@ def exposition(directory):
 
 def sample_lines(text, prefix="vllm_profiling_"):
     return sorted(line for line in text.splitlines() if line.startswith(prefix))
-
-
-@pytest.fixture
-def files_dir(tmp_path, monkeypatch):
-    monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
-    monkeypatch.delenv(environment.METRICS_EXPORTER, raising=False)
-    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
-    monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")  # export only when we flush
-    pipeline.reset()
-    context.set_process("engine_core", "0", "decode")
-    yield str(tmp_path)
-    pipeline.reset()
 
 
 def record_some(n_preempt, phase="decode"):

@@ -368,23 +368,30 @@ def test_a_user_hook_composes_with_a_built_in_hook_on_the_same_function(tmp_path
         builtin.remove()
 
 
-def test_timers_time_coroutines_awaited_and_async_generators_to_exhaustion(tmp_path, metrics):
-    cls = type("C", (Target,), {"agen": Target.agen, "coro": Target.coro})
-    text = (
-        "- symbol: m:C.agen\n  metrics: [{name: t:agen, type: histogram, expr: 'n', buckets: [1, 5]}]\n"
-        "- symbol: m:C.coro\n  metrics: [{name: t:coro, type: gauge, expr: 'result + 1'}]\n"
-    )
-    entries = [e for e in load(tmp_path, text)]
+def _apply_to_class(tmp_path, text, cls):
+    """The entries of ``text`` (symbols ``m:C.…``) installed on ``cls`` as class ``C`` of a fake module, as the
+    hook-file reloader installs them once the module is imported; returns the hooks (``uninstall()`` them)."""
     hooks = userfile.UserHooks([])
     hooks.active = True
     module = types.ModuleType("fake_target_module")
     module.C = cls
+    entries = load(tmp_path, text)
     for e in entries:
         e.symbol = e.symbol.replace("m:", "fake_target_module:")
         hooks.pending.add(e.key)
         for m in e.measures:
             catalogue.EXTRA.setdefault(m.metric, m.spec)
     hooks._apply(module, entries)
+    return hooks
+
+
+def test_timers_time_coroutines_awaited_and_async_generators_to_exhaustion(tmp_path, metrics):
+    cls = type("C", (Target,), {"agen": Target.agen, "coro": Target.coro})
+    text = (
+        "- symbol: m:C.agen\n  metrics: [{name: t:agen, type: histogram, expr: 'n', buckets: [1, 5]}]\n"
+        "- symbol: m:C.coro\n  metrics: [{name: t:coro, type: gauge, expr: 'result + 1'}]\n"
+    )
+    hooks = _apply_to_class(tmp_path, text, cls)
     try:
 
         async def drive():
@@ -519,17 +526,7 @@ def test_user_timers_time_async_generators_to_exhaustion_and_coroutines_awaited(
         "- symbol: m:C.agen\n  metrics: [{name: t:agen_time, type: timer}]\n"
         "- symbol: m:C.coro\n  metrics: [{name: t:coro_time, type: timer}]\n"
     )
-    entries = load(tmp_path, text)
-    hooks = userfile.UserHooks([])
-    hooks.active = True
-    module = types.ModuleType("fake_target_module")
-    module.C = C
-    for e in entries:
-        e.symbol = e.symbol.replace("m:", "fake_target_module:")
-        hooks.pending.add(e.key)
-        for m in e.measures:
-            catalogue.EXTRA.setdefault(m.metric, m.spec)
-    hooks._apply(module, entries)
+    hooks = _apply_to_class(tmp_path, text, C)
     try:
 
         async def drive():
