@@ -88,7 +88,9 @@ def main(argv=None) -> int:
         return 2
     tiny_model.build(args.model_dir)
     log_dir = tempfile.mkdtemp(prefix="otel_vllm_e2e_profile_")
-    server = start(args.model_dir, True, log_dir, 0)
+    # The tiny preset's server and load (e2e_overhead.PRESETS), instrumented with the default set.
+    args.load, args.max_num_seqs, args.disabled_metrics, args.disabled_scopes = "batch", 64, "", ""
+    server = start(args.model_dir, "on", log_dir, 0, args)
     stop = threading.Event()
     try:
         processes = {server.proc.pid: "api_server"}
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
             r = 0
             while not stop.is_set():
                 try:
-                    one_round(server, args.requests, args.max_tokens, r)
+                    one_round(server, args, r)
                 except Exception:
                     if stop.is_set():
                         return  # the server stopped under a round in flight
