@@ -12,13 +12,14 @@ import functools
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
+
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import free_port
 
 HINT = "install Debian's prometheus package (sudo apt-get install prometheus) or put prometheus and promtool on PATH"
 
@@ -64,12 +65,6 @@ def tool(name: str) -> str:
 
 def promtool(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([tool("promtool"), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:
