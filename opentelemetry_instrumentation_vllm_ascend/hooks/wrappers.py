@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from . import codegen, futures
+from . import codegen, futures, rewrite
 from .handler import Handler, Hook
 
 SYNC = "sync"
@@ -69,6 +69,11 @@ def _build(original, hook, is_async: bool):
     handler = hook.handler
     inner = handler.inner if isinstance(handler, futures.FutureAdapter) else handler
     if not is_async and not isinstance(handler, futures.FutureAdapter) and type(handler).before is Handler.before:
+        if handler.after_only_on_none and handler.reads_args == 0 and not handler.after_if:
+            # Per-request "no room" hooks: the target's own returns tell the handler (no wrapper frame).
+            copy = rewrite.none_returns(original, hook)
+            if copy is not None:
+                return copy
         return codegen.generate(
             original,
             hook,
