@@ -240,3 +240,20 @@ def test_the_installed_vllm_allocate_slots_is_copied(tmp_path):
     tree = ast.parse(open(copy.__code__.co_filename).read())
     names = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
     assert "allocate_slots" in names
+
+
+def test_a_source_file_edited_since_import_is_not_copied(tmp_path, monkeypatch):
+    """The copy is compiled from the file: where the file no longer holds the running function (edited
+    or replaced after import: an upgrade under a running server), the ordinary wrapper is used."""
+    import importlib
+    import linecache
+
+    path = tmp_path / "edited_target.py"
+    path.write_text("def allocate(self, n):\n    return None if n else self\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_target")
+    assert rewrite.none_returns(module.allocate, patches.Hook(OnNone())) is not None
+    path.write_text("def allocate(self, n):\n    return self\n")
+    linecache.checkcache(str(path))
+    assert rewrite.none_returns(module.allocate, patches.Hook(OnNone())) is None
+    sys.modules.pop("edited_target", None)

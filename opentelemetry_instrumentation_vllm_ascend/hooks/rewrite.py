@@ -29,6 +29,7 @@ a source whose function is not the one running (edited file), a name clash with 
 from __future__ import annotations
 
 import ast
+import copy
 import inspect
 import sys
 import textwrap
@@ -129,7 +130,7 @@ def none_returns(original, hook: Hook):
         node = _source_function(original)
     except (SyntaxError, ValueError, RecursionError):
         return None
-    if node is None:
+    if node is None or not _is_running(node, code):
         return None
     # Defaults, keyword defaults and annotations are the original's own objects (set below), not
     # evaluated again: the copy's are placeholders.
@@ -156,6 +157,30 @@ def none_returns(original, hook: Hook):
         part.lineno = part.end_lineno = end
     node.body = [ast.Try(body=body + [tail], handlers=[handler], orelse=[], finalbody=[])]
     ast.copy_location(node.body[0], body[0])
+    factory_code = _factory(node, code.co_filename)
+    if factory_code is None:
+        return None
+    copied = types.FunctionType(factory_code, original.__globals__)(*_callbacks(hook))
+    params = code.co_argcount + code.co_kwonlyargcount
+    if (
+        set(copied.__code__.co_freevars) - {_ON_NONE, _ON_ERROR}
+        or copied.__code__.co_argcount != code.co_argcount
+        or copied.__code__.co_varnames[:params] != code.co_varnames[:params]
+    ):
+        return None
+    copied.__defaults__ = original.__defaults__
+    copied.__kwdefaults__ = original.__kwdefaults__
+    copied.__annotations__ = original.__annotations__
+    try:
+        copied.__code__ = copied.__code__.replace(co_qualname=code.co_qualname)  # 3.11+
+    except TypeError:
+        pass
+    return copied
+
+
+def _factory(node: ast.FunctionDef, filename: str) -> types.CodeType | None:
+    """The code of ``def _otel_vllm_ascend_copy(_otel_on_none, _otel_on_error): <node>; return <node's
+    name>``, compiled for ``filename`` (``node`` keeps its own line numbers)."""
     factory = ast.FunctionDef(
         name=_FACTORY,
         args=ast.arguments(
@@ -173,26 +198,23 @@ def none_returns(original, hook: Hook):
     ast.copy_location(factory, node)
     module = ast.fix_missing_locations(ast.Module(body=[factory], type_ignores=[]))
     try:
-        compiled = compile(module, code.co_filename, "exec", dont_inherit=True)
+        compiled = compile(module, filename, "exec", dont_inherit=True)
     except (SyntaxError, ValueError, TypeError):
         return None
-    factory_code = next(c for c in compiled.co_consts if isinstance(c, types.CodeType) and c.co_name == _FACTORY)
-    copy = types.FunctionType(factory_code, original.__globals__)(*_callbacks(hook))
-    params = code.co_argcount + code.co_kwonlyargcount
-    if (
-        set(copy.__code__.co_freevars) - {_ON_NONE, _ON_ERROR}
-        or copy.__code__.co_argcount != code.co_argcount
-        or copy.__code__.co_varnames[:params] != code.co_varnames[:params]
-    ):
-        return None
-    copy.__defaults__ = original.__defaults__
-    copy.__kwdefaults__ = original.__kwdefaults__
-    copy.__annotations__ = original.__annotations__
-    try:
-        copy.__code__ = copy.__code__.replace(co_qualname=code.co_qualname)  # 3.11+
-    except TypeError:
-        pass
-    return copy
+    return next(c for c in compiled.co_consts if isinstance(c, types.CodeType) and c.co_name == _FACTORY)
+
+
+def _is_running(node: ast.FunctionDef, code: types.CodeType) -> bool:
+    """Whether the source ``node`` is the function that runs (``code``): its own compilation has the same
+    bytecode, names and local variables — not a file edited or replaced since it was imported."""
+    factory_code = _factory(copy.deepcopy(node), code.co_filename)
+    if factory_code is None:
+        return False
+    inner = [c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == code.co_name]
+    return len(inner) == 1 and all(
+        getattr(inner[0], attribute) == getattr(code, attribute)
+        for attribute in ("co_code", "co_names", "co_varnames", "co_argcount", "co_kwonlyargcount")
+    )
 
 
 def _callbacks(hook: Hook):
