@@ -36,6 +36,8 @@ import tempfile
 import time
 from functools import partial
 
+from e2e_overhead import bootstrap_median
+
 
 def build(model: str, batch: int, blocks: int = 8192):
     import torch
@@ -130,15 +132,6 @@ def paired_rounds(instrumentor, context, model: str, batch: int, variants, sets:
                 critical, overlapped = run_as(instrumentor, context, variant, measure)
                 results[variant].append((statistics.median(critical) * 1e6, statistics.fmean(overlapped) * 1e6))
     return results
-
-
-def bootstrap_median(values, resamples: int = 4000, seed: int = 1) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of the median of ``values`` (rounds resampled, fixed seed)."""
-    import random
-
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
 def collections(model: str, batch: int, timed: int) -> int:
