@@ -11,7 +11,9 @@ server's per-request work is the bottleneck). The three servers of a set run at 
 core here, so the others' load is not disturbed. Each round sends the same load to each server in turn (every
 order of the three in turn), each starting once the previous server is idle again (a vLLM worker spins for about
 a second after its last step). Rounds are seconds apart, so the machine's drift (a shared VM) cancels within a
-round; fresh server sets (``--server-sets``) cover start-up effects such as memory placement.
+round; fresh server sets (``--server-sets``) cover start-up effects such as memory placement. Each server's
+EngineCore is bound to its worker's core and its API server, with this client, to the other cores (``bind()``;
+``--no-bind`` leaves them floating).
 
 Reported: throughput per variant; the instrumented/uninstrumented and the control/uninstrumented throughput
 ratios per round (median, quartiles, min–max, and a bootstrap 95 % interval of the median); CPU seconds per
@@ -88,6 +90,57 @@ def cpu_seconds(server_pid: int) -> dict:
     return out
 
 
+def worker_cores(server_pid: int) -> set[int]:
+    """The cores a server's workers are bound to (vLLM's CPU backend binds each worker's OpenMP threads)."""
+    cores: set[int] = set()
+    for pid in descendants(server_pid):
+        if process_kind(pid) == "worker":
+            try:
+                cores |= os.sched_getaffinity(pid)
+            except OSError:
+                pass
+    return cores
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Bind every thread of ``pid`` to ``cores`` (threads it starts later inherit the binding)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass
+
+
+def bind(server: Server) -> set[int] | None:
+    """Bind the server's EngineCore to its workers' cores and its API server (every other process) to the
+    remaining cores, where the benchmark's client runs too; returns those API-side cores (None, binding
+    nothing, when the workers have every core).
+
+    The EngineCore and its worker take turns: the worker computes while the EngineCore waits for its reply,
+    and the EngineCore schedules while the worker waits for the next step; both wait by polling. Unbound, the
+    EngineCore floats between the cores, polls on the API server's core while a step runs and now and then
+    lands on the worker's: which process gets a core then decides a round (measured on 2 cores: the short
+    preset's throughput swung between ~40 and ~340 requests/s from one round to the next, the step preset's by
+    ±4 %). Bound so, each round's throughput stays within a few per cent, and what a hook costs in the
+    EngineCore or the worker shows up as their CPU time, not as polling."""
+    everything = os.sched_getaffinity(0)
+    engine = worker_cores(server.proc.pid)
+    api = everything - engine
+    if not engine or not api:
+        return None
+    for pid in [server.proc.pid] + descendants(server.proc.pid):
+        kind = process_kind(pid)
+        if kind == "engine_core":
+            pin(pid, engine)
+        elif kind == "api_server":
+            pin(pid, api)
+    return api
+
+
 VARIANTS = ("off", "on", "control")  # uninstrumented, instrumented, uninstrumented again (the A/A control)
 
 
@@ -103,6 +156,7 @@ def start(model: str, variant: str, log_dir: str, i: int, args) -> Server:
     extra = ("--num-gpu-blocks-override", "512", "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "1024")
     server = Server(model, env=env, log_path=log, extra_args=extra).start(timeout=900)
     server.complete(tiny_model.prompt(999), max_tokens=8)  # warm-up
+    server.api_cores = bind(server) if args.bind else None
     return server
 
 
@@ -277,6 +331,12 @@ def main(argv=None) -> int:
         default="",
         help="OTEL_VLLM_ASCEND_DISABLED_SCOPES for the instrumented server (e.g. 'schedule: allocate_slots')",
     )
+    parser.add_argument(
+        "--no-bind",
+        dest="bind",
+        action="store_false",
+        help="leave the EngineCores, the API servers and this client unbound (see bind())",
+    )
     parser.add_argument("--model-dir", help="where to build the preset's model (default: a directory per size)")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
@@ -291,6 +351,7 @@ def main(argv=None) -> int:
     log_dir = tempfile.mkdtemp(prefix="otel_vllm_e2e_overhead_")
     rounds = []  # (server set, {variant: result})
     steps = cost = None
+    bound: set = set()
     unit = "requests_per_s" if args.load == "short" else "tokens_per_s"
     for p in range(args.server_sets):
         servers: dict = {}
@@ -301,6 +362,10 @@ def main(argv=None) -> int:
             expected = {v: 3 if v == "on" else 0 for v in VARIANTS}
             hooked = instrumented_processes(servers, expected)
             assert hooked == expected, hooked
+            api = {s.api_cores and frozenset(s.api_cores) for s in servers.values()}
+            if len(api) == 1 and None not in api:
+                bound = set(next(iter(api)))
+                pin(os.getpid(), bound)  # the client shares the API servers' cores
             for server in servers.values():
                 wait_idle(server)
             for r in range(args.rounds):
@@ -338,6 +403,11 @@ def main(argv=None) -> int:
         + f"; {args.server_sets} server sets x {args.rounds} rounds"
         + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
         + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
+        + (
+            f"; EngineCores bound to their workers' core(s), API servers and the client to {sorted(bound)}"
+            if bound
+            else "; EngineCores, API servers and the client not bound"
+        )
         + "\n"
     )
     print("Medians (quartiles; min–max) over rounds.\n")

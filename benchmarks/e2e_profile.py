@@ -30,7 +30,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from e2e_overhead import descendants, one_round, process_kind, start  # noqa: E402
+from e2e_overhead import descendants, one_round, pin, process_kind, start  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import total  # noqa: E402
@@ -90,7 +90,10 @@ def main(argv=None) -> int:
     log_dir = tempfile.mkdtemp(prefix="otel_vllm_e2e_profile_")
     # The tiny preset's server and load (e2e_overhead.PRESETS), instrumented with the default set.
     args.load, args.max_num_seqs, args.disabled_metrics, args.disabled_scopes = "batch", 64, "", ""
+    args.bind = True  # as e2e_overhead binds its servers (see its bind())
     server = start(args.model_dir, "on", log_dir, 0, args)
+    if server.api_cores:
+        pin(os.getpid(), server.api_cores)
     stop = threading.Event()
     try:
         processes = {server.proc.pid: "api_server"}
