@@ -183,6 +183,32 @@ def test_preemptions_equal_vllms_own_count(model, metrics):
     assert total(points, "scheduler:recompute_events") == preemptions
 
 
+def test_allocation_failures_equal_the_none_results_the_scheduler_got(model, metrics):
+    """``KVCacheManager.allocate_slots`` runs as a copy of vLLM's own function that reports its None
+    results (hooks/rewrite.py), not under a wrapper. Oracle: a counter between the scheduler and its
+    manager sees every result the scheduler got; each None is one ``block_allocate_failures``, and a
+    success is none."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    assert "_otel_on_none" in KVCacheManager.allocate_slots.__code__.co_freevars  # the copy is installed
+    scheduler = build(model, blocks=14, max_num_seqs=6, budget=128)
+    manager = scheduler.kv_cache_manager
+    results = {"none": 0, "blocks": 0}
+    copy = manager.allocate_slots  # bound to the class's copy
+
+    def counted(*args, **kwargs):
+        result = copy(*args, **kwargs)
+        results["none" if result is None else "blocks"] += 1
+        return result
+
+    manager.allocate_slots = counted  # the instance attribute the scheduler calls
+    requests = [request(f"r{i}", 30, 40, seed=i) for i in range(6)]
+    run_until_done(scheduler, requests)
+    assert results["none"] >= 3 and results["blocks"] > 100
+    assert sum(r.num_preemptions for r in requests) >= 1  # the failures made vLLM preempt
+    assert total(metrics.points(), "block_allocate_failures") == results["none"]
+
+
 def _inline_preempting_scheduler():
     """A scheduler that preempts as vllm-ascend's SchedulerDynamicBatch does — inline, without
     _preempt_request: it frees the last running request, marks it PREEMPTED with no computed tokens
