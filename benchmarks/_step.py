@@ -283,3 +283,43 @@ def whole_step_rows(repeat: int):
             runs = [r / n * 1e6 for r in timeit.repeat(build(batch, hooked), number=n, repeat=repeat)]
             rows.append((f"batch {batch}: added by {label}", [o - b for o in runs]))
     return rows
+
+
+#: Bytes read and written between two steps in the cold rows: more than this machine's last-level cache, as
+#: the worker's forward pass sweeps it between two engine steps of a real server.
+SWEEP_BYTES = 48 * 2**20
+
+
+def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
+    """Section F's step at ``batch``, back to back (hot caches) and with a sweep of ``SWEEP_BYTES`` before each
+    step (cold caches, as on a server, where a step's hooks run once among milliseconds of other work): mean µs
+    per step over ``steps`` steps (two of the scheduler hook's flushes), the sweep not timed."""
+    from time import perf_counter
+
+    sweep_buffer = bytearray(SWEEP_BYTES)
+
+    def mean_step(step, cold: bool) -> float:
+        spent = 0.0
+        for _ in range(steps):
+            if cold:
+                bytes(sweep_buffer)  # a copy: reads and writes the whole buffer
+            start = perf_counter()
+            step()
+            spent += perf_counter() - start
+        return spent / steps * 1e6
+
+    rows = []
+    context.set_process("engine_core", "0", "mixed")
+    variants = (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",)))
+    for cold in (False, True):
+        caches = "cold caches" if cold else "hot caches"
+        steps_of = {label: build(batch, hooked) for label, hooked in (("bare", ()),) + variants}
+        for step in steps_of.values():
+            for _ in range(FLUSH_STEPS * 2):  # warm: series created, code run
+                step()
+        runs = {label: [mean_step(step, cold) for _ in range(repeat)] for label, step in steps_of.items()}
+        bare = statistics.median(runs["bare"])
+        rows.append((f"batch {batch}, {caches}: bare step", runs["bare"]))
+        for label, _ in variants:
+            rows.append((f"batch {batch}, {caches}: added by {label} hooks", [r - bare for r in runs[label]]))
+    return rows

@@ -780,6 +780,11 @@ def main(argv=None) -> int:
                 f"- {name.split(':')[0]}: the API server's per-iteration work, per request: "
                 f"{statistics.median(runs) / batch * 1000:.0f} ns"
             )
+    table(
+        "F2. The same step at batch 64 with hot and with cold caches (a 48 MiB sweep before each step), µs",
+        _step.cold_step_rows(args.repeat),
+        "µs",
+    )
     export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
     table("C. Export cost per process", export_rows, "ms")
     table("D. /metrics scrape time", scrape_rows, "ms")
