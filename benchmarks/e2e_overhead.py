@@ -124,8 +124,8 @@ def bind(server: Server) -> set[int] | None:
     and the EngineCore schedules while the worker waits for the next step; both wait by polling. Unbound, the
     EngineCore floats between the cores, polls on the API server's core while a step runs and now and then
     lands on the worker's: which process gets a core then decides a round (measured on 2 cores: the short
-    preset's throughput swung between ~40 and ~340 requests/s from one round to the next, the step preset's by
-    ±4 %). Bound so, each round's throughput stays within a few per cent, and what a hook costs in the
+    preset's throughput swung between ~40 and ~340 requests/s from one round to the next). Bound so, the A/A
+    control's per-round ratios keep their quartiles within about ±2 % in every preset, and what a hook costs in the
     EngineCore or the worker shows up as their CPU time, not as polling."""
     everything = os.sched_getaffinity(0)
     engine = worker_cores(server.proc.pid)
@@ -362,8 +362,8 @@ def main(argv=None) -> int:
             expected = {v: 3 if v == "on" else 0 for v in VARIANTS}
             hooked = instrumented_processes(servers, expected)
             assert hooked == expected, hooked
-            api = {s.api_cores and frozenset(s.api_cores) for s in servers.values()}
-            if len(api) == 1 and None not in api:
+            api = {frozenset(s.api_cores or ()) for s in servers.values()}
+            if len(api) == 1 and frozenset() not in api:  # every server bound, alike
                 bound = set(next(iter(api)))
                 pin(os.getpid(), bound)  # the client shares the API servers' cores
             for server in servers.values():
