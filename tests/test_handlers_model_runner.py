@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 import pytest
 from fakes import SC, S, counts, key, name, output, req, step
 
-from opentelemetry_instrumentation_vllm_ascend import context
+from opentelemetry_instrumentation_vllm_ascend import context, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
@@ -311,3 +311,114 @@ def test_get_output_in_the_output_thread_gets_its_own_steps_phase_and_stamps_the
     m = metrics.points()
     assert m[name("worker:model_runner_get_output:duration")] == {key(**step("prefill")): (1, 0.5, counts(S, b9=1))}
     assert getattr(reply, steps.READY_ATTRIBUTE) == (context.HOST_CLOCK, 100.25, 100.875)
+
+
+# -- the worker's records wait, FLUSH_STEPS steps at a time -----------------------------------------------
+
+
+def test_worker_step_records_wait_in_the_deferred_queue_until_flush_steps_or_a_collection(metrics, clock, utils):
+    """Each step leaves one entry (its five host values) in the deferred queue; the step that makes
+    FLUSH_STEPS entries records them all, and a collection records what waits before it reads."""
+    STATE.device = None
+    runner = instrumented_runner()(clock, utils)
+    runner.plan = {"forward": 0.25, "post": 0.125, "result": None, "sample": 0.125}
+    for _ in range(3):
+        runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+        runner.sample_tokens(None)
+    assert len(STATE.deferred) == 3
+    m, dec = metrics.points(), step("decode")  # the collection records the three steps first
+    assert not STATE.deferred
+    assert m[EXECUTE] == {key(**dec): (3, 1.125, counts(S, b9=3))}  # 0.375 each
+    assert m[INFERENCE] == {key(**dec): (3, 1.5, counts(S, b9=3))}  # 0.5 each
+    for _ in range(steps.FLUSH_STEPS - 1):
+        runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+        runner.sample_tokens(None)
+    assert len(STATE.deferred) == steps.FLUSH_STEPS - 1
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+    runner.sample_tokens(None)
+    assert not STATE.deferred  # the 32nd step recorded them, in the worker's own thread
+    n = 3 + steps.FLUSH_STEPS
+    m = metrics.points()
+    assert m[EXECUTE] == {key(**dec): (n, 0.375 * n, counts(S, b9=n))}
+    assert m[NPU_FORWARD] == {key(**dec): (n, 0.25 * n, counts(S, b8=n))}
+    assert m[NON_FORWARD] == {key(**dec): (n, 0.25 * n, counts(S, b8=n))}
+
+
+def test_a_step_whose_sample_tokens_raised_records_its_execute_model_time_only(metrics, clock, utils):
+    STATE.device = None
+    runner = instrumented_runner()(clock, utils)
+    runner.plan = {"forward": 0.25, "result": None}  # no "sample": sample_tokens raises KeyError
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))
+    with pytest.raises(KeyError):
+        runner.sample_tokens(None)
+    assert STATE.worker_step is None
+    m = metrics.points()
+    assert m[EXECUTE] == {key(**step("prefill")): (1, 0.25, counts(S, b8=1))}
+    assert INFERENCE not in m and NPU_FORWARD not in m
+
+
+def test_a_step_left_without_sample_tokens_records_its_execute_model_time_when_the_next_begins(metrics, clock, utils):
+    """execute_model returned None but the next execute_model came first (no sample_tokens): the left step's
+    execute_model time is recorded once, with its own phase; the next step is whole."""
+    STATE.device = None
+    runner = instrumented_runner()(clock, utils)
+    runner.plan = {"forward": 0.25, "result": None, "sample": 0.125}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "prefill"}))
+    runner.plan = {"forward": 0.5, "result": None, "sample": 0.125}
+    runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+    runner.sample_tokens(None)
+    m = metrics.points()
+    assert m[EXECUTE] == {
+        key(**step("prefill")): (1, 0.25, counts(S, b8=1)),
+        key(**step("decode")): (1, 0.5, counts(S, b9=1)),
+    }
+    assert m[INFERENCE] == {key(**step("decode")): (1, 0.625, counts(S, b10=1))}
+
+
+def test_deferred_calls_of_each_function_are_handed_over_together_however_they_interleave(metrics):
+    """An in-process worker's step records interleave with the scheduler's in one queue: each function with
+    ``many`` gets all its waiting calls at once, oldest first."""
+    seen = []
+
+    def other(value):
+        seen.append([value])
+
+    other.many = lambda calls: seen.append([args[0] for args in calls])
+    labels = context.step_labels("decode")
+    for i in range(3):
+        recording.defer(other, i)
+        model_runner._later(labels, 0.25, None, None, None)
+    recording.run_deferred()
+    assert seen == [[0, 1, 2]]
+    assert metrics.points()[EXECUTE] == {key(**step("decode")): (3, 0.75, counts(S, b8=3))}
+
+
+def test_with_the_scope_histogram_off_untimed_scopes_share_one_nullcontext_and_timed_ones_only_mark_the_step(
+    monkeypatch, metrics, clock
+):
+    """The default set: the forward / post-processing / sample scopes mark the worker step's timeline (its
+    forward and kernel-launch times come out exact) and record no scope series; any other scope gets one
+    shared nullcontext — vLLM's own choice, without a new object per block."""
+    from conftest import fake_utils
+
+    from opentelemetry_instrumentation_vllm_ascend import environment
+
+    monkeypatch.delenv(environment.ENABLED_METRICS, raising=False)
+    module = fake_utils()
+    patch = model_runner.ProfilerScopes().install(module)
+    try:
+        factory = module._PROFILER_FUNC
+        assert factory("gpu_model_runner: preprocess") is factory("gpu_model_runner: bookkeep")
+        assert type(factory(FORWARD)) is model_runner._TimelineScope
+        STATE.device = None
+        runner = instrumented_runner()(clock, module)
+        runner.plan = {"prepare": 0.0625, "forward": 0.25, "post": 0.125, "result": None, "sample": 0.25}
+        runner.execute_model(NS(**{PHASE_ATTRIBUTE: "decode"}))
+        runner.sample_tokens(None)
+    finally:
+        patch.remove()
+    m, dec = metrics.points(), step("decode")
+    assert SCOPES not in m
+    assert m[NPU_FORWARD] == {key(**dec): (1, 0.25, counts(S, b8=1))}
+    assert m[LAUNCH] == {key(**dec): (1, 0.375, counts(S, b9=1))}
+    assert m[INFERENCE] == {key(**dec): (1, 0.6875, counts(S, b10=1))}

@@ -29,7 +29,7 @@ from ..hooks.handler import Handler, RowParams, report
 from ..state import STATE, UNKNOWN
 from .budget import W_FORWARD, W_IDLE, W_OTHER, W_PREPARE, W_SAMPLE, W_WAIT_SAMPLE, WORKER_TO, off
 from .common import device_module
-from .steps import CURRENT_STEP, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, Step, classify_step
+from .steps import CURRENT_STEP, FLUSH_STEPS, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, Step, classify_step
 
 _EXECUTE = M["executor:model_runner_execute_model:duration"]
 _INFERENCE = M["worker:model_inference:duration"]
@@ -205,6 +205,38 @@ class _Scope:
         return False
 
 
+class _TimelineScope(_Scope):
+    """A forward / post-processing / sample scope while the scope histogram is off (the default set): only
+    its worker step's timeline marks and budget stages (``_worker_scope_ended``, inline); nothing is
+    recorded per scope. vLLM enters these scopes in the worker only, never inside ``Scheduler.schedule``."""
+
+    __slots__ = ()
+
+    def __exit__(
+        self, exc_type, exc, tb, _state=STATE, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES, _sample=SAMPLE_SCOPES
+    ):
+        if exc_type is None:
+            step = _state.worker_step
+            if step is not None:
+                end = perf_counter()
+                try:
+                    name = self.name
+                    if name in _forward:
+                        step.forward_end = end
+                        step.to(W_OTHER, end)
+                        if self.device is not None and step.start_event is not None:
+                            step.device = (self.device, device_timeline().start())
+                    elif name in _post:
+                        step.post_end = end
+                    elif name in _sample:
+                        step.to(W_OTHER, end)
+                except Exception:
+                    report(_SCOPE_HANDLER, "scope")
+        if self.inner is not None:
+            return self.inner.__exit__(exc_type, exc, tb)
+        return False
+
+
 class _InStepScope:
     """Every ``with record_function_or_nullcontext(name):`` block of one name inside one
     ``Scheduler.schedule`` call (vLLM's profiler off): one shared object, no object per block —
@@ -317,6 +349,7 @@ def untimed_scopes(patterns: tuple[str, ...], only=None):
                 decided[name] = off
         return off
 
+    untimed.decided = decided  # type: ignore[attr-defined]  # the factory reads a decided name directly
     return untimed
 
 
@@ -345,9 +378,20 @@ class ProfilerScopes:
         if environment.metric_disabled(_SCOPES.seed):
             only = FORWARD_SCOPES | POSTPROCESS_SCOPES | (SAMPLE_SCOPES if WORKER_TO is not off else frozenset())
         untimed = untimed_scopes(environment.disabled_scope_patterns(), only)
+        decided = untimed.decided.get if untimed is not None else None
+        # With the scope histogram off the timed scopes only mark the worker step's timeline.
+        cls = _TimelineScope if only is not None else _Scope
 
         def factory(
-            name, _inner=inner, _plain=plain, _new=_Scope.__new__, _cls=_Scope, _step=CURRENT_STEP.get, _untimed=untimed
+            name,
+            _inner=inner,
+            _plain=plain,
+            _new=_Scope.__new__,
+            _cls=cls,
+            _step=CURRENT_STEP.get,
+            _untimed=untimed,
+            _decided=decided,
+            _shared=_UNTIMED,
         ):
             if _plain:
                 step = _step()
@@ -359,8 +403,12 @@ class ProfilerScopes:
                             return _in_step_scope(step, name, _untimed)
                         except Exception:
                             report(_SCOPE_HANDLER, "scope")
-            if _untimed is not None and _untimed(name):
-                return _inner(name)
+            if _untimed is not None:
+                off = _decided(name)
+                if off is None:
+                    off = _untimed(name)
+                if off:  # vLLM's own choice; its nullcontext is reusable: one shared instance
+                    return _shared if _plain else _inner(name)
             scope = _new(_cls)  # no __init__ frame
             scope.name = name
             scope.inner = None if _plain else _inner(name)
@@ -386,25 +434,76 @@ class _ModuleGlobalPatch:
 # -- the worker's step ----------------------------------------------------------------------------------
 
 
-def _finish(step: WorkerStep, seconds: float) -> None:
+def _record_step(labels: tuple, execute, launch, inference, forward) -> None:
+    """What one worker step measured on the host (None: not measured), recorded from the deferred queue:
+    its execute_model time, kernel-launch time, inference time (host timeline), forward and non-forward
+    times (host timeline, where the forward scope was seen)."""
+    _record_steps([(labels, execute, launch, inference, forward)])
+
+
+def _record_steps(calls: list) -> None:
+    """``_record_step`` for many steps at once: one ``record_many`` per metric and label set, in step order."""
+    by_labels: dict = {}
+    for labels, execute, launch, inference, forward in calls:
+        lists = by_labels.get(labels)
+        if lists is None:
+            lists = by_labels[labels] = ([], [], [], [], [])
+        if execute is not None:
+            lists[0].append(execute)
+        if launch is not None:
+            lists[1].append(launch)
+        if inference is not None:
+            lists[2].append(inference)
+            if forward is not None:
+                lists[3].append(forward)
+                lists[4].append(max(inference - forward, 0.0))
+    for labels, lists in by_labels.items():
+        for spec, values in zip((_EXECUTE, _LAUNCH, _INFERENCE, _FORWARD, _NON_FORWARD), lists):
+            if values:
+                recording.record_many(spec, values, labels)
+
+
+_record_step.many = _record_steps  # type: ignore[attr-defined]  # read by recording.run_deferred
+_deferred = STATE.deferred
+
+
+def _later(labels: tuple, execute, launch, inference, forward, _state=STATE) -> None:
+    """Leave one step's host records for later (``recording.defer``, inline): the worker records ``FLUSH_STEPS``
+    steps at a time, and every collection first records what waits."""
+    _deferred.append((_record_step, (labels, execute, launch, inference, forward)))
+    if len(_deferred) >= FLUSH_STEPS:
+        recording.run_deferred()
+    elif _state.pipeline is None:
+        recording.pipeline.get()  # its collections run what waits: it must exist before the first one
+
+
+def _finish(step: WorkerStep, seconds: float, _state=STATE) -> None:
     """The step ended in the worker (``seconds``: its host time, execute_model + sample_tokens):
-    record its inference time and timeline — on the device timeline where the step has device
-    events (once the device has passed them), otherwise on the host (CPU: the host time is the
-    computation itself). npu:kernel_launch is host time either way."""
-    STATE.worker_step = None
+    record its execute_model time, inference time and timeline — on the device timeline where the
+    step has device events (once the device has passed them), otherwise on the host (CPU: the host
+    time is the computation itself). npu:kernel_launch is host time either way. Host values wait in
+    the deferred queue (``_later``)."""
+    _state.worker_step = None
     labels = context.step_labels(step.phase)
-    if step.post_end is not None and step.forward_start is not None:
-        recording.record(_LAUNCH, step.post_end - step.forward_start, labels)
+    forward_start = step.forward_start
+    post_end = step.post_end
+    launch = post_end - forward_start if post_end is not None and forward_start is not None else None
     if step.start_event is not None:
+        _later(labels, step.execute_seconds, launch, None, None)
         timeline = device_timeline()
         timeline.step_ended(step)
         timeline.poll()
         return
-    recording.record(_INFERENCE, seconds, labels)
-    if step.forward_start is not None and step.forward_end is not None:
-        forward = step.forward_end - step.forward_start
-        recording.record(_FORWARD, forward, labels)
-        recording.record(_NON_FORWARD, max(seconds - forward, 0.0), labels)
+    forward_end = step.forward_end
+    forward = forward_end - forward_start if forward_start is not None and forward_end is not None else None
+    _later(labels, step.execute_seconds, launch, seconds, forward)
+
+
+def _unended(step: WorkerStep) -> None:
+    """A step whose execute_model returned but whose sample_tokens never ended it (it raised, or the next
+    execute_model came first): only its execute_model time is recorded."""
+    if step.returned is not None:
+        _later(context.step_labels(step.phase), step.execute_seconds, None, None, None)
 
 
 def _phase_of(runner, scheduler_output) -> str:
@@ -435,20 +534,29 @@ def _stamp(output, returned, ready) -> None:
         pass
 
 
-def reply(output, step: WorkerStep | None, now: float) -> None:
+def reply(output, step: WorkerStep | None, now: float, _state=STATE, _clock=HOST_CLOCK) -> None:
     """``output`` is what the worker returns for an RPC that ends a step (``now``: it returned).
     An async output (async scheduling: it has ``get_output``, which vLLM's output thread — or the
     in-process executor, when the engine reads it — calls later) carries the step's phase and the
     moment its execute_model returned on to ``GetOutput``, which stamps the output it builds; any
-    other output is stamped now."""
+    other output is stamped now (``_stamp``, inline)."""
+    if output is None:
+        return
     returned = step.returned if step is not None else None
-    if output is not None and hasattr(output.__class__, "get_output"):
+    if hasattr(output.__class__, "get_output"):
         try:
             setattr(output, STEP_ATTRIBUTE, (step.phase if step is not None else UNKNOWN, returned))
         except Exception:
             pass
-    else:
-        _stamp(output, returned, now)
+        return
+    empty = _state.empty_output
+    if empty is None:
+        empty = _shared_empty()
+    if output is not empty:
+        try:
+            setattr(output, READY_ATTRIBUTE, (_clock, returned, now))
+        except Exception:
+            pass
 
 
 class ExecuteModel(Handler):
@@ -465,9 +573,7 @@ class ExecuteModel(Handler):
     def after(self, step, args, kwargs, result):
         end = step.returned = perf_counter()
         step.to(W_WAIT_SAMPLE if result is None else W_IDLE, end)  # the worker budget
-        seconds = end - step.start
-        recording.record(_EXECUTE, seconds, context.step_labels(step.phase))
-        step.execute_seconds = seconds
+        seconds = step.execute_seconds = end - step.start  # recorded when the step ends (_finish, _unended)
         if result is not None:
             reply(result, step, end)
             _finish(step, seconds)
@@ -482,6 +588,9 @@ def begin_step(phase: str, to=WORKER_TO) -> WorkerStep:
     start where the device offers events; the worker budget's ``prepare_inputs`` stage begins (``to``:
     its boundary, ``off`` where the budget is absent)."""
     start = perf_counter()
+    previous = STATE.worker_step
+    if previous is not None:  # its sample_tokens never came
+        _unended(previous)
     step = STATE.worker_step = WorkerStep(phase, start, to)
     to(W_PREPARE, start)
     timeline = STATE.device
@@ -520,6 +629,7 @@ class SampleTokens(Handler):
         step = STATE.worker_step
         if step is not None:
             step.to(W_IDLE, perf_counter())
+            _unended(step)
         STATE.worker_step = None
 
 

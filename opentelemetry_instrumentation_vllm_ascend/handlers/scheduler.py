@@ -15,7 +15,15 @@ from . import budget
 from .budget import ENGINE_TO
 from .kv_transfer import kv_writes
 from .model_runner import name_label
-from .steps import CURRENT_STEP, IN_PREFIX_CACHE_RESET, PHASE_ATTRIBUTE, Step, classify_step, mark_recomputing
+from .steps import (
+    CURRENT_STEP,
+    FLUSH_STEPS,
+    IN_PREFIX_CACHE_RESET,
+    PHASE_ATTRIBUTE,
+    Step,
+    classify_step,
+    mark_recomputing,
+)
 
 _DURATION = M["scheduler:duration"]
 _BATCH = M["scheduler:batch_size"]
@@ -47,10 +55,6 @@ def flush_step(step: Step, phase: str) -> None:
     recording.add(catalogue.RECOMPUTED_TOKENS, step.recomputed_tokens, labels)
     recording.add(catalogue.BLOCK_ALLOCATE_FAILURES, step.allocate_failures, labels)
 
-
-#: Steps whose records wait (``recording.defer``) until they are recorded together, in the window
-#: where the engine waits for the workers (``GrammarBitmask``) — or at any collection or ``flush()``.
-FLUSH_STEPS = 32
 
 #: Per scheduler (by id; one per EngineCore): was it blocked on capacity after its last step?
 _BLOCKED = STATE.blocked

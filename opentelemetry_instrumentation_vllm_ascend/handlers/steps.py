@@ -37,6 +37,11 @@ CURRENT_STEP: ContextVar[Step | None] = ContextVar("otel_vllm_ascend_step", defa
 #: Set while Scheduler.reset_prefix_cache runs: its preemptions are not memory pressure.
 IN_PREFIX_CACHE_RESET: ContextVar[bool] = ContextVar("otel_vllm_ascend_reset", default=False)
 
+#: Steps whose records wait (``recording.defer``) until they are recorded together: the EngineCore's scheduler
+#: records, in the window where the engine waits for the workers (``GrammarBitmask``), and a worker's step
+#: records (``model_runner._later``) — or at any collection or ``flush()``.
+FLUSH_STEPS = 32
+
 #: Attribute the EngineCore sets on each SchedulerOutput it scheduled: the step's phase travels with
 #: the step's arguments to the workers (SchedulerOutput is pickled with its instance dict).
 PHASE_ATTRIBUTE = "_otel_vllm_ascend_phase"

@@ -4,9 +4,6 @@ is ``STATE.deferred``; ``state.reset()`` (fork, tests) and a pipeline reset drop
 
 from __future__ import annotations
 
-from itertools import groupby
-from operator import itemgetter
-
 from ..state import STATE
 from . import pipeline
 
@@ -19,8 +16,9 @@ def defer(function, *args) -> None:
     runs its scheduler hook's records after it has sent the step to the workers). Every collection
     and ``flush()`` run what is pending first, so nothing is exported late by more than that wait.
 
-    A function with a ``many`` attribute is handed consecutive pending calls of its own at once:
-    ``function.many([args, …])`` records them together (oldest first)."""
+    A function with a ``many`` attribute is handed all its pending calls at once (the records of different
+    functions do not depend on each other's order: an in-process worker's step records interleave with the
+    scheduler's): ``function.many([args, …])`` records them together (oldest first)."""
     _deferred.append((function, args))
     if pipeline.current() is None:
         pipeline.get()  # its collections run what is pending: it must exist before the first one
@@ -34,8 +32,14 @@ def run_deferred(_popleft=_deferred.popleft) -> None:
             taken.append(_popleft())
         except IndexError:  # another thread took the last one
             break
-    for function, group in groupby(taken, key=itemgetter(0)):  # consecutive calls of one function
-        calls = [args for _, args in group]
+    by_function: dict = {}  # each function's calls, oldest first (functions in order of first appearance)
+    for function, args in taken:
+        calls = by_function.get(function)
+        if calls is None:
+            by_function[function] = [args]
+        else:
+            calls.append(args)
+    for function, calls in by_function.items():
         many = getattr(function, "many", None)
         if many is not None and len(calls) > 1:
             _guarded(function, many, calls)
