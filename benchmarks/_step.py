@@ -26,7 +26,7 @@ from types import SimpleNamespace as NS
 from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
-from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import FLUSH_STEPS
+from opentelemetry_instrumentation_vllm_ascend.handlers.steps import FLUSH_STEPS, PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class, patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER
@@ -46,9 +46,11 @@ RUNNER_SCOPES = (
 PROCESSES = ("engine_core", "worker", "api_server")
 
 
-def build(batch: int, hooked=PROCESSES):
+def build(batch: int, hooked=PROCESSES, phased: bool = False):
     """One simulated deployment (EngineCore + worker + API); returns a zero-argument step function.
-    ``hooked``: the processes whose hooks are installed."""
+    ``hooked``: the processes whose hooks are installed. ``phased``: the step's SchedulerOutput carries its
+    phase as an instrumented EngineCore stores it (else a hooked worker without a hooked EngineCore classifies
+    the step itself)."""
     # vllm.v1.utils as each process has it (the EngineCore's and the worker's are separate processes).
     ec_utils, worker_utils = types.ModuleType("ec_vllm_utils"), types.ModuleType("worker_vllm_utils")
     ec_utils._PROFILER_FUNC = worker_utils._PROFILER_FUNC = contextlib.nullcontext
@@ -74,6 +76,8 @@ def build(batch: int, hooked=PROCESSES):
             req_ids=ids, resumed_req_ids=set(), num_computed_tokens=[599] * batch, num_output_tokens=[100] * batch
         ),
     )
+    if phased and "engine_core" not in hooked:
+        setattr(output, PHASE_ATTRIBUTE, "decode")
 
     class Future(concurrent.futures.Future):  # FutureWrapper: completed in result()
         def result(self, timeout=None):
@@ -290,10 +294,33 @@ def whole_step_rows(repeat: int):
 SWEEP_BYTES = 48 * 2**20
 
 
+@contextlib.contextmanager
+def metric_set(enabled: str):
+    """OTEL_VLLM_ASCEND_ENABLED_METRICS = ``enabled`` ("*": every metric, "": the default set) while hooks are
+    built and run: the recording facade looks each instrument up again (``recording.control_changed``)."""
+    import os
+
+    from opentelemetry_instrumentation_vllm_ascend import environment, recording
+
+    saved = os.environ.get(environment.ENABLED_METRICS)
+    os.environ[environment.ENABLED_METRICS] = enabled
+    recording.control_changed()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(environment.ENABLED_METRICS, None)
+        else:
+            os.environ[environment.ENABLED_METRICS] = saved
+        recording.control_changed()
+
+
 def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
     """Section F's step at ``batch``, back to back (hot caches) and with a sweep of ``SWEEP_BYTES`` before each
     step (cold caches, as on a server, where a step's hooks run once among milliseconds of other work): mean µs
-    per step over ``steps`` steps (two of the scheduler hook's flushes), the sweep not timed."""
+    per step over ``steps`` steps (two of the scheduler hook's flushes), the sweep not timed. Each process's hooks
+    with every metric (as section F) and with the default set (what a server runs); the worker's scheduler
+    output carries its phase, as an instrumented EngineCore's does."""
     from time import perf_counter
 
     sweep_buffer = bytearray(SWEEP_BYTES)
@@ -311,15 +338,24 @@ def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
     rows = []
     context.set_process("engine_core", "0", "mixed")
     variants = (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",)))
+    sets = (("every metric", "*"), ("default set", ""))
     for cold in (False, True):
         caches = "cold caches" if cold else "hot caches"
-        steps_of = {label: build(batch, hooked) for label, hooked in (("bare", ()),) + variants}
-        for step in steps_of.values():
-            for _ in range(FLUSH_STEPS * 2):  # warm: series created, code run
-                step()
-        runs = {label: [mean_step(step, cold) for _ in range(repeat)] for label, step in steps_of.items()}
-        bare = statistics.median(runs["bare"])
-        rows.append((f"batch {batch}, {caches}: bare step", runs["bare"]))
+        built = {("bare", "*"): build(batch, (), phased=True)}
+        for label, hooked in variants:
+            for _, enabled in sets:
+                with metric_set(enabled):
+                    built[(label, enabled)] = build(batch, hooked, phased=True)
+        runs = {}
+        for (label, enabled), step in built.items():
+            with metric_set(enabled):
+                for _ in range(FLUSH_STEPS * 2):  # warm: series created, code run
+                    step()
+                runs[(label, enabled)] = [mean_step(step, cold) for _ in range(repeat)]
+        bare = statistics.median(runs[("bare", "*")])
+        rows.append((f"batch {batch}, {caches}: bare step", runs[("bare", "*")]))
         for label, _ in variants:
-            rows.append((f"batch {batch}, {caches}: added by {label} hooks", [r - bare for r in runs[label]]))
+            for name, enabled in sets:
+                runs_of = runs[(label, enabled)]
+                rows.append((f"batch {batch}, {caches}: added by {label} hooks, {name}", [r - bare for r in runs_of]))
     return rows
