@@ -207,31 +207,17 @@ class _Scope:
 
 class _TimelineScope(_Scope):
     """A forward / post-processing / sample scope while the scope histogram is off (the default set): only
-    its worker step's timeline marks and budget stages (``_worker_scope_ended``, inline); nothing is
-    recorded per scope. vLLM enters these scopes in the worker only, never inside ``Scheduler.schedule``."""
+    its worker step's timeline marks and budget stages (``_worker_scope_ended``); nothing is recorded per
+    scope. vLLM enters these scopes in the worker only, never inside ``Scheduler.schedule``."""
 
     __slots__ = ()
 
-    def __exit__(
-        self, exc_type, exc, tb, _state=STATE, _forward=FORWARD_SCOPES, _post=POSTPROCESS_SCOPES, _sample=SAMPLE_SCOPES
-    ):
-        if exc_type is None:
-            step = _state.worker_step
-            if step is not None:
-                end = perf_counter()
-                try:
-                    name = self.name
-                    if name in _forward:
-                        step.forward_end = end
-                        step.to(W_OTHER, end)
-                        if self.device is not None and step.start_event is not None:
-                            step.device = (self.device, device_timeline().start())
-                    elif name in _post:
-                        step.post_end = end
-                    elif name in _sample:
-                        step.to(W_OTHER, end)
-                except Exception:
-                    report(_SCOPE_HANDLER, "scope")
+    def __exit__(self, exc_type, exc, tb, _state=STATE):
+        if exc_type is None and _state.worker_step is not None:
+            try:
+                _worker_scope_ended(self, perf_counter())
+            except Exception:
+                report(_SCOPE_HANDLER, "scope")
         if self.inner is not None:
             return self.inner.__exit__(exc_type, exc, tb)
         return False
