@@ -27,7 +27,7 @@ from opentelemetry_instrumentation_vllm_ascend import context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import FLUSH_STEPS, PHASE_ATTRIBUTE
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from opentelemetry_instrumentation_vllm_ascend.hooks import installer, targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class, patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER
 
@@ -215,36 +215,35 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
             return None
 
     patches = []
+
+    def timer(cls, attribute, symbol):
+        """A declarative timer row's hook, installed as the installer does: not when every metric it feeds is
+        disabled in this metric set (opt-in)."""
+        target = next(t for t in targets.TARGETS if t.symbol == symbol)
+        if installer.gate_of(target, None, None) == installer.DISABLED:
+            return []
+        return [patch_method(cls, attribute, targets.handler_of(symbol), SYNC_TIMER)]
+
     if "engine_core" in hooked:
         patches += [
             patch_method(Scheduler, "schedule", sched_handlers.Schedule(), SYNC),
             patch_method(Scheduler, "get_grammar_bitmask", sched_handlers.GrammarBitmask(), SYNC),
             patch_method(Scheduler, "update_from_output", sched_handlers.UpdateFromOutput(), SYNC),
             patch_method(KV, "allocate_slots", kv_cache.AllocateSlots(), SYNC),
-            patch_method(Engine, "step", targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER),
-            patch_method(
-                Engine,
-                "_process_engine_step",
-                targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
-                SYNC_TIMER,
-            ),
             patch_method(Engine, "_process_input_queue", engine.ProcessInputQueue(), SYNC),
             patch_method(Executor, "collective_rpc", executor.CollectiveRpc(), FUTURE),
         ]
+        patches += timer(Engine, "step", "vllm.v1.engine.core:EngineCore.step")
+        patches += timer(Engine, "_process_engine_step", "vllm.v1.engine.core:EngineCoreProc._process_engine_step")
         patches += hook_future_class(Future, completes_later=True)
         patches.append(model_runner.ProfilerScopes().install(ec_utils))
     if "worker" in hooked:
         patches += [
             patch_method(Worker, "execute_model", memory.LateCapture(), SYNC),
             patch_method(Runner, "execute_model", model_runner.ExecuteModel(), SYNC),
-            patch_method(
-                Runner,
-                "_prepare_inputs",
-                targets.handler_of("vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs"),
-                SYNC_TIMER,
-            ),
             patch_method(Runner, "sample_tokens", model_runner.SampleTokens(), SYNC),
         ]
+        patches += timer(Runner, "_prepare_inputs", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs")
         patches.append(model_runner.ProfilerScopes().install(worker_utils))
     if "api_server" in hooked:
         patches += [

@@ -34,7 +34,6 @@ call sets and restores its own value.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import deque
 from typing import Any
 
@@ -51,7 +50,6 @@ class State:
         "last_step_phase",
         "schedule_calls",
         "exec_phase",
-        "recomputing",
         # -- handlers --
         "last_execute",
         "current_pass",
@@ -78,6 +76,7 @@ class State:
         "process_labels",
         "generation",
         "deferred",
+        "deferred_values",
         # -- log-once memories --
         "reported",
         "warned",
@@ -118,9 +117,6 @@ class State:
         #: Phase of the step whose execute_model RPC was dispatched last (EngineCore): its sample_tokens
         #: follows.
         self.exec_phase: str = UNKNOWN
-        #: Per scheduler: ids of requests preempted and not yet done recomputing their tokens (the only
-        #: cached requests that can have outputs and still do prefill work). Filled by the preemption hook.
-        self.recomputing: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         #: The state of the execute_model RPC dispatched last (EngineCore, handlers.executor).
         self.last_execute: tuple | None = None
         #: The engine-core busy-loop pass in progress (handlers.engine).
@@ -171,6 +167,8 @@ class State:
         self.generation: int = 0
         #: Records a hook left for later: (function, arguments), oldest first (recording.defer).
         self.deferred: deque = deque()
+        #: Histogram observations a hook left for later: (spec, value, labels), oldest first (recording.record_later).
+        self.deferred_values: deque = deque()
         #: (handler name, phase) pairs whose failure was logged (hooks.handler.report).
         self.reported: set = set()
         #: Configuration warnings already logged (environment).
@@ -280,6 +278,7 @@ def forget_pipeline(closed: bool) -> None:
     s.generation += 1
     if closed:
         s.deferred.clear()
+        s.deferred_values.clear()
         for clock in (s.engine_stages, s.api_stages, s.worker_stages):
             if clock is not None:
                 clock.reset()
@@ -292,7 +291,6 @@ def reset(*, registrations: bool = False) -> None:
     s.last_step_phase = UNKNOWN
     s.schedule_calls = 0
     s.exec_phase = UNKNOWN
-    s.recomputing.clear()
     s.last_execute = None
     s.current_pass = None
     s.current_engine = None

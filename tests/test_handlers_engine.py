@@ -244,3 +244,54 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
         core._process_input_queue()
     assert STATE.current_pass is None
     assert metrics.points()[spec] == {key(**ALL_LABELS): (4, 0.8125, counts(F, b11=1, b12=3))}
+
+
+def test_a_busy_loop_s_values_wait_for_the_scheduler_s_records_and_an_idle_one_s_do_not(metrics, clock):
+    """A busy pass and a step that scheduled leave their durations for later (``recording.record_later``): they
+    reach their series at the next ``run_deferred`` (the scheduler hook's flush, or a collection), each series in
+    one go; an idle engine's pass and step are recorded at once."""
+    from opentelemetry_instrumentation_vllm_ascend import recording
+
+    core = instrumented_engine()(clock)
+    piq, engine_step = name("engine_core:process_input_queue:duration"), name("engine_core:engine_core_step:duration")
+    core.work = True
+    for _ in range(3):
+        core._process_input_queue()  # busy, nothing queued: 0 s each
+        core.step()  # schedules: 0.25 s each
+    assert [spec.seed for spec, _value, _labels in STATE.deferred_values] == [
+        "engine_core:process_input_queue:duration",
+        "engine_core:engine_core_step:duration",
+    ] * 3
+    recording.run_deferred()
+    assert not STATE.deferred_values
+    points = metrics.points()
+    assert points[piq] == {key(**ALL_LABELS): (3, 0.0, counts(F, b0=3))}
+    assert points[engine_step] == {key(**step("prefill")): (3, 0.75, counts(S, b8=3))}
+
+    core.work = False
+    core.queue.append((1.0, "UTILITY", 0.125))  # idle: the handling only, recorded at once
+    core._process_input_queue()
+    assert not STATE.deferred_values
+    assert metrics.value(piq, **ALL_LABELS)[:2] == (4, 0.125)
+
+
+def test_values_left_for_later_are_recorded_once_too_many_wait(metrics, monkeypatch):
+    """With nothing running ``run_deferred`` (the scheduler's hook switched off), ``MAX_VALUES`` waiting values
+    are recorded at once: the queue stays bounded."""
+    from opentelemetry_instrumentation_vllm_ascend import context, recording
+    from opentelemetry_instrumentation_vllm_ascend.recording import deferred
+
+    monkeypatch.setattr(deferred, "MAX_VALUES", 4)
+    spec = name("scheduler:update_from_output:duration")
+    for _ in range(3):
+        recording.record_later(spec_of("scheduler:update_from_output:duration"), 0.5, context.step_labels("decode"))
+    assert len(STATE.deferred_values) == 3
+    recording.record_later(spec_of("scheduler:update_from_output:duration"), 0.5, context.step_labels("decode"))
+    assert not STATE.deferred_values
+    assert metrics.value(spec, **step("decode"))[:2] == (4, 2.0)
+
+
+def spec_of(seed):
+    from opentelemetry_instrumentation_vllm_ascend.catalogue import M
+
+    return M[seed]

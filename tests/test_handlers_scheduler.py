@@ -534,10 +534,10 @@ def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():
     del sched.requests["gone"]
     out = output(sched.requests, cached=[("r", 5)])
     assert steps.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
-    assert STATE.recomputing[sched] == {"r"}
+    assert steps.recomputing_of(sched) == {"r"}
     sched.requests["r"].num_computed_tokens = 12  # after this step: caught up (12 == 13 - 1)
     steps.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
-    assert STATE.recomputing[sched] == set()
+    assert steps.recomputing_of(sched) == set()
 
 
 # -- preemption, recompute, allocation failures ---------------------------------------------

@@ -654,3 +654,51 @@ def test_an_uninstalled_wrapper_s_source_leaves_linecache_and_one_wrapped_over_k
     for patch in completions:
         patch.remove()
     assert source in linecache.cache
+
+
+class BeforeOnly(Handler):
+    """A boundary mark (the stage budget's, the deferred records' trigger): only ``before``."""
+
+    name = "before-only"
+    reads_args = 1
+
+    def __init__(self, fail):
+        self.fail = fail
+        self.seen = []
+
+    def before(self, args, kwargs):
+        self.seen.append(args)
+        if self.fail:
+            raise RuntimeError("handler bug in before")
+        return "state nobody reads"
+
+
+@pytest.mark.parametrize("fail_handler", [False, True])
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_before_only_handler_gets_a_wrapper_that_calls_nothing_after(fail_handler, fail, caplog):
+    """Its wrapper calls ``before`` with the leading arguments, then the original once, and returns or raises
+    what the original did; ``after`` and ``error`` (the base class's no-ops) are not called; a failing
+    ``before`` is logged once. A coroutine gets the same shape."""
+    t, original = make_sync(fail)
+    handler = BeforeOnly(fail_handler)
+    wrapped, hook = wrappers.wrap(original, handler, SYNC)
+    assert "_otel_handler.after" not in "".join(__import__("linecache").getlines(wrapped.__code__.co_filename))
+    with caplog.at_level(logging.WARNING, logger="opentelemetry_instrumentation_vllm_ascend.hooks.handler"):
+        for _ in range(2):
+            if fail:
+                with pytest.raises(Boom):
+                    wrapped(3, y=4)
+            else:
+                assert wrapped(3, y=4) == 7
+    assert t.calls == 2 and handler.seen == [(3,), (3,)]
+    assert len([r for r in caplog.records if "before-only" in r.getMessage()]) == (1 if fail_handler else 0)
+    hook.handler = None  # removed under a foreign wrapper: calls straight through
+    if not fail:
+        assert wrapped(3, y=4) == 7 and handler.seen == [(3,), (3,)]
+
+    async def coroutine(x):
+        await asyncio.sleep(0)
+        return x * 2
+
+    wrapped_coroutine, _ = wrappers.wrap(coroutine, BeforeOnly(fail_handler), COROUTINE)
+    assert asyncio.run(wrapped_coroutine(5)) == 10

@@ -32,11 +32,14 @@ class EngineStepTimer(StepTimer):
         super().__init__(spec)
         self.seen = STATE.schedule_calls
 
-    def timed(self, seconds, args, kwargs, result, _state=STATE, _record=recording.record_in_step):
+    def timed(
+        self, seconds, args, kwargs, result, _state=STATE, _labels=context.STEP_LABELS, _later=recording.record_later
+    ):
         calls = _state.schedule_calls
-        if calls != self.seen:
+        if calls != self.seen:  # a step that scheduled: recorded with the scheduler hook's records
             self.seen = calls
-            _record(self.spec, seconds)
+            phase = _state.last_step_phase
+            _later(self.spec, seconds, _labels.get(phase) or context.step_labels(phase))
         else:
             recording.record(self.spec, seconds, context.step_labels(IDLE))
 
@@ -82,6 +85,10 @@ class _Pass:
 # STATE.current_pass: the _Pass in progress.
 
 
+#: The one _Pass of this process's busy loop (passes never overlap: one EngineCore thread).
+_PASS = _Pass(0.0, False)
+
+
 class ProcessInputQueue(Handler):
     """``EngineCoreProc._process_input_queue``: time spent on client requests in one pass of the busy
     loop. With work in progress the pass never blocks and all of it counts. Without (``has_work()``
@@ -94,25 +101,27 @@ class ProcessInputQueue(Handler):
     reads_args = 1  # self
     spec = M["engine_core:process_input_queue:duration"]
 
-    def before(self, args, kwargs):
-        engine = args[0]
-        has_work = getattr(engine, "has_work", None)
-        waiting = has_work is not None and not has_work()
-        current = STATE.current_pass = _Pass(perf_counter(), waiting)
-        ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, current.start)
-        return current
+    def before(self, args, kwargs, _state=STATE, _current=_PASS):
+        has_work = getattr(args[0], "has_work", None)
+        _current.waiting = waiting = has_work is not None and not has_work()
+        _current.start = start = perf_counter()
+        _current.spent = 0.0
+        _current.handled = 0
+        _state.current_pass = _current
+        ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, start)
+        return _current
 
-    def after(self, current, args, kwargs, result):
-        STATE.current_pass = None
+    def after(self, current, args, kwargs, result, _state=STATE):
+        _state.current_pass = None
         now = perf_counter()
         ENGINE_TO(_OTHER_STAGE, now)
         if current.waiting:
             if not current.handled:
                 return  # no request was handled (shut down, or a non-blocking pass found none): nothing to time
-            seconds = current.spent  # requests that gave no work, then the pass ended
-        else:
-            seconds = current.spent + now - current.start
-        recording.record(self.spec, seconds, context.step_labels(ALL))
+            # Requests that gave no work, then the pass ended (the engine was idle: recorded now).
+            recording.record(self.spec, current.spent, context.step_labels(ALL))
+        else:  # a pass of a busy loop: recorded with the scheduler hook's records
+            recording.record_later(self.spec, current.spent + now - current.start, context.step_labels(ALL))
 
     def error(self, current, args, kwargs, exc):
         STATE.current_pass = None

@@ -379,6 +379,12 @@ class ProfilerScopes:
             _decided=decided,
             _shared=_UNTIMED,
         ):
+            if _decided is not None:
+                off = _decided(name)
+                if off:  # untimed (decided before), in a scheduling step or not: vLLM's own choice;
+                    return _shared if _plain else _inner(name)  # its nullcontext is reusable: one shared instance
+            else:
+                off = False
             if _plain:
                 step = _step()
                 if step is not None:  # inside Scheduler.schedule: once per running request
@@ -389,11 +395,8 @@ class ProfilerScopes:
                             return _in_step_scope(step, name, _untimed)
                         except Exception:
                             report(_SCOPE_HANDLER, "scope")
-            if _untimed is not None:
-                off = _decided(name)
-                if off is None:
-                    off = _untimed(name)
-                if off:  # vLLM's own choice; its nullcontext is reusable: one shared instance
+            if off is None:  # a name not decided yet
+                if _untimed(name):
                     return _shared if _plain else _inner(name)
             scope = _new(_cls)  # no __init__ frame
             scope.name = name

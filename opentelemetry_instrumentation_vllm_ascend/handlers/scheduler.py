@@ -68,9 +68,11 @@ def _step_sizes(output) -> tuple:
     n = len(output.num_scheduled_tokens)
     if not n:
         return 0, None
-    cached = output.scheduled_cached_reqs
-    seqlen = sum([r.num_computed_tokens for r in output.scheduled_new_reqs])
-    return n, seqlen + sum(cached.num_computed_tokens) + output.total_num_scheduled_tokens
+    new = output.scheduled_new_reqs
+    seqlen = sum(output.scheduled_cached_reqs.num_computed_tokens) + output.total_num_scheduled_tokens
+    if new:  # (a decode step has none: no comprehension to run)
+        seqlen += sum([r.num_computed_tokens for r in new])
+    return n, seqlen
 
 
 def _queue_state(scheduler, phase: str, step_class) -> tuple:
@@ -250,7 +252,10 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     not fill ``preempted_req_ids``). A preemption already recorded (``_preempted_of``) is not counted
     again. A request preempted inline had computed its tokens but the one it last sampled (exact for a
     decoding request: its computed count was reset before it could be read)."""
-    pending = _preempted_of(scheduler)
+    try:
+        pending = scheduler.__dict__[_PREEMPTED]  # _preempted_of(scheduler), inlined: once per step
+    except (KeyError, AttributeError):
+        pending = _preempted_of(scheduler)
     found = None  # {request id: request} preempted in this call without _preempt_request
     ids = getattr(result, "preempted_req_ids", None)
     if ids:
@@ -465,6 +470,6 @@ class UpdateFromOutput(Handler):
     def after(self, state, args, kwargs, result):
         end = perf_counter()
         ENGINE_TO(budget.OUTPUT, end)
-        seconds = end - state
         phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
-        recording.record(self.spec, seconds, context.step_labels(phase or STATE.last_step_phase))
+        # Recorded with the scheduler hook's records (the step scheduled: they run soon).
+        recording.record_later(self.spec, end - state, context.step_labels(phase or STATE.last_step_phase))

@@ -2,8 +2,8 @@
 each other's), the attributes a step's phase and timestamps travel in between the EngineCore and its
 workers, and the classification of a step's work into prefill / decode / mixed.
 
-Per-process values (the last step's phase, the ``schedule()`` call count, the recomputing requests)
-are fields of ``state.STATE``.
+Per-process values (the last step's phase, the ``schedule()`` call count) are fields of ``state.STATE``;
+the requests a scheduler is recomputing are noted on the scheduler itself.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Any
 
-from ..state import STATE, UNKNOWN
+from ..state import UNKNOWN
 
 
 class Step:
@@ -54,18 +54,27 @@ READY_ATTRIBUTE = "_otel_vllm_ascend_ready"
 STEP_ATTRIBUTE = "_otel_vllm_ascend_step"
 
 
-#: Per scheduler: ids of requests preempted and not yet done recomputing (STATE.recomputing).
-_RECOMPUTING = STATE.recomputing
+#: Attribute of each scheduler (in its instance dict): ids of its requests preempted and not yet done
+#: recomputing their tokens (the only cached requests that can have outputs and still do prefill work).
+#: Filled by the preemption hooks; read with one dict lookup per step (no weak-key dictionary, whose
+#: ``get`` is a Python function that builds a weak reference per call).
+RECOMPUTING_ATTRIBUTE = "_otel_vllm_ascend_recomputing"
 
 
 def mark_recomputing(scheduler, req_id) -> None:
     try:
-        recomputing = _RECOMPUTING.get(scheduler)
-        if recomputing is None:
-            recomputing = _RECOMPUTING[scheduler] = set()
-    except TypeError:  # not weak-referenceable: classification falls back to the exact loop
+        attributes = scheduler.__dict__
+    except AttributeError:  # no instance dict: classification always takes the exact loop
         return
+    recomputing = attributes.get(RECOMPUTING_ATTRIBUTE)
+    if recomputing is None:
+        recomputing = attributes[RECOMPUTING_ATTRIBUTE] = set()
     recomputing.add(req_id)
+
+
+def recomputing_of(scheduler) -> set:
+    """The ids ``mark_recomputing`` noted for ``scheduler`` and classification has not yet forgotten."""
+    return getattr(scheduler, "__dict__", {}).get(RECOMPUTING_ATTRIBUTE) or set()
 
 
 def step_phase(scheduler, scheduler_output) -> str:
@@ -112,9 +121,9 @@ def classify_step(scheduler, scheduler_output) -> tuple:
     if not ids:
         return ("prefill", len(scheduled), total, 0, 0) if new else (UNKNOWN, 0, 0, 0, 0)
     try:
-        recomputing = _RECOMPUTING.get(scheduler)
-    except TypeError:
-        recomputing = True  # unknown: be exact
+        recomputing = scheduler.__dict__.get(RECOMPUTING_ATTRIBUTE)
+    except AttributeError:
+        recomputing = True  # unknown (no instance dict to note preemptions in): be exact
     if not recomputing and not resumed:
         outputs = cached.num_output_tokens
         zeros = outputs.count(0)

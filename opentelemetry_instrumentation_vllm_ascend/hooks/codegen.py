@@ -42,6 +42,19 @@ def {name}({params}):
     return _otel_result
 """
 
+#: A handler that only overrides ``before`` (a boundary mark: the stage budget's, the deferred records'
+#: trigger): its state would go nowhere, so ``after`` and ``error`` are not called at all.
+BEFORE_BODY = """
+{def_} {name}({params}):
+    _otel_handler = _otel_hook.handler
+    if _otel_handler is not None:
+        try:
+            _otel_handler.before({args}, {kwargs})
+        except Exception:
+            _otel_report(_otel_handler, "before")
+    return {await_}_otel_original({call})
+"""
+
 FULL_BODY = """
 {def_} {name}({params}):
     _otel_handler = _otel_hook.handler

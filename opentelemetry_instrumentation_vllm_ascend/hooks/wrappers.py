@@ -83,6 +83,13 @@ def _build(original, hook, is_async: bool):
             guard=handler.after_if,
             none_only=handler.after_only_on_none,
         )
+    if (
+        not isinstance(handler, futures.FutureAdapter)
+        and type(handler).after is Handler.after
+        and type(handler).error is Handler.error
+    ):
+        # Only ``before``: a mark at the call (the handler's class is fixed for the hook's life).
+        return codegen.generate(original, hook, codegen.BEFORE_BODY, is_async=is_async, head=inner.reads_args)
     return codegen.generate(
         original,
         hook,

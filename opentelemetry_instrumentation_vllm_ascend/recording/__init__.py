@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import catalogue, context, environment
 from ..state import STATE
 from . import control, pipeline
-from .deferred import defer, run_deferred
+from .deferred import defer, record_later, run_deferred
 
 __all__ = [
     "add",
@@ -24,6 +24,7 @@ __all__ = [
     "process_started",
     "record",
     "record_in_step",
+    "record_later",
     "record_many",
     "record_n",
     "run_deferred",
@@ -74,6 +75,7 @@ def control_changed() -> None:
     _instruments.clear()
     if not control.is_on():
         STATE.deferred.clear()  # records a hook left for later are not made while off
+        STATE.deferred_values.clear()
 
 
 def add(spec: catalogue.MetricSpec, value: int | float, labels: tuple, _get=_instruments.get) -> None:
