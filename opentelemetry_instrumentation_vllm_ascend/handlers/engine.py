@@ -85,10 +85,6 @@ class _Pass:
 # STATE.current_pass: the _Pass in progress.
 
 
-#: The one _Pass of this process's busy loop (passes never overlap: one EngineCore thread).
-_PASS = _Pass(0.0, False)
-
-
 class ProcessInputQueue(Handler):
     """``EngineCoreProc._process_input_queue``: time spent on client requests in one pass of the busy
     loop. With work in progress the pass never blocks and all of it counts. Without (``has_work()``
@@ -101,7 +97,12 @@ class ProcessInputQueue(Handler):
     reads_args = 1  # self
     spec = M["engine_core:process_input_queue:duration"]
 
-    def before(self, args, kwargs, _state=STATE, _current=_PASS):
+    def __init__(self) -> None:
+        #: The one _Pass this hook's busy loop reuses (passes never overlap: one EngineCore thread).
+        self.reused = _Pass(0.0, False)
+
+    def before(self, args, kwargs, _state=STATE):
+        _current = self.reused
         has_work = getattr(args[0], "has_work", None)
         _current.waiting = waiting = has_work is not None and not has_work()
         _current.start = start = perf_counter()
