@@ -252,10 +252,7 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     not fill ``preempted_req_ids``). A preemption already recorded (``_preempted_of``) is not counted
     again. A request preempted inline had computed its tokens but the one it last sampled (exact for a
     decoding request: its computed count was reset before it could be read)."""
-    try:
-        pending = scheduler.__dict__[_PREEMPTED]  # _preempted_of(scheduler), inlined: once per step
-    except (KeyError, AttributeError):
-        pending = _preempted_of(scheduler)
+    pending = _preempted_of(scheduler)
     found = None  # {request id: request} preempted in this call without _preempt_request
     ids = getattr(result, "preempted_req_ids", None)
     if ids:
