@@ -3,6 +3,7 @@ e2e benchmark's load, each of its processes sampled with py-spy while it holds t
 
     tox -e bench-profile        (or: python benchmarks/e2e_profile.py --seconds 60; needs py-spy and
                                  permission to read the server's memory: root, or ptrace allowed)
+    tox -e bench-profile -- --preset short      (the API-bound load: many short requests)
 
 Throughput ratios (``e2e_overhead.py``) say how much slower the instrumented server is, but not
 where: on a 2-core machine the API server, the EngineCore and the worker share the cores, so CPU
@@ -30,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from e2e_overhead import descendants, one_round, pin, process_kind, start  # noqa: E402
+from e2e_overhead import PRESETS, descendants, one_round, pin, process_kind, start  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import total  # noqa: E402
@@ -75,8 +76,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=int, default=60, help="sampling window")
     parser.add_argument("--rate", type=int, default=197, help="py-spy samples per second")
-    parser.add_argument("--requests", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument(
+        "--preset",
+        choices=("tiny", "short"),
+        default="tiny",
+        help="e2e_overhead's load on the tiny model: tiny (batches), short (many short requests)",
+    )
+    parser.add_argument("--requests", type=int, help="per round (default: the preset's)")
+    parser.add_argument("--max-tokens", type=int, help="per request (default: the preset's)")
+    parser.add_argument("--concurrency", type=int, default=32, help="short load: requests in flight")
     parser.add_argument("--top", type=int, default=8, help="hooks listed per process")
     parser.add_argument(
         "--py-spy", default=shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
@@ -88,8 +96,11 @@ def main(argv=None) -> int:
         return 2
     tiny_model.build(args.model_dir)
     log_dir = tempfile.mkdtemp(prefix="otel_vllm_e2e_profile_")
-    # The tiny preset's server and load (e2e_overhead.PRESETS), instrumented with the default set.
-    args.load, args.max_num_seqs, args.disabled_metrics, args.disabled_scopes = "batch", 64, "", ""
+    # The preset's server and load (e2e_overhead.PRESETS), instrumented with the default set.
+    preset = PRESETS[args.preset]
+    args.load, args.max_num_seqs, args.disabled_metrics, args.disabled_scopes = preset["load"], 64, "", ""
+    args.requests = args.requests or preset["requests"]
+    args.max_tokens = args.max_tokens or preset["max_tokens"]
     args.bind = True  # as e2e_overhead binds its servers (see its bind())
     server = start(args.model_dir, "on", log_dir, 0, args)
     if server.api_cores:
@@ -159,9 +170,12 @@ def main(argv=None) -> int:
     steps = total(after, "vllm:iteration_tokens_total_count") - total(before, "vllm:iteration_tokens_total_count")
     tokens = total(after, "vllm:generation_tokens_total") - total(before, "vllm:generation_tokens_total")
     print(f"\n### Where the instrumented server's time goes (py-spy --gil, {args.rate} Hz, {args.seconds} s)\n")
+    requests = total(after, "vllm:request_success_total") - total(before, "vllm:request_success_total")
     print(
-        f"Load: rounds of {args.requests} x {args.max_tokens} tokens; in the window {steps:.0f} engine steps, "
-        f"{tokens:.0f} generated tokens ({tokens / max(steps, 1):.1f} per step).\n"
+        f"Load ({args.preset}): rounds of {args.requests} x {args.max_tokens} tokens"
+        + (f", {args.concurrency} requests in flight" if args.load == "short" else "")
+        + f"; in the window {steps:.0f} engine steps, {tokens:.0f} generated tokens "
+        f"({tokens / max(steps, 1):.1f} per step), {requests:.0f} requests.\n"
     )
     print(
         "Our share is the steadier figure: the absolute column assumes py-spy took every sample it was asked "
@@ -169,14 +183,18 @@ def main(argv=None) -> int:
         "samplers and the server on two cores; the cause is not pinned down), so read it as an order of "
         "magnitude. Shares vary too (a few dozen samples of ours per process): compare runs, not single rows.\n"
     )
-    print("| process | GIL samples | of them in our code | our share | our CPU per engine step, µs |")
-    print("|---|---:|---:|---:|---:|")
+    print("| process | GIL samples | of them in our code | our share | our CPU per engine step, µs | per request, µs |")
+    print("|---|---:|---:|---:|---:|---:|")
     results = []
     for kind, _pid, out, _ in spies:
         samples, mine, hooks = attribute(out)
         results.append((kind, samples, mine, hooks))
         per_step = mine / args.rate / max(steps, 1) * 1e6
-        print(f"| {kind} | {samples} | {mine} | {mine / max(samples, 1) * 100:.2f} % | {per_step:.1f} |")
+        per_request = mine / args.rate / max(requests, 1) * 1e6
+        print(
+            f"| {kind} | {samples} | {mine} | {mine / max(samples, 1) * 100:.2f} % | {per_step:.1f} "
+            f"| {per_request:.1f} |"
+        )
     for kind, samples, _mine, hooks in results:
         print(f"\n{kind}: our samples by hook (share of the process's GIL samples)\n")
         print("| hook | samples | share |")
