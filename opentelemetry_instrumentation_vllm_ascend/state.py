@@ -17,7 +17,7 @@ tests' autouse fixture calls it before every test. What it does not reset:
   ``reset(registrations=True)`` drops them too (tests that count registrations);
 - the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
   server's control file for the process's lifetime: ``recording.control.teardown`` resets it;
-- the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``): ``recording.pipeline.reset()``
+- the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``, ``collect_lock``): ``recording.pipeline.reset()``
   closes it (its final export), and the fork handler abandons a parent's (its readers are not ours);
 - the flush listener (``flush_listener``, ``flush_env``), which follows ``instrument()`` /
   ``uninstrument()`` (``recording.shutdown.setup`` / ``teardown``); the fork handler starts a child's own;
@@ -91,6 +91,7 @@ class State:
         "pipeline",
         "extra_readers",
         "pipeline_lock",
+        "collect_lock",
         # -- the flush listener (recording.shutdown: setup / teardown; kept by reset()) --
         "flush_listener",
         "flush_env",
@@ -191,6 +192,9 @@ class State:
         self.extra_readers: tuple = ()
         #: Held while the pipeline is built or replaced (a new one in a forked child).
         self.pipeline_lock = threading.Lock()
+        #: Held through the pre-collection step (recording.pipeline): each reader collects in its own thread,
+        #: and two stage clock flushes at once would both add what the clock gained since its last one.
+        self.collect_lock = threading.RLock()
         #: (pid, socket, thread) of this process's shutdown-flush listener (recording.shutdown), None:
         #: not listening.
         self.flush_listener: tuple | None = None

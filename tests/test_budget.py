@@ -375,3 +375,42 @@ def test_a_disabled_worker_budget_costs_no_boundary(monkeypatch):
     monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "worker:stage_*")
     assert budget.boundary(budget.WORKER) is budget.off
     assert budget.boundary(budget.ENGINE) == budget.ENGINE.to
+
+
+def test_two_readers_collecting_at_once_count_a_stage_once(metrics, monkeypatch):
+    """Each reader collects in its own thread (the files every few seconds, OTLP on its own interval): when
+    their pre-collection steps overlap, the seconds a stage gained since the last flush still go in once."""
+    import itertools
+    import threading
+
+    from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+
+    readings = itertools.chain([10.0], itertools.repeat(13.0))  # the start, then every flush's reading
+    monkeypatch.setattr(budget, "perf_counter", lambda: next(readings))
+    clock = budget.ENGINE
+    clock.to(budget.IDLE, budget.perf_counter())
+    both_read = threading.Barrier(2, timeout=0.5)
+    waited = set()
+
+    class Reported(list):
+        """The clock's reported seconds: each thread's first read of them waits for the other's (as a
+        thread switch right after it would)."""
+
+        def __getitem__(self, index):
+            value = super().__getitem__(index)
+            if threading.get_ident() not in waited:
+                waited.add(threading.get_ident())
+                try:
+                    both_read.wait()
+                except threading.BrokenBarrierError:  # the other thread could not get there: a lock held it
+                    pass
+            return value
+
+    clock.reported = Reported(clock.reported)
+    threads = [threading.Thread(target=pipeline._before_collect) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(5)
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[STAGE].items()}
+    assert got == {"idle": 3.0}

@@ -34,6 +34,13 @@ REQUESTS, MAX_TOKENS = 16, 150
 WARM_UP_TOKENS = 16
 TOTAL_TOKENS = WARM_UP_TOKENS + REQUESTS * MAX_TOKENS
 RPC = dashboards.spec("rpc_errors").prometheus_name
+#: When the stack's load ended (unix time): the alerts are judged at a fixed time after it, not whenever
+#: their test runs (their 5-minute windows would let them resolve on a slow machine).
+TIMES: dict = {}
+#: The first time to judge them at: past the storm alert's `for: 1m` (from its first evaluation over the load's
+#: preemptions, seconds after the load); a scrape that fails meanwhile restarts its pending time, so the next
+#: times, 5 s apart, until well inside the 5-minute windows of both alerts.
+ALERTS_AT, ALERTS_LAST = 75, 240
 #: What a dashboard's $__rate_interval becomes here: wide enough to hold the whole load.
 RANGE = "5m"
 
@@ -74,15 +81,32 @@ def stack(tmp_path_factory):
             server.batch([tiny_model.prompt(i) for i in range(REQUESTS)], MAX_TOKENS)
             # A worker RPC that fails (a method workers do not have); vLLM serves on.
             server.post("/collective_rpc", {"method": "no_such_worker_method"})
+            TIMES["failed_rpc"] = time.time()
             # Our exports lag by an interval (1 s here), the scrape by another: wait until Prometheus holds the
             # whole load, judged by vLLM's own counter.
             assert wait_for(lambda: prom.query(f"sum(vllm:generation_tokens_total) >= {TOTAL_TOKENS}"), 30), (
                 "vLLM's generation_tokens_total never reached the load's tokens in Prometheus"
             )
-            time.sleep(3)
+            # …and until our series caught up with vLLM's (the EngineCore's export lags the API server's).
+            assert wait_for(lambda: caught_up(prom) or None, 30), "our series never caught up with vLLM's"
             yield server, prom
         finally:
             prom.stop()
+
+
+def caught_up(prom) -> bool:
+    """Prometheus holds our counts of the whole load: generated tokens, first tokens, preemptions (each against
+    vLLM's own, which test_values_agree_with_vllm compares exactly)."""
+    pairs = (
+        ("vllm_profiling_output_sum", "vllm:generation_tokens_total"),
+        ("vllm_profiling_fine_grained_ttft_count", "vllm:time_to_first_token_seconds_count"),
+        ("vllm_profiling_running_to_waiting_count_total", "vllm:num_preemptions_total"),
+    )
+    for ours, theirs in pairs:
+        a, b = prom.query(last(ours)), prom.query(last(theirs))
+        if len(a) != 1 or len(b) != 1 or float(a[0]["value"][1]) < float(b[0]["value"][1]):
+            return False
+    return True
 
 
 def last(name: str) -> str:
@@ -178,15 +202,20 @@ def test_summary_of_the_live_server(stack):
 
 def test_preemption_and_rpc_alerts_fire(stack):
     server, prom = stack
-    firing = wait_for(lambda: prom.query('ALERTS{alertname="VLLMAscendPreemptionStorm", alertstate="firing"}'), 120)
-    assert firing, prom.query('ALERTS{alertname="VLLMAscendPreemptionStorm"}')
+    storm = 'ALERTS{alertname="VLLMAscendPreemptionStorm", alertstate="firing"}'
+    for at in range(int(TIMES["failed_rpc"]) + ALERTS_AT, int(TIMES["failed_rpc"]) + ALERTS_LAST, 5):
+        time.sleep(max(0.0, at + 2 - time.time()))  # that evaluation is stored
+        if prom.query(storm, at=at):
+            break
+    firing = prom.query(storm, at=at)
+    assert firing, prom.query('ALERTS{alertname="VLLMAscendPreemptionStorm"}', at=at)
     assert firing[0]["metric"]["severity"] == "warning"
     assert firing[0]["metric"]["job"] == "vllm" and firing[0]["metric"]["dp"] == "0"
     # The failed RPC: critical at once, with the exception type /metrics shows.
-    rpc = wait_for(lambda: prom.query('ALERTS{alertname="VLLMAscendWorkerRPCError", alertstate="firing"}'), 30)
-    assert rpc and rpc[0]["metric"]["severity"] == "critical", prom.query("ALERTS")
+    rpc = prom.query('ALERTS{alertname="VLLMAscendWorkerRPCError", alertstate="firing"}', at=at)
+    assert rpc and rpc[0]["metric"]["severity"] == "critical", prom.query("ALERTS", at=at)
     types = {labels["exception_type"] for n, labels, v in samples(server.scrape()) if n == RPC and v > 0}
     assert {a["metric"]["exception_type"] for a in rpc} == types and len(types) == 1, (rpc, types)
     # The instrumentation is there: its absence alert stays silent, and nothing else fired.
-    active = {a["metric"]["alertname"] for a in prom.query('ALERTS{alertstate="firing"}')}
+    active = {a["metric"]["alertname"] for a in prom.query('ALERTS{alertstate="firing"}', at=at)}
     assert active == {"VLLMAscendPreemptionStorm", "VLLMAscendWorkerRPCError"}, active

@@ -88,6 +88,10 @@ def test_clean_stop_exports_everything_the_engine_core_and_worker_recorded(model
         env = {
             **receiver.env(600_000),
             "PROMETHEUS_MULTIPROC_DIR": str(directory),
+            # The first export of each process builds its exporter's session: on a loaded 2-core machine
+            # that may outlast the default 1 s the API server waits; this test is about what is lost
+            # when nothing runs out of time.
+            "OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS": "30000",
         }
         server = Server(model, env=env, log_path=log)
         server.start()
@@ -106,6 +110,7 @@ def test_clean_stop_exports_everything_the_engine_core_and_worker_recorded(model
         server_log = f.read()
     assert "force killing remaining process EngineCore" in server_log, "vLLM did not kill its EngineCore"
     assert rc == 0, server_log[-3000:]
+    assert "did not finish exporting" not in server_log
     assert "engine_core" not in pushed_before and "worker" not in pushed_before  # 10-minute intervals
 
     registry = CollectorRegistry()
@@ -178,6 +183,15 @@ def test_kill_9_of_each_process_kind_then_a_restart_on_the_same_directory(model,
                 pass
 
 
+def wait_files(directory, pid, timeout=30.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not any(n.startswith("histogram_") and n.endswith(f"otel-{pid}.db") for n in os.listdir(directory)):
+        assert time.monotonic() < deadline, f"no files of {pid}"
+        time.sleep(0.1)
+
+
 def kill_one(model, tmp_path, directory, kind: str, orphans: list) -> list:
     """A server run on ``directory`` whose ``kind`` process is SIGKILLed once every process has exported (a
     short request, then a periodic export): returns the pids the API server's kill leaves running."""
@@ -191,7 +205,7 @@ def kill_one(model, tmp_path, directory, kind: str, orphans: list) -> list:
         try:
             server.complete(tiny_model.prompt(0), max_tokens=8)
             pids = wait_roles(receiver, ("api_server", "engine_core", "worker"))
-            time.sleep(1.5)  # a periodic export: the files of the process to kill are there
+            wait_files(directory, pids[kind])  # a periodic export: the files of the process to kill are there
             if kind == "api_server":
                 left = [pids["engine_core"], pids["worker"]]
             os.kill(pids[kind], signal.SIGKILL)
@@ -224,9 +238,15 @@ def run_kill_9_sequence(model, tmp_path, directory, orphans):
         with Server(model, env=env, log_path=str(tmp_path / "server-last.log")) as server:
             server.batch([tiny_model.prompt(j) for j in range(16)], max_tokens=150)
             pids = wait_roles(receiver, ("api_server", "engine_core", "worker"))
-            time.sleep(1.5)
-            preemptions = receiver.counter_totals(R2W, by="process.pid").get(pids["engine_core"], 0)
-            text = server.scrape()
+            # Until the EngineCore's export of the whole load reached both the receiver and its files (both lag
+            # by an interval); a /metrics that also counted an earlier run's never equals it.
+            deadline = time.monotonic() + 30
+            while True:
+                preemptions = receiver.counter_totals(R2W, by="process.pid").get(pids["engine_core"], 0)
+                text = server.scrape()
+                if (preemptions > 0 and total(text, R2W + "_total") == preemptions) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
     from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import samples
 
     alive = [pid for pid in orphan_pids if os.path.exists(f"/proc/{pid}")]

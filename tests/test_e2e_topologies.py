@@ -170,10 +170,12 @@ def settle_requests(receiver, sent, timeout=30.0) -> dict:
 
 def settle_dp(server, receiver, timeout=60.0):
     """Scrape until our per-engine preemptions equal vLLM's, our generated tokens equal vLLM's on /metrics
-    and over OTLP, the workers' OTLP step counts equal /metrics', and that holds on two scrapes in a row (or the timeout passes: the tests then say what
-    differs)."""
+    and over OTLP, the workers' OTLP step counts equal /metrics', each engine's scheduler stats updates equal
+    its steps, and nothing of that moved over three scrapes a second apart (more than two export intervals);
+    or the timeout passes: the tests then say what differs."""
     deadline = time.monotonic() + timeout
     previous = None
+    unchanged = 0
     while True:
         text = server.scrape()
         generated = value(text, "vllm:generation_tokens_total")
@@ -185,9 +187,19 @@ def settle_dp(server, receiver, timeout=60.0):
             sum(api_server_sums(receiver, "output").values()),
             value(text, P + "executor:model_runner_execute_model:duration_count"),
             sum(receiver.histogram_counts(P + "executor:model_runner_execute_model:duration").values()),
+            tuple(value(text, P + "scheduler:duration_count", dp=d) for d in ("0", "1")),
+            tuple(value(text, P + "batch_size_count", engine=d) for d in ("0", "1")),
+            tuple(value(text, P + "executor:execute_model:duration_count", dp=d) for d in ("0", "1")),
         )
-        done = state[0] == state[1] and generated > 0 and state[2] == generated == state[4] and state[5] == state[6]
-        if (done and state == previous) or time.monotonic() > deadline:
+        done = (
+            state[0] == state[1]
+            and generated > 0
+            and state[2] == generated == state[4]
+            and state[5] == state[6]
+            and state[7] == state[8]
+        )
+        unchanged = unchanged + 1 if state == previous else 0
+        if (done and unchanged >= 2) or time.monotonic() > deadline:
             return text
         previous = state
         time.sleep(1.0)

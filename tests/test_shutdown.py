@@ -82,6 +82,27 @@ def test_a_process_about_to_be_killed_exports_when_asked(tmp_path, monkeypatch):
     assert counter_values(counter) == {"vllm_profiling_running_to_waiting_count_total": 7.0}
 
 
+def test_the_exit_time_cleanup_also_drops_the_live_gauges_of_children_killed_since(files_dir, monkeypatch):
+    """vLLM's stop SIGKILLs its children and the sweep after it waits for them only briefly: the API server's
+    own exit-time cleanup sweeps again, so a child whose kill took effect late leaves no live gauge."""
+    tree = "k" + os.urandom(8).hex()
+    monkeypatch.setenv(environment.TREE, tree)
+    proc = start_child(files_dir, tree)
+    try:
+        assert shutdown.flush_processes([proc.pid]) == {proc.pid}
+        assert os.path.exists(os.path.join(files_dir, f"gauge_livesum_otel-{proc.pid}.db"))
+    finally:
+        proc.kill()
+        proc.wait()
+    recording.process_started()  # this process's pipeline, with its files reader, and a live gauge
+    recording.flush()
+    assert os.path.exists(os.path.join(files_dir, f"gauge_livesum_otel-{os.getpid()}.db"))
+    pipeline.reset()  # this process's exit-time close
+    assert not [n for n in os.listdir(files_dir) if n.startswith("gauge_live")]
+    counter = os.path.join(files_dir, f"counter_otel-{proc.pid}.db")
+    assert counter_values(counter) == {"vllm_profiling_running_to_waiting_count_total": 7.0}  # counters stay
+
+
 def test_flush_requests_from_another_tree_or_to_uninstrumented_processes_are_not_answered(tmp_path, monkeypatch):
     proc = start_child(tmp_path, "a" + os.urandom(8).hex())
     plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])

@@ -282,7 +282,9 @@ class FilesExporter(MetricExporter):
         self._files.clear()
 
     def remove_live_gauges(self) -> None:
-        """Called at process exit: this process no longer contributes to ``live*`` gauges."""
+        """Called at process exit: this process no longer contributes to ``live*`` gauges; nor do those
+        of processes gone without their own cleanup (a child SIGKILLed after the sweep vLLM's stop
+        allowed for, ``handlers.process``: the kill takes effect asynchronously)."""
         if os.getpid() != self._pid:
             return
         for path in _files(self._dir, f"gauge_live*_{FILE_TOKEN}{self._pid}.db"):
@@ -291,6 +293,10 @@ class FilesExporter(MetricExporter):
             except OSError:
                 pass
         _forget_identity(self._dir, self._pid)
+        try:
+            remove_dead_live_gauges(self._dir)
+        except Exception:  # a sweep of others' files: never an error at exit
+            pass
 
 
 def _allocate(path: str, size: int) -> None:

@@ -300,11 +300,12 @@ def _before_collect() -> None:
     """Run at the start of every collection, in the collecting thread: the deferred records go in, then
     the stage clocks' seconds so far (handlers.budget)."""
     try:
-        run_deferred()
-        budget.flush()
-        control.exported()  # the last export's time, for `control status`
-        if not STATE.neighbours_rechecked:
-            neighbours.recheck()  # once: other instrumentations may have patched since the hooks went in
+        with STATE.collect_lock:
+            run_deferred()
+            budget.flush()
+            control.exported()  # the last export's time, for `control status`
+            if not STATE.neighbours_rechecked:
+                neighbours.recheck()  # once: other instrumentations may have patched since the hooks went in
     except Exception:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
@@ -378,6 +379,7 @@ def reset(extra_readers=()) -> None:
 def _after_fork_in_child() -> None:
     """The package's fork handler."""
     STATE.pipeline_lock = threading.Lock()  # a parent's thread may have held it at the fork
+    STATE.collect_lock = threading.RLock()
     STATE.extra_readers = ()  # a reader belongs to one provider: the parent's
     old, STATE.pipeline = STATE.pipeline, None
     if old is not None:
