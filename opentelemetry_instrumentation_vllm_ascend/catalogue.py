@@ -967,13 +967,18 @@ INSTRUMENTED_PROCESSES = BY_SEED["instrumented_processes"]
 M = BY_SEED
 
 
-def views():
-    """SDK Views: rename each instrument to its catalogue name, fix its buckets, and keep only the
-    catalogue's labels (bounded cardinality whatever a handler passes)."""
+def defined() -> tuple:
+    """Every metric this process knows now: the catalogue's and those users' hook files declared."""
+    return (*CATALOGUE, *EXTRA.values())
+
+
+def views(specs=None):
+    """SDK Views of ``specs`` (default: ``defined()``): rename each instrument to its catalogue name, fix its
+    buckets, and keep only the catalogue's labels (bounded cardinality whatever a handler passes)."""
     from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
     result = []
-    for spec in (*CATALOGUE, *EXTRA.values()):
+    for spec in defined() if specs is None else specs:
         aggregation = None
         if spec.kind == HISTOGRAM:
             aggregation = ExplicitBucketHistogramAggregation(list(spec.buckets or ()), record_min_max=True)

@@ -200,3 +200,44 @@ def test_the_fork_handler_gives_a_polling_process_s_child_its_own_control_poller
         assert STATE.control.poller[0] == os.getpid()
     finally:
         control.teardown()
+
+
+@pytest.mark.parametrize("recorder", ["fast", "sdk"])
+def test_a_metric_declared_after_the_start_is_exported_by_its_name_or_not_at_all(
+    recorder, metrics, monkeypatch, caplog
+):
+    """A hook file's metric first declared on `control reload`: the fast recorder exports it by its name like any
+    other; the SDK recorder's Views are fixed when its provider is built, so there it is absent (one log line)
+    until the next start, never exported under its instrument name."""
+    monkeypatch.setenv(environment.RECORDER, recorder)
+    pipeline.reset(extra_readers=[metrics.reader])
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))  # the pipeline is built
+    late = catalogue.MetricSpec("custom:declared_late", catalogue.HISTOGRAM, "s", "A user metric.", buckets=(0.5, 1.0))
+    monkeypatch.setitem(catalogue.EXTRA, late.seed, late)
+    recording.control_changed()  # what a reload does: instruments are looked up again
+    for _ in range(2):
+        recording.record(late, 0.25, context.step_labels("decode"))
+    points = metrics.points()
+    assert points[R2W] == {(("dp", "0"), ("phase", "decode"), ("role", "mixed")): 1}
+    if recorder == "fast":
+        [(count, total, buckets)] = points["vllm_profiling_custom:declared_late"].values()
+        assert (count, total, list(buckets)) == (2, 0.5, [2, 0, 0])
+    else:
+        assert not [name for name in points if "declared_late" in name]
+        assert [r.getMessage() for r in caplog.records if "declared_late" in r.getMessage()] == [
+            "opentelemetry-instrumentation-vllm-ascend: metric vllm_profiling_custom:declared_late was declared "
+            "after this process started and is not recorded with OTEL_VLLM_ASCEND_RECORDER=sdk (its Views are "
+            "fixed at start); restart the server, or use the default recorder"
+        ]
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        restarted = type(metrics)(InMemoryMetricReader())  # a reader belongs to one provider
+        pipeline.reset(extra_readers=[restarted.reader])  # the next start
+        recording.record(late, 0.25, context.step_labels("decode"))
+        [(key, (count, total, buckets))] = restarted.points()["vllm_profiling_custom:declared_late"].items()
+        assert (key, count, total, list(buckets)) == (
+            (("dp", "0"), ("phase", "decode"), ("role", "mixed")),
+            1,
+            0.25,
+            [1, 0, 0],
+        )

@@ -76,6 +76,26 @@ class _SdkInstrument:
             self._instrument.record(value, attributes)
 
 
+class _Absent:
+    """An instrument that records nothing (a metric this pipeline cannot export correctly)."""
+
+    __slots__ = ()
+
+    def add(self, value, labels: tuple) -> None:
+        pass
+
+    record = set = add
+
+    def record_many(self, values, labels: tuple) -> None:
+        pass
+
+    def record_n(self, value, n: int, labels: tuple) -> None:
+        pass
+
+
+_ABSENT = _Absent()
+
+
 class Pipeline:
     def __init__(self, extra_readers=(), recorder: str | None = None, disabled: bool = False) -> None:
         """``disabled``: no reader of its own (what a process records goes nowhere): the fallback when
@@ -105,11 +125,16 @@ class Pipeline:
         self.provider: MeterProvider | None = None
         self.meter: Meter | None = None  # the SDK recorder's
         self.store: Store | None = None  # the fast recorder's
+        self.viewed: set[str] = set()
+        self._absent_warned: set[str] = set()
         if self.recorder == "sdk":
             from opentelemetry.sdk.metrics import MeterProvider
 
+            specs = catalogue.defined()
+            # The metrics this provider has Views for: an SDK provider's Views are fixed when it is built.
+            self.viewed = {spec.exposed_name for spec in specs}
             self.provider = MeterProvider(
-                metric_readers=readers, resource=resource, views=catalogue.views(), shutdown_on_exit=False
+                metric_readers=readers, resource=resource, views=catalogue.views(specs), shutdown_on_exit=False
             )
             meter = self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
 
@@ -191,6 +216,19 @@ class Pipeline:
             return self.store.instrument(spec)
         meter = self.meter
         assert meter is not None  # no store: the SDK recorder
+        if spec.exposed_name not in self.viewed:
+            # Declared after this provider was built (a hook file's metric new on `control reload`): without its
+            # View it would go out under its instrument name, unfiltered. Absent instead, until the next start.
+            if spec.exposed_name in self._absent_warned:
+                return _ABSENT
+            self._absent_warned.add(spec.exposed_name)
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: metric %s was declared after this process started and "
+                "is not recorded with OTEL_VLLM_ASCEND_RECORDER=sdk (its Views are fixed at start); restart the "
+                "server, or use the default recorder",
+                spec.exposed_name,
+            )
+            return _ABSENT
         if spec.kind == catalogue.COUNTER:
             inst = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
         elif spec.kind == catalogue.HISTOGRAM:
