@@ -132,6 +132,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
         if installer is not None:
             installer.uninstall()
+        from .hooks.patches import restore_stand_ins
+
+        restore_stand_ins()  # objects of vLLM's that hooks replaced on their instances
         exposition, VllmAscendInstrumentor._exposition = VllmAscendInstrumentor._exposition, None
         if exposition is not None:
             exposition.teardown()

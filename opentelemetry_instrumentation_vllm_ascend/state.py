@@ -87,6 +87,7 @@ class State:
         "utilization_observed",
         "extra_metrics",
         "neighbour_patches",
+        "stand_ins",
         # -- the pipeline (recording.pipeline: reset() there closes it; kept by reset()) --
         "pipeline",
         "extra_readers",
@@ -206,6 +207,9 @@ class State:
         self.completes_later: set = set()
         #: The installer's list of patches, for the neighbours re-check (neighbours.check stores it).
         self.neighbour_patches: list | None = None
+        #: Objects of vLLM's that hooks replaced on the instance holding them (hooks.patches.stand_in): what
+        #: ``uninstrument()`` puts back.
+        self.stand_ins: list = []
         #: The runtime control's state in this process (recording.control).
         self.control = ControlState()
 
@@ -320,3 +324,4 @@ def reset(*, registrations: bool = False) -> None:
         s.utilization_observed = False
         s.extra_metrics.clear()
         s.neighbour_patches = None
+        s.stand_ins.clear()

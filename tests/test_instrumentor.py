@@ -309,3 +309,23 @@ def test_unrecognised_prometheus_value_is_one_warning_and_keeps_the_default(monk
     assert len([r for r in caplog.records if "OTEL_VLLM_ASCEND_PROMETHEUS='bogus'" in r.getMessage()]) == 1
     monkeypatch.setenv(environment.PROMETHEUS, "off")
     assert environment.prometheus_enabled() is False
+
+
+def test_uninstrument_puts_back_what_hooks_replaced_on_vllms_objects(clean_env):
+    """Besides the patched functions: objects a hook replaced on an instance (the metered KV offloading worker,
+    the metered Mooncake engines: ``hooks.patches.stand_in``)."""
+    from types import SimpleNamespace
+
+    from opentelemetry_instrumentation_vllm_ascend.hooks import patches
+
+    patches.restore_stand_ins()  # earlier tests' stand-ins
+    inst = VllmAscendInstrumentor()
+    inst.instrument()
+    original, replaced_later = object(), object()
+    holder, other = SimpleNamespace(worker=original), SimpleNamespace(engine=original)
+    metered = patches.stand_in(holder, "worker", object())
+    patches.stand_in(other, "engine", object())
+    other.engine = replaced_later  # vLLM set its own since: that one stays
+    assert holder.worker is metered
+    inst.uninstrument()
+    assert holder.worker is original and other.engine is replaced_later

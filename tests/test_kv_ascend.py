@@ -107,3 +107,17 @@ def test_memcache_backend_rows_read_its_own_parameter_names(metrics):
     backend.get(["a", "b"], [[1], [2]], [[4096], [100]])
     assert metrics.value(P + "kv_transfer:bytes", **labels("AscendStoreConnector", "d2h")) == 4096
     assert metrics.value(P + "kv_transfer:bytes", **labels("AscendStoreConnector", "h2d")) == 4196
+
+
+def test_uninstrument_gives_each_transfer_thread_its_engine_back(metrics):
+    """``uninstrument()`` runs ``restore_stand_ins()``."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks.patches import restore_stand_ins
+
+    restore_stand_ins()  # earlier tests' stand-ins
+    Hybrid = hooked(KVCacheRecvingThread, _P2P + "mooncake_hybrid_connector", ("__init__",))
+    engine = TransferEngine()
+    thread = Hybrid(0, 1, 1, engine)
+    assert isinstance(thread.engine, kv_transfer._MeteredEngine)
+    assert restore_stand_ins() == 1
+    assert thread.engine is engine
+    assert restore_stand_ins() == 0

@@ -319,3 +319,20 @@ def test_vllm_0_23_results_survive_none_and_unknown_jobs(metrics):
     assert metrics.value(P + "kv_transfer:bytes", **labels("unknown", "d2h")) == 8  # a job never submitted here
     assert metrics.value(P + "kv_transfer:count", **labels("unknown", "d2h")) == 1
     assert P + "kv_transfer:duration" not in metrics.points()  # no transfer_time: no duration
+
+
+def test_uninstrument_gives_the_connector_worker_its_own_offloading_worker_back(metrics, offloading):
+    """The metered stand-in replaces the connector worker's ``worker`` at the first step; the instrumentation's
+    removal puts vLLM's object back (it would otherwise go on timing every submission)."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks.patches import restore_stand_ins
+
+    restore_stand_ins()  # earlier tests' stand-ins
+    w = _connector_worker(offloading)
+    STATE.last_step_phase = "decode"
+    w.start_kv_transfers(_metadata(offloading))
+    assert type(w.worker) is kv_transfer._MeteredOffloadingWorker and w.worker._worker is w.stand_in
+    w.start_kv_transfers(_metadata(offloading))  # one stand-in, however many steps
+    assert w.worker._worker is w.stand_in
+    assert restore_stand_ins() == 1
+    assert w.worker is w.stand_in
+    assert restore_stand_ins() == 0

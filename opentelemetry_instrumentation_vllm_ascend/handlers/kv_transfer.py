@@ -16,6 +16,7 @@ from time import perf_counter
 from .. import context, recording
 from ..catalogue import M
 from ..hooks.handler import Handler, RowParams, report
+from ..hooks.patches import stand_in
 from ..state import STATE, UNKNOWN
 
 _BYTES = M["kv_transfer:bytes"]
@@ -233,7 +234,7 @@ def _metered(connector_worker) -> _MeteredOffloadingWorker | None:
     if worker is None:
         return None
     if type(worker) is not _MeteredOffloadingWorker:
-        worker = connector_worker.worker = _MeteredOffloadingWorker(worker, connector_worker)
+        worker = stand_in(connector_worker, "worker", _MeteredOffloadingWorker(worker, connector_worker))
     spent = worker.spent
     spent[0] = spent[1] = 0.0
     spent[2] = spent[3] = 0
@@ -491,7 +492,7 @@ class AscendMooncakeThreadInit(Handler):
         thread = args[0]
         engine = getattr(thread, "engine", None)
         if engine is not None and not isinstance(engine, _MeteredEngine):
-            thread.engine = _MeteredEngine(engine, self.connector)
+            stand_in(thread, "engine", _MeteredEngine(engine, self.connector))
 
 
 class AscendMooncakeLayerwiseThreadInit(AscendMooncakeThreadInit):

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
 
 from ..state import STATE
 from . import codegen, futures
@@ -37,6 +40,46 @@ class Patch:
             # Someone wrapped over us (vllm-ascend assigns its own wrappers onto classes): removing
             # ours would drop theirs, so ours turns into a plain call-through instead.
             self.hook.handler = None
+
+
+def stand_in(holder, attribute: str, replacement):
+    """Set ``holder.attribute`` (an object vLLM built and keeps there) to ``replacement``, which stands in for it
+    (and calls it); ``restore_stand_ins()`` — at ``uninstrument()`` — puts the object back. Returns
+    ``replacement``."""
+    original = getattr(holder, attribute)
+    setattr(holder, attribute, replacement)
+    ref: Callable[[], Any]
+    try:
+        ref = weakref.ref(holder)
+    except TypeError:  # no weak references to it: hold it
+        ref = _Strong(holder)
+    STATE.stand_ins.append((ref, attribute, original, replacement))
+    return replacement
+
+
+class _Strong:
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __call__(self):
+        return self.obj
+
+
+def restore_stand_ins() -> int:
+    """Put back every object a stand-in replaced, where the stand-in is still there; returns how many."""
+    restored = 0
+    stand_ins, STATE.stand_ins = STATE.stand_ins, []
+    for ref, attribute, original, replacement in reversed(stand_ins):
+        holder = ref()
+        if holder is not None and getattr(holder, attribute, None) is replacement:
+            try:
+                setattr(holder, attribute, original)
+                restored += 1
+            except Exception:  # never break the host
+                pass
+    return restored
 
 
 def original_class(module, qualname: str):
