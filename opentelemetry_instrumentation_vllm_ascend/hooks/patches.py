@@ -6,8 +6,6 @@ from __future__ import annotations
 import functools
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
 
 from ..state import STATE
 from . import codegen, futures
@@ -48,31 +46,20 @@ def stand_in(holder, attribute: str, replacement):
     ``replacement``."""
     original = getattr(holder, attribute)
     setattr(holder, attribute, replacement)
-    ref: Callable[[], Any]
     try:
-        ref = weakref.ref(holder)
+        held = weakref.ref(holder)
     except TypeError:  # no weak references to it: hold it
-        ref = _Strong(holder)
-    STATE.stand_ins.append((ref, attribute, original, replacement))
+        held = holder
+    STATE.stand_ins.append((held, attribute, original, replacement))
     return replacement
-
-
-class _Strong:
-    __slots__ = ("obj",)
-
-    def __init__(self, obj) -> None:
-        self.obj = obj
-
-    def __call__(self):
-        return self.obj
 
 
 def restore_stand_ins() -> int:
     """Put back every object a stand-in replaced, where the stand-in is still there; returns how many."""
     restored = 0
     stand_ins, STATE.stand_ins = STATE.stand_ins, []
-    for ref, attribute, original, replacement in reversed(stand_ins):
-        holder = ref()
+    for held, attribute, original, replacement in reversed(stand_ins):
+        holder = held() if isinstance(held, weakref.ref) else held
         if holder is not None and getattr(holder, attribute, None) is replacement:
             try:
                 setattr(holder, attribute, original)

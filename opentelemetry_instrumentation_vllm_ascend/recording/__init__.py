@@ -43,7 +43,8 @@ def generation() -> int:
 
 
 class _Disabled:
-    """A metric switched off by configuration: every call is a no-op."""
+    """A metric switched off by configuration, or one the pipeline cannot export (``Pipeline.instrument``
+    gave None): every call is a no-op."""
 
     __slots__ = ()
 
@@ -64,7 +65,7 @@ def _instrument(spec: catalogue.MetricSpec):
         else:
             real = _real.get(spec.seed)
             if real is None:
-                real = _real[spec.seed] = pipeline.get().instrument(spec)
+                real = _real[spec.seed] = pipeline.get().instrument(spec) or _Disabled()
             instrument = _instruments[spec.seed] = real
     return instrument
 

@@ -76,26 +76,6 @@ class _SdkInstrument:
             self._instrument.record(value, attributes)
 
 
-class _Absent:
-    """An instrument that records nothing (a metric this pipeline cannot export correctly)."""
-
-    __slots__ = ()
-
-    def add(self, value, labels: tuple) -> None:
-        pass
-
-    record = set = add
-
-    def record_many(self, values, labels: tuple) -> None:
-        pass
-
-    def record_n(self, value, n: int, labels: tuple) -> None:
-        pass
-
-
-_ABSENT = _Absent()
-
-
 class Pipeline:
     def __init__(self, extra_readers=(), recorder: str | None = None, disabled: bool = False) -> None:
         """``disabled``: no reader of its own (what a process records goes nowhere): the fallback when
@@ -126,7 +106,6 @@ class Pipeline:
         self.meter: Meter | None = None  # the SDK recorder's
         self.store: Store | None = None  # the fast recorder's
         self.viewed: set[str] = set()
-        self._absent_warned: set[str] = set()
         if self.recorder == "sdk":
             from opentelemetry.sdk.metrics import MeterProvider
 
@@ -211,24 +190,23 @@ class Pipeline:
             readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=push_interval))
 
     def instrument(self, spec: catalogue.MetricSpec):
-        """An instrument with the recording layer's interface: add/record/set(value, label tuple)."""
+        """An instrument with the recording layer's interface: add/record/set(value, label tuple); None for a
+        metric this pipeline cannot export as the catalogue defines it."""
         if self.store is not None:
             return self.store.instrument(spec)
         meter = self.meter
         assert meter is not None  # no store: the SDK recorder
         if spec.exposed_name not in self.viewed:
             # Declared after this provider was built (a hook file's metric new on `control reload`): without its
-            # View it would go out under its instrument name, unfiltered. Absent instead, until the next start.
-            if spec.exposed_name in self._absent_warned:
-                return _ABSENT
-            self._absent_warned.add(spec.exposed_name)
+            # View it would go out under its instrument name, unfiltered. Absent instead, until the next start (the
+            # recording layer asks once per metric and pipeline).
             logger.warning(
                 "opentelemetry-instrumentation-vllm-ascend: metric %s was declared after this process started and "
                 "is not recorded with OTEL_VLLM_ASCEND_RECORDER=sdk (its Views are fixed at start); restart the "
                 "server, or use the default recorder",
                 spec.exposed_name,
             )
-            return _ABSENT
+            return None
         if spec.kind == catalogue.COUNTER:
             inst = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
         elif spec.kind == catalogue.HISTOGRAM:
