@@ -191,19 +191,18 @@ def test_signals_are_left_to_vllm():
 
 
 def test_teardown_stops_the_listener_thread():
+    """teardown() returns once the listener thread has ended (uninstrument() then instrument() at once
+    left two threads running for a moment: CI saw it on a loaded machine)."""
     import threading
 
     def listeners():
         return [t for t in threading.enumerate() if t.name == "otel-vllm-ascend-flush"]
 
-    for _ in range(3):
+    for _ in range(20):
         shutdown.setup()
         assert len(listeners()) == 1
         shutdown.teardown()
-        deadline = time.monotonic() + 2
-        while listeners() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert listeners() == []
+        assert listeners() == []  # gone when teardown returns: a setup() right after starts the only one
 
 
 def _forked_listener(conn):

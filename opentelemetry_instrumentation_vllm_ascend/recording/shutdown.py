@@ -58,6 +58,9 @@ def teardown() -> None:
     listener, STATE.flush_listener = STATE.flush_listener, None
     if listener is not None:
         _stop(listener[1])
+        thread = listener[2]
+        if listener[0] == os.getpid() and thread is not threading.current_thread():
+            thread.join(1.0)  # gone when teardown returns, so a setup() after it starts the only one
     for name in STATE.flush_env:
         os.environ.pop(name, None)
     STATE.flush_env.clear()
