@@ -284,7 +284,8 @@ def test_uniproc_batch_queue_records_execute_model_and_no_sample_time(instrument
         count, total, _ = histogram(metrics, EXEC, phase)
         assert count == STEPS // 2
         assert total == pytest.approx(truth[phase][0], abs=TOLERANCE), (phase, total, truth[phase][0])
-        assert truth[phase][0] == pytest.approx(STEPS // 2 * EXECUTE, abs=0.01)  # the runner's time
+        # the runner's time: its sleeps, not the tokens' wait after them (sleeps never return early)
+        assert STEPS // 2 * EXECUTE <= truth[phase][0] < STEPS // 2 * (EXECUTE + TOKENS)
     assert SAMPLE not in metrics.points()
 
 

@@ -197,7 +197,7 @@ def test_process_input_queue_excludes_idle_waits_after_requests_that_gave_no_wor
     assert idle.handled == ["UTILITY", "ADD"] and elapsed >= 0.55
     count, seconds, _ = metrics.value(name("engine_core:process_input_queue:duration"), **ALL_LABELS)
     assert count == 1
-    assert seconds < 0.05  # handling two requests, not the 0.5 s wait
+    assert seconds < 0.25  # handling two requests, not the 0.5 s wait (a margin for a loaded machine)
 
 
 def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
