@@ -26,6 +26,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from source_archives import incumbent_hook_files  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
@@ -259,15 +260,6 @@ CHILD = textwrap.dedent(
 )
 
 
-def poll(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_two_servers_control_reaches_only_the_chosen_one(tmp_path):
     env = dict(os.environ, OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS="200", OTEL_METRICS_EXPORTER="none")
     for name in ("_OTEL_VLLM_ASCEND_ROOT_PID", "_OTEL_VLLM_ASCEND_FILES_DIR", "_OTEL_VLLM_ASCEND_CONTROL_DIR"):
@@ -280,11 +272,11 @@ def test_two_servers_control_reaches_only_the_chosen_one(tmp_path):
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
-        assert poll(lambda: all(os.path.exists(state) for state in states))  # each child's loop runs
+        assert wait_for(lambda: all(os.path.exists(state) for state in states), 10, 0.05)  # each child's loop runs
         result = control("off", "--server", str(procs[0].pid), "--wait", "10")
         assert result.returncode == 0, result.stdout + result.stderr
         # What each process's hooks see (each child writes it every 0.1 s).
-        poll(lambda: open(states[0]).read() == "off")
+        wait_for(lambda: open(states[0]).read() == "off", 10, 0.05)
         assert [open(state).read() for state in states] == ["off", "on"]
         status = json.loads(control("status", "--json", "--server", str(procs[1].pid)).stdout)
         assert [p["state"] for p in status["processes"]] == ["on"]

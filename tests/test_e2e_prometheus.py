@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from prometheus_tools import Prometheus, tool  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
@@ -49,15 +50,6 @@ def match_all(expr: str) -> str:
     """A dashboard query with every variable at "All" (``.*``) and Grafana's rate interval fixed."""
     expr = expr.replace("$__rate_interval", RANGE)
     return re.sub(r"\$(\w+)", ".*", expr)
-
-
-def wait_for(predicate, timeout: float, step: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(step)
 
 
 @pytest.fixture(scope="module")

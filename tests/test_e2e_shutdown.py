@@ -20,6 +20,7 @@ pytest.importorskip("vllm")
 from otlp_receiver import Receiver, _value  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess  # noqa: E402
 from prometheus_client.mmap_dict import MmapedDict  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total  # noqa: E402
@@ -184,12 +185,10 @@ def test_kill_9_of_each_process_kind_then_a_restart_on_the_same_directory(model,
 
 
 def wait_files(directory, pid, timeout=30.0) -> None:
-    import time
+    def written():
+        return any(n.startswith("histogram_") and n.endswith(f"otel-{pid}.db") for n in os.listdir(directory))
 
-    deadline = time.monotonic() + timeout
-    while not any(n.startswith("histogram_") and n.endswith(f"otel-{pid}.db") for n in os.listdir(directory)):
-        assert time.monotonic() < deadline, f"no files of {pid}"
-        time.sleep(0.1)
+    assert wait_for(written, timeout, 0.1), f"no files of {pid}"
 
 
 def kill_one(model, tmp_path, directory, kind: str, orphans: list) -> list:
