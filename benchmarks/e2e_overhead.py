@@ -16,7 +16,8 @@ EngineCore is bound to its worker's core and its API server, with this client, t
 ``--no-bind`` leaves them floating).
 
 Reported: throughput per variant; the instrumented/uninstrumented and the control/uninstrumented throughput
-ratios per round (median, quartiles, min–max, and a bootstrap 95 % interval of the median); CPU seconds per
+ratios per round (median, quartiles, min–max, and a 95 % interval of the median that resamples server sets, then
+their rounds: ``bootstrap_median_by_set``); CPU seconds per
 generated token of the API server, the EngineCore and the worker (from /proc); the uninstrumented decode step
 time the load gave; and, for the first set, the series on /metrics and the time a scrape takes on the
 instrumented and the uninstrumented server.
@@ -245,11 +246,33 @@ def one_round(server: Server, args, round_no: int) -> dict:
 
 
 def bootstrap_median(values, resamples: int = 4000, seed: int = 1) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of the median of ``values`` (rounds resampled with
-    replacement; a fixed seed, so a run's printout is reproducible from its ratios)."""
+    """95 % percentile-bootstrap interval of the median of ``values`` (resampled with replacement; a fixed
+    seed, so a printout is reproducible from its values). For independent values, such as G's paired
+    differences within one scheduler; rounds of resident servers are not independent (``bootstrap_median_by_set``)."""
     rng = random.Random(seed)
     n = len(values)
     medians = sorted(statistics.median(rng.choices(values, k=n)) for _ in range(resamples))
+    return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def bootstrap_median_by_set(sets, resamples: int = 4000, seed: int = 1) -> tuple[float, float]:
+    """95 % interval of the median of the rounds of ``sets`` (a list of server sets, each the list of its rounds'
+    ratios) by a two-stage percentile bootstrap: draw as many server sets as there are, with replacement, then
+    each drawn set's rounds, with replacement; the median of what was drawn. Rounds of one set share its three
+    server processes, and a process runs a few percent faster or slower than another of the same code for its
+    whole life (memory placement): an interval that resampled rounds alone would count a set's offset once per
+    round, as if it were noise that averages out, and come out too narrow (an A/A control of 1.066 with an
+    interval of 1.031–1.092 in one run). Resampling at both stages is conservative; with few sets the interval
+    is wide, which is what few server processes can tell. One set: the rounds' bootstrap (``bootstrap_median``)."""
+    rng = random.Random(seed)
+    k = len(sets)
+    medians = []
+    for _ in range(resamples):
+        drawn: list = []
+        for chosen in rng.choices(sets, k=k):
+            drawn += rng.choices(chosen, k=len(chosen))
+        medians.append(statistics.median(drawn))
+    medians.sort()
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
@@ -378,7 +401,7 @@ def main(argv=None) -> int:
                 rounds.append((p, result))
                 print(
                     f"server set {p + 1} round {r + 1:2d}: "
-                    + ", ".join(f"{v} {result[v][unit]:7.1f}" for v in VARIANTS)
+                    + ", ".join(f"{v} {result[v][unit]:8.2f}" for v in VARIANTS)
                     + f" {unit}; on/off {result['on'][unit] / result['off'][unit]:.3f}, "
                     f"control/off {result['control'][unit] / result['off'][unit]:.3f}",
                     flush=True,
@@ -428,14 +451,18 @@ def main(argv=None) -> int:
         ("on", "instrumented/uninstrumented"),
         ("control", "A/A control, uninstrumented/uninstrumented"),
     ):
-        ratios = [res[variant][unit] / res["off"][unit] for _, res in rounds]
+        by_set: dict = {}
+        for p, res in rounds:
+            by_set.setdefault(p, []).append(res[variant][unit] / res["off"][unit])
+        ratios = [r for rs in by_set.values() for r in rs]
         med = statistics.median(ratios)
-        low, high = bootstrap_median(ratios)
+        low, high = bootstrap_median_by_set(list(by_set.values()))
         print(
-            f"Throughput ratio {what} ({unit}): median {med:.3f}, bootstrap 95 % interval of the median "
-            f"{low:.3f}–{high:.3f}; below 1 in {sum(r < 1 for r in ratios)} of {len(ratios)} rounds"
+            f"Throughput ratio {what} ({unit}): median {med:.3f}, 95 % interval of the median {low:.3f}–{high:.3f} "
+            f"(two-stage bootstrap: server sets, then their rounds); below 1 in {sum(r < 1 for r in ratios)} of "
+            f"{len(ratios)} rounds; medians per server set "
+            + " ".join(f"{statistics.median(rs):.3f}" for rs in by_set.values())
         )
-        print("  per-round ratios (to pool runs): " + " ".join(f"{r:.4f}" for r in ratios))
     if steps:
         print(
             f"Last instrumented server: {steps[0]:.0f} engine steps for {steps[1]:.0f} generated tokens "

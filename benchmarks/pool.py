@@ -1,39 +1,50 @@
-"""Pool the rounds of several runs of one end-to-end preset (``benchmarks/e2e_overhead.py``, same code,
-same preset) from their printouts: each run prints its per-round ratios after "per-round ratios (to pool
-runs):", the instrumented/uninstrumented line first, then the A/A control's. Prints the pooled median
-and the same bootstrap 95 % interval as one run would over that many rounds.
+"""Pool the rounds of several runs of one end-to-end preset (``benchmarks/e2e_overhead.py``, same code, same
+preset) from their printouts: each run prints one line per round ("server set S round R: off X, on Y, control Z
+…"). Every server set of every run is a set of its own (fresh server processes). Prints the pooled median of the
+instrumented/uninstrumented and the A/A control's throughput ratios with the same two-stage bootstrap interval
+(server sets, then their rounds) as one run prints over that many sets.
 
     python benchmarks/pool.py run1.log run2.log
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 
-from e2e_overhead import bootstrap_median
+from e2e_overhead import bootstrap_median_by_set
 
-MARK = "per-round ratios (to pool runs):"
+ROUND = re.compile(r"^server set (\d+) round\s+\d+: off\s+([\d.]+), on\s+([\d.]+), control\s+([\d.]+)")
 
 
-def ratios_of(path: str) -> list[list[float]]:
-    """The per-round ratio lines of one printout, in order (instrumented, control; per preset run)."""
+def sets_of(path: str) -> dict[int, list[tuple[float, float]]]:
+    """A printout's rounds by server set: (on/off, control/off) throughput ratios."""
+    sets: dict[int, list[tuple[float, float]]] = {}
     with open(path, encoding="utf-8") as f:
-        return [[float(x) for x in line.split(MARK, 1)[1].split()] for line in f if MARK in line]
+        for line in f:
+            m = ROUND.match(line)
+            if m:
+                off, on, control = (float(x) for x in m.group(2, 3, 4))
+                sets.setdefault(int(m.group(1)), []).append((on / off, control / off))
+    return sets
 
 
 def main(paths: list[str]) -> int:
-    runs = [ratios_of(p) for p in paths]
-    if not runs or any(len(r) != 2 for r in runs):
-        print("each printout must hold one preset's two lines of per-round ratios", file=sys.stderr)
+    runs = [sets_of(p) for p in paths]
+    if not paths or not all(runs):
+        print("each printout must hold the round lines of one preset's run", file=sys.stderr)
         return 2
+    sets = [rounds for run in runs for rounds in run.values()]
     for i, what in enumerate(("instrumented/uninstrumented", "A/A control, uninstrumented/uninstrumented")):
-        pooled = [r for run in runs for r in run[i]]
-        low, high = bootstrap_median(pooled)
+        by_set = [[r[i] for r in rounds] for rounds in sets]
+        pooled = [r for rs in by_set for r in rs]
+        low, high = bootstrap_median_by_set(by_set)
         print(
-            f"Pooled throughput ratio {what}, {len(paths)} runs, {len(pooled)} rounds: median "
-            f"{statistics.median(pooled):.3f}, bootstrap 95 % interval of the median {low:.3f}–{high:.3f}; "
-            f"below 1 in {sum(r < 1 for r in pooled)}"
+            f"Pooled throughput ratio {what}, {len(paths)} runs, {len(sets)} server sets, {len(pooled)} rounds: "
+            f"median {statistics.median(pooled):.3f}, 95 % interval of the median {low:.3f}–{high:.3f} (two-stage "
+            f"bootstrap); below 1 in {sum(r < 1 for r in pooled)}; medians per server set "
+            + " ".join(f"{statistics.median(rs):.3f}" for rs in by_set)
         )
     return 0
 

@@ -21,8 +21,9 @@ The variants are compared in rounds on the same scheduler (``paired_rounds``): a
 requests (10-token prompts) are scheduled for 32 warm-up steps, then each round runs every variant
 in turn (hooks installed or removed in between, 8 untimed steps, 64 timed ones), in an order that
 rotates. The cost of a variant is the median over rounds of its difference to the uninstrumented
-steps of the same round, with a bootstrap interval: fresh schedulers differ by more than the hooks
-cost (their requests land elsewhere in memory), and so does the machine from minute to minute.
+steps of the same round, with a bootstrap interval that resamples schedulers, then their rounds: fresh
+schedulers differ by more than the hooks cost (their requests land elsewhere in memory), and so does the
+machine from minute to minute.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import tempfile
 import time
 from functools import partial
 
-from e2e_overhead import bootstrap_median
+from e2e_overhead import bootstrap_median_by_set
 
 
 def build(model: str, batch: int, blocks: int = 8192):
@@ -213,7 +214,8 @@ def main(argv=None) -> int:
     def added(results, variant):
         """Median over rounds of (variant − uninstrumented) in the same round, with its interval."""
         differences = [c - o for (c, _), (o, _) in zip(results[variant], results[OFF])]
-        low, high = bootstrap_median(differences)
+        per_set = len(differences) // args.sets  # paired_rounds runs its schedulers one after the other
+        low, high = bootstrap_median_by_set([differences[i : i + per_set] for i in range(0, len(differences), per_set)])
         return statistics.median(differences), low, high
 
     print("\n### G. EngineCore step on a real vLLM Scheduler, µs per step\n")
@@ -225,8 +227,9 @@ def main(argv=None) -> int:
         "`update_from_output()`, the EngineCore's work while the workers wait for it. Overlapped: "
         "`get_grammar_bitmask()`, called right after the step's `execute_model` RPC is sent, while the workers "
         "compute — where the scheduler hook's records run, 32 steps at a time (hence the mean). Added: the "
-        "median over rounds of the difference to the same round's uninstrumented steps, with its bootstrap 95 % "
-        "interval. Every metric: OTEL_VLLM_ASCEND_ENABLED_METRICS=*, the opt-in profiling scopes included "
+        "median over rounds of the difference to the same round's uninstrumented steps, with its 95 % interval "
+        "(two-stage bootstrap: schedulers, then their rounds). Every metric: OTEL_VLLM_ASCEND_ENABLED_METRICS=*, the "
+        "opt-in profiling scopes included "
         f"(`{UNTIMED_SCOPE}`: once per running request). Default set: no scheduler scope timed.\n"
     )
     print(
