@@ -23,6 +23,7 @@ import pytest
 from fakes import patch_clock
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_tools import Prometheus, tool
+from waiting import wait_for
 
 from opentelemetry_instrumentation_vllm_ascend import context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
@@ -196,10 +197,8 @@ def test_event_only_panels_return_series_on_a_real_prometheus(target, tmp_path):
     tool("prometheus")  # skip (fail in CI) before anything starts where Prometheus cannot be had
     prom = Prometheus(tmp_path, [target])
     try:
-        deadline = time.monotonic() + 60
-        while not prom.query('count_over_time(up{job="vllm"}[1m]) >= 4 and up == 1'):
-            assert time.monotonic() < deadline, "Prometheus never scraped the target 4 times"
-            time.sleep(0.5)
+        scraped = wait_for(lambda: prom.query('count_over_time(up{job="vllm"}[1m]) >= 4 and up == 1'), 60, 0.5)
+        assert scraped, "Prometheus never scraped the target 4 times"
         at = time.time()  # every query at one time: their ratios compare the same scrapes
         panels = {p.title: p for _, ps in dashboards.sections() for p in ps}
         assert set(dashboards.EVENT_ONLY) <= set(panels)

@@ -10,6 +10,7 @@ import textwrap
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from test_files_faults import DEAD_PID, write_counter
+from waiting import wait_for
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition
@@ -62,12 +63,7 @@ def test_files_of_the_running_process_itself_stay(tmp_path):
 
 def test_a_zombie_is_dead():
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    import time
-
-    deadline = time.monotonic() + 10
-    while process_identity(proc.pid) is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert process_identity(proc.pid) is None  # exited, not yet reaped: a zombie
+    assert wait_for(lambda: process_identity(proc.pid) is None, 10, 0.05)  # exited, not yet reaped: a zombie
     assert os.path.exists(f"/proc/{proc.pid}")
     proc.wait()
 
@@ -275,7 +271,6 @@ def test_two_instrumented_trees_on_one_host_never_see_each_other(tmp_path):
     """Tree B is started with the environment of tree A's child (the issue's case: 2 series crossed
     over into A's directory): each tree's /metrics shows its own series only."""
     import json
-    import time
 
     env = dict(
         os.environ,
@@ -296,11 +291,14 @@ def test_two_instrumented_trees_on_one_host_never_see_each_other(tmp_path):
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not a_env.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.2)
-        inherited = json.loads(a_env.read_text())  # A's child's environment, A still running
+
+        def written():  # the whole file: it may exist before its JSON is complete
+            try:
+                return json.loads(a_env.read_text())
+            except (OSError, ValueError):
+                return None
+
+        inherited = wait_for(written, 120, 0.05)  # A's child's environment, A still running
         assert inherited[environment.FILES_DIR]
         b = subprocess.run(
             [sys.executable, "-c", TREE_ROOT, "b", str(tmp_path / "b.env"), "-", TREE_CHILD],

@@ -1,4 +1,4 @@
-"""Polling for the end-to-end tests: wait for a condition, never for a fixed time."""
+"""Polling for the tests: wait for a condition, never for a fixed time."""
 
 from __future__ import annotations
 
