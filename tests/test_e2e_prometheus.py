@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -44,6 +45,11 @@ TIMES: dict = {}
 ALERTS_AT, ALERTS_LAST = 75, 240
 #: What a dashboard's $__rate_interval becomes here: wide enough to hold the whole load.
 RANGE = "5m"
+#: The Accept header Prometheus 2.42 sends with every scrape.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
 
 
 def match_all(expr: str) -> str:
@@ -119,6 +125,23 @@ def test_values_agree_with_vllm(stack):
     preemptions = prom.scalar(last("vllm:num_preemptions_total"))
     assert preemptions > dashboards.PREEMPTIONS_PER_5M, "the load did not preempt enough to test the storm alert"
     assert prom.scalar(last("vllm_profiling_running_to_waiting_count_total")) == preemptions
+
+
+def test_names_keep_their_colons_under_prometheus_accept_header(stack):
+    """Prometheus 2.42 asks for OpenMetrics first, where prometheus_client writes ``_`` for ``:`` in sample names;
+    vLLM's /metrics route (prometheus_fastapi_instrumentator's) answers in the text format whatever the Accept
+    header, so Prometheus stores vLLM's and our names with their colons, and no underscored twin."""
+    server, prom = stack
+    request = urllib.request.Request(server.url + "/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain;"), response.headers["Content-Type"]
+        text = response.read().decode()
+    assert "\nvllm:generation_tokens_total{" in text and "\nvllm_profiling_scheduler:duration_count{" in text
+    names = set(prom.get("/api/v1/label/__name__/values"))
+    ours = {n for n in names if n.startswith("vllm_profiling_")}
+    assert "vllm:generation_tokens_total" in names and any(":" in n for n in ours), sorted(names)[:20]
+    twins = {n.replace(":", "_") for n in names if ":" in n} & names
+    assert not twins, sorted(twins)
 
 
 def test_every_dashboard_query_returns_series(stack):
