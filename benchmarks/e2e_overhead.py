@@ -18,7 +18,8 @@ EngineCore is bound to its worker's core and its API server, with this client, t
 Reported: throughput per variant; the instrumented/uninstrumented and the control/uninstrumented throughput
 ratios per round (median, quartiles, min–max, and a 95 % interval of the median that resamples server sets, then
 their rounds: ``bootstrap_median_by_set``); CPU seconds per
-generated token of the API server, the EngineCore and the worker (from /proc); the uninstrumented decode step
+generated token of the API server, the EngineCore and the worker (from /proc: each thread's schedstat, see
+``cpu_between``); the uninstrumented decode step
 time the load gave; and, for the first set, the series on /metrics and the time a scrape takes on the
 instrumented and the uninstrumented server.
 """
@@ -77,7 +78,7 @@ def process_kind(pid: int) -> str | None:
 
 def cpu_seconds(server_pid: int) -> dict:
     """utime+stime per process kind: the API server (the launched process and any child that is
-    neither an EngineCore nor a worker), the EngineCore and the worker."""
+    neither an EngineCore nor a worker), the EngineCore and the worker. In clock ticks (10 ms here)."""
     out = {kind: 0.0 for kind, _ in PROCESS_KINDS}
     for pid in [server_pid] + descendants(server_pid):
         kind = process_kind(pid)
@@ -88,6 +89,45 @@ def cpu_seconds(server_pid: int) -> dict:
             continue
         if kind is not None:
             out[kind] += (int(fields[11]) + int(fields[12])) / CLK
+    return out
+
+
+def cpu_snapshot(server_pid: int) -> dict:
+    """Per process of the server: (kind, utime+stime in seconds, {thread id: its CPU time in ns from
+    /proc/PID/task/TID/schedstat}). See cpu_between()."""
+    out = {}
+    for pid in [server_pid] + descendants(server_pid):
+        kind = process_kind(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            threads = {}
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        threads[tid] = int(f.read().split()[0])
+                except OSError:
+                    pass  # the thread ended meanwhile: cpu_between() sees it missing
+        except OSError:
+            continue
+        if kind is not None:
+            out[pid] = (kind, (int(fields[11]) + int(fields[12])) / CLK, threads)
+    return out
+
+
+def cpu_between(before: dict, after: dict) -> dict:
+    """CPU seconds per process kind between two cpu_snapshot()s. A process's time is the sum over its threads'
+    schedstat (nanoseconds): utime and stime count whole clock ticks, 10 ms here, a few percent of what an
+    EngineCore spends in one round. Where a thread of the first snapshot is gone from the second, its time
+    since the first is lost to schedstat, so that process counts in ticks; a process new in the second
+    counts all its time."""
+    out = {kind: 0.0 for kind, _ in PROCESS_KINDS}
+    for pid, (kind, ticks, threads) in after.items():
+        kind0, ticks0, threads0 = before.get(pid, (kind, 0.0, {}))
+        if threads0.keys() <= threads.keys():
+            out[kind] += sum(ns - threads0.get(tid, 0) for tid, ns in threads.items()) / 1e9
+        else:
+            out[kind] += ticks - ticks0
     return out
 
 
@@ -232,16 +272,16 @@ LOADS = {"batch": batch_load, "short": short_load}
 
 
 def one_round(server: Server, args, round_no: int) -> dict:
-    cpu0 = cpu_seconds(server.proc.pid)
+    cpu0 = cpu_snapshot(server.proc.pid)
     t0 = time.perf_counter()
     requests, tokens = LOADS[args.load](server, args, round_no)
     wall = time.perf_counter() - t0
-    cpu1 = cpu_seconds(server.proc.pid)
+    cpu = cpu_between(cpu0, cpu_snapshot(server.proc.pid))
     return {
         "tokens_per_s": tokens / wall,
         "requests_per_s": requests / wall,
         "tokens": tokens,
-        **{f"{k}_cpu_ms_per_token": (cpu1[k] - cpu0[k]) / tokens * 1e3 for k, _ in PROCESS_KINDS},
+        **{f"{k}_cpu_ms_per_token": cpu[k] / tokens * 1e3 for k, _ in PROCESS_KINDS},
     }
 
 

@@ -1,17 +1,19 @@
-"""The end-to-end benchmark's interval (benchmarks/e2e_overhead.py): rounds of one server set share its server
-processes, so the interval resamples server sets, then their rounds."""
+"""The end-to-end benchmark's statistics (benchmarks/e2e_overhead.py): rounds of one server set share its server
+processes, so the interval resamples server sets, then their rounds; CPU time per round is counted in
+nanoseconds per thread, in clock ticks only where a thread ended."""
 
 from __future__ import annotations
 
 import os
 import random
 import sys
+import time
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 
-from e2e_overhead import bootstrap_median, bootstrap_median_by_set  # noqa: E402
+from e2e_overhead import bootstrap_median, bootstrap_median_by_set, cpu_between, cpu_snapshot  # noqa: E402
 
 
 def test_one_set_is_the_rounds_bootstrap():
@@ -40,3 +42,27 @@ def test_set_offsets_widen_the_interval_that_rounds_alone_would_give():
 def test_reproducible_for_a_seed(seed):
     sets = [[0.95, 0.99, 1.0], [1.02, 0.97], [0.96, 1.01, 0.98, 0.99]]
     assert bootstrap_median_by_set(sets, seed=seed) == bootstrap_median_by_set(sets, seed=seed)
+
+
+def test_cpu_between_counts_threads_in_nanoseconds():
+    before = {10: ("engine_core", 0.42, {"10": 400_000_000, "11": 20_000_000})}
+    after = {10: ("engine_core", 0.44, {"10": 412_345_678, "11": 21_000_000, "12": 5_000})}  # 12: a new thread
+    assert cpu_between(before, after)["engine_core"] == pytest.approx(0.013350678)  # not the ticks' 0.02
+
+
+def test_cpu_between_falls_back_to_ticks_where_a_thread_ended():
+    before = {10: ("worker", 3.0, {"10": 3_000_000_000, "11": 1_000_000})}
+    after = {10: ("worker", 3.5, {"10": 3_490_000_000}), 20: ("api_server", 0.25, {"20": 250_000_000})}
+    cpu = cpu_between(before, after)
+    assert cpu["worker"] == pytest.approx(0.5)  # thread 11's last CPU time is gone from schedstat
+    assert cpu["api_server"] == pytest.approx(0.25)  # a process new since the first snapshot: all its time
+
+
+def test_cpu_snapshot_of_this_process_agrees_with_its_cpu_clock():
+    """Against the kernel's per-process CPU clock (CLOCK_PROCESS_CPUTIME_ID, nanoseconds) over the same work."""
+    me = os.getpid()
+    before, clock = cpu_snapshot(me), time.process_time()
+    while time.process_time() - clock < 0.05:
+        pass
+    after, spent = cpu_snapshot(me), time.process_time() - clock
+    assert sum(cpu_between(before, after).values()) == pytest.approx(spent, abs=0.002)
