@@ -224,6 +224,7 @@ class ControlState:
         "reload",
         "hooks",
         "last_export",
+        "status_written",
         "poller",
         "seen",
         "warned_dirs",
@@ -250,6 +251,9 @@ class ControlState:
         self.hooks: dict = {}
         #: Unix time of the last collection (status' ``last_export``), 0: none yet.
         self.last_export: float = 0.0
+        #: The status last written (its content without the time stamps, and the monotonic time it was written),
+        #: None: not yet.
+        self.status_written: tuple | None = None
         #: The polling thread: (pid, thread, stop event), None: not started in this process.
         self.poller: tuple | None = None
         #: (inode, mtime, size) of the control file last applied.

@@ -218,6 +218,49 @@ def test_the_poller_reads_the_file_once_per_metrics_export_interval(host, monkey
     assert all(0 <= w <= interval for w in waits), waits
 
 
+def test_the_status_file_is_rewritten_when_it_changes_or_every_few_intervals(host, monkeypatch):
+    """A poll that finds nothing new leaves the status file alone (a rewrite costs the polling thread a rename
+    on the server's core); a change (here: control off) is written at that poll, and the time stamps
+    (``updated``, ``last_export``) are refreshed every ``STATUS_REFRESH_POLLS`` intervals."""
+    control.setup()
+    _stop_polling()
+    path = control.directory()
+    status_path = os.path.join(path, f"{control.STATUS_PREFIX}{os.getpid()}.json")
+    clock = [1000.0]
+    monkeypatch.setattr(control.time, "monotonic", lambda: clock[0])
+
+    def status():
+        with open(status_path) as f:
+            return json.load(f), os.stat(status_path).st_ino
+
+    control.poll_once()
+    first, inode = status()
+    assert first["state"] == "on" and first["serial"] == 0
+    STATE.control.last_export = 12345.0  # an export ran: a time stamp only
+    for _ in range(control.STATUS_REFRESH_POLLS - 1):
+        clock[0] += control.interval_s()
+        control.poll_once()
+    assert status() == (first, inode)  # not rewritten (a rename makes a new inode)
+
+    control.write_control(path, OFF)
+    clock[0] += control.interval_s() / 2
+    control.poll_once()
+    changed, changed_inode = status()
+    assert changed_inode != inode and (changed["state"], changed["serial"]) == ("off", 1)
+    assert changed["last_export"] == 12345.0
+
+    STATE.control.last_export = 23456.0
+    for _ in range(control.STATUS_REFRESH_POLLS - 1):
+        clock[0] += control.interval_s()
+        control.poll_once()
+    assert status() == (changed, changed_inode)
+    clock[0] += control.interval_s()
+    control.poll_once()
+    refreshed, _ = status()
+    assert refreshed["last_export"] == 23456.0 and refreshed["updated"] >= changed["updated"]
+    assert [n for n in os.listdir(path) if n.startswith(".status-")] == []  # no temporary file left
+
+
 # -- OTEL_VLLM_ASCEND_INITIAL_STATE ------------------------------------------------------------------------
 TARGET_MODULE = "otel_control_target"
 
