@@ -227,7 +227,7 @@ def test_the_status_file_is_rewritten_when_it_changes_or_every_few_intervals(hos
     path = control.directory()
     status_path = os.path.join(path, f"{control.STATUS_PREFIX}{os.getpid()}.json")
     clock = [1000.0]
-    monkeypatch.setattr(control.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(control, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
 
     def status():
         with open(status_path) as f:
@@ -258,7 +258,7 @@ def test_the_status_file_is_rewritten_when_it_changes_or_every_few_intervals(hos
     control.poll_once()
     refreshed, _ = status()
     assert refreshed["last_export"] == 23456.0 and refreshed["updated"] >= changed["updated"]
-    assert [n for n in os.listdir(path) if n.startswith(".status-")] == []  # no temporary file left
+    assert [n for n in os.listdir(path) if n.startswith(".")] == []  # no temporary file left
 
 
 # -- OTEL_VLLM_ASCEND_INITIAL_STATE ------------------------------------------------------------------------

@@ -195,20 +195,27 @@ def teardown() -> None:
         c.clear()
 
 
-def write_control(path: str, content: dict) -> None:
-    """Atomically replace ``control.json`` in ``path`` (mode 0600)."""
-    target = os.path.join(path, CONTROL_FILE)
-    fd, temporary = tempfile.mkstemp(prefix=".control-", dir=path)
+def _replace_json(path: str, name: str, content: dict) -> None:
+    """Atomically replace ``name`` in ``path`` with ``content`` as JSON (mode 0600): a temporary file in one
+    write, renamed over it; the temporary is removed when that fails (the error propagates)."""
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}-", dir=path)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(content, f)
-        os.replace(temporary, target)
+        try:
+            os.write(fd, json.dumps(content).encode())
+        finally:
+            os.close(fd)
+        os.replace(temporary, os.path.join(path, name))
     except BaseException:
         try:
             os.unlink(temporary)
         except OSError:
             pass
         raise
+
+
+def write_control(path: str, content: dict) -> None:
+    """Atomically replace ``control.json`` in ``path`` (mode 0600)."""
+    _replace_json(path, CONTROL_FILE, content)
 
 
 def read_control(path: str) -> dict | None:
@@ -336,22 +343,9 @@ def write_status(path: str) -> None:
         return
     status["last_export"] = c.last_export or None
     status["updated"] = time.time()
-    target = os.path.join(path, f"{STATUS_PREFIX}{os.getpid()}.json")
     try:
-        fd, temporary = tempfile.mkstemp(prefix=".status-", dir=path)
+        _replace_json(path, f"{STATUS_PREFIX}{os.getpid()}.json", status)
     except OSError:
-        return
-    try:
-        try:
-            os.write(fd, json.dumps(status).encode())
-        finally:
-            os.close(fd)
-        os.replace(temporary, target)
-    except OSError:
-        try:
-            os.remove(temporary)
-        except OSError:
-            pass
         return
     c.status_written = (content, now)
 
