@@ -100,13 +100,12 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         exposition = Exposition()
         exposition.setup()
         VllmAscendInstrumentor._exposition = exposition
-        from .recording import shutdown
+        from .recording import services
 
-        shutdown.setup()  # answers "export now" from the process that stops this one (shutdown.py)
-        from .recording import control
-
-        control.setup()  # the server's runtime state (on / off) before any hook is installed
-        installer = Installer()
+        services.prepare()  # what the server's processes share: the flush tree's name, the control directory
+        # The flush listener and the runtime control start with the first hooked module this process loads: a
+        # Python process of the server that runs no vLLM (multiprocessing's resource tracker) gets neither.
+        installer = Installer(on_first_load=services.start)
         installer.install()
         VllmAscendInstrumentor._installer = installer
         from .hooks.userfile import UserHooks, paths_from_environment
@@ -114,7 +113,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         if paths_from_environment():
             from .state import STATE
 
-            user_hooks = UserHooks()
+            user_hooks = UserHooks(on_first_load=services.start)
             STATE.control.reloaders.append(user_hooks.reload)
             STATE.control.summaries.append(user_hooks.summary)
             user_hooks.install()
@@ -126,9 +125,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         user_hooks, VllmAscendInstrumentor._user_hooks = VllmAscendInstrumentor._user_hooks, None
         if user_hooks is not None:
             user_hooks.uninstall()
-        from .recording import control
+        from .recording import services
 
-        control.teardown()  # its callbacks (the user hooks' reloader and summary) included
+        services.stop()  # the control's callbacks (the user hooks' reloader and summary) and the flush listener
         installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
         if installer is not None:
             installer.uninstall()
@@ -138,9 +137,6 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         exposition, VllmAscendInstrumentor._exposition = VllmAscendInstrumentor._exposition, None
         if exposition is not None:
             exposition.teardown()
-        from .recording import shutdown
-
-        shutdown.teardown()
         if VllmAscendInstrumentor._set_enabled:  # the variable as it was before instrument()
             if VllmAscendInstrumentor._replaced_enabled is None:
                 os.environ.pop(environment.ENABLED, None)

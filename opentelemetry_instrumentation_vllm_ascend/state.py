@@ -19,8 +19,9 @@ tests' autouse fixture calls it before every test. What it does not reset:
   server's control file for the process's lifetime: ``recording.control.teardown`` resets it;
 - the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``, ``collect_lock``): ``recording.pipeline.reset()``
   closes it (its final export), and the fork handler abandons a parent's (its readers are not ours);
-- the flush listener (``flush_listener``, ``flush_env``), which follows ``instrument()`` /
-  ``uninstrument()`` (``recording.shutdown.setup`` / ``teardown``); the fork handler starts a child's own;
+- the flush listener (``flush_listener``, ``flush_env``) and whether it and the control poller run
+  (``services``), which follow the first load of a hooked module and ``uninstrument()``
+  (``recording.services.start`` / ``stop``); the fork handler starts a child's own;
 - the future classes whose completions are hooked (``completion_hooked``, ``completes_later``): they
   follow the installed class patches, which a forked child inherits; removing a patch removes its class.
 
@@ -96,6 +97,8 @@ class State:
         # -- the flush listener (recording.shutdown: setup / teardown; kept by reset()) --
         "flush_listener",
         "flush_env",
+        # -- whether this process's services run (recording.services: start / stop; kept by reset()) --
+        "services",
         # -- future classes hooked by installed patches (hooks.patches, hooks.futures; kept by reset()) --
         "completion_hooked",
         "completes_later",
@@ -201,6 +204,9 @@ class State:
         self.flush_listener: tuple | None = None
         #: Environment variables recording.shutdown set for its children (removed at its teardown).
         self.flush_env: list[str] = []
+        #: Whether this process's flush listener and control poller were started (recording.services): at the
+        #: first load of a module a hook targets; a forked child inherits it (its fork handler starts its own).
+        self.services: bool = False
         #: Future classes that deliver their completion to the FUTURE hook (hooks.patches.hook_future_class).
         self.completion_hooked: set = set()
         #: …and are only ever completed after the call that made them returned.

@@ -160,6 +160,29 @@ def test_missing_symbol_is_one_log_line(caplog):
     installer.uninstall()
 
 
+def test_the_first_hooked_module_starts_the_process_services_once_before_its_hooks():
+    """``on_first_load`` (the instrumentor's ``services.start``) runs once, when the first target module is
+    applied, before any of its hooks is installed; a module applied later does not run it again."""
+    import vllm.v1.core.sched.scheduler as mod
+
+    rows = [
+        targets.Target("vllm.v1.core.sched.scheduler", "Scheduler.schedule", "sync", "scheduler:Schedule"),
+        targets.Target(
+            "vllm.v1.core.sched.scheduler", "Scheduler.update_from_output", "sync", "scheduler:UpdateFromOutput"
+        ),
+    ]
+    seen = []
+    installer = Installer(rows, on_first_load=lambda: seen.append(is_ours(mod.Scheduler.__dict__["schedule"])))
+    installer.install()  # the module is imported already: applied at once
+    try:
+        assert seen == [False]  # called once, before the module's first hook went in
+        assert is_ours(mod.Scheduler.__dict__["schedule"]) and is_ours(mod.Scheduler.__dict__["update_from_output"])
+        installer._apply(mod, rows)  # another module's rows (here: the same, already installed)
+        assert seen == [False]
+    finally:
+        installer.uninstall()
+
+
 def test_version_gate(monkeypatch):
     row = targets.Target(
         "vllm.v1.core.sched.scheduler", "Scheduler.schedule", "sync", "scheduler:Schedule", vllm=">=99"
@@ -207,6 +230,22 @@ PROBE = (
     "print(hasattr(s.Scheduler.__dict__['_preempt_request'], '__otel_vllm_ascend_hook__'))"
 )
 DISABLED = {"": "True", "vllm_ascend": "False", "*": "False"}
+#: What a Python process the server starts sees of us before it loads vLLM code (multiprocessing's resource
+#: tracker never does) and after: our threads, the flush listener, this process's status file.
+SERVICES_PROBE = """
+import json, os, threading
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
+def seen():
+    directory = os.environ.get("_OTEL_VLLM_ASCEND_FILES_DIR") or os.environ.get("_OTEL_VLLM_ASCEND_CONTROL_DIR")
+    return [
+        sorted(t.name for t in threading.enumerate() if t.name.startswith("otel-vllm-ascend")),
+        STATE.flush_listener is not None,
+        sorted(n for n in os.listdir(directory) if n.startswith("status-")),
+    ]
+before = seen()
+import vllm.v1.core.sched.scheduler
+print(json.dumps([before, seen(), os.getpid()]))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +267,15 @@ def launched():
         procs[disabled] = subprocess.Popen(
             [launcher, sys.executable, "-c", PROBE], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
+    env = dict(os.environ, OTEL_METRICS_EXPORTER="none", OTEL_TRACES_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
+    env.pop(environment.ENABLED, None)
+    procs["services"] = subprocess.Popen(
+        [launcher, sys.executable, "-c", SERVICES_PROBE],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     procs["check"] = subprocess.Popen(
         [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check", "--json"],
         stdout=subprocess.PIPE,
@@ -247,6 +295,18 @@ def test_opentelemetry_instrument_loads_it_and_honours_disabled(launched, disabl
     assert out.returncode == 0, out.stderr
     # The module is imported *after* instrument(): the post-import hook patched it on import.
     assert out.stdout.strip().splitlines()[-1] == expected
+
+
+def test_a_process_without_vllm_code_gets_no_thread_socket_or_status_file(launched):
+    """``opentelemetry-instrument`` instruments every Python process of a server, the resource tracker too. Our
+    flush listener, control poller and status file come with the first hooked module, here vLLM's scheduler."""
+    import json
+
+    out = launched["services"]
+    assert out.returncode == 0, out.stderr
+    before, after, pid = json.loads(out.stdout.strip().splitlines()[-1])
+    assert before == [[], False, []]
+    assert after == [["otel-vllm-ascend-control", "otel-vllm-ascend-flush"], True, [f"status-{pid}.json"]]
 
 
 def test_check_command_reports_every_target_resolved(launched):

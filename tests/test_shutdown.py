@@ -24,7 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = textwrap.dedent("""
     import sys, time
     from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, catalogue, context, recording
+    from opentelemetry_instrumentation_vllm_ascend.recording import services
     VllmAscendInstrumentor().instrument(skip_dep_check=True)
+    services.start()  # what a process of the server does when it loads its first hooked vLLM module
     recording.add(catalogue.RUNNING_TO_WAITING, 7, context.step_labels("decode"))
     recording.process_started()  # a live gauge
     print("ready", flush=True)

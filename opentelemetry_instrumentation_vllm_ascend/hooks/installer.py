@@ -185,12 +185,15 @@ def metric_status(rows: list[dict], config) -> list[dict]:
 
 
 class Installer:
-    def __init__(self, table=None) -> None:
+    def __init__(self, table=None, on_first_load=None) -> None:
+        """``on_first_load``: called once, before the hooks of the first target module this process loads
+        are installed (the instrumentor starts the process's services there: ``recording.services``)."""
         self.table = tuple(table if table is not None else targets_module.TARGETS)
         self.patches: list = []
         self.status: dict[str, str] = {}
         self.active = False
         self._lock = threading.Lock()
+        self._on_first_load = on_first_load
 
     def install(self) -> None:
         from wrapt import register_post_import_hook
@@ -213,6 +216,9 @@ class Installer:
         with self._lock:
             if not self.active:
                 return
+            first_load, self._on_first_load = self._on_first_load, None
+            if first_load is not None:
+                first_load()
             for target in rows:
                 if self.status.get(target.symbol) != PENDING:
                     continue

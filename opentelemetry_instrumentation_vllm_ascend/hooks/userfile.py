@@ -495,8 +495,11 @@ class UserHooks:
     already is); ``reload()`` re-reads the files from the calling (normal) thread, installs entries
     that are new, and turns off the hooks of entries that are gone or changed."""
 
-    def __init__(self, paths=None) -> None:
+    def __init__(self, paths=None, on_first_load=None) -> None:
+        """``on_first_load``: as the installer's (``hooks.installer.Installer``), for the first module an entry
+        hooks."""
         self.paths = list(paths) if paths is not None else paths_from_environment()
+        self._on_first_load = on_first_load
         self.entries: list[Entry] = []
         #: entry key -> Patch of its installed hook
         self.installed: dict[tuple, Any] = {}
@@ -561,6 +564,9 @@ class UserHooks:
         with self._lock:
             if not self.active:
                 return
+            first_load, self._on_first_load = self._on_first_load, None
+            if first_load is not None:
+                first_load()
             for entry in rows:
                 if entry.key not in self.pending:
                     continue

@@ -4,8 +4,9 @@ reloading the hook files, without restart, signals or re-patching.
 Channel: the server's own private directory (made by its first instrumented process with mode 0700,
 owned by the user running vLLM: the /metrics files directory, or one of its own when
 PROMETHEUS_MULTIPROC_DIR is set or /metrics is off). The ``control`` command writes ``control.json``
-there (atomically, mode 0600); a daemon thread in every instrumented process of the server (API
-server, EngineCores, workers, a forked EPLB child) polls it once per /metrics export interval
+there (atomically, mode 0600); a daemon thread in every instrumented process of the server that runs vLLM
+(API server, EngineCores, workers, a forked EPLB child; started with its first hooked module,
+``recording.services``) polls it once per /metrics export interval
 (``os.stat``), applies a change from that normal thread, and writes ``status-<pid>.json`` beside it
 (what ``control status`` shows). Files of another owner, or a directory others can enter, are
 ignored. The directory — state included — is removed when the server's first process exits (or, if
@@ -128,8 +129,14 @@ def private(path: str) -> bool:
 
 
 def setup() -> None:
-    """In each instrumented process (at ``instrument()``): find (the first process: make) the server's
-    control directory, take the state it holds (or OTEL_VLLM_ASCEND_INITIAL_STATE), start polling."""
+    """``prepare()`` then ``follow()``."""
+    prepare()
+    follow()
+
+
+def prepare() -> None:
+    """In each instrumented process (at ``instrument()``): find (the first process: make) the server's control
+    directory; where the server starts off, the first process writes that into its control file. Idempotent."""
     from .metrics_endpoint import DIRECTORY_PREFIX, remove_leaked_directories, write_owner
 
     path = directory()
@@ -148,7 +155,13 @@ def setup() -> None:
     if initial is False and first and not os.path.exists(os.path.join(path, CONTROL_FILE)):
         # The server's first process: its children (started later) find the server off too.
         write_control(path, {"state": "off", "off_metrics": [], "reload": 0, "serial": 1})
-    if initial is False:
+
+
+def follow() -> None:
+    """Take the server's state (its control file, else OTEL_VLLM_ASCEND_INITIAL_STATE) and poll it from now on,
+    writing this process's status file: in a process of the server that runs vLLM, before its first hooks are
+    installed (``recording.services``)."""
+    if initial_state() is False:
         set_state(False, ())
     poll_once()  # the server's current state before any hook runs
     start()

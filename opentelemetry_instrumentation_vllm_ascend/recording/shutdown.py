@@ -6,13 +6,14 @@ the whole process tree (``kill_process_tree``: the EngineCore and its workers). 
 kill follows the SIGTERM at once, so a child's own exit-time export never runs, and whatever it
 recorded since its last periodic export would be lost.
 
-The process that stops them knows first. So every instrumented process listens, on a thread of its
-own, for a flush request on a Linux abstract Unix datagram socket named after its process tree and
-pid (no port, no file); the hook on the stopping call (``CoreEngineProcManager.shutdown`` in the API
-server or ``vllm serve``'s parent, ``MultiprocExecutor.shutdown`` in an EngineCore, see targets.py)
-asks the processes it is about to stop, and their descendants, to export now, and waits for their
-answers — at most ``OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS`` in all — before vLLM's own code runs
-unchanged. Only requests from the same user are served (the kernel's credentials of the sender).
+The process that stops them knows first. So every instrumented process that runs vLLM listens (from its
+first hooked module on: ``recording.services``), on a thread of its own, for a flush request on a Linux
+abstract Unix datagram socket named after its process tree and pid (no port, no file); the hook on the
+stopping call (``CoreEngineProcManager.shutdown`` in the API server or ``vllm serve``'s parent,
+``MultiprocExecutor.shutdown`` in an EngineCore, see targets.py) asks the processes it is about to
+stop, and their descendants, to export now, and waits for their answers — at most
+``OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS`` in all — before vLLM's own code runs unchanged. Only requests
+from the same user are served (the kernel's credentials of the sender).
 """
 
 from __future__ import annotations
