@@ -19,6 +19,7 @@ import pytest
 from conftest import instrumented
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
+from opentelemetry_instrumentation_vllm_ascend.cli import control as cli_control
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
 from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
 from opentelemetry_instrumentation_vllm_ascend.recording import control
@@ -102,6 +103,38 @@ def test_with_two_servers_a_command_without_server_names_both_and_status_lists_b
     assert servers == sorted([str(mine), str(second_server)])
     assert cli.main(["control", "off", "--server", str(mine), "--wait", "10"]) == 0
     assert control.is_on() is False
+
+
+def test_status_names_a_process_by_its_title_and_the_command_shows_it_for_one_of_unknown_kind(capsys):
+    """vLLM's DP coordinator and the ``vllm serve`` parent of several API servers are processes of the server that no
+    hook gives a kind: their title says which they are."""
+    assert control.title_of(["VLLM::DPCoordinator", "", ""]) == "VLLM::DPCoordinator"
+    assert (
+        control.title_of(["/venv/bin/python3.11", "/venv/bin/vllm", "serve", "/models/m"])
+        == "python3.11 vllm serve /models/m"
+    )
+    assert control.title_of(["python", "-m", "x" * 80], limit=20) == "python -m " + "x" * 9 + "…"
+    # As vLLM names its processes (vllm.utils.system_utils.set_process_title: setproctitle).
+    pytest.importorskip("setproctitle")  # vLLM's dependency: the child imports it
+    code = (
+        "import setproctitle; setproctitle.setproctitle('VLLM::DPCoordinator');"
+        "from opentelemetry_instrumentation_vllm_ascend.recording import control; print(control.title())"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == "VLLM::DPCoordinator"
+    server = {
+        "root": 1,
+        "directory": "/d",
+        "control": {},
+        "processes": [
+            {"pid": 7, "process": "unknown", "title": "VLLM::DPCoordinator", "dp": "unknown", "role": "mixed"},
+            {"pid": 8, "process": "engine_core", "title": "VLLM::EngineCore_DP0", "dp": "0", "role": "mixed"},
+        ],
+    }
+    cli_control._print_server(server, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert "unknown (VLLM::DPCoordinator) dp=unknown" in lines[1]
+    assert "engine_core dp=0" in lines[2] and "EngineCore_DP0" not in lines[2]
 
 
 # -- the directory's safety ----------------------------------------------------------------------------------
@@ -220,8 +253,8 @@ def test_the_poller_reads_the_file_once_per_metrics_export_interval(host, monkey
 
 def test_the_status_file_is_rewritten_when_it_changes_or_every_few_intervals(host, monkeypatch):
     """A poll that finds nothing new leaves the status file alone (a rewrite costs the polling thread a rename
-    on the server's core); a change (here: control off) is written at that poll, and the time stamps
-    (``updated``, ``last_export``) are refreshed every ``STATUS_REFRESH_POLLS`` intervals."""
+    on the server's core); a change (here: control off, and the first export) is written at that poll, and the time
+    stamps (``updated``, ``last_export``) are refreshed every ``STATUS_REFRESH_POLLS`` intervals."""
     control.setup()
     _stop_polling()
     path = control.directory()
@@ -235,8 +268,14 @@ def test_the_status_file_is_rewritten_when_it_changes_or_every_few_intervals(hos
 
     control.poll_once()
     first, inode = status()
-    assert first["state"] == "on" and first["serial"] == 0
-    STATE.control.last_export = 12345.0  # an export ran: a time stamp only
+    assert first["state"] == "on" and first["serial"] == 0 and first["last_export"] is None
+    STATE.control.last_export = 12000.0  # the first export: written at the next poll (the file said "never")
+    clock[0] += control.interval_s()
+    control.poll_once()
+    first, first_inode = status()
+    assert first_inode != inode and first["last_export"] == 12000.0
+    inode = first_inode
+    STATE.control.last_export = 12345.0  # another export: a time stamp only
     for _ in range(control.STATUS_REFRESH_POLLS - 1):
         clock[0] += control.interval_s()
         control.poll_once()

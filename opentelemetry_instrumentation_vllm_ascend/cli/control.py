@@ -163,8 +163,11 @@ def _print_server(server: dict, as_json: bool) -> None:
         entries = ", ".join(f"{n} {k}" for k, n in sorted(files.items()) if k != "files") or "no hook files"
         last = p.get("last_export")
         age = f"{now - last:.1f} s ago" if last else "never"
+        kind = p.get("process", "?")
+        if kind == "unknown" and p.get("title"):  # vLLM's DP coordinator, the parent of several API servers
+            kind = f"unknown ({p['title']})"
         print(
-            f"  pid {p['pid']:>7}  {p.get('process', '?'):<11} dp={p.get('dp', '?')} role={p.get('role', '?')} "
+            f"  pid {p['pid']:>7}  {kind:<11} dp={p.get('dp', '?')} role={p.get('role', '?')} "
             f"state={p.get('state', '?')}  hook-file entries: {entries}  last export: {age}"
         )
 

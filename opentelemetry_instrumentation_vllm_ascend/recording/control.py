@@ -341,6 +341,7 @@ def write_status(path: str) -> None:
         "pid": os.getpid(),
         "root": os.environ.get(environment.ROOT_PID),
         "process": context.PROCESS.process,
+        "title": title(),
         "dp": context.PROCESS.dp,
         "role": context.PROCESS.role,
         "state": "on" if c.on else "off",
@@ -349,7 +350,8 @@ def write_status(path: str) -> None:
         "reload": c.reload,
         "hook_files": summary,
     }
-    content = json.dumps(status, sort_keys=True)
+    # Whether it exported yet counts as a change: a status that says "never" is written again at the first export.
+    content = json.dumps(status, sort_keys=True) + (" exported" if c.last_export else "")
     now = time.monotonic()
     written = c.status_written
     if written is not None and written[0] == content and now - written[1] < (STATUS_REFRESH_POLLS - 0.5) * interval_s():
@@ -361,6 +363,33 @@ def write_status(path: str) -> None:
     except OSError:
         return
     c.status_written = (content, now)
+
+
+def title(limit: int = 60) -> str:
+    """This process's title as ``ps`` shows it: vLLM names its processes (``VLLM::EngineCore_DP0``,
+    ``VLLM::DPCoordinator``, ``VLLM::APIServer_1``); the ``vllm serve`` parent of several API servers keeps its
+    command line. What tells an operator which process a status of kind ``unknown`` is."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            raw = f.read(4096)
+        words = raw.replace(b"\0", b" ").decode(errors="replace").split(" ")
+    except OSError:  # no procfs
+        import sys
+
+        words = list(sys.argv)
+    return title_of(words, limit)
+
+
+def title_of(words: list[str], limit: int = 60) -> str:
+    """``title()`` from a command line's words: a vLLM title as it is, else the program's and (``python …/vllm``)
+    the script's base names, then the arguments; at most ``limit`` characters."""
+    words = [w for w in words if w]  # setproctitle pads the title
+    if words and not words[0].startswith("VLLM::"):
+        words[0] = os.path.basename(words[0])
+        if len(words) > 1 and words[1].endswith(("/vllm", "/opentelemetry-instrument")):
+            words[1] = os.path.basename(words[1])  # python …/bin/vllm serve MODEL
+    text = " ".join(words)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def exported() -> None:
