@@ -257,8 +257,8 @@ class ControlState:
         self.hooks: dict = {}
         #: Unix time of the last collection (status' ``last_export``), 0: none yet.
         self.last_export: float = 0.0
-        #: The status last written (its content without the time stamps, and the monotonic time it was written),
-        #: None: not yet.
+        #: The status last written: ((its content without the time stamps, whether it had exported), the monotonic
+        #: time it was written), None: not yet.
         self.status_written: tuple | None = None
         #: The polling thread: (pid, thread, stop event), None: not started in this process.
         self.poller: tuple | None = None

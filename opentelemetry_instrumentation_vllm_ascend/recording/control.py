@@ -351,7 +351,7 @@ def write_status(path: str) -> None:
         "hook_files": summary,
     }
     # Whether it exported yet counts as a change: a status that says "never" is written again at the first export.
-    content = json.dumps(status, sort_keys=True) + (" exported" if c.last_export else "")
+    content = (json.dumps(status, sort_keys=True), bool(c.last_export))
     now = time.monotonic()
     written = c.status_written
     if written is not None and written[0] == content and now - written[1] < (STATUS_REFRESH_POLLS - 0.5) * interval_s():
