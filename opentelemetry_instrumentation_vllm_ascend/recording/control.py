@@ -129,7 +129,8 @@ def private(path: str) -> bool:
 
 
 def setup() -> None:
-    """``prepare()`` then ``follow()``."""
+    """``prepare()`` then ``follow()`` at once: what a process of the server does in two steps (``recording.services``:
+    the directory at ``instrument()``, the state and the poller with its first hooked module)."""
     prepare()
     follow()
 

@@ -50,7 +50,8 @@ def _address(pid: int, tree_name: str | None = None) -> bytes:
 
 
 def setup() -> None:
-    """In each instrumented process (at ``instrument()``): serve flush requests."""
+    """``tree()`` then ``listen()`` at once: what a process of the server does in two steps (``recording.services``:
+    the tree's name at ``instrument()``, the listener with its first hooked module)."""
     tree()
     listen()
 
