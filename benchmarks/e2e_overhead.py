@@ -15,6 +15,12 @@ round; fresh server sets (``--server-sets``) cover start-up effects such as memo
 EngineCore is bound to its worker's core and its API server, with this client, to the other cores (``bind()``;
 ``--no-bind`` leaves them floating).
 
+``--switched`` measures one instrumented server per set instead, as all three variants: its recording on, and
+switched off at runtime with the package's ``control`` command (off twice: the A/A control), so a server's own
+speed offset cancels. It tells what switching off saves (the handlers' and the recording's work), not what the
+package costs installed: the wrapper frames of hooks switched off, the scope factory, the exporter and control
+threads and the imports stay in both arms.
+
 Reported: throughput per variant; the instrumented/uninstrumented and the control/uninstrumented throughput
 ratios per round (median, quartiles, min–max, and a 95 % interval of the median that resamples server sets, then
 their rounds: ``bootstrap_median_by_set``); CPU seconds per
@@ -31,6 +37,7 @@ import itertools
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -183,6 +190,20 @@ def bind(server: Server) -> set[int] | None:
 
 
 VARIANTS = ("off", "on", "control")  # uninstrumented, instrumented, uninstrumented again (the A/A control)
+
+
+def switch(server: Server, variant: str) -> None:
+    """``--switched``: set the one instrumented server's recording for ``variant`` (``on``: on; ``off`` and
+    ``control``: off) with the package's own command, which returns once every process of the server has
+    applied it (each polls its control file once per export interval). Called before every measurement, the
+    same way whatever the state was, so each measurement follows the same wait."""
+    state = "on" if variant == "on" else "off"
+    command = [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "control", state]
+    done = subprocess.run(
+        command + ["--server", str(server.proc.pid), "--json"], capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"control {state} failed ({done.returncode}): {done.stderr.strip()}")
 
 
 def start(model: str, variant: str, log_dir: str, i: int, args) -> Server:
@@ -400,6 +421,12 @@ def main(argv=None) -> int:
         action="store_false",
         help="leave the EngineCores, the API servers and this client unbound (see bind())",
     )
+    parser.add_argument(
+        "--switched",
+        action="store_true",
+        help="one instrumented server per set, its recording switched on and off at runtime between measurements "
+        "(on; off; off again as the A/A control): what switching off saves, without the servers' own offsets",
+    )
     parser.add_argument("--model-dir", help="where to build the preset's model (default: a directory per size)")
     args = parser.parse_args(argv)
     preset = PRESETS[args.preset]
@@ -419,10 +446,14 @@ def main(argv=None) -> int:
     for p in range(args.server_sets):
         servers: dict = {}
         try:
-            for k in range(len(VARIANTS)):  # start order rotates with the set
-                variant = VARIANTS[(k + p) % len(VARIANTS)]
-                servers[variant] = start(model_dir, variant, log_dir, p, args)
-            expected = {v: 3 if v == "on" else 0 for v in VARIANTS}
+            if args.switched:  # one instrumented server measured as all three variants
+                one = start(model_dir, "on", log_dir, p, args)
+                servers = {variant: one for variant in VARIANTS}
+            else:
+                for k in range(len(VARIANTS)):  # start order rotates with the set
+                    variant = VARIANTS[(k + p) % len(VARIANTS)]
+                    servers[variant] = start(model_dir, variant, log_dir, p, args)
+            expected = {v: 3 if v == "on" or args.switched else 0 for v in VARIANTS}
             hooked = instrumented_processes(servers, expected)
             assert hooked == expected, hooked
             api = {frozenset(s.api_cores or ()) for s in servers.values()}
@@ -436,7 +467,11 @@ def main(argv=None) -> int:
                 order = list(itertools.permutations(VARIANTS))[(r + p) % 6]
                 result = {}
                 for variant in order:
-                    result[variant] = one_round(servers[variant], args, r)
+                    number = r
+                    if args.switched:  # one server: prompts of its own for each measurement (no prefix-cache hits)
+                        switch(servers[variant], variant)
+                        number = r * len(VARIANTS) + VARIANTS.index(variant)
+                    result[variant] = one_round(servers[variant], args, number)
                     wait_idle(servers[variant])
                 rounds.append((p, result))
                 print(
@@ -448,10 +483,10 @@ def main(argv=None) -> int:
                 )
             text = servers["on"].scrape()
             steps = (total(text, "vllm:iteration_tokens_total_count"), total(text, "vllm:generation_tokens_total"))
-            if p == 0:
+            if p == 0 and not args.switched:
                 cost = scrape_cost({True: servers["on"], False: servers["off"]})
         finally:
-            for s in servers.values():
+            for s in {id(s): s for s in servers.values()}.values():
                 s.stop()
 
     def fmt(values, f="{:.3f}"):
@@ -464,6 +499,12 @@ def main(argv=None) -> int:
         f"round and server"
         + (f" ({args.concurrency} in flight)" if args.load == "short" else "")
         + f"; {args.server_sets} server sets x {args.rounds} rounds"
+        + (
+            "; SWITCHED: one instrumented server per set, 'uninstrumented' and 'control' mean its recording "
+            "switched off at runtime (hooks stay installed)"
+            if args.switched
+            else ""
+        )
         + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
         + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
         + (
@@ -474,7 +515,8 @@ def main(argv=None) -> int:
         + "\n"
     )
     print("Medians (quartiles; min–max) over rounds.\n")
-    print("| | uninstrumented | instrumented | control (uninstrumented) | on/off per round | control/off per round |")
+    columns = ("switched off", "recording on") if args.switched else ("uninstrumented", "instrumented")
+    print(f"| | {columns[0]} | {columns[1]} | control ({columns[0]}) | on/off per round | control/off per round |")
     print("|---|---:|---:|---:|---:|---:|")
     rows = [("tokens/s", "tokens_per_s", "{:.0f}"), ("requests/s", "requests_per_s", "{:.1f}")] + [
         (f"{k} CPU ms per token", f"{k}_cpu_ms_per_token", "{:.4f}") for k, _ in PROCESS_KINDS
@@ -488,8 +530,11 @@ def main(argv=None) -> int:
         )
     print()
     for variant, what in (
-        ("on", "instrumented/uninstrumented"),
-        ("control", "A/A control, uninstrumented/uninstrumented"),
+        ("on", "recording on/switched off" if args.switched else "instrumented/uninstrumented"),
+        (
+            "control",
+            "A/A control, switched off/switched off" if args.switched else "A/A control, uninstrumented/uninstrumented",
+        ),
     ):
         by_set: dict = {}
         for p, res in rounds:

@@ -18,6 +18,12 @@ from e2e_overhead import bootstrap_median_by_set
 ROUND = re.compile(r"^server set (\d+) round\s+\d+: off\s+([\d.]+), on\s+([\d.]+), control\s+([\d.]+)")
 
 
+def switched(path: str) -> bool:
+    """Whether a printout is of ``--switched`` (one server switched at runtime) rather than of three servers."""
+    with open(path, encoding="utf-8") as f:
+        return any("SWITCHED" in line for line in f)
+
+
 def sets_of(path: str) -> dict[int, list[tuple[float, float]]]:
     """A printout's rounds by server set: (on/off, control/off) throughput ratios."""
     sets: dict[int, list[tuple[float, float]]] = {}
@@ -34,6 +40,9 @@ def main(paths: list[str]) -> int:
     runs = [sets_of(p) for p in paths]
     if not paths or not all(runs):
         print("each printout must hold the round lines of one preset's run", file=sys.stderr)
+        return 2
+    if len({switched(p) for p in paths}) > 1:
+        print("the printouts mix --switched runs with three-server runs: pool each design apart", file=sys.stderr)
         return 2
     sets = [rounds for run in runs for rounds in run.values()]
     for i, what in enumerate(("instrumented/uninstrumented", "A/A control, uninstrumented/uninstrumented")):

@@ -66,3 +66,33 @@ def test_cpu_snapshot_of_this_process_agrees_with_its_cpu_clock():
         pass
     after, spent = cpu_snapshot(me), time.process_time() - clock
     assert sum(cpu_between(before, after).values()) == pytest.approx(spent, abs=0.002)
+
+
+def _printout(path, header: str, rounds) -> str:
+    lines = [header] + [
+        f"server set {s} round {r:2d}: off {off:8.2f}, on {on:8.2f}, control {control:8.2f} tokens_per_s; x"
+        for s, r, off, on, control in rounds
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_pool_reads_each_set_of_each_printout(tmp_path, capsys):
+    import pool
+
+    a = _printout(tmp_path / "a.txt", "run a", [(1, 1, 100, 99, 100), (1, 2, 100, 98, 101)])
+    b = _printout(tmp_path / "b.txt", "run b", [(1, 1, 100, 97, 99)])
+    assert pool.sets_of(a) == {1: [(0.99, 1.0), (0.98, 1.01)]}
+    assert pool.main([a, b]) == 0
+    out = capsys.readouterr().out
+    assert "2 runs, 2 server sets, 3 rounds: median 0.980" in out  # ratios 0.99, 0.98, 0.97
+
+
+def test_pool_refuses_to_mix_switched_runs_with_three_server_runs(tmp_path, capsys):
+    import pool
+
+    three = _printout(tmp_path / "three.txt", "### preset step; 1 server sets", [(1, 1, 100, 99, 100)])
+    one = _printout(tmp_path / "one.txt", "### preset step; SWITCHED: one instrumented server", [(1, 1, 100, 99, 100)])
+    assert pool.main([three, one]) == 2
+    assert "pool each design apart" in capsys.readouterr().err
+    assert pool.main([one, one]) == 0
