@@ -558,8 +558,8 @@ def main(argv=None) -> int:
             args.max_num_seqs / res["off"]["tokens_per_s"] * 1e3 for _, res in rounds
         ]  # tokens/s at a full batch: one token per request per step
         print(
-            f"Uninstrumented step time at batch {min(args.requests, args.max_num_seqs)}, from its throughput "
-            f"(prefill included): median {statistics.median(per_step):.1f} ms"
+            f"{columns[0].capitalize()} step time at batch {min(args.requests, args.max_num_seqs)}, from its "
+            f"throughput (prefill included): median {statistics.median(per_step):.1f} ms"
         )
     if cost:
         print_scrape_cost(cost)
