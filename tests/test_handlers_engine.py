@@ -295,3 +295,40 @@ def spec_of(seed):
     from opentelemetry_instrumentation_vllm_ascend.catalogue import M
 
     return M[seed]
+
+
+def test_a_step_timer_s_values_wait_with_the_phase_of_their_call(metrics, clock, monkeypatch):
+    """A timer with the step's phase (``common.StepTimer``: the worker's ``_prepare_inputs``, a hook file's
+    ``phase: step`` timer) leaves its value for later, labelled with the phase scheduled when the call ran; the
+    next ``run_deferred`` records each series in one go, and ``MAX_VALUES`` waiting values are recorded at once."""
+    from opentelemetry_instrumentation_vllm_ascend import recording
+    from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer
+    from opentelemetry_instrumentation_vllm_ascend.recording import deferred
+
+    def prepare(cost):
+        clock.t += cost
+
+    timed = wrap(prepare, StepTimer(spec_of("executor:prepare_inputs:duration")), SYNC_TIMER)[0]
+    timer = name("executor:prepare_inputs:duration")
+    for phase, cost in (("prefill", 0.25), ("decode", 0.125), ("decode", 0.125)):
+        STATE.last_step_phase = phase
+        timed(cost)
+    STATE.last_step_phase = "mixed"  # the phase now does not relabel what waits
+    assert [(spec.seed, value, labels[2]) for spec, value, labels in STATE.deferred_values] == [
+        ("executor:prepare_inputs:duration", 0.25, "prefill"),
+        ("executor:prepare_inputs:duration", 0.125, "decode"),
+        ("executor:prepare_inputs:duration", 0.125, "decode"),
+    ]
+    recording.run_deferred()
+    assert not STATE.deferred_values
+    assert metrics.points()[timer] == {
+        key(**step("prefill")): (1, 0.25, counts(S, b8=1)),
+        key(**step("decode")): (2, 0.25, counts(S, b8=2)),
+    }
+
+    monkeypatch.setattr(deferred, "MAX_VALUES", 2)
+    timed(0.5)
+    assert len(STATE.deferred_values) == 1
+    timed(0.5)
+    assert not STATE.deferred_values
+    assert metrics.value(timer, **step("mixed"))[:2] == (2, 1.0)

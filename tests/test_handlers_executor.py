@@ -242,3 +242,27 @@ def test_rpc_errors_blocking_and_through_the_future(metrics):
     assert metrics.value(RPC, dp="0", role="mixed", phase="unknown", exception_type="timeout") == 1
     assert metrics.value(RPC, dp="0", role="mixed", phase="unknown", exception_type="executor_failed") == 1
     assert sum(metrics.points()[RPC].values()) == 3
+
+
+def test_rpc_durations_wait_for_the_scheduler_s_records(metrics, clock):
+    """The engine reads replies on its critical path: their durations are left for later
+    (``recording.record_later``) and reach their series at the next ``run_deferred`` (the scheduler hook's
+    flush, or a collection), each series in one go."""
+    from opentelemetry_instrumentation_vllm_ascend import recording
+
+    ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
+    so = NS(**{PHASE_ATTRIBUTE: "decode"})
+    for _ in range(2):
+        start = clock.t
+        rpc(ex, "execute_model", args=(so,))  # dispatched at start; sampling follows
+        ex.replies["sample_tokens"] = stamped(start + 0.125, start + 0.375)
+        rpc(ex, "sample_tokens", args=(None,))  # dispatched at start + 0.25
+    assert [spec.seed for spec, _value, _labels in STATE.deferred_values] == [
+        "executor:sample_tokens:duration",
+        "executor:execute_model:duration",
+    ] * 2
+    recording.run_deferred()
+    assert not STATE.deferred_values
+    points = metrics.points()
+    assert points[EXEC] == {key(**step("decode")): (2, 0.25, counts(S, b8=2))}  # 0.125 each
+    assert points[SAMPLE] == {key(**step("decode")): (2, 0.25, counts(S, b8=2))}  # 0.125 each

@@ -112,7 +112,7 @@ class ProcessInputQueue(Handler):
         ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, start)
         return _current
 
-    def after(self, current, args, kwargs, result, _state=STATE):
+    def after(self, current, args, kwargs, result, _state=STATE, _labels=context.STEP_LABELS):
         _state.current_pass = None
         now = perf_counter()
         ENGINE_TO(_OTHER_STAGE, now)
@@ -122,7 +122,8 @@ class ProcessInputQueue(Handler):
             # Requests that gave no work, then the pass ended (the engine was idle: recorded now).
             recording.record(self.spec, current.spent, context.step_labels(ALL))
         else:  # a pass of a busy loop: recorded with the scheduler hook's records
-            recording.record_later(self.spec, current.spent + now - current.start, context.step_labels(ALL))
+            labels = _labels.get(ALL) or context.step_labels(ALL)
+            recording.record_later(self.spec, current.spent + now - current.start, labels)
 
     def error(self, current, args, kwargs, exc):
         STATE.current_pass = None

@@ -56,7 +56,9 @@ _EXECUTE, _SAMPLE = TIMED["execute_model"], TIMED["sample_tokens"]
 # STATE.exec_phase: that RPC's phase.
 
 
-def record_reply(state, reply, lazy: bool = False, _get=getattr, _host=HOST_CLOCK, _record=recording.record) -> None:
+def record_reply(
+    state, reply, lazy: bool = False, _get=getattr, _host=HOST_CLOCK, _record=recording.record_later
+) -> None:
     """A timed RPC's reply arrived: record what the worker's stamp on it says.
 
     The worker stamps the ModelRunnerOutput that ends a step with (its clock, the moment its
@@ -67,7 +69,8 @@ def record_reply(state, reply, lazy: bool = False, _get=getattr, _host=HOST_CLOC
     another machine), or a moment outside [dispatch, now]: nothing is recorded. ``lazy``: the reply
     was produced only when the engine asked for it (UniProcExecutor's AsyncOutputFuture runs
     get_output then), so its ready moment says nothing about the worker: sample_tokens is not
-    recorded."""
+    recorded. The values wait for the scheduler hook's records (``recording.record_later``): the engine
+    reads replies on its critical path."""
     stamp = _get(reply, READY_ATTRIBUTE, None)
     if stamp is None or stamp[0] != _host:
         return

@@ -464,9 +464,9 @@ class UpdateFromOutput(Handler):
         ENGINE_TO(budget.UPDATE, start)
         return start
 
-    def after(self, state, args, kwargs, result):
+    def after(self, state, args, kwargs, result, _labels=context.STEP_LABELS):
         end = perf_counter()
         ENGINE_TO(budget.OUTPUT, end)
-        phase = getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None
+        phase = (getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None) or STATE.last_step_phase
         # Recorded with the scheduler hook's records (the step scheduled: they run soon).
-        recording.record_later(self.spec, end - state, context.step_labels(phase or STATE.last_step_phase))
+        recording.record_later(self.spec, end - state, _labels.get(phase) or context.step_labels(phase))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import catalogue, context, environment
 from ..state import STATE
 from . import control, pipeline
-from .deferred import defer, record_later, run_deferred
+from .deferred import defer, record_in_step, record_later, run_deferred
 
 __all__ = [
     "add",
@@ -111,22 +111,6 @@ def record_n(spec: catalogue.MetricSpec, value: float, n: int, labels: tuple, _g
     if instrument is None:
         instrument = _instrument(spec)
     instrument.record_n(value, n, labels)
-
-
-def record_in_step(
-    spec: catalogue.MetricSpec,
-    value: float,
-    _get=_instruments.get,
-    _state=STATE,
-    _labels=context.STEP_LABELS,
-) -> None:
-    """One histogram observation labelled (dp, role, phase of the step most recently scheduled)."""
-    phase = _state.last_step_phase
-    labels = _labels.get(phase) or context.step_labels(phase)
-    instrument = _get(spec.seed)
-    if instrument is None:
-        instrument = _instrument(spec)
-    instrument.record(value, labels)
 
 
 def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:

@@ -1,10 +1,12 @@
 """Records a hook leaves for later (``defer``) and histogram observations it leaves for later
-(``record_later``), made at the next ``run_deferred()``: by the engine when it waits, and by the pipeline at
-the start of every collection and before its final export. The queues are ``STATE.deferred`` and
-``STATE.deferred_values``; ``state.reset()`` (fork, tests) and a pipeline reset drop what is pending."""
+(``record_later``, ``record_in_step``), made at the next ``run_deferred()``: by the engine when it waits, and
+by the pipeline at the start of every collection and before its final export. The queues are
+``STATE.deferred`` and ``STATE.deferred_values``; ``state.reset()`` (fork, tests) and a pipeline reset drop
+what is pending."""
 
 from __future__ import annotations
 
+from ..context import STEP_LABELS, step_labels
 from ..state import STATE
 from . import pipeline
 
@@ -37,6 +39,17 @@ def record_later(spec, value: float, labels: tuple, _append=_values.append, _sta
     others of its series (one ``record_many``): for a per-step value on the engine's critical path, whose
     series the step would otherwise touch, cold, to add one value."""
     _append((spec, value, labels))
+    if _state.pipeline is None:
+        pipeline.get()  # its collections run what is pending: it must exist before the first one
+    elif len(_values) >= MAX_VALUES:
+        run_deferred()
+
+
+def record_in_step(spec, value: float, _append=_values.append, _state=STATE, _labels=STEP_LABELS) -> None:
+    """One histogram observation labelled (dp, role, phase of the step most recently scheduled), left for later
+    as ``record_later`` leaves it (inline): a timer inside an engine or worker step touches no series."""
+    phase = _state.last_step_phase
+    _append((spec, value, _labels.get(phase) or step_labels(phase)))
     if _state.pipeline is None:
         pipeline.get()  # its collections run what is pending: it must exist before the first one
     elif len(_values) >= MAX_VALUES:
