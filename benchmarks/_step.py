@@ -358,3 +358,57 @@ def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
                 runs_of = runs[(label, enabled)]
                 rows.append((f"batch {batch}, {caches}: added by {label} hooks, {name}", [r - bare for r in runs_of]))
     return rows
+
+
+def call_count_rows(batch: int = 64, steps: int = 2 * FLUSH_STEPS):
+    """Section F3: what each process's hooks add to section F's step in calls, counted with ``sys.setprofile``
+    over ``steps`` steps (two of the scheduler hook's flushes, so the deferred records count at their share)
+    against the same steps unhooked. Deterministic: a count, not a time, so it compares code changes on any
+    machine. Rows: (label, Python calls a step, C calls a step, distinct Python functions run every step,
+    distinct Python functions run at least once)."""
+    import collections
+    import sys
+
+    def count(step) -> collections.Counter:
+        calls: collections.Counter = collections.Counter()
+
+        def profile(frame, event, arg):
+            if event == "call":
+                calls[frame.f_code] += 1
+            elif event == "c_call":
+                calls[("C", getattr(arg, "__qualname__", repr(arg)))] += 1
+
+        sys.setprofile(profile)
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            sys.setprofile(None)
+        return calls
+
+    context.set_process("engine_core", "0", "mixed")
+    rows = []
+    with metric_set("*"):
+        bare = build(batch, (), phased=True)
+        for _ in range(steps):
+            bare()
+        bare_calls = count(bare)
+    for label, hooked in (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",))):
+        for name, enabled in (("every metric", "*"), ("default set", "")):
+            with metric_set(enabled):
+                step = build(batch, hooked, phased=True)
+                for _ in range(steps):  # warm: series created, caches filled
+                    step()
+                calls = count(step)
+            added = {k: n - bare_calls.get(k, 0) for k, n in calls.items() if n > bare_calls.get(k, 0)}
+            python = {k: n for k, n in added.items() if not isinstance(k, tuple)}
+            rows.append(
+                (
+                    f"batch {batch}, {label} hooks, {name}",
+                    sum(python.values()) / steps,
+                    sum(n for k, n in added.items() if isinstance(k, tuple)) / steps,
+                    sum(1 for n in python.values() if n >= steps),
+                    len(python),
+                )
+            )
+    return rows

@@ -785,6 +785,14 @@ def main(argv=None) -> int:
         _step.cold_step_rows(args.repeat),
         "µs",
     )
+    print("\n### F3. What the hooks add to the step at batch 64 in calls (sys.setprofile over 64 steps; exact)\n")
+    print(
+        "| case | Python calls a step | C calls a step | distinct Python functions every step "
+        "| distinct Python functions in 64 steps |"
+    )
+    print("|---|---:|---:|---:|---:|")
+    for label, python, c_calls, every, distinct in _step.call_count_rows():
+        print(f"| {label} | {python:.1f} | {c_calls:.1f} | {every} | {distinct} |")
     export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
     table("C. Export cost per process", export_rows, "ms")
     table("D. /metrics scrape time", scrape_rows, "ms")
