@@ -9,11 +9,12 @@ import enum
 import types
 from types import SimpleNamespace as NS
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue
+from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, scheduler
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
 from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
 F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, add_request, the input queue
@@ -680,3 +681,15 @@ def busy_loop_engine(core, advance, scheduler, executor, *, batch_queue: bool, o
             on_request(self)
 
     return Engine
+
+
+def waiting() -> list:
+    """(metric seed, value, phase label) of each observation left for later (``recording.record_later``), oldest
+    first."""
+    return [(spec.seed, value, labels[2]) for spec, value, labels in STATE.deferred_values]
+
+
+def record_waiting() -> None:
+    """Record what waits, as the engine's flush does (``recording.run_deferred``): nothing waits after it."""
+    recording.run_deferred()
+    assert not STATE.deferred_values

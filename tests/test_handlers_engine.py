@@ -7,7 +7,7 @@ from collections import deque
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import ALL_LABELS, F, S, counts, key, name, step
+from fakes import ALL_LABELS, F, S, counts, key, name, record_waiting, step, waiting
 
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
@@ -250,7 +250,6 @@ def test_a_busy_loop_s_values_wait_for_the_scheduler_s_records_and_an_idle_one_s
     """A busy pass and a step that scheduled leave their durations for later (``recording.record_later``): they
     reach their series at the next ``run_deferred`` (the scheduler hook's flush, or a collection), each series in
     one go; an idle engine's pass and step are recorded at once."""
-    from opentelemetry_instrumentation_vllm_ascend import recording
 
     core = instrumented_engine()(clock)
     piq, engine_step = name("engine_core:process_input_queue:duration"), name("engine_core:engine_core_step:duration")
@@ -258,12 +257,15 @@ def test_a_busy_loop_s_values_wait_for_the_scheduler_s_records_and_an_idle_one_s
     for _ in range(3):
         core._process_input_queue()  # busy, nothing queued: 0 s each
         core.step()  # schedules: 0.25 s each
-    assert [spec.seed for spec, _value, _labels in STATE.deferred_values] == [
-        "engine_core:process_input_queue:duration",
-        "engine_core:engine_core_step:duration",
-    ] * 3
-    recording.run_deferred()
-    assert not STATE.deferred_values
+    assert (
+        waiting()
+        == [
+            ("engine_core:process_input_queue:duration", 0.0, "all"),
+            ("engine_core:engine_core_step:duration", 0.25, "prefill"),
+        ]
+        * 3
+    )
+    record_waiting()
     points = metrics.points()
     assert points[piq] == {key(**ALL_LABELS): (3, 0.0, counts(F, b0=3))}
     assert points[engine_step] == {key(**step("prefill")): (3, 0.75, counts(S, b8=3))}
@@ -301,7 +303,6 @@ def test_a_step_timer_s_values_wait_with_the_phase_of_their_call(metrics, clock,
     """A timer with the step's phase (``common.StepTimer``: the worker's ``_prepare_inputs``, a hook file's
     ``phase: step`` timer) leaves its value for later, labelled with the phase scheduled when the call ran; the
     next ``run_deferred`` records each series in one go, and ``MAX_VALUES`` waiting values are recorded at once."""
-    from opentelemetry_instrumentation_vllm_ascend import recording
     from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer
     from opentelemetry_instrumentation_vllm_ascend.recording import deferred
 
@@ -314,13 +315,12 @@ def test_a_step_timer_s_values_wait_with_the_phase_of_their_call(metrics, clock,
         STATE.last_step_phase = phase
         timed(cost)
     STATE.last_step_phase = "mixed"  # the phase now does not relabel what waits
-    assert [(spec.seed, value, labels[2]) for spec, value, labels in STATE.deferred_values] == [
+    assert waiting() == [
         ("executor:prepare_inputs:duration", 0.25, "prefill"),
         ("executor:prepare_inputs:duration", 0.125, "decode"),
         ("executor:prepare_inputs:duration", 0.125, "decode"),
     ]
-    recording.run_deferred()
-    assert not STATE.deferred_values
+    record_waiting()
     assert metrics.points()[timer] == {
         key(**step("prefill")): (1, 0.25, counts(S, b8=1)),
         key(**step("decode")): (2, 0.25, counts(S, b8=2)),

@@ -13,7 +13,9 @@ from fakes import (
     counts,
     key,
     name,
+    record_waiting,
     step,
+    waiting,
 )
 
 from opentelemetry_instrumentation_vllm_ascend import context
@@ -248,8 +250,6 @@ def test_rpc_durations_wait_for_the_scheduler_s_records(metrics, clock):
     """The engine reads replies on its critical path: their durations are left for later
     (``recording.record_later``) and reach their series at the next ``run_deferred`` (the scheduler hook's
     flush, or a collection), each series in one go."""
-    from opentelemetry_instrumentation_vllm_ascend import recording
-
     ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
     so = NS(**{PHASE_ATTRIBUTE: "decode"})
     for _ in range(2):
@@ -257,12 +257,15 @@ def test_rpc_durations_wait_for_the_scheduler_s_records(metrics, clock):
         rpc(ex, "execute_model", args=(so,))  # dispatched at start; sampling follows
         ex.replies["sample_tokens"] = stamped(start + 0.125, start + 0.375)
         rpc(ex, "sample_tokens", args=(None,))  # dispatched at start + 0.25
-    assert [spec.seed for spec, _value, _labels in STATE.deferred_values] == [
-        "executor:sample_tokens:duration",
-        "executor:execute_model:duration",
-    ] * 2
-    recording.run_deferred()
-    assert not STATE.deferred_values
+    assert (
+        waiting()
+        == [
+            ("executor:sample_tokens:duration", 0.125, "decode"),
+            ("executor:execute_model:duration", 0.125, "decode"),
+        ]
+        * 2
+    )
+    record_waiting()
     points = metrics.points()
     assert points[EXEC] == {key(**step("decode")): (2, 0.25, counts(S, b8=2))}  # 0.125 each
     assert points[SAMPLE] == {key(**step("decode")): (2, 0.25, counts(S, b8=2))}  # 0.125 each
