@@ -92,6 +92,9 @@ def set_state(on: bool, patterns=()) -> None:
     from .. import recording
 
     with STATE.control.lock:
+        # What hooks left for later was measured under the state in force: it is recorded now, before a metric
+        # it feeds can go off (``control_changed`` then drops what still waits while off).
+        recording.run_deferred()
         c = STATE.control
         c.on = bool(on)
         c.patterns = tuple(patterns)
