@@ -364,8 +364,10 @@ def call_count_rows(batch: int = 64, steps: int = 2 * FLUSH_STEPS):
     """Section F3: what each process's hooks add to section F's step in calls, counted with ``sys.setprofile``
     over ``steps`` steps (two of the scheduler hook's flushes, so the deferred records count at their share)
     against the same steps unhooked. Deterministic: a count, not a time, so it compares code changes on any
-    machine. Rows: (label, Python calls a step, C calls a step, distinct Python functions run every step,
-    distinct Python functions run at least once)."""
+    machine. A function counts with what it is called more often than unhooked; one called less (vLLM's
+    ``nullcontext.__init__``, which the scope factory's shared instance saves) is not subtracted. Rows: (label,
+    Python calls a step, C calls a step, distinct Python functions run every step, distinct Python functions run
+    at least once)."""
     import collections
     import sys
 
