@@ -169,8 +169,8 @@ def test_a_budget_switched_off_and_on_at_runtime_keeps_its_sum_equal_to_time_sin
         control.set_state(True, ())
 
 
-@pytest.mark.parametrize("off", [((),), (("executor:*",),)], ids=["recording_off", "pattern"])
-def test_values_left_for_later_before_control_off_are_recorded_and_none_taken_while_off(metrics, off):
+@pytest.mark.parametrize("patterns", [None, ("executor:*",)], ids=["recording_off", "pattern"])
+def test_values_left_for_later_before_control_off_are_recorded_and_none_taken_while_off(metrics, patterns):
     """Values hooks left for later (``record_later``) were measured while on: ``control off`` (all, or a pattern
     matching them) records them before their metric goes off; what is left for later while off is dropped."""
     from fakes import key, name, record_waiting, step, waiting
@@ -181,10 +181,10 @@ def test_values_left_for_later_before_control_off_are_recorded_and_none_taken_wh
     try:
         recording.record_later(spec, 0.25, context.step_labels("decode"))
         recording.record_later(spec, 0.5, context.step_labels("decode"))
-        if off == ((),):
+        if patterns is None:
             control.set_state(False)
         else:
-            control.set_state(True, off[0])
+            control.set_state(True, patterns)
         assert waiting() == []  # recorded at the switch
         recording.record_later(spec, 1.0, context.step_labels("decode"))
         record_waiting()  # made while off: dropped
