@@ -24,11 +24,17 @@ rotates. The cost of a variant is the median over rounds of its difference to th
 steps of the same round, with a bootstrap interval that resamples schedulers, then their rounds: fresh
 schedulers differ by more than the hooks cost (their requests land elsewhere in memory), and so does the
 machine from minute to minute.
+
+Section G2 runs the same steps under callgrind (``_callgrind``), which counts instructions instead of
+timing them: the count does not depend on what else the machine does, so a difference of a fraction of a
+percent of the step reads where G's intervals span more than the hooks cost. ``--skip-timed`` runs G2
+alone, ``--skip-instructions`` G alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import statistics
@@ -37,17 +43,16 @@ import tempfile
 import time
 from functools import partial
 
+import _callgrind
 from e2e_overhead import bootstrap_median_by_set
 
 
-def build(model: str, batch: int, blocks: int = 8192):
+@functools.lru_cache
+def configs(model: str, batch: int, blocks: int):
+    """The VllmConfig and KVCacheConfig of ``build``'s schedulers (reading the model's config once)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.request import Request
-    from vllm.v1.structured_output import StructuredOutputManager
 
     model_config = ModelConfig(model=model, dtype="float32", max_model_len=1024, skip_tokenizer_init=True)
     scheduler_config = SchedulerConfig(
@@ -62,6 +67,16 @@ def build(model: str, batch: int, blocks: int = 8192):
     config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
     spec = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
+    return config, kv
+
+
+def build(model: str, batch: int, blocks: int = 8192):
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config, kv = configs(model, batch, blocks)
     scheduler = Scheduler(
         vllm_config=config,
         kv_cache_config=kv,
@@ -81,13 +96,21 @@ def build(model: str, batch: int, blocks: int = 8192):
     return scheduler
 
 
+def model_output(scheduler_output):
+    """The model's output for a step: one sampled token per scheduled request."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(scheduler_output.num_scheduled_tokens)
+    return ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[7]] * len(ids)
+    )
+
+
 def steps(scheduler, n: int) -> tuple[list[float], list[float]]:
     """``n`` steps as the EngineCore makes them: schedule(), then (once the step's execute_model RPC
     would be sent) get_grammar_bitmask(), then update_from_output() with the model's output. Returns
     per step (critical path: schedule + update_from_output, while the workers wait; overlapped: the
     get_grammar_bitmask call, made while the workers would compute)."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     critical, overlapped = [], []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -95,12 +118,9 @@ def steps(scheduler, n: int) -> tuple[list[float], list[float]]:
         t1 = time.perf_counter()
         scheduler.get_grammar_bitmask(out)
         t2 = time.perf_counter()
-        ids = list(out.num_scheduled_tokens)
-        model_output = ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=[[7]] * len(ids)
-        )
+        output = model_output(out)
         t3 = time.perf_counter()
-        scheduler.update_from_output(out, model_output)
+        scheduler.update_from_output(out, output)
         t4 = time.perf_counter()
         critical.append(t1 - t0 + t4 - t3)
         overlapped.append(t2 - t1)
@@ -155,6 +175,140 @@ def collections(model: str, batch: int, timed: int) -> int:
     return count[0]
 
 
+def counted_steps(scheduler, n: int, tag: str) -> None:
+    """``steps()`` for callgrind (section G2): the same calls, each part of a step ending at a mark — its
+    critical path (``schedule``, ``update_from_output``) as ``tag|i|critical``, the rest (``get_grammar_bitmask``
+    and the model output's construction, which no variant changes) as ``tag|i|other``."""
+    mark = _callgrind.mark
+    gc.collect()
+    gc.disable()
+    try:
+        mark(None)
+        for i in range(n):
+            out = scheduler.schedule()
+            mark(f"{tag}|{i}|critical")
+            scheduler.get_grammar_bitmask(out)
+            output = model_output(out)
+            mark(f"{tag}|{i}|other")
+            scheduler.update_from_output(out, output)
+            mark(f"{tag}|{i}|critical")
+    finally:
+        gc.enable()
+
+
+def count_child(instrumentor, context, model: str, batches, variant: str, warm: int = 40, counted: int = 32) -> None:
+    """Under callgrind, one variant: per batch, a fresh scheduler that makes 32 steps uninstrumented (the prefill
+    step, then decode), then with the variant's hooks installed ``warm`` steps not counted and ``counted``
+    counted. ``counted`` = FLUSH_STEPS: one flush of the scheduler hook's records; the first flush after an
+    install, which creates its series again (several times a steady one), falls in the ``warm`` steps."""
+    for batch in batches:
+        run_as(instrumentor, context, UNTIMED, partial(build, model, batch))  # Scheduler.__init__'s hook: KV bytes
+        scheduler = build(model, batch)
+        steps(scheduler, 32)
+
+        def measure(scheduler=scheduler, tag=str(batch)):
+            steps(scheduler, warm)
+            counted_steps(scheduler, counted, tag)
+
+        run_as(instrumentor, context, variant, measure)
+    _callgrind.save()
+
+
+def count_variants(model: str, batches, seeds, simulate: bool = False) -> dict[tuple[str, int], dict]:
+    """``count_child`` under callgrind once per variant and hash seed, as many at a time as there are cores.
+    Per (variant, seed): per batch, (median critical path of a step, mean rest of a step) in instructions, and
+    with ``simulate`` the median critical path in callgrind's estimated cycles (else None)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        variant, seed = job
+        argv = [os.path.abspath(__file__), "--instructions-child", variant, "--model-dir", model]
+        argv += ["--instruction-batches", ",".join(map(str, batches))]
+        counts = _callgrind.run(argv, seed=seed, simulate=simulate)
+        per_batch = {}
+        for batch in batches:
+            parts: dict = {}
+            for label, (events, _segments) in counts.items():
+                b, i, part = label.split("|")
+                if int(b) == batch:
+                    parts.setdefault(part, []).append(events)
+            critical, rest = parts["critical"], parts["other"]
+            per_batch[batch] = (
+                statistics.median(e["Ir"] for e in critical),
+                statistics.fmean(e["Ir"] for e in rest),
+                statistics.median(map(_callgrind.estimated_cycles, critical)) if simulate else None,
+            )
+        return job, per_batch
+
+    jobs = [(variant, seed) for seed in seeds for variant in (OFF, ON, UNTIMED)]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return dict(pool.map(one, jobs))
+
+
+def instruction_table(model: str, batches, step_us: dict, seeds=(0, 1, 2), simulate: bool = False) -> None:
+    """Section G2: ``count_child`` under callgrind, printed per step; ``step_us``: G's median uninstrumented
+    critical path per batch in this run (µs), to read the added instructions as time."""
+    print("\n### G2. The same steps in instructions (callgrind), per step\n")
+    reason = _callgrind.unavailable()
+    if reason:
+        print(f"Not measured: {reason}.")
+        return
+    counts = count_variants(model, batches, seeds, simulate)
+    print(
+        "G's steps run under `valgrind --tool=callgrind`, which counts the instructions executed: the same code "
+        "and inputs give the same count whatever else the machine does. One process per variant and hash seed "
+        f"(PYTHONHASHSEED {', '.join(map(str, seeds))}); per batch, a fresh scheduler makes 32 steps "
+        "uninstrumented, then with the variant's hooks 40 steps not counted (the first flush of the scheduler "
+        "hook's records, which creates their series, among them) and 32 counted (one steady flush), the garbage "
+        "collector paused (G counts its collections). Per process and "
+        "batch: the median critical path of the 32 steps (`schedule()` + `update_from_output()`) and the mean "
+        "rest (`get_grammar_bitmask()`, where the flush runs, and the model output's construction, which no "
+        "variant changes). Added: per seed, a variant's count minus the uninstrumented one of the same seed; "
+        "the median over seeds (min–max). The uninstrumented count moves with the seed (dict layouts, and what "
+        "the interpreter specialises): its spread over seeds is the resolution. The last column reads the "
+        "default set's added critical path at the rate of G's uninstrumented steps in this run (its median µs "
+        "over its median instructions): a floor, not a time — the hooks' Python runs on the same interpreter "
+        "as the scheduler's, but what they cost in cache misses and mispredicted branches is not counted "
+        "(`--simulate` estimates it).\n"
+    )
+    rows = [("instructions", 0)] + ([("estimated cycles", 2)] if simulate else [])
+    print(
+        "| batch | count | uninstrumented: critical path / rest | uninstrumented, spread over seeds | every metric: "
+        "added critical path / rest | default set: added critical path / rest | default set's share of the "
+        "critical path | default set's added critical path at G's rate |"
+    )
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for batch in batches:
+        off = {seed: counts[OFF, seed][batch] for seed in seeds}
+
+        def added(variant, part, batch=batch, off=off):
+            differences = [counts[variant, seed][batch][part] - off[seed][part] for seed in seeds]
+            return statistics.median(differences), min(differences), max(differences)
+
+        def cell(value):
+            return f"{value[0]:+,.0f} ({value[1]:+,.0f} … {value[2]:+,.0f})"
+
+        for name, part in rows:
+            critical = [values[part] for values in off.values()]
+            base = statistics.median(critical)
+            on, default = added(ON, part), added(UNTIMED, part)
+            share = default[0] / base
+            rest = {"base": "", ON: "", UNTIMED: ""}
+            if part == 0:  # the rest, in instructions only
+                rest = {
+                    "base": f" / {statistics.median(values[1] for values in off.values()):,.0f}",
+                    ON: f" / {added(ON, 1)[0]:+,.0f}",
+                    UNTIMED: f" / {added(UNTIMED, 1)[0]:+,.0f}",
+                }
+            at_rate = (
+                f"{share * step_us[batch]:+.1f} µs (of {step_us[batch]:.0f})" if batch in step_us else "(G not run)"
+            )
+            print(
+                f"| {batch} | {name} | {base:,.0f}{rest['base']} | {max(critical) - min(critical):,.0f} | "
+                f"{cell(on)}{rest[ON]} | {cell(default)}{rest[UNTIMED]} | {share * 100:+.2f} % | {at_rate} |"
+            )
+
+
 OFF, ON, UNTIMED = "uninstrumented", "instrumented, every metric", "default set"
 UNTIMED_SCOPE = "schedule: allocate_slots"  # what the default set leaves untimed (with the other scheduler scopes)
 
@@ -189,7 +343,14 @@ def main(argv=None) -> int:
     parser.add_argument("--batches", default="16,64,256")
     parser.add_argument("--sets", type=int, default=16, help="fresh schedulers per batch (3 rounds each)")
     parser.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "otel-vllm-ascend-tiny-llama"))
+    parser.add_argument("--instruction-batches", default="64,256", help="G2's batches (callgrind: minutes each)")
+    parser.add_argument("--seeds", default="0,1,2", help="G2's hash seeds: one callgrind process per variant and seed")
+    parser.add_argument("--simulate", action="store_true", help="G2 with simulated caches and branch predictors")
+    parser.add_argument("--skip-timed", action="store_true", help="G2 only (instructions)")
+    parser.add_argument("--skip-instructions", action="store_true", help="G only (timed)")
+    parser.add_argument("--instructions-child", metavar="VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    batches = [int(b) for b in args.batches.split(",")]
     # The in-process pipeline: the fast recorder and its /metrics files, no OTLP push.
     os.environ.setdefault("OTEL_METRICS_EXPORTER", "none")
     os.environ.pop("OTEL_VLLM_ASCEND_ENABLED", None)
@@ -201,11 +362,24 @@ def main(argv=None) -> int:
 
     tiny_model.build(args.model_dir)  # the scheduler's ModelConfig reads the model's config
     instrumentor = VllmAscendInstrumentor()
+    counted = [int(b) for b in args.instruction_batches.split(",")]
+    if args.instructions_child:
+        count_child(instrumentor, context, args.model_dir, counted, args.instructions_child)
+        return 0
+    step_us = {} if args.skip_timed else timed_table(instrumentor, context, args, batches)
+    if not args.skip_instructions:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+        instruction_table(args.model_dir, counted, step_us, seeds, args.simulate)
+    return 0
+
+
+def timed_table(instrumentor, context, args, batches) -> dict[int, float]:
+    """Section G, printed; G's median uninstrumented critical path per batch (µs)."""
     # Variants, rotated per round: uninstrumented, instrumented with every metric (the opt-in scopes timed:
     # OTEL_VLLM_ASCEND_ENABLED_METRICS=*, read when the hooks are installed), and the default set.
     variants = (OFF, ON, UNTIMED)
     rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch in batches:
         rows.append((batch, paired_rounds(instrumentor, context, args.model_dir, batch, variants, args.sets)))
 
     def cell(values):
@@ -255,7 +429,7 @@ def main(argv=None) -> int:
         f"\nGarbage collections in {timed} decode steps at batch {batch} (after 32 warm-up steps): "
         f"uninstrumented {counted[OFF]}, instrumented {counted[ON]}."
     )
-    return 0
+    return {batch: statistics.median(c for c, _ in results[OFF]) for batch, results in rows}
 
 
 if __name__ == "__main__":
