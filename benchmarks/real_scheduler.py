@@ -34,20 +34,19 @@ alone, ``--skip-instructions`` G alone.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import os
 import statistics
 import sys
 import tempfile
 import time
-from functools import partial
+from functools import lru_cache, partial
 
 import _callgrind
 from e2e_overhead import bootstrap_median_by_set
 
 
-@functools.lru_cache
+@lru_cache
 def configs(model: str, batch: int, blocks: int):
     """The VllmConfig and KVCacheConfig of ``build``'s schedulers (reading the model's config once)."""
     import torch
