@@ -4,12 +4,13 @@ marks the program sets itself.
 These machines are shared VMs without hardware counters (``perf stat -e instructions`` reads "not supported");
 two runs of the same timed code differ by more than a hook costs. Callgrind counts the instructions the program
 executes, which do not depend on what else the machine is doing: the same code, inputs and environment give the
-same count (``PYTHONHASHSEED`` is fixed so that dict and set layouts repeat).
+same count (``run()`` fixes ``PYTHONHASHSEED``, to the seed it is given, so that dict and set layouts repeat).
 
 A mark is a call of ``os.getppid()``, which the program makes nowhere else that matters: callgrind runs with
 ``--dump-before=os_getppid`` (the C function behind it in CPython's binary), so each mark writes the counts since
 the previous one to a numbered file. ``mark(label)`` names the segment that ends there; ``run()`` pairs the files
-with the names and sums the instructions per name. A segment named None is not reported (warm-up, setup).
+with the names and sums each event (``Ir``: instructions; more with ``simulate``) per name. A segment named None
+is not reported (warm-up, setup).
 
 A count converts to time only at a rate measured elsewhere (the same code timed natively): CPython's instructions
 run at about the same rate whoever's Python they interpret, but cache misses and the clock reads' system time are
@@ -37,10 +38,6 @@ def unavailable() -> str | None:
     if shutil.which("valgrind") is None:
         return "valgrind is not installed (Debian: apt-get install -y valgrind)"
     return None
-
-
-def under_callgrind() -> bool:
-    return LABELS_FILE in os.environ
 
 
 def mark(label: str | None) -> None:
