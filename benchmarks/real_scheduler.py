@@ -27,8 +27,13 @@ machine from minute to minute.
 
 Section G2 runs the same steps under callgrind (``_callgrind``), which counts instructions instead of
 timing them: the count does not depend on what else the machine does, so a difference of a fraction of a
-percent of the step reads where G's intervals span more than the hooks cost. ``--skip-timed`` runs G2
-alone, ``--skip-instructions`` G alone.
+percent of the step reads where G's intervals span more than the hooks cost. ``--skip-timed`` leaves G out,
+``--skip-instructions`` G2.
+
+Section G3 times our critical-path handlers from inside the same steps (``handler_times``): each handler
+method's own time, per step, as the scheduler's work around it leaves the caches. Unlike G's differences
+between rounds, these are medians of one quantity, stable to a few percent from run to run on a noisy
+machine, so a code change to a handler reads there first. ``--skip-handlers`` leaves it out.
 """
 
 from __future__ import annotations
@@ -350,8 +355,9 @@ def main(argv=None) -> int:
     parser.add_argument("--instruction-batches", default="64,256", help="G2's batches (callgrind: minutes each)")
     parser.add_argument("--seeds", default="0,1,2", help="G2's hash seeds: one callgrind process per variant and seed")
     parser.add_argument("--simulate", action="store_true", help="G2 with simulated caches and branch predictors")
-    parser.add_argument("--skip-timed", action="store_true", help="G2 only (instructions)")
+    parser.add_argument("--skip-timed", action="store_true", help="no G (G2 and G3 run)")
     parser.add_argument("--skip-instructions", action="store_true", help="G only (timed)")
+    parser.add_argument("--skip-handlers", action="store_true", help="no G3 (the handlers timed from inside)")
     parser.add_argument("--instructions-child", metavar="VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -370,15 +376,107 @@ def main(argv=None) -> int:
     if args.instructions_child:
         count_child(instrumentor, context, args.model_dir, counted, args.instructions_child)
         return 0
-    step_us = {} if args.skip_timed else timed_table(instrumentor, context, args, batches)
+    step_us, added_us = ({}, {}) if args.skip_timed else timed_table(instrumentor, context, args, batches)
+    if not args.skip_handlers:
+        handler_table(instrumentor, context, args.model_dir, counted, added_us)
     if not args.skip_instructions:
         seeds = [int(seed) for seed in args.seeds.split(",")]
         instruction_table(args.model_dir, counted, step_us, seeds, args.simulate)
     return 0
 
 
-def timed_table(instrumentor, context, args, batches) -> dict[int, float]:
-    """Section G, printed; G's median uninstrumented critical path per batch (µs)."""
+#: The default set's handler methods on the EngineCore's critical path (G3), as (module, class, method).
+CRITICAL_HANDLERS = (
+    ("scheduler", "Schedule", "before"),
+    ("scheduler", "Schedule", "after"),
+    ("scheduler", "UpdateFromOutput", "before"),
+    ("scheduler", "UpdateFromOutput", "after"),
+)
+
+
+def timing_shims(methods):
+    """Replace each (class, method name) of ``methods`` by a shim that times the original's calls (perf_counter
+    around it); returns ({"Class.method": [seconds, …]}, restore). The shim adds its own frame and two clock reads
+    to what it times (~0.1 µs)."""
+    times: dict = {}
+    originals = []
+    for cls, name in methods:
+        original = cls.__dict__[name]
+        calls = times[f"{cls.__name__}.{name}"] = []
+
+        def shim(self, *args, _original=original, _append=calls.append, _clock=time.perf_counter):
+            start = _clock()
+            try:
+                return _original(self, *args)
+            finally:
+                _append(_clock() - start)
+
+        originals.append((cls, name, original))
+        setattr(cls, name, shim)
+
+    def restore() -> None:
+        for cls, name, original in originals:
+            setattr(cls, name, original)
+
+    return times, restore
+
+
+def handler_times(instrumentor, context, model: str, batch: int, sets: int = 8, warm: int = 40, timed: int = 256):
+    """Section G3: the default set's critical-path handler methods (``CRITICAL_HANDLERS``) timed from inside G's
+    steps: per fresh scheduler, ``warm`` steps, then per method the median of its calls in ``timed`` steps (µs).
+    Returns {"Class.method": [median per scheduler, …]}."""
+    import importlib
+
+    methods = [
+        (getattr(importlib.import_module(f"opentelemetry_instrumentation_vllm_ascend.handlers.{module}"), cls), name)
+        for module, cls, name in CRITICAL_HANDLERS
+    ]
+    times, restore = timing_shims(methods)
+    per_scheduler: dict = {name: [] for name in times}
+    try:
+        for _ in range(sets):
+            scheduler = run_as(instrumentor, context, UNTIMED, partial(build, model, batch))
+            steps(scheduler, 32)
+
+            def measure(scheduler=scheduler):
+                steps(scheduler, warm)
+                for calls in times.values():
+                    calls.clear()
+                steps(scheduler, timed)
+
+            run_as(instrumentor, context, UNTIMED, measure)
+            for name, calls in times.items():
+                per_scheduler[name].append(statistics.median(calls) * 1e6)
+    finally:
+        restore()
+    return per_scheduler
+
+
+def handler_table(instrumentor, context, model: str, batches, added_us: dict) -> None:
+    """Section G3, printed; ``added_us``: G's added critical path per batch with the default set, this run (µs)."""
+    print("\n### G3. The default set's critical-path handlers timed from inside G's steps, µs per step\n")
+    print(
+        "Each handler method on the EngineCore's critical path (the hooks of `Scheduler.schedule` and "
+        "`update_from_output`) is wrapped in a timer while G's steps run with the default set: per fresh "
+        "scheduler (8) the median of its 256 calls after 40 steps, then the median over schedulers (min–max). "
+        "The scheduler's own work between the calls leaves them the caches a server's step leaves them, so "
+        "these are the handlers' cost in place, not hot in a loop (section A). Not included: the generated "
+        "wrappers around them and the scope factory (per request), which G's added time includes; each timer "
+        "adds its own frame and two clock reads (~0.1 µs).\n"
+    )
+    names = [f"{cls}.{method}" for _module, cls, method in CRITICAL_HANDLERS]
+    print("| batch | " + " | ".join(f"`{name}`" for name in names) + " | sum of medians | G: default set's added |")
+    print("|---:|" + "---:|" * (len(names) + 2))
+    for batch in batches:
+        per = handler_times(instrumentor, context, model, batch)
+        medians = {name: statistics.median(values) for name, values in per.items()}
+        cells = " | ".join(f"{medians[n]:.2f} ({min(per[n]):.2f}–{max(per[n]):.2f})" for n in names)
+        g = f"{added_us[batch]:+.1f}" if batch in added_us else "(G not run)"
+        print(f"| {batch} | {cells} | {sum(medians.values()):.2f} | {g} |")
+
+
+def timed_table(instrumentor, context, args, batches) -> tuple[dict[int, float], dict[int, float]]:
+    """Section G, printed; per batch, G's median uninstrumented critical path and the default set's added one (µs)."""
     # Variants, rotated per round: uninstrumented, instrumented with every metric (the opt-in scopes timed:
     # OTEL_VLLM_ASCEND_ENABLED_METRICS=*, read when the hooks are installed), and the default set.
     variants = (OFF, ON, UNTIMED)
@@ -433,7 +531,9 @@ def timed_table(instrumentor, context, args, batches) -> dict[int, float]:
         f"\nGarbage collections in {timed} decode steps at batch {batch} (after 32 warm-up steps): "
         f"uninstrumented {counted[OFF]}, instrumented {counted[ON]}."
     )
-    return {batch: statistics.median(c for c, _ in results[OFF]) for batch, results in rows}
+    return {batch: statistics.median(c for c, _ in results[OFF]) for batch, results in rows}, {
+        batch: added(results, UNTIMED)[0] for batch, results in rows
+    }
 
 
 if __name__ == "__main__":
