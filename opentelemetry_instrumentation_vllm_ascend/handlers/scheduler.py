@@ -60,19 +60,35 @@ def flush_step(step: Step, phase: str) -> None:
 _BLOCKED = STATE.blocked
 
 
+#: A FCFS queue is vLLM's deque subclass, whose len() and iteration are Python calls: the deque's own are used.
+_deque_len, _deque_iter = deque.__len__, deque.__iter__
+
+
 def _step_sizes(output) -> tuple:
-    """(requests scheduled, their context length after the step) of a SchedulerOutput, read when
-    ``schedule()`` returns (the output itself is not kept for the deferred records: holding 32 steps'
-    outputs would delay their release, and the garbage collector would start running); the length
-    is None when nothing was scheduled."""
+    """(requests scheduled, what their context length after the step is made of) of a SchedulerOutput, read
+    when ``schedule()`` returns (the output itself is not kept for the deferred records: holding 32 steps'
+    outputs would delay their release, and the garbage collector would start running). The length is
+    ``_seqlen(sizes)``: the scheduled tokens and the new requests' computed ones are added now, the cached
+    requests' list of computed tokens (vLLM builds it for the step and never changes it) is summed only for
+    the step whose length is recorded (the last of its phase in a flush; the gauges keep only that one);
+    ``(0, None, None)`` when nothing was scheduled."""
     n = len(output.num_scheduled_tokens)
     if not n:
-        return 0, None
+        return 0, None, None
     new = output.scheduled_new_reqs
-    seqlen = sum(output.scheduled_cached_reqs.num_computed_tokens) + output.total_num_scheduled_tokens
+    base = output.total_num_scheduled_tokens
     if new:  # (a decode step has none: no comprehension to run)
-        seqlen += sum([r.num_computed_tokens for r in new])
-    return n, seqlen
+        base += sum([r.num_computed_tokens for r in new])
+    return n, base, output.scheduled_cached_reqs.num_computed_tokens
+
+
+def _seqlen(sizes: tuple):
+    """The context length after a step, summed over its requests, from ``_step_sizes``' parts; None when the
+    computed tokens are not a list of numbers (a scheduler of another shape: no length, the other records stay)."""
+    try:
+        return sizes[1] + sum(sizes[2])
+    except TypeError:
+        return None
 
 
 def _queue_state(scheduler, phase: str, step_class) -> tuple:
@@ -95,7 +111,10 @@ def _queue_state(scheduler, phase: str, step_class) -> tuple:
     held = getattr(scheduler, "kv_holding_waiting", None)
     if held is None:
         held = getattr(scheduler, "skipped_waiting", None) or ()
-    waiting = len(scheduler.waiting) + len(held)
+    waiting = scheduler.waiting
+    waiting = (_deque_len(waiting) if isinstance(waiting, deque) else len(waiting)) + (
+        _deque_len(held) if isinstance(held, deque) else len(held)
+    )
     limit = getattr(scheduler, "max_num_active_reqs", None)
     if limit is None:
         limit = scheduler.max_num_running_reqs
@@ -187,7 +206,10 @@ def _record_schedules(steps: list) -> None:
                 record_n(_PHASE_TOKENS, tokens, count, phase_labels)
                 recording.add(_PHASE_COUNTER, tokens * count, phase_labels)
                 kv_writes(tokens * count, phase_labels)
-    for phase, (n, seqlen) in last_sizes.items():  # context lengths after the step: sum and mean
+    for phase, sizes in last_sizes.items():  # context lengths after the step: sum and mean
+        n, seqlen = sizes[0], _seqlen(sizes)
+        if seqlen is None:
+            continue
         labels = context.step_labels(phase)
         recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
         recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
@@ -223,9 +245,6 @@ def _preempted_of(scheduler) -> dict:
         except (AttributeError, TypeError):
             pass  # a scheduler that takes no attributes: each step sees only its own preemptions
     return pending
-
-
-_deque_len, _deque_iter = deque.__len__, deque.__iter__
 
 
 def _preempted_status():
@@ -343,7 +362,24 @@ class Schedule(Handler):
         if recomputed:
             step.recomputes += len(recomputed)
         try:
-            _count_preemptions(scheduler, result, step)
+            waiting = scheduler.waiting
+            try:
+                pending = scheduler.__dict__.get(_PREEMPTED)
+            except AttributeError:
+                pending = True  # no instance dict: the full count
+            # The common step — nothing preempted since the last one (``preempted_req_ids``), none waiting to
+            # resume, no preempted request at the head of a FCFS queue — is decided here; any other runs the
+            # full count.
+            if (
+                pending
+                or getattr(result, "preempted_req_ids", None)
+                or not isinstance(waiting, deque)
+                or (
+                    _deque_len(waiting)
+                    and getattr(waiting[0], "status", None) is (STATE.status_preempted or _preempted_status())
+                )
+            ):
+                _count_preemptions(scheduler, result, step)
         except Exception:
             report(self, "_count_preemptions")
         step_class = classify_step(scheduler, result)
