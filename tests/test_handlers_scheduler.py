@@ -3,6 +3,7 @@ failures) and the step classification (handlers/steps.py) on plain objects shape
 recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
 fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
 
+from collections import deque
 from types import SimpleNamespace as NS
 
 import pytest
@@ -165,6 +166,34 @@ def test_schedule_records_are_deferred_until_the_engine_waits(metrics, clock, ut
     assert metrics.points()[name("record_function_or_nullcontext")] == {
         key(**step("decode", name="schedule: allocate_slots")): (1, 0.0625, counts(SC, b10=1))
     }
+
+
+@pytest.mark.parametrize(
+    "queue, reported, counted",
+    [
+        (deque, None, 1),  # FCFS: its head is looked at whether or not the output reports preemptions
+        (deque, set(), 1),
+        (list, None, 1),  # a priority queue is searched for a scheduler whose output reports none
+        (list, set(), 0),  # … and not for one that reports them (vLLM 0.32+: reported next step)
+    ],
+)
+def test_a_request_preempted_inline_is_counted_whatever_its_queue(metrics, clock, utils, queue, reported, counted):
+    """A scheduler that preempts without _preempt_request (vllm-ascend's SchedulerDynamicBatch) puts the request
+    back in ``waiting``, status PREEMPTED. Schedule decides a step with nothing of the kind without the full
+    preemption count; a step with one is counted: one preemption, one recompute event."""
+    from vllm.v1.request import RequestStatus
+
+    requests = {"decode": req(12, 13, prompt=10), "victim": req(0, 9, prompt=5, request_id="victim")}
+    requests["victim"].status = RequestStatus.PREEMPTED
+    out = output(requests, cached=[("decode", 1)])
+    out.preempted_req_ids = reported
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
+    s.waiting = queue([requests["victim"]])
+    s.plan = [(out, 0.125, [])]
+    s.schedule()
+    dec = step("decode")
+    assert metrics.value(name("running_to_waiting_count"), **dec) == (counted or None)
+    assert metrics.value(name("scheduler:recompute_events"), **dec) == (counted or None)
 
 
 def test_deferred_records_do_not_keep_the_step_output(metrics, clock, utils):
@@ -363,6 +392,16 @@ def test_schedule_failing_parts_do_not_stop_the_others(metrics, clock, utils):
     assert m.value(name("scheduler:batch_size"), **dec) == (2, 2, counts(R, b1=2))
     assert m.value(name("scheduler:running_queue_size"), **dec) == (1, 1, counts(R, b1=1))  # unchanged
     assert m.value(name("allocated_kvcache_blocks"), **ALL_LABELS) == 5
+
+    # Computed tokens that are not numbers (a scheduler of another shape): no context length, the rest recorded.
+    odd = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
+    out3 = output(requests, cached=[("decode", 1)])
+    out3.scheduled_cached_reqs.num_computed_tokens = [None]
+    odd.plan = [(out3, 0.25, [])]
+    assert odd.schedule() is out3
+    assert m.value(name("scheduler:batch_size"), **dec) == (3, 3, counts(R, b1=3))
+    assert m.value(name("scheduler:running_queue_size"), **dec) == (2, 2, counts(R, b1=2))
+    assert m.value(name("scheduler:seqlen:sum"), **dec) == 13  # the earlier steps' (12 computed + 1), kept
 
 
 def test_a_scope_entered_once_per_request_is_one_observation_each(metrics, clock, utils):

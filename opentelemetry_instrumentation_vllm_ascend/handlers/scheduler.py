@@ -368,15 +368,19 @@ class Schedule(Handler):
             except AttributeError:
                 pending = True  # no instance dict: the full count
             # The common step — nothing preempted since the last one (``preempted_req_ids``), none waiting to
-            # resume, no preempted request at the head of a FCFS queue — is decided here; any other runs the
-            # full count.
+            # resume, no preempted request at the head of a FCFS queue, nothing to search in a priority queue of
+            # a scheduler that reports no preemptions — is decided here; any other runs the full count.
+            ids = getattr(result, "preempted_req_ids", None)
             if (
                 pending
-                or getattr(result, "preempted_req_ids", None)
-                or not isinstance(waiting, deque)
+                or ids
                 or (
-                    _deque_len(waiting)
-                    and getattr(waiting[0], "status", None) is (STATE.status_preempted or _preempted_status())
+                    (
+                        _deque_len(waiting)
+                        and getattr(waiting[0], "status", None) is (STATE.status_preempted or _preempted_status())
+                    )
+                    if isinstance(waiting, deque)
+                    else (ids is None and waiting)
                 )
             ):
                 _count_preemptions(scheduler, result, step)
