@@ -424,12 +424,19 @@ def timing_shims(methods):
     return times, restore
 
 
-def handler_times(instrumentor, context, model: str, batch: int, sets: int = 8, warm: int = 40, timed: int = 256):
+def handler_times(
+    instrumentor, context, model: str, batch: int, cold: bool = False, sets: int = 8, warm: int = 40, timed: int = 256
+):
     """Section G3: the default set's critical-path handler methods (``CRITICAL_HANDLERS``) timed from inside G's
     steps: per fresh scheduler, ``warm`` steps, then per method the median of its calls in ``timed`` steps (µs),
-    and for ``FLUSH_HANDLER`` (``timed`` a multiple of 32: whole flushes) the mean per step.
-    Returns {"Class.method": [value per scheduler, …]}."""
+    and for ``FLUSH_HANDLER`` (``timed`` a multiple of 32: whole flushes) the mean per step. ``cold``: a copy of
+    section F2's sweep buffer (more than the last-level cache, untimed) before each timed step, as a CPU server's
+    forward pass leaves the caches between two engine steps. Returns {"Class.method": [value per scheduler, …]}."""
     import importlib
+
+    from _step import SWEEP_BYTES
+
+    sweep = bytearray(SWEEP_BYTES) if cold else None
 
     methods = [
         (getattr(importlib.import_module(f"opentelemetry_instrumentation_vllm_ascend.handlers.{module}"), cls), name)
@@ -447,7 +454,12 @@ def handler_times(instrumentor, context, model: str, batch: int, sets: int = 8, 
                 steps(scheduler, warm)
                 for calls in times.values():
                     calls.clear()
-                steps(scheduler, timed)
+                if sweep is None:
+                    steps(scheduler, timed)
+                else:
+                    for _ in range(timed):
+                        bytes(sweep)  # a copy: reads and writes the whole buffer
+                        steps(scheduler, 1)
 
             run_as(instrumentor, context, UNTIMED, measure)
             for name, calls in times.items():
@@ -470,7 +482,9 @@ def handler_table(instrumentor, context, model: str, batches, added_us: dict) ->
         "wrappers around them and the scope factory (per request), which G's added time includes; each timer "
         "adds its own frame and two clock reads (~0.1 µs). Last column: the scheduler hook's records, run every "
         "32nd step in `get_grammar_bitmask` while the workers compute (off the critical path; on a CPU server, "
-        "on the worker's core), their time over the 256 steps (8 flushes) per step.\n"
+        "on the worker's core), their time over the 256 steps (8 flushes) per step. Cold caches: the same with "
+        "a copy of a 48 MiB buffer (more than the last-level cache, untimed) before each of 128 timed steps, as a "
+        "CPU server's forward pass leaves the caches between two engine steps (section F2).\n"
     )
     names = [f"{cls}.{method}" for _module, cls, method in CRITICAL_HANDLERS]
     flush = f"{FLUSH_HANDLER[1]}.{FLUSH_HANDLER[2]}"
@@ -481,14 +495,14 @@ def handler_table(instrumentor, context, model: str, batches, added_us: dict) ->
         + f"(`{flush}`), mean per step |"
     )
     print("|---:|" + "---:|" * (len(names) + 3))
-    for batch in batches:
-        per = handler_times(instrumentor, context, model, batch)
+    for batch, cold in [(batch, cold) for cold in (False, True) for batch in batches]:
+        per = handler_times(instrumentor, context, model, batch, cold=cold, timed=128 if cold else 256)
         medians = {name: statistics.median(values) for name, values in per.items()}
         cells = " | ".join(f"{medians[n]:.2f} ({min(per[n]):.2f}–{max(per[n]):.2f})" for n in names)
-        g = f"{added_us[batch]:+.1f}" if batch in added_us else "(G not run)"
+        g = "" if cold else f"{added_us[batch]:+.1f}" if batch in added_us else "(G not run)"
         critical = sum(medians[n] for n in names)
         flushed = f"{medians[flush]:.2f} ({min(per[flush]):.2f}–{max(per[flush]):.2f})"
-        print(f"| {batch} | {cells} | {critical:.2f} | {g} | {flushed} |")
+        print(f"| {batch}{', cold caches' if cold else ''} | {cells} | {critical:.2f} | {g} | {flushed} |")
 
 
 def timed_table(instrumentor, context, args, batches) -> tuple[dict[int, float], dict[int, float]]:
