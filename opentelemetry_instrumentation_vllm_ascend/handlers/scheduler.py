@@ -270,13 +270,18 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     preempted request is put back (a priority queue is searched whole, only for a scheduler that does
     not fill ``preempted_req_ids``). A preemption already recorded (``_preempted_of``) is not counted
     again. A request preempted inline had computed its tokens but the one it last sampled (exact for a
-    decoding request: its computed count was reset before it could be read)."""
-    pending = _preempted_of(scheduler)
+    decoding request: its computed count was reset before it could be read).
+
+    The common step (nothing preempted, none waiting to resume) makes no call: the scheduler's dict of
+    preempted requests is read from its instance dict, and made (``_preempted_of``) only to note one."""
+    attributes = getattr(scheduler, "__dict__", None)
+    pending = attributes.get(_PREEMPTED) if attributes is not None else None
+    known = pending or ()  # preemptions already noted (membership only)
     found = None  # {request id: request} preempted in this call without _preempt_request
     ids = getattr(result, "preempted_req_ids", None)
     if ids:
         for req_id in ids:
-            if req_id not in pending:
+            if req_id not in known:
                 request = scheduler.requests.get(req_id)
                 if request is not None:
                     found = found or {}
@@ -291,7 +296,7 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
                 for request in _deque_iter(waiting):
                     if request.status is not preempted:
                         break
-                    if request.request_id not in pending:
+                    if request.request_id not in known:
                         found = found or {}
                         found[request.request_id] = request
     elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
@@ -300,11 +305,12 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
             if (
                 preempted is not None
                 and getattr(request, "status", None) is preempted
-                and request.request_id not in pending
+                and request.request_id not in known
             ):
                 found = found or {}
                 found[request.request_id] = request
     if found:
+        pending = _preempted_of(scheduler)
         for req_id, request in found.items():
             mark_recomputing(scheduler, req_id)
             pending[req_id] = max(request.num_tokens - 1, 0)
@@ -362,28 +368,7 @@ class Schedule(Handler):
         if recomputed:
             step.recomputes += len(recomputed)
         try:
-            waiting = scheduler.waiting
-            try:
-                pending = scheduler.__dict__.get(_PREEMPTED)
-            except AttributeError:
-                pending = True  # no instance dict: the full count
-            # The common step — nothing preempted since the last one (``preempted_req_ids``), none waiting to
-            # resume, no preempted request at the head of a FCFS queue, nothing to search in a priority queue of
-            # a scheduler that reports no preemptions — is decided here; any other runs the full count.
-            ids = getattr(result, "preempted_req_ids", None)
-            if (
-                pending
-                or ids
-                or (
-                    (
-                        _deque_len(waiting)
-                        and getattr(waiting[0], "status", None) is (STATE.status_preempted or _preempted_status())
-                    )
-                    if isinstance(waiting, deque)
-                    else (ids is None and waiting)
-                )
-            ):
-                _count_preemptions(scheduler, result, step)
+            _count_preemptions(scheduler, result, step)
         except Exception:
             report(self, "_count_preemptions")
         step_class = classify_step(scheduler, result)
