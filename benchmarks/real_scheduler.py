@@ -395,6 +395,7 @@ CRITICAL_HANDLERS = (
 #: The hook where the scheduler hook's records run, FLUSH_STEPS steps at a time, off the critical path (G3: its
 #: mean per step).
 FLUSH_HANDLER = ("scheduler", "GrammarBitmask", "before")
+FLUSH_NAME = f"{FLUSH_HANDLER[1]}.{FLUSH_HANDLER[2]}"  # its key in handler_times' result
 
 
 def timing_shims(methods):
@@ -442,7 +443,7 @@ def handler_times(
         (getattr(importlib.import_module(f"opentelemetry_instrumentation_vllm_ascend.handlers.{module}"), cls), name)
         for module, cls, name in CRITICAL_HANDLERS + (FLUSH_HANDLER,)
     ]
-    flush = f"{FLUSH_HANDLER[1]}.{FLUSH_HANDLER[2]}"
+    flush = FLUSH_NAME
     times, restore = timing_shims(methods)
     per_scheduler: dict = {name: [] for name in times}
     try:
@@ -487,7 +488,7 @@ def handler_table(instrumentor, context, model: str, batches, added_us: dict) ->
         "CPU server's forward pass leaves the caches between two engine steps (section F2).\n"
     )
     names = [f"{cls}.{method}" for _module, cls, method in CRITICAL_HANDLERS]
-    flush = f"{FLUSH_HANDLER[1]}.{FLUSH_HANDLER[2]}"
+    flush = FLUSH_NAME
     print(
         "| batch | "
         + " | ".join(f"`{name}`" for name in names)
