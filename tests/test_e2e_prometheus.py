@@ -169,7 +169,7 @@ def test_every_recording_rule_returns_series(stack):
     names = [r["record"] for r in dashboards.recording_rules()]
     # The rules are evaluated every second; give them a few evaluations after the load.
     missing = wait_for(lambda: [n for n in names if not prom.query(f"last_over_time({n}[1m])")] or None, 20)
-    assert not missing, f"recording rules with no series: {missing}"
+    assert not missing, f"recording rules with no series: {missing}; {evidence(prom, missing)}"
     # The recorded tokens per second, at the time it was evaluated, against vLLM's own generated-token counter
     # over the same window at that time. vLLM's counter exists at 0 from the start; each of our per-phase series
     # is first exported at its first iteration, with that iteration's tokens and whatever followed until the
@@ -188,6 +188,25 @@ def test_every_recording_rule_returns_series(stack):
         first_values,
         theirs,
     )
+
+
+def evidence(prom, records: list) -> dict:
+    """What Prometheus held for the rules that came back empty: their state, and each input series' samples in the
+    rule's window and the scrapes over it (a rate() needs two samples of one series)."""
+    rules = {r["name"]: r for g in prom.get("/api/v1/rules")["groups"] for r in g["rules"]}
+    found = {}
+    for record in records:
+        rule = rules.get(record, {})
+        found[record] = {k: rule.get(k) for k in ("health", "lastError", "lastEvaluation", "evaluationTime")}
+        for name in set(re.findall(r"vllm_profiling_\w+(?::\w+)*", rule.get("query", ""))):
+            found[name] = [
+                (s["metric"], s["value"][1]) for s in prom.query(f"count_over_time({name}[5m])")
+            ] or "no samples in 5m"
+    found["failed scrapes in 5m"] = prom.query(
+        'count_over_time(up{job="vllm"}[5m]) - sum_over_time(up{job="vllm"}[5m])'
+    )
+    found["longest scrape in 5m (s)"] = prom.query('max_over_time(scrape_duration_seconds{job="vllm"}[5m])')
+    return found
 
 
 def test_rules_loaded_and_healthy(stack):
