@@ -13,7 +13,8 @@ order of the three in turn), each starting once the previous server is idle agai
 a second after its last step). Rounds are seconds apart, so the machine's drift (a shared VM) cancels within a
 round; fresh server sets (``--server-sets``) cover start-up effects such as memory placement. Each server's
 EngineCore is bound to its worker's core and its API server, with this client, to the other cores (``bind()``;
-``--no-bind`` leaves them floating).
+``--placement apart`` binds the EngineCore with the API server, leaving the worker's core to the forward pass, as
+an accelerator server does; ``--no-bind`` leaves them floating).
 
 ``--switched`` measures one instrumented server per set instead, as all three variants: its recording on, and
 switched off at runtime with the package's ``control`` command (off twice: the A/A control), so a server's own
@@ -163,10 +164,11 @@ def pin(pid: int, cores: set[int]) -> None:
             pass
 
 
-def bind(server: Server) -> set[int] | None:
-    """Bind the server's EngineCore to its workers' cores and its API server (every other process) to the
-    remaining cores, where the benchmark's client runs too; returns those API-side cores (None, binding
-    nothing, when the workers have every core).
+def bind(server: Server, placement: str = "shared") -> set[int] | None:
+    """Bind the server's EngineCore to its workers' cores (``placement`` ``shared``) or to the other cores
+    (``apart``: the workers' cores run the workers alone, as an accelerator server's EngineCore has a core of
+    its own) and its API server (every other process) to the remaining cores, where the benchmark's client runs
+    too; returns those API-side cores (None, binding nothing, when the workers have every core).
 
     The EngineCore and its worker take turns: the worker computes while the EngineCore waits for its reply,
     and the EngineCore schedules while the worker waits for the next step; both wait by polling. Unbound, the
@@ -183,7 +185,7 @@ def bind(server: Server) -> set[int] | None:
     for pid in [server.proc.pid] + descendants(server.proc.pid):
         kind = process_kind(pid)
         if kind == "engine_core":
-            pin(pid, engine)
+            pin(pid, engine if placement == "shared" else api)
         elif kind == "api_server":
             pin(pid, api)
     return api
@@ -218,7 +220,7 @@ def start(model: str, variant: str, log_dir: str, i: int, args) -> Server:
     extra = ("--num-gpu-blocks-override", "512", "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", "1024")
     server = Server(model, env=env, log_path=log, extra_args=extra).start(timeout=900)
     server.complete(tiny_model.prompt(999), max_tokens=8)  # warm-up
-    server.api_cores = bind(server) if args.bind else None
+    server.api_cores = bind(server, args.placement) if args.bind else None
     return server
 
 
@@ -387,6 +389,17 @@ def print_scrape_cost(cost: dict) -> None:
     print("Largest of our families: " + ", ".join(f"{f[len(catalogue.PREFIX) :]} {n}" for f, (n, _) in largest))
 
 
+#: The decode step time at batch 64 the step preset stands for: an accelerator's on a real model.
+STEP_RANGE_MS = (20, 40)
+
+
+def resized_layers(layers: int, step_ms: float) -> int:
+    """The layers that bring a decode step of ``step_ms`` with ``layers`` layers to the middle of
+    ``STEP_RANGE_MS``, taking the step as proportional to the layers (it is not quite: the sampler and the
+    engine's own work do not grow with them)."""
+    return max(1, round(layers * sum(STEP_RANGE_MS) / 2 / step_ms))
+
+
 PRESETS = {
     # The tests' tiny model: ~3 ms decode steps, the per-step cost weighs most here.
     "tiny": dict(size=tiny_model.TINY, load="batch", requests=128, max_tokens=200, max_num_seqs=64),
@@ -422,10 +435,24 @@ def main(argv=None) -> int:
         help="leave the EngineCores, the API servers and this client unbound (see bind())",
     )
     parser.add_argument(
+        "--placement",
+        choices=("shared", "apart"),
+        default="shared",
+        help="bound servers: each EngineCore on its worker's core (shared: what the EngineCore does, its hooks "
+        "included, shares a core with the forward pass) or with the API server and this client (apart: the "
+        "worker's core runs the forward pass alone, as on an accelerator server)",
+    )
+    parser.add_argument(
         "--switched",
         action="store_true",
         help="one instrumented server per set, its recording switched on and off at runtime between measurements "
         "(on; off; off again as the A/A control): what switching off saves, without the servers' own offsets",
+    )
+    parser.add_argument(
+        "--layers",
+        type=int,
+        help="the preset model's layers (default: the preset's): a VM faster than the one the step preset was sized "
+        "on needs more to bring its decode steps at batch 64 back to 20-40 ms",
     )
     parser.add_argument("--model-dir", help="where to build the preset's model (default: a directory per size)")
     args = parser.parse_args(argv)
@@ -433,7 +460,7 @@ def main(argv=None) -> int:
     args.load, args.max_num_seqs = preset["load"], preset["max_num_seqs"]
     args.requests = args.requests or preset["requests"]
     args.max_tokens = args.max_tokens or preset["max_tokens"]
-    size = preset["size"]
+    size = dict(preset["size"], **({"layers": args.layers} if args.layers else {}))
     model_dir = args.model_dir or os.path.join(
         tempfile.gettempdir(), "otel-vllm-ascend-llama-{hidden}x{layers}".format(**size)
     )
@@ -508,7 +535,11 @@ def main(argv=None) -> int:
         + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
         + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
         + (
-            f"; EngineCores bound to their workers' core(s), API servers and the client to {sorted(bound)}"
+            (
+                f"; EngineCores bound to their workers' core(s), API servers and the client to {sorted(bound)}"
+                if args.placement == "shared"
+                else f"; workers alone on their core(s), EngineCores, API servers and the client on {sorted(bound)}"
+            )
             if bound
             else "; EngineCores, API servers and the client not bound"
         )
@@ -557,10 +588,17 @@ def main(argv=None) -> int:
         per_step = [
             args.max_num_seqs / res["off"]["tokens_per_s"] * 1e3 for _, res in rounds
         ]  # tokens/s at a full batch: one token per request per step
+        step_ms = statistics.median(per_step)
         print(
             f"{columns[0].capitalize()} step time at batch {min(args.requests, args.max_num_seqs)}, from its "
-            f"throughput (prefill included): median {statistics.median(per_step):.1f} ms"
+            f"throughput (prefill included): median {step_ms:.1f} ms"
         )
+        low, high = STEP_RANGE_MS
+        if args.preset == "step" and not low <= step_ms <= high:
+            print(
+                f"That is outside the {low}-{high} ms the step preset stands for (this machine is faster or slower "
+                f"than the one it was sized on): rerun with --layers {resized_layers(size['layers'], step_ms)}"
+            )
     if cost:
         print_scrape_cost(cost)
     print(f"Server logs: {log_dir}")

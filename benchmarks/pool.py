@@ -2,7 +2,8 @@
 preset) from their printouts: each run prints one line per round ("server set S round R: off X, on Y, control Z
 …"). Every server set of every run is a set of its own (fresh server processes). Prints the pooled median of the
 instrumented/uninstrumented and the A/A control's throughput ratios with the same two-stage bootstrap interval
-(server sets, then their rounds) as one run prints over that many sets.
+(server sets, then their rounds) as one run prints over that many sets. Refuses printouts that differ in
+preset, model size, design (``--switched``) or placement (``--placement``).
 
     python benchmarks/pool.py run1.log run2.log
 """
@@ -18,10 +19,21 @@ from e2e_overhead import bootstrap_median_by_set
 ROUND = re.compile(r"^server set (\d+) round\s+\d+: off\s+([\d.]+), on\s+([\d.]+), control\s+([\d.]+)")
 
 
-def switched(path: str) -> bool:
-    """Whether a printout is of ``--switched`` (one server switched at runtime) rather than of three servers."""
+HEADER = re.compile(r"^### End-to-end overhead, preset (\S+): model hidden (\d+) x (\d+) layers", re.M)
+
+
+def design(path: str) -> dict:
+    """What a printout measured, which pooled runs must share: the preset and its model's size (from its
+    header; None for a printout without one), ``--switched`` (one server switched at runtime) or three servers,
+    and where the EngineCores ran (``--placement``)."""
     with open(path, encoding="utf-8") as f:
-        return any("SWITCHED" in line for line in f)
+        text = f.read()
+    header = HEADER.search(text)
+    return {
+        "preset and model": header.groups() if header else None,
+        "design": "switched" if "SWITCHED" in text else "three servers",
+        "placement": "apart" if "workers alone on their core" in text else "shared",
+    }
 
 
 def sets_of(path: str) -> dict[int, list[tuple[float, float]]]:
@@ -41,9 +53,12 @@ def main(paths: list[str]) -> int:
     if not paths or not all(runs):
         print("each printout must hold the round lines of one preset's run", file=sys.stderr)
         return 2
-    if len({switched(p) for p in paths}) > 1:
-        print("the printouts mix --switched runs with three-server runs: pool each design apart", file=sys.stderr)
-        return 2
+    designs = [design(p) for p in paths]
+    for key in designs[0]:
+        if len({str(d[key]) for d in designs}) > 1:
+            kinds = ", ".join(sorted({str(d[key]) for d in designs}))
+            print(f"the printouts differ in their {key} ({kinds}): pool each apart", file=sys.stderr)
+            return 2
     sets = [rounds for run in runs for rounds in run.values()]
     for i, what in enumerate(("instrumented/uninstrumented", "A/A control, uninstrumented/uninstrumented")):
         by_set = [[r[i] for r in rounds] for rounds in sets]

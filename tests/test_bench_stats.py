@@ -94,5 +94,54 @@ def test_pool_refuses_to_mix_switched_runs_with_three_server_runs(tmp_path, caps
     three = _printout(tmp_path / "three.txt", "### preset step; 1 server sets", [(1, 1, 100, 99, 100)])
     one = _printout(tmp_path / "one.txt", "### preset step; SWITCHED: one instrumented server", [(1, 1, 100, 99, 100)])
     assert pool.main([three, one]) == 2
-    assert "pool each design apart" in capsys.readouterr().err
+    assert "differ in their design (switched, three servers)" in capsys.readouterr().err
     assert pool.main([one, one]) == 0
+
+
+HEADER = "### End-to-end overhead, preset step: model hidden 512 x {} layers (intermediate 1536), batch load; {}"
+SHARED = "EngineCores bound to their workers' core(s), API servers and the client to [1]"
+APART = "workers alone on their core(s), EngineCores, API servers and the client on [1]"
+
+
+@pytest.mark.parametrize(
+    "other, differs",
+    [
+        (HEADER.format(4, SHARED), "preset and model (('step', '512', '2'), ('step', '512', '4'))"),
+        (HEADER.format(2, APART), "placement (apart, shared)"),
+    ],
+)
+def test_pool_refuses_runs_of_another_model_size_or_placement(tmp_path, capsys, other, differs):
+    import pool
+
+    rounds = [(1, 1, 100, 99, 100)]
+    base = _printout(tmp_path / "base.txt", HEADER.format(2, SHARED), rounds)
+    assert pool.main([base, _printout(tmp_path / "other.txt", other, rounds)]) == 2
+    assert f"differ in their {differs}" in capsys.readouterr().err
+    assert pool.main([base, base]) == 0
+
+
+@pytest.mark.parametrize("placement, engine_core", [("shared", {0}), ("apart", {1})])
+def test_bind_places_the_engine_core_with_its_worker_or_apart(monkeypatch, placement, engine_core):
+    """On two cores with the worker on core 0: the API server always gets core 1; the EngineCore gets the
+    worker's core (shared) or core 1 (apart); the worker keeps vLLM's own binding."""
+    import e2e_overhead
+
+    kinds = {10: "api_server", 11: "engine_core", 12: "worker"}
+    pinned: dict = {}
+    monkeypatch.setattr(e2e_overhead.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(e2e_overhead, "worker_cores", lambda pid: {0})
+    monkeypatch.setattr(e2e_overhead, "descendants", lambda pid: [11, 12])
+    monkeypatch.setattr(e2e_overhead, "process_kind", kinds.get)
+    monkeypatch.setattr(e2e_overhead, "pin", pinned.__setitem__)
+    server = type("Server", (), {"proc": type("Proc", (), {"pid": 10})})()
+    assert e2e_overhead.bind(server, placement) == {1}
+    assert pinned == {10: {1}, 11: engine_core}
+
+
+@pytest.mark.parametrize("layers, step_ms, resized", [(2, 14.2, 4), (2, 13.0, 5), (2, 60.0, 1), (4, 21.0, 6)])
+def test_resized_layers_aim_at_the_middle_of_the_step_range(layers, step_ms, resized):
+    """The step preset's model on a faster or slower machine: layers scaled toward 30 ms (of 20-40 ms)."""
+    from e2e_overhead import STEP_RANGE_MS, resized_layers
+
+    assert STEP_RANGE_MS == (20, 40)
+    assert resized_layers(layers, step_ms) == resized
