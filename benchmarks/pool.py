@@ -1,7 +1,7 @@
 """Pool the rounds of several runs of one end-to-end preset (``benchmarks/e2e_overhead.py``, same code, same
 preset) from their printouts: each run prints one line per round ("server set S round R: off X, on Y, control Z
-…"). Every server set of every run is a set of its own (fresh server processes). Prints the pooled median of the
-instrumented/uninstrumented and the A/A control's throughput ratios with the same two-stage bootstrap interval
+…"). Every server set of every run is a set of its own (fresh server processes). Prints the pooled median of each
+throughput ratio a run prints (``e2e_overhead.RATIOS``) with the same two-stage bootstrap interval
 (server sets, then their rounds) as one run prints over that many sets. Refuses printouts that differ in
 preset, model size, design (``--switched``) or placement (``--placement``).
 
@@ -14,7 +14,7 @@ import re
 import statistics
 import sys
 
-from e2e_overhead import bootstrap_median_by_set
+from e2e_overhead import RATIOS, bootstrap_median_by_set, round_ratios
 
 ROUND = re.compile(r"^server set (\d+) round\s+\d+: off\s+([\d.]+), on\s+([\d.]+), control\s+([\d.]+)")
 
@@ -36,15 +36,15 @@ def design(path: str) -> dict:
     }
 
 
-def sets_of(path: str) -> dict[int, list[tuple[float, float]]]:
-    """A printout's rounds by server set: (on/off, control/off) throughput ratios."""
-    sets: dict[int, list[tuple[float, float]]] = {}
+def sets_of(path: str) -> dict[int, list[dict[str, float]]]:
+    """A printout's rounds by server set: each round's throughput ratios (``e2e_overhead.round_ratios``)."""
+    sets: dict[int, list[dict[str, float]]] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
             m = ROUND.match(line)
             if m:
                 off, on, control = (float(x) for x in m.group(2, 3, 4))
-                sets.setdefault(int(m.group(1)), []).append((on / off, control / off))
+                sets.setdefault(int(m.group(1)), []).append(round_ratios(off, on, control))
     return sets
 
 
@@ -60,8 +60,8 @@ def main(paths: list[str]) -> int:
             print(f"the printouts differ in their {key} ({kinds}): pool each apart", file=sys.stderr)
             return 2
     sets = [rounds for run in runs for rounds in run.values()]
-    for i, what in enumerate(("instrumented/uninstrumented", "A/A control, uninstrumented/uninstrumented")):
-        by_set = [[r[i] for r in rounds] for rounds in sets]
+    for key, what in RATIOS.items():
+        by_set = [[r[key] for r in rounds] for rounds in sets]
         pooled = [r for rs in by_set for r in rs]
         low, high = bootstrap_median_by_set(by_set)
         print(

@@ -82,10 +82,14 @@ def test_pool_reads_each_set_of_each_printout(tmp_path, capsys):
 
     a = _printout(tmp_path / "a.txt", "run a", [(1, 1, 100, 99, 100), (1, 2, 100, 98, 101)])
     b = _printout(tmp_path / "b.txt", "run b", [(1, 1, 100, 97, 99)])
-    assert pool.sets_of(a) == {1: [(0.99, 1.0), (0.98, 1.01)]}
+    [[first, second]] = pool.sets_of(a).values()
+    assert first == pytest.approx({"on": 0.99, "on_both": 0.99, "control": 1.0})
+    assert second == pytest.approx({"on": 0.98, "on_both": 98 / 100.5, "control": 1.01})
     assert pool.main([a, b]) == 0
     out = capsys.readouterr().out
-    assert "2 runs, 2 server sets, 3 rounds: median 0.980" in out  # ratios 0.99, 0.98, 0.97
+    assert "uninstrumented, 2 runs, 2 server sets, 3 rounds: median 0.980" in out  # ratios 0.99, 0.98, 0.97
+    # against the mean of both uninstrumented servers: 0.99, 98 / 100.5, 97 / 99.5
+    assert "mean of both uninstrumented, 2 runs, 2 server sets, 3 rounds: median 0.975" in out
 
 
 def test_pool_refuses_to_mix_switched_runs_with_three_server_runs(tmp_path, capsys):
