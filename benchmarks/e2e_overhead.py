@@ -194,6 +194,10 @@ def bind(server: Server, placement: str = "shared") -> set[int] | None:
 
 VARIANTS = ("off", "on", "control")  # uninstrumented, instrumented, uninstrumented again (the A/A control)
 
+#: How a printout's header names each design and placement (``pool.py`` pools printouts that share them).
+SWITCHED_HEADER = "SWITCHED"
+APART_HEADER = "workers alone on their core(s)"
+
 #: The throughput ratios each round gives (``round_ratios``), as the printout names them.
 RATIOS = {
     "on": "instrumented/uninstrumented",
@@ -542,7 +546,7 @@ def main(argv=None) -> int:
         + (f" ({args.concurrency} in flight)" if args.load == "short" else "")
         + f"; {args.server_sets} server sets x {args.rounds} rounds"
         + (
-            "; SWITCHED: one instrumented server per set, 'uninstrumented' and 'control' mean its recording "
+            f"; {SWITCHED_HEADER}: one instrumented server per set, 'uninstrumented' and 'control' mean its recording "
             "switched off at runtime (hooks stay installed)"
             if args.switched
             else ""
@@ -553,7 +557,7 @@ def main(argv=None) -> int:
             (
                 f"; EngineCores bound to their workers' core(s), API servers and the client to {sorted(bound)}"
                 if args.placement == "shared"
-                else f"; workers alone on their core(s), EngineCores, API servers and the client on {sorted(bound)}"
+                else f"; {APART_HEADER}, EngineCores, API servers and the client on {sorted(bound)}"
             )
             if bound
             else "; EngineCores, API servers and the client not bound"
@@ -575,12 +579,13 @@ def main(argv=None) -> int:
             f"| {fmt(ratios['on']) if ratios['on'] else '–'} | {fmt(ratios['control']) if ratios['control'] else '–'} |"
         )
     print()
+    per_round = [(p, round_ratios(*(res[v][unit] for v in VARIANTS))) for p, res in rounds]
     for key, what in RATIOS.items():
         if args.switched:
             what = what.replace("uninstrumented", "switched off").replace("instrumented", "recording on")
         by_set: dict = {}
-        for p, res in rounds:
-            by_set.setdefault(p, []).append(round_ratios(*(res[v][unit] for v in VARIANTS))[key])
+        for p, ratio in per_round:
+            by_set.setdefault(p, []).append(ratio[key])
         ratios = [r for rs in by_set.values() for r in rs]
         med = statistics.median(ratios)
         low, high = bootstrap_median_by_set(list(by_set.values()))

@@ -14,7 +14,7 @@ import re
 import statistics
 import sys
 
-from e2e_overhead import RATIOS, bootstrap_median_by_set, round_ratios
+from e2e_overhead import APART_HEADER, RATIOS, SWITCHED_HEADER, bootstrap_median_by_set, round_ratios
 
 ROUND = re.compile(r"^server set (\d+) round\s+\d+: off\s+([\d.]+), on\s+([\d.]+), control\s+([\d.]+)")
 
@@ -31,8 +31,8 @@ def design(path: str) -> dict:
     header = HEADER.search(text)
     return {
         "preset and model": header.groups() if header else None,
-        "design": "switched" if "SWITCHED" in text else "three servers",
-        "placement": "apart" if "workers alone on their core" in text else "shared",
+        "design": "switched" if SWITCHED_HEADER in text else "three servers",
+        "placement": "apart" if APART_HEADER in text else "shared",
     }
 
 
@@ -55,9 +55,9 @@ def main(paths: list[str]) -> int:
         return 2
     designs = [design(p) for p in paths]
     for key in designs[0]:
-        if len({str(d[key]) for d in designs}) > 1:
-            kinds = ", ".join(sorted({str(d[key]) for d in designs}))
-            print(f"the printouts differ in their {key} ({kinds}): pool each apart", file=sys.stderr)
+        kinds = {str(d[key]) for d in designs}
+        if len(kinds) > 1:
+            print(f"the printouts differ in their {key} ({', '.join(sorted(kinds))}): pool each apart", file=sys.stderr)
             return 2
     sets = [rounds for run in runs for rounds in run.values()]
     for key, what in RATIOS.items():

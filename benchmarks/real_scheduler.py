@@ -443,7 +443,6 @@ def handler_times(
         (getattr(importlib.import_module(f"opentelemetry_instrumentation_vllm_ascend.handlers.{module}"), cls), name)
         for module, cls, name in CRITICAL_HANDLERS + (FLUSH_HANDLER,)
     ]
-    flush = FLUSH_NAME
     times, restore = timing_shims(methods)
     per_scheduler: dict = {name: [] for name in times}
     try:
@@ -464,7 +463,7 @@ def handler_times(
 
             run_as(instrumentor, context, UNTIMED, measure)
             for name, calls in times.items():
-                value = sum(calls) / timed if name == flush else statistics.median(calls)
+                value = sum(calls) / timed if name == FLUSH_NAME else statistics.median(calls)
                 per_scheduler[name].append(value * 1e6)
     finally:
         restore()
@@ -488,12 +487,11 @@ def handler_table(instrumentor, context, model: str, batches, added_us: dict) ->
         "CPU server's forward pass leaves the caches between two engine steps (section F2).\n"
     )
     names = [f"{cls}.{method}" for _module, cls, method in CRITICAL_HANDLERS]
-    flush = FLUSH_NAME
     print(
         "| batch | "
         + " | ".join(f"`{name}`" for name in names)
         + " | sum of medians | G: default set's added | off the critical path: the flush "
-        + f"(`{flush}`), mean per step |"
+        + f"(`{FLUSH_NAME}`), mean per step |"
     )
     print("|---:|" + "---:|" * (len(names) + 3))
     for batch, cold in [(batch, cold) for cold in (False, True) for batch in batches]:
@@ -502,7 +500,7 @@ def handler_table(instrumentor, context, model: str, batches, added_us: dict) ->
         cells = " | ".join(f"{medians[n]:.2f} ({min(per[n]):.2f}–{max(per[n]):.2f})" for n in names)
         g = "" if cold else f"{added_us[batch]:+.1f}" if batch in added_us else "(G not run)"
         critical = sum(medians[n] for n in names)
-        flushed = f"{medians[flush]:.2f} ({min(per[flush]):.2f}–{max(per[flush]):.2f})"
+        flushed = f"{medians[FLUSH_NAME]:.2f} ({min(per[FLUSH_NAME]):.2f}–{max(per[FLUSH_NAME]):.2f})"
         print(f"| {batch}{', cold caches' if cold else ''} | {cells} | {critical:.2f} | {g} | {flushed} |")
 
 
