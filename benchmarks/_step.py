@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import statistics
 import timeit
 import types
 from types import SimpleNamespace as NS
@@ -85,7 +84,7 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
                 self.set_result("model output")
             return super().result()
 
-    class KV:
+    class KVCacheManager:
         block_pool = NS(num_gpu_blocks=10_000, get_num_free_blocks=lambda: 1234)
 
         def allocate_slots(
@@ -144,7 +143,7 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
             self.running = list(self.requests.values())
             self.waiting = []
             self.max_num_running_reqs = 2048
-            self.kv_cache_manager = KV()
+            self.kv_cache_manager = KVCacheManager()
 
         def schedule(self):
             kv = self.kv_cache_manager
@@ -162,7 +161,7 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
         def update_from_output(self, scheduler_output, model_runner_output):
             return {0: "outputs"}
 
-    class Engine:
+    class EngineCore:
         def __init__(self):
             self.scheduler = Scheduler()
             self.model_executor = Executor()
@@ -229,12 +228,12 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
             patch_method(Scheduler, "schedule", sched_handlers.Schedule(), SYNC),
             patch_method(Scheduler, "get_grammar_bitmask", sched_handlers.GrammarBitmask(), SYNC),
             patch_method(Scheduler, "update_from_output", sched_handlers.UpdateFromOutput(), SYNC),
-            patch_method(KV, "allocate_slots", kv_cache.AllocateSlots(), SYNC),
-            patch_method(Engine, "_process_input_queue", engine.ProcessInputQueue(), SYNC),
+            patch_method(KVCacheManager, "allocate_slots", kv_cache.AllocateSlots(), SYNC),
+            patch_method(EngineCore, "_process_input_queue", engine.ProcessInputQueue(), SYNC),
             patch_method(Executor, "collective_rpc", executor.CollectiveRpc(), FUTURE),
         ]
-        patches += timer(Engine, "step", "vllm.v1.engine.core:EngineCore.step")
-        patches += timer(Engine, "_process_engine_step", "vllm.v1.engine.core:EngineCoreProc._process_engine_step")
+        patches += timer(EngineCore, "step", "vllm.v1.engine.core:EngineCore.step")
+        patches += timer(EngineCore, "_process_engine_step", "vllm.v1.engine.core:EngineCoreProc._process_engine_step")
         patches += hook_future_class(Future, completes_later=True)
         patches.append(model_runner.ProfilerScopes().install(ec_utils))
     if "worker" in hooked:
@@ -251,7 +250,13 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
             patch_method(OutputProcessor, "process_outputs", api.ProcessOutputs(), SYNC),
             patch_method(StatLoggerManager, "record", api.RecordStats(), SYNC_TIMER),
         ]
-    core, processor, loggers = Engine(), OutputProcessor(), StatLoggerManager()
+    core, processor, loggers = EngineCore(), OutputProcessor(), StatLoggerManager()
+    # The switchable hooks, each named by the method it wraps (cold_hook_rows switches them off).
+    hooks = {
+        f"{p.owner.__name__}.{p.attribute}": p.hook
+        for p in patches
+        if getattr(p, "hook", None) is not None and p.hook.handler is not None
+    }
     scheduler_stats = NS(
         num_running_reqs=batch, num_waiting_reqs=0, num_skipped_waiting_reqs=0, spec_decoding_stats=None
     )
@@ -263,6 +268,7 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
         processor.process_outputs(outputs, 2.5, stats)
         loggers.record(scheduler_stats=scheduler_stats, iteration_stats=stats, engine_idx=0)
 
+    one_step.hooks = hooks  # type: ignore[attr-defined]
     return one_step
 
 
@@ -279,18 +285,57 @@ def whole_step_rows(repeat: int):
         # Whole batches of the scheduler hook's 32 steps recorded at once (FLUSH_STEPS): every repeat
         # pays for the same number of them.
         n = FLUSH_STEPS * max(1, 4_000 // batch // FLUSH_STEPS)
-        bare_runs = [r / n * 1e6 for r in timeit.repeat(build(batch, ()), number=n, repeat=repeat)]
-        b = statistics.median(bare_runs)
-        rows.append((f"batch {batch}: bare step (the three processes' code, no work)", bare_runs))
-        for label, hooked in variants:
-            runs = [r / n * 1e6 for r in timeit.repeat(build(batch, hooked), number=n, repeat=repeat)]
-            rows.append((f"batch {batch}: added by {label}", [o - b for o in runs]))
+        steps = {"bare": build(batch, ())} | {label: build(batch, hooked) for label, hooked in variants}
+        runs = interleaved({key: (step, None) for key, step in steps.items()}, repeat, lambda step: _timed(step, n))
+        rows.append((f"batch {batch}: bare step (the three processes' code, no work)", runs["bare"]))
+        for label, _ in variants:
+            rows.append((f"batch {batch}: added by {label}", paired(runs[label], runs["bare"])))
     return rows
+
+
+def _timed(step, n: int) -> float:
+    """µs per call of ``step`` over ``n`` calls back to back."""
+    return timeit.timeit(step, number=n) / n * 1e6
+
+
+def interleaved(variants: dict, repeat: int, measure) -> dict:
+    """``measure(step)`` of every variant ({key: (step, metric set or None to leave it)}) in turn, ``repeat``
+    times: {key: [one value per repeat]}. The machines drift from second to second (a shared VM's neighbours),
+    so each repeat measures every variant within a few seconds of the others, and ``paired`` compares them
+    within the repeat. After a variant's metric set is switched in, ``FLUSH_STEPS`` untimed steps let the
+    recording facade look its instruments up again."""
+    runs: dict = {key: [] for key in variants}
+    for _ in range(repeat):
+        for key, (step, enabled) in variants.items():
+            with contextlib.nullcontext() if enabled is None else metric_set(enabled):
+                if enabled is not None:
+                    for _ in range(FLUSH_STEPS):
+                        step()
+                runs[key].append(measure(step))
+    return runs
+
+
+def paired(runs: list, bare: list) -> list:
+    """Each repeat's value less the same repeat's ``bare`` value."""
+    return [value - base for value, base in zip(runs, bare)]
 
 
 #: Bytes read and written between two steps in the cold rows: more than this machine's last-level cache, as
 #: the worker's forward pass sweeps it between two engine steps of a real server.
 SWEEP_BYTES = 48 * 2**20
+
+
+def cache_sweep():
+    """A function that leaves the caches cold: it copies ``SWEEP_BYTES`` into a buffer of as many, in place, as a
+    forward pass streams its weights. Both buffers are written once here, so the copy reads real pages (not the
+    kernel's one shared zero page) and allocates nothing (no page faults: the kernel stays out of the sweep, which
+    takes ~2.5 ms instead of the ~22 ms a fresh ``bytes`` copy took)."""
+    source, target = bytearray(b"\x01") * SWEEP_BYTES, bytearray(b"\x02") * SWEEP_BYTES
+
+    def sweep() -> None:
+        target[:] = source
+
+    return sweep
 
 
 @contextlib.contextmanager
@@ -322,13 +367,13 @@ def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
     output carries its phase, as an instrumented EngineCore's does."""
     from time import perf_counter
 
-    sweep_buffer = bytearray(SWEEP_BYTES)
+    sweep = cache_sweep()
 
     def mean_step(step, cold: bool) -> float:
         spent = 0.0
         for _ in range(steps):
             if cold:
-                bytes(sweep_buffer)  # a copy: reads and writes the whole buffer
+                sweep()
             start = perf_counter()
             step()
             spent += perf_counter() - start
@@ -340,23 +385,24 @@ def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
     sets = (("every metric", "*"), ("default set", ""))
     for cold in (False, True):
         caches = "cold caches" if cold else "hot caches"
-        built = {("bare", "*"): build(batch, (), phased=True)}
+        built = {("bare", "*"): (build(batch, (), phased=True), "*")}
         for label, hooked in variants:
             for _, enabled in sets:
                 with metric_set(enabled):
-                    built[(label, enabled)] = build(batch, hooked, phased=True)
-        runs = {}
-        for (label, enabled), step in built.items():
-            with metric_set(enabled):
-                for _ in range(FLUSH_STEPS * 2):  # warm: series created, code run
-                    step()
-                runs[(label, enabled)] = [mean_step(step, cold) for _ in range(repeat)]
-        bare = statistics.median(runs[("bare", "*")])
+                    step = build(batch, hooked, phased=True)
+                    for _ in range(FLUSH_STEPS * 2):  # warm: series created, code run
+                        step()
+                built[(label, enabled)] = (step, enabled)
+        runs = interleaved(built, repeat, lambda step, cold=cold: mean_step(step, cold))
         rows.append((f"batch {batch}, {caches}: bare step", runs[("bare", "*")]))
         for label, _ in variants:
             for name, enabled in sets:
-                runs_of = runs[(label, enabled)]
-                rows.append((f"batch {batch}, {caches}: added by {label} hooks, {name}", [r - bare for r in runs_of]))
+                rows.append(
+                    (
+                        f"batch {batch}, {caches}: added by {label} hooks, {name}",
+                        paired(runs[(label, enabled)], runs[("bare", "*")]),
+                    )
+                )
     return rows
 
 
@@ -411,6 +457,63 @@ def call_count_rows(batch: int = 64, steps: int = 2 * FLUSH_STEPS):
                     sum(n for k, n in added.items() if isinstance(k, tuple)) / steps,
                     sum(1 for n in python.values() if n >= steps),
                     len(python),
+                )
+            )
+    return rows
+
+
+def cold_hook_rows(repeat: int, batch: int = 64, steps: int = 64):
+    """Where section F2's cold default-set cost lies, per process: the step with every hook's handler switched off
+    (``Hook.handler = None``: the generated wrappers call straight through, as after runtime control turned a hook
+    off; the scope factory and the future class stay installed), and what switching off each hook's handler alone
+    saves. Every variant is built and warmed as in ``cold_step_rows``; each repeat runs them all in turn, and a
+    saving is the difference to the same repeat's step with every handler on (paired: the machine's minute-to-minute
+    drift cancels). Handlers share data (the stage clock, the deferred queue), so the savings add up to more than
+    the whole."""
+    from time import perf_counter
+
+    sweep = cache_sweep()
+
+    def mean_step(step) -> float:
+        spent = 0.0
+        for _ in range(steps):
+            sweep()
+            start = perf_counter()
+            step()
+            spent += perf_counter() - start
+        return spent / steps * 1e6
+
+    context.set_process("engine_core", "0", "mixed")
+    with metric_set("*"):
+        bare = build(batch, (), phased=True)
+    rows = []
+    for label, hooked in (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",))):
+        with metric_set(""):
+            variants = {"all": build(batch, hooked, phased=True), "none": build(batch, hooked, phased=True)}
+            for hook in variants["none"].hooks.values():
+                hook.handler = None
+            names = list(variants["all"].hooks)
+            for name in names:
+                step = variants[name] = build(batch, hooked, phased=True)
+                step.hooks[name].handler = None
+            for step in (bare, *variants.values()):
+                for _ in range(FLUSH_STEPS * 2):
+                    step()
+            runs = interleaved({"bare": (bare, None)} | {k: (v, None) for k, v in variants.items()}, repeat, mean_step)
+        rows.append(
+            (f"batch {batch}, cold caches, {label} hooks, default set: added", paired(runs["all"], runs["bare"]))
+        )
+        rows.append(
+            (
+                f"batch {batch}, cold caches, {label} hooks, every handler switched off (the wrappers alone): added",
+                paired(runs["none"], runs["bare"]),
+            )
+        )
+        for name in names:
+            rows.append(
+                (
+                    f"batch {batch}, cold caches, {label} hooks: saved by switching off the hook of {name}",
+                    paired(runs["all"], runs[name]),
                 )
             )
     return rows

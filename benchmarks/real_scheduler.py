@@ -432,12 +432,13 @@ def handler_times(
     steps: per fresh scheduler, ``warm`` steps, then per method the median of its calls in ``timed`` steps (µs),
     and for ``FLUSH_HANDLER`` (``timed`` a multiple of 32: whole flushes) the mean per step. ``cold``: a copy of
     section F2's sweep buffer (more than the last-level cache, untimed) before each timed step, as a CPU server's
-    forward pass leaves the caches between two engine steps. Returns {"Class.method": [value per scheduler, …]}."""
+    forward pass leaves the caches between two engine steps (``_step.cache_sweep``). Returns
+    {"Class.method": [value per scheduler, …]}."""
     import importlib
 
-    from _step import SWEEP_BYTES
+    from _step import cache_sweep
 
-    sweep = bytearray(SWEEP_BYTES) if cold else None
+    sweep = cache_sweep() if cold else None
 
     methods = [
         (getattr(importlib.import_module(f"opentelemetry_instrumentation_vllm_ascend.handlers.{module}"), cls), name)
@@ -458,7 +459,7 @@ def handler_times(
                     steps(scheduler, timed)
                 else:
                     for _ in range(timed):
-                        bytes(sweep)  # a copy: reads and writes the whole buffer
+                        sweep()
                         steps(scheduler, 1)
 
             run_as(instrumentor, context, UNTIMED, measure)

@@ -785,6 +785,11 @@ def main(argv=None) -> int:
         _step.cold_step_rows(args.repeat),
         "µs",
     )
+    table(
+        "F2b. Where F2's cold default-set cost lies: each hook's handler switched off in turn (batch 64), µs",
+        _step.cold_hook_rows(max(args.repeat, 25)),
+        "µs",
+    )
     print("\n### F3. What the hooks add to the step at batch 64 in calls (sys.setprofile over 64 steps; exact)\n")
     print(
         "| case | Python calls a step | C calls a step | distinct Python functions every step "
