@@ -406,6 +406,28 @@ def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
     return rows
 
 
+def count_calls(step, steps: int, key):
+    """Run ``step`` ``steps`` times under ``sys.setprofile``: a Counter of the profile events by ``key(event, frame,
+    arg)`` (None: not counted)."""
+    import collections
+    import sys
+
+    calls: collections.Counter = collections.Counter()
+
+    def profile(frame, event, arg):
+        counted = key(event, frame, arg)
+        if counted is not None:
+            calls[counted] += 1
+
+    sys.setprofile(profile)
+    try:
+        for _ in range(steps):
+            step()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
 def call_count_rows(batch: int = 64, steps: int = 2 * FLUSH_STEPS):
     """Section F3: what each process's hooks add to section F's step in calls, counted with ``sys.setprofile``
     over ``steps`` steps (two of the scheduler hook's flushes, so the deferred records count at their share)
@@ -414,25 +436,16 @@ def call_count_rows(batch: int = 64, steps: int = 2 * FLUSH_STEPS):
     ``nullcontext.__init__``, which the scope factory's shared instance saves) is not subtracted. Rows: (label,
     Python calls a step, C calls a step, distinct Python functions run every step, distinct Python functions run
     at least once)."""
-    import collections
-    import sys
 
-    def count(step) -> collections.Counter:
-        calls: collections.Counter = collections.Counter()
+    def key(event, frame, arg):
+        if event == "call":
+            return frame.f_code
+        if event == "c_call":
+            return ("C", getattr(arg, "__qualname__", repr(arg)))
+        return None
 
-        def profile(frame, event, arg):
-            if event == "call":
-                calls[frame.f_code] += 1
-            elif event == "c_call":
-                calls[("C", getattr(arg, "__qualname__", repr(arg)))] += 1
-
-        sys.setprofile(profile)
-        try:
-            for _ in range(steps):
-                step()
-        finally:
-            sys.setprofile(None)
-        return calls
+    def count(step):
+        return count_calls(step, steps, key)
 
     context.set_process("engine_core", "0", "mixed")
     rows = []

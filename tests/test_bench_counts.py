@@ -23,24 +23,16 @@ def test_python_call_counts_are_exact_and_the_default_set_adds_no_more_than_ever
 
 
 def _calls_of_ours(step, steps: int = 32) -> dict:
-    """Python calls a step makes into this package's code and its generated wrappers (sys.setprofile)."""
-    import collections
+    """Python calls a step makes into this package's code and its generated wrappers, per step."""
 
-    calls: collections.Counter = collections.Counter()
-
-    def profile(frame, event, arg):
+    def ours(event, frame, arg):
         if event == "call":
             name = frame.f_code.co_filename
             if "opentelemetry_instrumentation_vllm_ascend" in name or name.startswith("<otel-vllm-ascend wrapper"):
-                calls[frame.f_code.co_qualname] += 1
+                return frame.f_code.co_qualname
+        return None
 
-    sys.setprofile(profile)
-    try:
-        for _ in range(steps):
-            step()
-    finally:
-        sys.setprofile(None)
-    return {name: n / steps for name, n in calls.items()}
+    return {name: n / steps for name, n in _step.count_calls(step, steps, ours).items()}
 
 
 def test_section_f2b_switches_off_each_hook_by_the_method_it_wraps_and_leaves_the_wrappers_alone():
