@@ -2,7 +2,8 @@
 same step unhooked. Plain-Python stand-ins shaped like vLLM's classes (same method signatures, same
 call pattern per step) are wrapped by the real handlers with the real wrappers:
 
-- EngineCore: the busy loop's ``_process_input_queue`` (with work: no wait) and ``_process_engine_step``
+- EngineCore: the busy loop's ``_process_input_queue`` (with work: no wait; its ``has_work()`` goes through the
+  scheduler's request counts as vLLM 0.32's does, which the busy-loop hook calls once more) and ``_process_engine_step``
   → ``step`` → ``schedule`` (per running request one ``allocate_slots`` inside its own
   "schedule: allocate_slots" profiling scope, as vLLM does; two more scopes per step) →
   non-blocking ``execute_model`` RPC (a FutureWrapper-like future completed in ``result()``) →
@@ -16,8 +17,10 @@ The bodies do no work, so the difference is what the hooks add per step.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
+import queue
 import timeit
 import types
 from types import SimpleNamespace as NS
@@ -137,13 +140,40 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
         def sample_tokens(self, grammar_output, non_block=False):
             return self.collective_rpc("sample_tokens", args=(grammar_output,), non_block=non_block)
 
+    class FCFSRequestQueue(collections.deque):  # vLLM's waiting queue: a deque subclass whose len() is Python
+        def __len__(self):
+            return super().__len__()
+
     class Scheduler:
         def __init__(self):
             self.requests = {i: Req() for i in ids}
             self.running = list(self.requests.values())
-            self.waiting = []
+            self.waiting, self.kv_holding_waiting = FCFSRequestQueue(), FCFSRequestQueue()
+            self.num_waiting_for_streaming_input = 0
+            self.finished_req_ids: set = set()
+            self.paused = False
             self.max_num_running_reqs = 2048
             self.kv_cache_manager = KVCacheManager()
+
+        # What EngineCore.has_work() calls, as vLLM 0.32 does (no KV connector): five Python calls and two
+        # Python len()s of the waiting queues.
+        def get_request_counts(self):
+            return len(self.running), len(self.waiting) + len(self.kv_holding_waiting)
+
+        def get_num_unfinished_requests(self):
+            if self.paused:
+                return 0
+            num_running, num_waiting = self.get_request_counts()
+            return num_waiting - self.num_waiting_for_streaming_input + num_running
+
+        def has_unfinished_requests(self):
+            return self.get_num_unfinished_requests() > 0
+
+        def has_finished_requests(self):
+            return bool(self.finished_req_ids)
+
+        def has_requests(self):
+            return self.has_unfinished_requests() or self.has_finished_requests()
 
         def schedule(self):
             kv = self.kv_cache_manager
@@ -165,12 +195,21 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
         def __init__(self):
             self.scheduler = Scheduler()
             self.model_executor = Executor()
+            self.engines_running = False
+            self.batch_queue = None
+            self.input_queue: queue.Queue = queue.Queue()
 
         def has_work(self):
+            return self.engines_running or self.scheduler.has_requests() or bool(self.batch_queue)
+
+        def is_running(self):
             return True
 
-        def _process_input_queue(self):
-            return None
+        def _process_input_queue(self):  # as vLLM 0.32's, with work (no wait) and no request queued
+            while not self.has_work() and self.is_running():
+                self.input_queue.get()
+            while not self.input_queue.empty():
+                self.input_queue.get_nowait()
 
         def step(self):
             scheduler_output = self.scheduler.schedule()
