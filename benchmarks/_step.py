@@ -23,6 +23,7 @@ import contextlib
 import queue
 import timeit
 import types
+from time import perf_counter
 from types import SimpleNamespace as NS
 
 from opentelemetry_instrumentation_vllm_ascend import context
@@ -46,6 +47,10 @@ RUNNER_SCOPES = (
 
 
 PROCESSES = ("engine_core", "worker", "api_server")
+#: Each process as the tables name it, with the hooks ``build`` installs for it alone.
+PROCESS_LABELS = (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",)))
+#: The metric sets F2 and F3 compare (``metric_set``'s values: every metric, and the default set a server runs).
+METRIC_SETS = (("every metric", "*"), ("default set", ""))
 
 
 def build(batch: int, hooked=PROCESSES, phased: bool = False):
@@ -354,6 +359,18 @@ def interleaved(variants: dict, repeat: int, measure) -> dict:
     return runs
 
 
+def mean_step(step, steps: int, sweep=None) -> float:
+    """µs per call of ``step``, the mean over ``steps`` calls, each after ``sweep()`` (untimed) when one is given."""
+    spent = 0.0
+    for _ in range(steps):
+        if sweep is not None:
+            sweep()
+        start = perf_counter()
+        step()
+        spent += perf_counter() - start
+    return spent / steps * 1e6
+
+
 def paired(runs: list, bare: list) -> list:
     """Each repeat's value less the same repeat's ``bare`` value."""
     return [value - base for value, base in zip(runs, bare)]
@@ -404,38 +421,23 @@ def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
     per step over ``steps`` steps (two of the scheduler hook's flushes), the sweep not timed. Each process's hooks
     with every metric (as section F) and with the default set (what a server runs); the worker's scheduler
     output carries its phase, as an instrumented EngineCore's does."""
-    from time import perf_counter
-
     sweep = cache_sweep()
-
-    def mean_step(step, cold: bool) -> float:
-        spent = 0.0
-        for _ in range(steps):
-            if cold:
-                sweep()
-            start = perf_counter()
-            step()
-            spent += perf_counter() - start
-        return spent / steps * 1e6
-
     rows = []
     context.set_process("engine_core", "0", "mixed")
-    variants = (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",)))
-    sets = (("every metric", "*"), ("default set", ""))
     for cold in (False, True):
         caches = "cold caches" if cold else "hot caches"
         built = {("bare", "*"): (build(batch, (), phased=True), "*")}
-        for label, hooked in variants:
-            for _, enabled in sets:
+        for label, hooked in PROCESS_LABELS:
+            for _, enabled in METRIC_SETS:
                 with metric_set(enabled):
                     step = build(batch, hooked, phased=True)
                     for _ in range(FLUSH_STEPS * 2):  # warm: series created, code run
                         step()
                 built[(label, enabled)] = (step, enabled)
-        runs = interleaved(built, repeat, lambda step, cold=cold: mean_step(step, cold))
+        runs = interleaved(built, repeat, lambda step, cold=cold: mean_step(step, steps, sweep if cold else None))
         rows.append((f"batch {batch}, {caches}: bare step", runs[("bare", "*")]))
-        for label, _ in variants:
-            for name, enabled in sets:
+        for label, _ in PROCESS_LABELS:
+            for name, enabled in METRIC_SETS:
                 rows.append(
                     (
                         f"batch {batch}, {caches}: added by {label} hooks, {name}",
@@ -493,8 +495,8 @@ def call_count_rows(batch: int = 64, steps: int = 2 * FLUSH_STEPS):
         for _ in range(steps):
             bare()
         bare_calls = count(bare)
-    for label, hooked in (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",))):
-        for name, enabled in (("every metric", "*"), ("default set", "")):
+    for label, hooked in PROCESS_LABELS:
+        for name, enabled in METRIC_SETS:
             with metric_set(enabled):
                 step = build(batch, hooked, phased=True)
                 for _ in range(steps):  # warm: series created, caches filled
@@ -520,26 +522,13 @@ def cold_hook_rows(repeat: int, batch: int = 64, steps: int = 64):
     off; the scope factory and the future class stay installed), and what switching off each hook's handler alone
     saves. Every variant is built and warmed as in ``cold_step_rows``; each repeat runs them all in turn, and a
     saving is the difference to the same repeat's step with every handler on (paired: the machine's minute-to-minute
-    drift cancels). Handlers share data (the stage clock, the deferred queue), so the savings add up to more than
-    the whole."""
-    from time import perf_counter
-
+    drift cancels). Handlers share data (the stage clock, the deferred queue), so the savings are not additive."""
     sweep = cache_sweep()
-
-    def mean_step(step) -> float:
-        spent = 0.0
-        for _ in range(steps):
-            sweep()
-            start = perf_counter()
-            step()
-            spent += perf_counter() - start
-        return spent / steps * 1e6
-
     context.set_process("engine_core", "0", "mixed")
     with metric_set("*"):
         bare = build(batch, (), phased=True)
     rows = []
-    for label, hooked in (("EngineCore", ("engine_core",)), ("worker", ("worker",)), ("API server", ("api_server",))):
+    for label, hooked in PROCESS_LABELS:
         with metric_set(""):
             variants = {"all": build(batch, hooked, phased=True), "none": build(batch, hooked, phased=True)}
             for hook in variants["none"].hooks.values():
@@ -551,7 +540,11 @@ def cold_hook_rows(repeat: int, batch: int = 64, steps: int = 64):
             for step in (bare, *variants.values()):
                 for _ in range(FLUSH_STEPS * 2):
                     step()
-            runs = interleaved({"bare": (bare, None)} | {k: (v, None) for k, v in variants.items()}, repeat, mean_step)
+            runs = interleaved(
+                {"bare": (bare, None)} | {k: (v, None) for k, v in variants.items()},
+                repeat,
+                lambda step: mean_step(step, steps, sweep),
+            )
         rows.append(
             (f"batch {batch}, cold caches, {label} hooks, default set: added", paired(runs["all"], runs["bare"]))
         )
