@@ -21,7 +21,9 @@ an accelerator server does; ``--no-bind`` leaves them floating).
 switched off at runtime with the package's ``control`` command (off twice: the A/A control), so a server's own
 speed offset cancels. It tells what switching off saves (the handlers' and the recording's work), not what the
 package costs installed: the wrapper frames of hooks switched off, the scope factory, the exporter and control
-threads and the imports stay in both arms.
+threads and the imports stay in both arms. ``--recording-off`` is its complement: three servers as usual, the
+instrumented one's recording switched off once it has started, so the ratio tells what the package costs installed
+and switched off — those parts alone — against uninstrumented servers.
 
 Reported: throughput per variant; the instrumented/uninstrumented and the control/uninstrumented throughput
 ratios per round (median, quartiles, min–max, and a 95 % interval of the median that resamples server sets, then
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import random
 import statistics
@@ -47,6 +50,7 @@ import time
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, series_counts, total
+from opentelemetry_instrumentation_vllm_ascend.environment import metric_disabled
 
 CLK = os.sysconf("SC_CLK_TCK")
 
@@ -197,6 +201,7 @@ VARIANTS = ("off", "on", "control")  # uninstrumented, instrumented, uninstrumen
 #: How a printout's header names each design and placement (``pool.py`` pools printouts that share them).
 SWITCHED_HEADER = "SWITCHED"
 APART_HEADER = "workers alone on their core(s)"
+RECORDING_OFF_HEADER = "the instrumented server's recording switched off"
 
 #: The throughput ratios each round gives (``round_ratios``), as the printout names them.
 RATIOS = {
@@ -213,18 +218,23 @@ def round_ratios(off: float, on: float, control: float) -> dict[str, float]:
     return {"on": on / off, "on_both": on / ((off + control) / 2), "control": control / off}
 
 
-def switch(server: Server, variant: str) -> None:
-    """``--switched``: set the one instrumented server's recording for ``variant`` (``on``: on; ``off`` and
-    ``control``: off) with the package's own command, which returns once every process of the server has
-    applied it (each polls its control file once per export interval). Called before every measurement, the
-    same way whatever the state was, so each measurement follows the same wait."""
-    state = "on" if variant == "on" else "off"
-    command = [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "control", state]
+def control(server: Server, action: str) -> dict:
+    """The package's own ``control`` command on ``server`` (``on``, ``off``: returns once every process of the
+    server has applied it, each polling its control file once per export interval; ``status``): its JSON."""
+    command = [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "control", action]
     done = subprocess.run(
         command + ["--server", str(server.proc.pid), "--json"], capture_output=True, text=True, timeout=60
     )
     if done.returncode != 0:
-        raise RuntimeError(f"control {state} failed ({done.returncode}): {done.stderr.strip()}")
+        raise RuntimeError(f"control {action} failed ({done.returncode}): {done.stderr.strip()}")
+    return json.loads(done.stdout)
+
+
+def switch(server: Server, variant: str) -> None:
+    """``--switched``: set the one instrumented server's recording for ``variant`` (``on``: on; ``off`` and
+    ``control``: off). Called before every measurement, the same way whatever the state was, so each measurement
+    follows the same wait."""
+    control(server, "on" if variant == "on" else "off")
 
 
 def start(model: str, variant: str, log_dir: str, i: int, args) -> Server:
@@ -243,12 +253,21 @@ def start(model: str, variant: str, log_dir: str, i: int, args) -> Server:
     return server
 
 
-def instrumented_processes(servers: dict, expected: dict, timeout: float = 30.0) -> dict:
+def instrumented_processes(servers: dict, expected: dict, gauge: bool = True, timeout: float = 30.0) -> dict:
     """Processes each server shows as instrumented on /metrics, once every process has exported
-    (each exports on its own interval)."""
+    (each exports on its own interval); with ``gauge`` false (``--disabled-metrics`` switched that gauge off), an
+    uninstrumented server counts 0 and an instrumented one the processes its ``control status`` lists."""
+
+    def count(server: Server) -> float:
+        if gauge:
+            return total(server.scrape(), "vllm_profiling_instrumented_processes")
+        if server.env.get("OTEL_VLLM_ASCEND_ENABLED") != "true":
+            return 0
+        return len(control(server, "status")["processes"])
+
     deadline = time.monotonic() + timeout
     while True:
-        hooked = {k: total(s.scrape(), "vllm_profiling_instrumented_processes") for k, s in servers.items()}
+        hooked = {k: count(s) for k, s in servers.items()}
         if hooked == expected or time.monotonic() > deadline:
             return hooked
         time.sleep(0.5)
@@ -468,6 +487,13 @@ def main(argv=None) -> int:
         "(on; off; off again as the A/A control): what switching off saves, without the servers' own offsets",
     )
     parser.add_argument(
+        "--recording-off",
+        action="store_true",
+        help="switch the instrumented server's recording off at runtime once it has started (hooks stay installed, "
+        "their handlers off): what the package costs installed and switched off - the wrapper frames, the scope "
+        "factory, the exporter and control threads, the imports - against the same uninstrumented servers",
+    )
+    parser.add_argument(
         "--layers",
         type=int,
         help="the preset model's layers (default: the preset's): a VM faster than the one the step preset was sized "
@@ -500,8 +526,12 @@ def main(argv=None) -> int:
                     variant = VARIANTS[(k + p) % len(VARIANTS)]
                     servers[variant] = start(model_dir, variant, log_dir, p, args)
             expected = {v: 3 if v == "on" or args.switched else 0 for v in VARIANTS}
-            hooked = instrumented_processes(servers, expected)
+            patterns = tuple(x.strip() for x in args.disabled_metrics.split(",") if x.strip())
+            gauge = not metric_disabled(catalogue.INSTRUMENTED_PROCESSES.seed, patterns) if patterns else True
+            hooked = instrumented_processes(servers, expected, gauge)
             assert hooked == expected, hooked
+            if args.recording_off and not args.switched:
+                control(servers["on"], "off")
             api = {frozenset(s.api_cores or ()) for s in servers.values()}
             if len(api) == 1 and frozenset() not in api:  # every server bound, alike
                 bound = set(next(iter(api)))
@@ -529,7 +559,7 @@ def main(argv=None) -> int:
                 )
             text = servers["on"].scrape()
             steps = (total(text, "vllm:iteration_tokens_total_count"), total(text, "vllm:generation_tokens_total"))
-            if p == 0 and not args.switched:
+            if p == 0 and not (args.switched or args.recording_off):  # the budget: a server that records
                 cost = scrape_cost({True: servers["on"], False: servers["off"]})
         finally:
             for s in {id(s): s for s in servers.values()}.values():
@@ -552,6 +582,7 @@ def main(argv=None) -> int:
             else ""
         )
         + (f"; disabled metrics: {args.disabled_metrics}" if args.disabled_metrics else "")
+        + (f"; {RECORDING_OFF_HEADER} at runtime once started (hooks installed)" if args.recording_off else "")
         + (f"; untimed scopes: {args.disabled_scopes}" if args.disabled_scopes else "")
         + (
             (

@@ -3,7 +3,8 @@ preset) from their printouts: each run prints one line per round ("server set S 
 …"). Every server set of every run is a set of its own (fresh server processes). Prints the pooled median of each
 throughput ratio a run prints (``e2e_overhead.RATIOS``) with the same two-stage bootstrap interval
 (server sets, then their rounds) as one run prints over that many sets. Refuses printouts that differ in
-preset, model size, design (``--switched``) or placement (``--placement``).
+preset, model size, design (``--switched``), placement (``--placement``) or ablation (``--disabled-metrics``,
+``--disabled-scopes``, ``--recording-off``).
 
     python benchmarks/pool.py run1.log run2.log
 """
@@ -14,18 +15,27 @@ import re
 import statistics
 import sys
 
-from e2e_overhead import APART_HEADER, RATIOS, SWITCHED_HEADER, bootstrap_median_by_set, round_ratios
+from e2e_overhead import (
+    APART_HEADER,
+    RATIOS,
+    RECORDING_OFF_HEADER,
+    SWITCHED_HEADER,
+    bootstrap_median_by_set,
+    round_ratios,
+)
 
 ROUND = re.compile(r"^server set (\d+) round\s+\d+: off\s+([\d.]+), on\s+([\d.]+), control\s+([\d.]+)")
 
 
-HEADER = re.compile(r"^### End-to-end overhead, preset (\S+): model hidden (\d+) x (\d+) layers", re.M)
+HEADER = re.compile(r"^### End-to-end overhead, preset (\S+): model hidden (\d+) x (\d+) layers.*$", re.M)
+ABLATION = re.compile(r"; (disabled metrics: [^;]*|untimed scopes: [^;]*|" + re.escape(RECORDING_OFF_HEADER) + ")")
 
 
 def design(path: str) -> dict:
     """What a printout measured, which pooled runs must share: the preset and its model's size (from its
     header; None for a printout without one), ``--switched`` (one server switched at runtime) or three servers,
-    and where the EngineCores ran (``--placement``)."""
+    where the EngineCores ran (``--placement``) and what the instrumented server left out (``--disabled-metrics``,
+    ``--disabled-scopes``, ``--recording-off``)."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     header = HEADER.search(text)
@@ -33,6 +43,7 @@ def design(path: str) -> dict:
         "preset and model": header.groups() if header else None,
         "design": "switched" if SWITCHED_HEADER in text else "three servers",
         "placement": "apart" if APART_HEADER in text else "shared",
+        "ablation": "; ".join(ABLATION.findall(header.group(0))) if header else "",
     }
 
 

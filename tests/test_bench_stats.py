@@ -112,9 +112,17 @@ APART = "workers alone on their core(s), EngineCores, API servers and the client
     [
         (HEADER.format(4, SHARED), "preset and model (('step', '512', '2'), ('step', '512', '4'))"),
         (HEADER.format(2, APART), "placement (apart, shared)"),
+        (
+            HEADER.format(2, "the instrumented server's recording switched off at runtime once started; " + SHARED),
+            "ablation (, the instrumented server's recording switched off)",
+        ),
+        (
+            HEADER.format(2, "disabled metrics: scheduler:*, worker:*; " + SHARED),
+            "ablation (, disabled metrics: scheduler:*, worker:*)",
+        ),
     ],
 )
-def test_pool_refuses_runs_of_another_model_size_or_placement(tmp_path, capsys, other, differs):
+def test_pool_refuses_runs_of_another_model_size_placement_or_ablation(tmp_path, capsys, other, differs):
     import pool
 
     rounds = [(1, 1, 100, 99, 100)]
