@@ -43,7 +43,7 @@ def design(path: str) -> dict:
         "preset and model": header.groups() if header else None,
         "design": "switched" if SWITCHED_HEADER in text else "three servers",
         "placement": "apart" if APART_HEADER in text else "shared",
-        "ablation": "; ".join(ABLATION.findall(header.group(0))) if header else "",
+        "ablation": ("; ".join(ABLATION.findall(header.group(0))) if header else "") or "none",
     }
 
 

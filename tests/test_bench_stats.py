@@ -114,11 +114,11 @@ APART = "workers alone on their core(s), EngineCores, API servers and the client
         (HEADER.format(2, APART), "placement (apart, shared)"),
         (
             HEADER.format(2, "the instrumented server's recording switched off at runtime once started; " + SHARED),
-            "ablation (, the instrumented server's recording switched off)",
+            "ablation (none, the instrumented server's recording switched off)",
         ),
         (
             HEADER.format(2, "disabled metrics: scheduler:*, worker:*; " + SHARED),
-            "ablation (, disabled metrics: scheduler:*, worker:*)",
+            "ablation (disabled metrics: scheduler:*, worker:*, none)",
         ),
     ],
 )
