@@ -480,13 +480,14 @@ def main(argv=None) -> int:
         "included, shares a core with the forward pass) or with the API server and this client (apart: the "
         "worker's core runs the forward pass alone, as on an accelerator server)",
     )
-    parser.add_argument(
+    design = parser.add_mutually_exclusive_group()
+    design.add_argument(
         "--switched",
         action="store_true",
         help="one instrumented server per set, its recording switched on and off at runtime between measurements "
         "(on; off; off again as the A/A control): what switching off saves, without the servers' own offsets",
     )
-    parser.add_argument(
+    design.add_argument(
         "--recording-off",
         action="store_true",
         help="switch the instrumented server's recording off at runtime once it has started (hooks stay installed, "
@@ -515,6 +516,9 @@ def main(argv=None) -> int:
     steps = cost = None
     bound: set = set()
     unit = "requests_per_s" if args.load == "short" else "tokens_per_s"
+    # Whether the instrumented server shows its processes on /metrics (--disabled-metrics may switch that gauge off).
+    patterns = tuple(x.strip() for x in args.disabled_metrics.split(",") if x.strip())
+    gauge = not metric_disabled(catalogue.INSTRUMENTED_PROCESSES.seed, patterns)
     for p in range(args.server_sets):
         servers: dict = {}
         try:
@@ -526,11 +530,9 @@ def main(argv=None) -> int:
                     variant = VARIANTS[(k + p) % len(VARIANTS)]
                     servers[variant] = start(model_dir, variant, log_dir, p, args)
             expected = {v: 3 if v == "on" or args.switched else 0 for v in VARIANTS}
-            patterns = tuple(x.strip() for x in args.disabled_metrics.split(",") if x.strip())
-            gauge = not metric_disabled(catalogue.INSTRUMENTED_PROCESSES.seed, patterns) if patterns else True
             hooked = instrumented_processes(servers, expected, gauge)
             assert hooked == expected, hooked
-            if args.recording_off and not args.switched:
+            if args.recording_off:
                 control(servers["on"], "off")
             api = {frozenset(s.api_cores or ()) for s in servers.values()}
             if len(api) == 1 and frozenset() not in api:  # every server bound, alike
