@@ -51,6 +51,10 @@ class Target:
     measures: tuple[Measure, ...] = ()
     #: The process kind (``catalogue.PROCESS_KINDS``) whose series this row's handler records.
     process: str = ""
+    #: The execution path (a ``paths.PATHS`` key, e.g. "mrv1", "mrv2", "npu") on which this symbol is
+    #: expected to resolve; "" for every path. A target the detected path expects that never resolves is
+    #: reported (``check``, and once at runtime).
+    path: str = ""
 
     def __post_init__(self) -> None:
         if self.measures and not self.feeds:
@@ -280,6 +284,7 @@ TARGETS: tuple[Target, ...] = (
         params=("scheduler_output",),
         provides_context=True,
         process=WORKER,
+        path="mrv1",
     ),
     Target(
         _MRV1,
@@ -288,6 +293,7 @@ TARGETS: tuple[Target, ...] = (
         "model_runner:SampleTokens",
         feeds=_STEP_END_FEEDS + _WORKER_BUDGET,
         process=WORKER,
+        path="mrv1",
     ),
     Target(
         _MRV1,
@@ -295,6 +301,7 @@ TARGETS: tuple[Target, ...] = (
         SYNC_TIMER,
         measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
         process=WORKER,
+        path="mrv1",
     ),
     Target(
         _MRV1,
@@ -303,6 +310,7 @@ TARGETS: tuple[Target, ...] = (
         "model_runner:GetOutput",
         feeds=("worker:model_runner_get_output:duration",),
         process=WORKER,
+        path="mrv1",
     ),
     Target(
         _MRV2,
@@ -313,6 +321,7 @@ TARGETS: tuple[Target, ...] = (
         params=("scheduler_output", "intermediate_tensors", "dummy_run"),
         provides_context=True,
         process=WORKER,
+        path="mrv2",
     ),
     Target(
         _MRV2,
@@ -321,6 +330,7 @@ TARGETS: tuple[Target, ...] = (
         "model_runner:SampleTokens",
         feeds=_STEP_END_FEEDS,
         process=WORKER,
+        path="mrv2",
     ),
     Target(
         _MRV2,
@@ -328,6 +338,7 @@ TARGETS: tuple[Target, ...] = (
         SYNC_TIMER,
         measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
         process=WORKER,
+        path="mrv2",
     ),
     # MRV2's own async output (vllm/v1/worker/gpu/async_utils.py, the same get_output in 0.23-0.33).
     Target(
@@ -518,6 +529,7 @@ TARGETS: tuple[Target, ...] = (
         params=("scheduler_output",),
         provides_context=True,
         process=WORKER,
+        path="npu",
     ),
     Target(
         "vllm_ascend.worker.model_runner_v1",
@@ -527,6 +539,7 @@ TARGETS: tuple[Target, ...] = (
         vllm_ascend=">=0.23.0",
         feeds=("executor:prepare_inputs:duration",),
         process=WORKER,
+        path="npu",
     ),
     Target(
         "vllm_ascend.worker.model_runner_v1",
@@ -536,6 +549,7 @@ TARGETS: tuple[Target, ...] = (
         vllm_ascend=">=0.23.0",
         feeds=_STEP_END_FEEDS + _WORKER_BUDGET,
         process=WORKER,
+        path="npu",
     ),
     # 310P's runner and the NPU model runner V2 re-implement input preparation without the base's.
     Target(
@@ -554,6 +568,7 @@ TARGETS: tuple[Target, ...] = (
         vllm_ascend=">=0.23.0",
         measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
         process=WORKER,
+        path="mrv2",
     ),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
     *(
