@@ -1,14 +1,20 @@
-"""The contract tests' downloader against a local index whose file server drops the first transfer
-half-way: the download resumes with a Range request and the file is whole; a wrong hash is refused."""
+"""The contract tests' downloader (the package's ``archives``) against a local index on 127.0.0.1 whose file
+server drops the first transfer half-way: the download resumes with a Range request and the file is whole; a
+wrong hash is refused. The index is the one pip is configured with: ``PIP_INDEX_URL``, else the ``index-url``
+of a pip configuration file (``PIP_CONFIG_FILE``, the user's ``pip.conf``), as pip itself reads them."""
 
 import hashlib
 import http.server
 import json
 import os
+import re
+import sys
 import threading
 
 import pytest
 import source_archives
+
+from opentelemetry_instrumentation_vllm_ascend import archives
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
 
@@ -24,10 +30,13 @@ def serve(sha256: str):
             requests.append((self.path, self.headers.get("Range")))
             if self.path == "/simple/demo/":
                 url = f"http://127.0.0.1:{self.server.server_port}/files/demo-1.0.tar.gz"
-                body = json.dumps(
-                    {"files": [{"filename": "demo-1.0.tar.gz", "url": url, "hashes": {"sha256": sha256}}]}
-                ).encode()
+                files = [{"filename": "demo-1.0.tar.gz", "url": url, "hashes": {"sha256": sha256}}]
+                # Newer releases for newest_release: a pre-release, and one whose only file was yanked.
+                for name, yanked in (("demo-1.1rc1.tar.gz", False), ("demo-1.2.tar.gz", True)):
+                    files.append({"filename": name, "url": url, "hashes": {"sha256": sha256}, "yanked": yanked})
+                body = json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode()
                 self.send_response(200)
+                self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -53,7 +62,9 @@ def serve(sha256: str):
 def index(tmp_path, monkeypatch):
     def start(sha256):
         server, requests = serve(sha256)
-        monkeypatch.setattr(source_archives, "INDEX", f"http://127.0.0.1:{server.server_port}/simple")
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+        monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # no other index from this machine's pip.conf
         monkeypatch.setattr(source_archives, "CACHE", str(tmp_path))
         started.append(server)
         return requests
@@ -84,3 +95,75 @@ def test_a_file_whose_hash_differs_from_the_index_is_refused(index, tmp_path):
     with pytest.raises(RuntimeError, match="sha256"):
         source_archives.sdist("demo", "1.0")
     assert os.listdir(tmp_path) == []
+
+
+def _isolated_pip(monkeypatch, tmp_path):
+    """pip reads no configuration of this machine: no PIP_* index variables, a home of its own."""
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_CONFIG_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    (home / ".config" / "pip").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "etc-xdg"))  # pip's global files: none there
+    return home
+
+
+def test_pip_index_url_is_the_index(index, tmp_path):
+    requests = index(hashlib.sha256(PAYLOAD).hexdigest())
+    assert archives.pip_indexes()[0] == os.environ["PIP_INDEX_URL"]
+    assert source_archives.sdist("demo", "1.0")
+    assert requests[0] == ("/simple/demo/", None)
+
+
+def test_the_index_url_of_a_pip_conf_is_the_index(index, tmp_path, monkeypatch):
+    """A user's pip.conf (found as pip finds it, through XDG_CONFIG_HOME), then PIP_CONFIG_FILE's file over
+    it, then PIP_INDEX_URL over both; ``[download]`` over ``[global]``."""
+    requests = index(hashlib.sha256(PAYLOAD).hexdigest())
+    url = os.environ["PIP_INDEX_URL"]
+    home = _isolated_pip(monkeypatch, tmp_path)
+    if sys.platform != "linux":
+        pytest.skip("pip's user configuration path is checked here on Linux")
+    (home / ".config" / "pip" / "pip.conf").write_text(f"[global]\nindex-url = {url}\n")
+    assert archives.pip_indexes() == [url]
+    assert source_archives.sdist("demo", "1.0")
+    assert requests[0] == ("/simple/demo/", None)
+    other = tmp_path / "pip.conf"
+    other.write_text("[global]\nindex-url = http://127.0.0.1:9/global\n[download]\nindex-url = http://127.0.0.1:9/dl\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(other))
+    assert archives.pip_indexes() == ["http://127.0.0.1:9/dl"]
+    monkeypatch.setenv("PIP_INDEX_URL", url)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "http://127.0.0.1:9/extra")
+    assert archives.pip_indexes() == [url, "http://127.0.0.1:9/extra"]
+
+
+def test_with_nothing_configured_the_index_is_pips_own_default(tmp_path, monkeypatch):
+    """The fallback comes from pip, never from a host written in the project."""
+    from pip._internal.models.index import PyPI
+
+    _isolated_pip(monkeypatch, tmp_path)
+    assert archives.pip_indexes() == [PyPI.simple_url]
+
+
+def test_no_package_index_host_is_written_in_the_projects_code():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = []
+    for directory in ("opentelemetry_instrumentation_vllm_ascend", "tests", "benchmarks"):
+        for dirpath, _, names in os.walk(os.path.join(root, directory)):
+            for name in names:
+                if name.endswith((".py", ".ini", ".toml", ".cfg")):
+                    with open(os.path.join(dirpath, name), encoding="utf-8", errors="replace") as f:
+                        text = f.read()
+                    if re.search(r"pypi\.org|pythonhosted\.org", text):
+                        found.append(os.path.relpath(os.path.join(dirpath, name), root))
+    for name in ("tox.ini", "pyproject.toml"):
+        with open(os.path.join(root, name)) as f:
+            if re.search(r"pypi\.org|pythonhosted\.org", f.read()):
+                found.append(name)
+    assert found == []
+
+
+def test_the_newest_release_is_the_newest_final_one_with_a_file(index):
+    index(hashlib.sha256(PAYLOAD).hexdigest())
+    assert archives.newest_release("demo") == "1.0"  # 1.1rc1: a pre-release; 1.2: yanked
+    assert archives.release_archive("demo", "1.0", source_archives.CACHE).endswith("demo-1.0.tar.gz")
