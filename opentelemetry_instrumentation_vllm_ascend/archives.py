@@ -50,38 +50,50 @@ def normalize(project: str) -> str:
 SECTIONS = (":env:", "download", "install", "global")
 
 
+#: Run by this interpreter's pip, in a process of its own (importing pip's internals here would import the
+#: standard library's distutils before setuptools can replace it, breaking a later ``import setuptools``):
+#: prints the ``index-url`` / ``extra-index-url`` values set in each section, and pip's own default index.
+_PIP_SCRIPT = """
+import json
+from pip._internal.configuration import Configuration
+from pip._internal.models.index import PyPI
+configuration = Configuration(isolated=False)
+configuration.load()
+values = {}
+for section in %r:
+    for key in ("index-url", "extra-index-url"):
+        try:
+            values[section + "." + key] = str(configuration.get_value(section + "." + key))
+        except Exception:
+            pass
+print(json.dumps({"values": values, "default": PyPI.simple_url}))
+"""
+
+
 def pip_indexes() -> list[str]:
-    """The index URLs pip is configured with: ``index-url`` first, then each ``extra-index-url``.
-    Raises RuntimeError when pip cannot be read and ``PIP_INDEX_URL`` is not set."""
+    """The index URLs pip is configured with, as pip reads its configuration (``PIP_INDEX_URL`` and the
+    other ``PIP_*`` variables, then ``PIP_CONFIG_FILE``, the site, user and global files): ``index-url``
+    first (pip's own default when none is set), then each ``extra-index-url``. Raises RuntimeError when
+    pip cannot be run."""
+    import subprocess
+    import sys
+
     try:
-        from pip._internal.configuration import Configuration
-    except ImportError as exc:  # pip not importable here: only the environment variable can say
-        if os.environ.get("PIP_INDEX_URL"):
-            return [os.environ["PIP_INDEX_URL"]] + os.environ.get("PIP_EXTRA_INDEX_URL", "").split()
-        raise RuntimeError("cannot read pip's configuration (pip is not importable); set PIP_INDEX_URL") from exc
-    configuration = Configuration(isolated=False)
-    configuration.load()  # every file in pip's override order, then the PIP_* variables
+        done = subprocess.run(
+            [sys.executable, "-c", _PIP_SCRIPT % (SECTIONS,)], capture_output=True, text=True, timeout=120, check=True
+        )
+        answer = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        detail = getattr(exc, "stderr", "") or exc
+        raise RuntimeError(f"cannot read pip's configuration with {sys.executable} -m pip: {detail}") from exc
+    values = answer["values"]
 
     def first(key: str) -> str | None:
-        for section in SECTIONS:
-            try:
-                value = configuration.get_value(f"{section}.{key}")
-            except Exception:  # pip's ConfigurationError: not set
-                continue
-            if value:
-                return str(value)
-        return None
+        return next((values[f"{section}.{key}"] for section in SECTIONS if values.get(f"{section}.{key}")), None)
 
-    index = first("index-url") or _pip_default_index()
+    index = first("index-url") or answer["default"]
     extra = (first("extra-index-url") or "").split()
     return [index] + [url for url in extra if url != index]
-
-
-def _pip_default_index() -> str:
-    """pip's own default index (what ``pip download`` uses with nothing configured)."""
-    from pip._internal.models.index import PyPI
-
-    return PyPI.simple_url
 
 
 # -- project pages -------------------------------------------------------------------------------------------------
@@ -101,9 +113,7 @@ def project_page(project: str, indexes: list[str] | None = None) -> dict:
 
 
 def _read_page(url: str) -> dict:
-    request = urllib.request.Request(
-        url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"}
-    )
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
 
     def fetch():
         with urllib.request.urlopen(request, timeout=120) as response:

@@ -46,7 +46,9 @@ class SourceTree:
                 for member in t.getmembers():
                     if member.isfile() and member.name.endswith(".py"):
                         name = member.name.split("/", 1)[1] if strip_prefix else member.name
-                        files[name] = t.extractfile(member).read().decode("utf-8", "replace")
+                        data = t.extractfile(member)
+                        if data is not None:
+                            files[name] = data.read().decode("utf-8", "replace")
         return cls(files)
 
     @classmethod
@@ -60,6 +62,24 @@ class SourceTree:
                     with open(full, encoding="utf-8", errors="replace") as f:
                         files[os.path.relpath(full, root).replace(os.sep, "/")] = f.read()
         return cls(files)
+
+    @classmethod
+    def from_path(cls, path: str) -> SourceTree:
+        """A wheel (``.whl``), an sdist (``.tar.gz``: its top directory stripped) or a directory: a source
+        tree or an unpacked sdist (holding ``vllm/`` or ``vllm_ascend/``), or such a package directory
+        itself (``site-packages/vllm``)."""
+        if os.path.isdir(path):
+            path = os.path.abspath(path)
+            if os.path.basename(path) in PACKAGES and os.path.exists(os.path.join(path, "__init__.py")):
+                return cls.from_directory(os.path.dirname(path), os.path.basename(path))
+            files: dict[str, str] = {}
+            for package in PACKAGES:
+                if os.path.isdir(os.path.join(path, package)):
+                    files.update(cls.from_directory(path, package).files)
+            return cls(files)
+        if path.endswith((".whl", ".zip")):
+            return cls.from_archive(path)
+        return cls.from_archive(path, strip_prefix=True)
 
     def module(self, name: str) -> ast.Module | None:
         if name not in self._asts:
@@ -113,7 +133,7 @@ class SourceTree:
         if not isinstance(base, ast.Attribute):
             return None
         parts = []
-        node = base
+        node: ast.expr = base
         while isinstance(node, ast.Attribute):
             parts.append(node.attr)
             node = node.value
@@ -149,7 +169,7 @@ class SourceTree:
                 for path, source in self.files.items()
                 if path.split("/", 1)[0] in PACKAGES and "class " in source
             }
-        out = []
+        out: list[tuple[str, ast.ClassDef]] = []
         for path in self._base_words:
             if names is not None and self._base_words[path].isdisjoint(names):
                 continue
@@ -298,7 +318,7 @@ def fake_problems(tree: SourceTree, fakes, *, check_init: bool = False) -> list[
             if dunder or name in test_only or not callable(value):
                 continue
             real = members.get(name)
-            if real is None or not hasattr(real, "args"):
+            if not isinstance(real, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 problems.append(f"{cls}.{name}: not a method of the real class")
                 continue
             parameters = inspect.signature(getattr(value, "__wrapped__", value)).parameters.values()
@@ -379,3 +399,151 @@ def check_read(tree: SourceTree, read: Read) -> list[str]:
     if read.attribute in tree.members(read.module, read.cls):
         return []
     return [f"{read.module}:{read.cls}.{read.attribute} not found"]
+
+
+def release_version(path: str, project: str) -> str | None:
+    """The version of ``project`` that an archive or a directory holds: its file name (``vllm-0.34.0.tar.gz``,
+    ``vllm-0.34.0-…whl``), its metadata (an sdist's ``PKG-INFO``, a wheel's ``METADATA``, a ``*.dist-info`` or
+    ``*.egg-info`` beside a package directory) or the package's generated ``_version.py``; None when none says."""
+    stem = re.sub(r"[-_.]+", "_", project).lower()
+    name = os.path.basename(os.path.abspath(path))
+    match = re.match(r"([A-Za-z0-9_.]+?)-(\d[^-]*?)(?:\.tar\.gz|\.zip|-.+\.whl)?$", name)
+    if match and re.sub(r"[-_.]+", "_", match.group(1)).lower() == stem:
+        return match.group(2)
+
+    def from_metadata(text: str) -> str | None:
+        found = re.search(r"^Name:\s*(\S+)\s*$", text, re.M)
+        if found and re.sub(r"[-_.]+", "_", found.group(1)).lower() == stem:
+            version = re.search(r"^Version:\s*(\S+)\s*$", text, re.M)
+            return version.group(1) if version else None
+        return None
+
+    def from_version_file(text: str) -> str | None:
+        found = re.search(
+            r"^(?:__version__|version)\s*(?::[^=]*)?=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", text, re.M
+        )
+        return found.group(1) if found else None
+
+    if os.path.isdir(path):
+        root = os.path.abspath(path)
+        if os.path.basename(root) == stem:
+            root = os.path.dirname(root)
+        candidates = [os.path.join(root, "PKG-INFO")]
+        for entry in sorted(os.listdir(root)):
+            if entry.lower().startswith(stem + "-") and entry.endswith((".dist-info", ".egg-info")):
+                candidates += [os.path.join(root, entry, "METADATA"), os.path.join(root, entry, "PKG-INFO")]
+        for candidate in candidates:
+            if os.path.isfile(candidate):
+                with open(candidate, encoding="utf-8", errors="replace") as f:
+                    version = from_metadata(f.read())
+                if version:
+                    return version
+        version_file = os.path.join(root, stem, "_version.py")
+        if os.path.isfile(version_file):
+            with open(version_file, encoding="utf-8", errors="replace") as f:
+                return from_version_file(f.read())
+        return None
+    if path.endswith((".whl", ".zip")):
+        with zipfile.ZipFile(path) as z:
+            for member in z.namelist():
+                if member.endswith(".dist-info/METADATA"):
+                    version = from_metadata(z.read(member).decode("utf-8", "replace"))
+                    if version:
+                        return version
+        return None
+    import tarfile
+
+    with tarfile.open(path) as t:
+        for info in t.getmembers():
+            data = t.extractfile(info) if info.isfile() and info.name.count("/") == 1 else None
+            if data is not None and info.name.endswith("/PKG-INFO"):
+                version = from_metadata(data.read().decode("utf-8", "replace"))
+                if version:
+                    return version
+    return None
+
+
+# -- check --vllm VERSION|PATH: the target table against a release that is not installed ------------------------
+
+
+def expected_on(target, configuration) -> bool | None:
+    """Whether the execution paths of ``configuration`` (``paths.detect``) expect ``target``: True for a
+    row of every path (``Target.path`` "") or of the path taken on its axis, False for another path's
+    row, None when the configuration cannot tell that axis's path."""
+    if not target.path:
+        return True
+    from . import paths
+
+    taken = configuration.paths.get(paths.BY_KEY[target.path].axis)
+    if taken is None:
+        return None
+    return taken == target.path
+
+
+def release_rows(tree: SourceTree, vllm, ascend, configuration, table=None) -> list[dict]:
+    """Per target, as ``installer.check`` reports the installed versions' (``symbol``, ``status``, ``detail``,
+    ``kind``, ``vllm``, ``vllm_ascend``, ``feeds``), for the release whose source is ``tree`` (``vllm`` /
+    ``ascend``: its versions, ``ascend`` None without vllm-ascend); with ``path`` (the row's execution
+    path, "" for every one) and ``expected`` (``expected_on``: True, False or None for cannot tell)."""
+    from .hooks import installer
+    from .hooks import targets as targets_module
+
+    rows = []
+    for target in table if table is not None else targets_module.TARGETS:
+        gate = installer.gate_of(target, vllm, ascend)
+        if gate == installer.NOT_INSTALLED:
+            gate = "dormant: no vllm-ascend given"
+        if gate is not None:
+            status, detail = gate, ""
+        else:
+            problems = check_target(tree, target)
+            status, detail = (installer.MISSING, "; ".join(problems)) if problems else (installer.RESOLVED, "")
+        rows.append(
+            {
+                "symbol": target.symbol,
+                "status": status,
+                "detail": detail,
+                "kind": target.kind,
+                "vllm": target.vllm,
+                "vllm_ascend": target.vllm_ascend,
+                "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds],
+                "path": target.path,
+                "expected": expected_on(target, configuration) if gate is None else False,
+            }
+        )
+    return rows
+
+
+def by_path(rows: list[dict], configuration=None) -> dict[str, dict]:
+    """Per execution path (``paths.PATHS``): the metrics absent there (``paths.TRUTH``, that path alone), those
+    it changes (fed with a meaning of its own there) and those lost there to targets of the release that do
+    not resolve (rows of every path, and that path's own; off the worker axis, over the worker path
+    ``configuration`` takes, or any when it cannot tell)."""
+    from . import catalogue, paths
+
+    out = {}
+    for path in paths.PATHS:
+        absent, changed = [], []
+        for spec in catalogue.CATALOGUE:
+            on = paths.on(spec.seed, path.key)
+            if not on.fed:
+                absent.append(spec.exposed_name)
+            elif on.note:
+                changed.append(spec.exposed_name)
+        worker = path.key if path.axis == "worker" else (configuration.paths.get("worker") if configuration else None)
+        missing = [r for r in rows if r["status"] == "missing" and r["path"] in ("", worker)]
+        lost = sorted(costs(rows, worker, missing))
+        out[path.key] = {"axis": path.axis, "absent": absent, "changed": changed, "lost_to_missing_targets": lost}
+    return out
+
+
+def costs(rows: list[dict], path: str | None, missing: list[dict]) -> set[str]:
+    """The metrics that ``missing`` rows feed and no resolved row of every path (or of ``path``; of any path
+    when ``path`` is None) feeds: what their absence costs on that path."""
+    fed = {
+        name
+        for row in rows
+        if row["status"] == "resolved" and (not row["path"] or path is None or row["path"] == path)
+        for name in row["feeds"]
+    }
+    return {name for row in missing for name in row["feeds"]} - fed

@@ -6,6 +6,10 @@ attributes handlers read."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
+from opentelemetry_instrumentation_vllm_ascend import supported
 from opentelemetry_instrumentation_vllm_ascend.source import (  # noqa: F401  (re-exported for the tests)
     PACKAGES,
     Read,
@@ -17,6 +21,76 @@ from opentelemetry_instrumentation_vllm_ascend.source import (  # noqa: F401  (r
     overrides_without_base_call,
     positional_params,
 )
+
+#: Set by the drift canary (``tox -e drift``): a vLLM release, and a vllm-ascend one as ``VERSION:VLLM_VERSION``,
+#: that every contract test reads besides the supported ones (``supported.py``).
+DRIFT_VLLM = os.environ.get("OTEL_VLLM_ASCEND_DRIFT_VLLM", "").strip()
+DRIFT_VLLM_ASCEND = os.environ.get("OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND", "").strip()
+
+#: The vLLM releases the contract tests read, oldest first: the supported ones, and the canary's.
+VLLM_VERSIONS: tuple[str, ...] = supported.VLLM + (
+    (DRIFT_VLLM,) if DRIFT_VLLM and DRIFT_VLLM not in supported.VLLM else ()
+)
+#: (vllm-ascend release, the vLLM release it runs on): the supported pairs, and the canary's.
+ASCEND_PAIRS: tuple[tuple[str, str], ...] = supported.VLLM_ASCEND + (
+    (tuple(DRIFT_VLLM_ASCEND.split(":", 1)),)  # type: ignore[assignment]
+    if DRIFT_VLLM_ASCEND and DRIFT_VLLM_ASCEND.split(":", 1)[0] not in dict(supported.VLLM_ASCEND)
+    else ()
+)
+ASCEND_VERSIONS = tuple(ascend for ascend, _ in ASCEND_PAIRS)
+
+
+def at_least(version: str, floor: str) -> bool:
+    """``version`` >= ``floor`` (so a release added later inherits what its predecessors are expected to do)."""
+    from packaging.version import Version
+
+    return Version(version) >= Version(floor)
+
+
+_VLLM_TREES: dict[str, SourceTree] = {}
+_ASCEND_TREES: dict[str, SourceTree] = {}
+
+
+def _installed_vllm_root(version: str) -> str | None:
+    """The installed vLLM's site directory when it is ``version`` (read, never imported)."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks.installer import vllm_version
+
+    installed = vllm_version()
+    spec = importlib.util.find_spec("vllm") if installed is not None and str(installed) == version else None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(list(spec.submodule_search_locations)[0])
+
+
+def vllm_tree(version: str) -> SourceTree:
+    """vLLM ``version``'s source: the installed vLLM when it is that version, else its release archive
+    (``source_archives``: the sdist, cached)."""
+    if version not in _VLLM_TREES:
+        root = _installed_vllm_root(version)
+        if root is not None:
+            _VLLM_TREES[version] = SourceTree.from_directory(root, "vllm")
+        else:
+            from source_archives import release
+
+            _VLLM_TREES[version] = SourceTree.from_path(release("vllm", version))
+    return _VLLM_TREES[version]
+
+
+def ascend_tree(version: str) -> SourceTree:
+    """vllm-ascend ``version``'s source together with the vLLM it runs on (``ASCEND_PAIRS``): its classes
+    subclass vLLM's, and attributes they inherit are looked up in the bases."""
+    if version not in _ASCEND_TREES:
+        from source_archives import release
+
+        ascend = SourceTree.from_path(release("vllm-ascend", version))
+        _ASCEND_TREES[version] = SourceTree({**vllm_tree(dict(ASCEND_PAIRS)[version]).files, **ascend.files})
+    return _ASCEND_TREES[version]
+
+
+def ascend_vllm(version: str) -> str:
+    """The vLLM release vllm-ascend ``version`` runs on."""
+    return dict(ASCEND_PAIRS)[version]
+
 
 #: Attributes handlers read from vLLM objects (checked against source like the targets).
 READS = tuple(

@@ -1,32 +1,35 @@
 """Contract with vllm-ascend's source: every target gated by vllm-ascend's version exists with the
 parameters its handler reads, every attribute handlers read from vllm-ascend objects is defined, and
-the fakes the handler tests use have the real classes' shape. The 0.23.0.post1 sdist is downloaded
-at test time (``source_archives``, cached), parsed and never imported."""
+the fakes the handler tests use have the real classes' shape. Each vllm-ascend release of
+``supported.VLLM_ASCEND`` (and the drift canary's) is downloaded at test time (``source_archives``,
+cached), parsed over the vLLM it runs on and never imported."""
 
 import pytest
 from contract import (
+    ASCEND_VERSIONS,
     READS,
-    SourceTree,
+    ascend_tree,
+    ascend_vllm,
     check_read,
     check_target,
     fake_problems,
 )
 from packaging.version import Version
-from source_archives import sdist
 
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
-VERSION = "0.23.0.post1"
+
+@pytest.fixture(scope="module", params=ASCEND_VERSIONS)
+def version(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def tree():
-    """vllm-ascend's source together with the vLLM it runs on (0.23.0): its classes subclass vLLM's, and
+def tree(version):
+    """vllm-ascend's source together with the vLLM it runs on: its classes subclass vLLM's, and
     attributes they inherit are looked up in the bases."""
-    ascend = SourceTree.from_archive(sdist("vllm-ascend", VERSION), strip_prefix=True)
-    vllm = SourceTree.from_archive(sdist("vllm", "0.23.0"), strip_prefix=True)
-    return SourceTree({**vllm.files, **ascend.files})
+    return ascend_tree(version)
 
 
 ASCEND_TARGETS = [t for t in targets.TARGETS if t.vllm_ascend is not None]
@@ -36,10 +39,10 @@ def test_there_are_ascend_targets():
     assert len(ASCEND_TARGETS) >= 9
 
 
-def test_every_ascend_target_exists_with_the_parameters_its_handler_reads(tree):
+def test_every_ascend_target_exists_with_the_parameters_its_handler_reads(tree, version):
     problems = []
     for target in ASCEND_TARGETS:
-        if in_range(Version("0.23.0"), target.vllm_ascend):
+        if in_range(Version(version), target.vllm_ascend) and in_range(Version(ascend_vllm(version)), target.vllm):
             problems += check_target(tree, target)
     assert problems == []
 

@@ -1,5 +1,5 @@
-"""Contract of the time budgets (handlers/budget.py) with vLLM's source, version by version (0.23.0, 0.32.0,
-0.33.0; parsed, never imported): the calls whose hooks are the stage boundaries happen in the order the budgets
+"""Contract of the time budgets (handlers/budget.py) with vLLM's source, version by version (``supported.VLLM``;
+parsed, never imported): the calls whose hooks are the stage boundaries happen in the order the budgets
 assume, in ``EngineCore.step``, ``EngineCore.step_with_batch_queue``, the busy loops of ``EngineCoreProc`` and
 ``DPEngineCoreProc`` (``run_busy_loop``, ``_process_input_queue``, ``_process_engine_step``),
 ``WorkerProc.worker_busy_loop`` and AsyncLLM's output handler. Calls are listed in evaluation order (a call's
@@ -8,23 +8,20 @@ arguments before the call), so ``f(g())`` lists ``g`` then ``f``."""
 import ast
 
 import pytest
-from contract import overrides_without_base_call
+from contract import VLLM_VERSIONS, at_least, overrides_without_base_call
 from test_contract_vllm import tree_for
 
 _CORE = "vllm.v1.engine.core"
-_TREES: dict = {}
 
 
-@pytest.fixture(scope="module", params=["0.23.0", "0.32.0", "0.33.0"])
+@pytest.fixture(scope="module", params=VLLM_VERSIONS)
 def source(request):
-    if request.param not in _TREES:
-        _TREES[request.param] = tree_for(request.param)
-    return request.param, _TREES[request.param]
+    return request.param, tree_for(request.param)
 
 
 def _wait(version: str) -> str:
     """The context manager whose call opens ``wait_workers`` (the rows of handlers.engine.WaitForWorkers)."""
-    return "log_iteration_details" if version == "0.23.0" else "capture_iteration_details"
+    return "capture_iteration_details" if at_least(version, "0.32") else "log_iteration_details"
 
 
 def _method(tree, module: str, qualname: str):

@@ -1,5 +1,5 @@
-"""Contract of the vllm-ascend KV transfer handlers with vllm-ascend 0.23.0.post1's source (with vLLM 0.23.0's
-beneath it): the fakes ``test_kv_ascend.py`` uses (tests/fakes.py) have the real classes' shape, the metered TransferEngine stands
+"""Contract of the vllm-ascend KV transfer handlers with the source of each supported vllm-ascend release
+(``supported.VLLM_ASCEND``, with the vLLM it runs on beneath it): the fakes ``test_kv_ascend.py`` uses (tests/fakes.py) have the real classes' shape, the metered TransferEngine stands
 in only where the thread uses it for nothing but the two batch calls, and the results the handlers read mean
 what vllm-ascend itself reads them as. The rows themselves (symbols, parameters) are checked by
 ``test_contract_ascend.py``."""
@@ -7,7 +7,7 @@ what vllm-ascend itself reads them as. The rows themselves (symbols, parameters)
 import ast
 
 import pytest
-from contract import SourceTree, fake_problems
+from contract import ASCEND_VERSIONS, SourceTree, ascend_tree, fake_problems
 from source_archives import sdist
 
 _KV = "vllm_ascend.distributed.kv_transfer."
@@ -15,11 +15,9 @@ _P2P = _KV + "kv_p2p."
 _STORE = _KV + "kv_pool.ascend_store."
 
 
-@pytest.fixture(scope="module")
-def tree():
-    ascend = SourceTree.from_archive(sdist("vllm-ascend", "0.23.0.post1"), strip_prefix=True)
-    vllm = SourceTree.from_archive(sdist("vllm", "0.23.0"), strip_prefix=True)
-    return SourceTree({**vllm.files, **ascend.files})
+@pytest.fixture(scope="module", params=ASCEND_VERSIONS)
+def tree(request):
+    return ascend_tree(request.param)
 
 
 def _fakes():
@@ -128,10 +126,11 @@ ASCEND_WITH_NPU_OFFLOAD = "0.30.0rc2"
 _NATIVE = _KV + "kv_pool.kv_offload.native."
 
 
-def test_npu_offload_of_0_23_0_post1_cannot_load_on_vllm_0_23(tree):
+def test_npu_offload_of_0_23_0_post1_cannot_load_on_vllm_0_23():
     """vllm-ascend 0.23.0.post1's NPU offload spec (``vllm_ascend/kv_offload/npu.py``, the module its docs name
     in ``spec_module_path``) imports vLLM modules that vLLM 0.23.0 does not have: it fails with an ImportError,
     so there is nothing to hook on that combination."""
+    tree = ascend_tree("0.23.0.post1")  # a fact about that release
     module = tree.module("vllm_ascend.kv_offload.npu")
     imported = {n.module for n in ast.walk(module) if isinstance(n, ast.ImportFrom) and n.module.startswith("vllm.")}
     missing = {m for m in imported if tree.module(m) is None}

@@ -3,7 +3,7 @@ the attributes they read from vLLM objects (gated like their target rows; the ro
 checked by test_contract_vllm.py)."""
 
 import pytest
-from contract import Read, check_read
+from contract import VLLM_VERSIONS, Read, at_least, check_read
 from packaging.version import Version
 from test_contract_vllm import tree_for
 
@@ -41,7 +41,7 @@ KV_READS = (
 )
 
 
-@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
 def test_every_attribute_the_kv_handlers_read_exists(version):
     tree = tree_for(version)
     problems = [
@@ -63,7 +63,7 @@ def _method(tree, module, qualname):
     return next(n for n in found[1].body if isinstance(n, ast.FunctionDef) and n.name == name)
 
 
-@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
 def test_nixl_record_transfer_reads_the_telemetry_fields_the_handler_reads(version):
     """NixlRecordTransfer reads ``res.totalBytes`` and ``res.xferDuration`` (µs) of the nixlXferTelemetry
     vLLM's own record_transfer receives (NIXL's type, not in vLLM's source): vLLM reads the same fields,
@@ -80,7 +80,7 @@ def test_nixl_record_transfer_reads_the_telemetry_fields_the_handler_reads(versi
     assert "res.xferDuration / 1000000.0" in ast.unparse(func)  # 1e6, as ast writes it
 
 
-@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
 def test_mooncake_records_the_timed_synchronous_send(version):
     """MooncakeRecordTransfer takes ``duration_s`` as the wall time of one synchronous
     ``batch_transfer_sync_write`` and ``total_bytes`` as its lengths' sum: what ``_send_blocks`` passes."""
@@ -98,7 +98,7 @@ def test_mooncake_records_the_timed_synchronous_send(version):
     assert "self.xfer_stats.record_failed_transfer()" in text
 
 
-@pytest.mark.parametrize("version", ["0.23.0", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
 def test_weight_offloaders_keep_the_totals_the_handlers_read(version):
     """UVAOffloader adds each offloaded parameter's bytes to ``cpu_offload_bytes`` (skipping parameters already
     on CPU); without UVA its copies run in a closure installed as the module's forward (``functional_call``: no
@@ -131,7 +131,7 @@ def _calls_on(func, owner: str) -> list[str]:
     return [n.func.attr for n in sorted(calls, key=lambda n: (n.lineno, n.col_offset))]
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", [v for v in VLLM_VERSIONS if at_least(v, "0.32")])
 def test_offloading_transfers_block_the_step_only_through_the_metered_worker_calls(version):
     """What OffloadingStartTransfers / OffloadingHandlePreemptions and their metered worker rely on:
     ``start_kv_transfers`` submits the queued stores (``_unsubmitted_store_jobs``: job id first) before this
@@ -144,7 +144,7 @@ def test_offloading_transfers_block_the_step_only_through_the_metered_worker_cal
     tree = tree_for(version)
     module = _OFFLOADING + ".worker"
     start = _method(tree, module, "OffloadingConnectorWorker.start_kv_transfers")
-    expected = ["submit_store", "submit_load"] + (["submit_load", "wait"] if version == "0.33.0" else [])
+    expected = ["submit_store", "submit_load"] + (["submit_load", "wait"] if at_least(version, "0.33") else [])
     assert _calls_on(start, "worker") == expected
     text = ast.unparse(start)
     assert "for job_id, src_spec, dst_spec in self._unsubmitted_store_jobs:" in text

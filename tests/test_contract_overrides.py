@@ -1,44 +1,46 @@
 """Contract over subclasses: a hook on a base class never sees the calls of a subclass that overrides
-the hooked method without calling the base's. In the source of every supported version (vLLM 0.23.0,
-0.32.0, 0.33.0; vllm-ascend 0.23.0.post1 together with the vLLM 0.23.0 it runs on), every class that
+the hooked method without calling the base's. In the source of every supported version (``supported.py``: each vLLM
+release; each vllm-ascend release together with the vLLM it runs on), every class that
 subclasses a hooked target's class (transitively) and defines the hooked method without calling the
 base's must have a row of its own or an entry, with its reason, in ``targets.UNCOVERED_OVERRIDES``."""
 
 import functools
 
 import pytest
-from contract import SourceTree, overrides_without_base_call
+from contract import ASCEND_PAIRS, VLLM_VERSIONS, SourceTree, ascend_tree, ascend_vllm, overrides_without_base_call
 from packaging.version import Version
-from source_archives import sdist
 from test_contract_vllm import tree_for
 
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
-ASCEND = "vllm-ascend 0.23.0.post1"
-TREES = ("0.23.0", "0.32.0", "0.33.0", ASCEND)
-_TREES: dict = {}
+_PREFIX = "vllm-ascend "
+#: The trees: each vLLM release, then each vllm-ascend release (named "vllm-ascend VERSION") over its vLLM.
+ASCEND_NAMES = tuple(_PREFIX + ascend for ascend, _ in ASCEND_PAIRS)
+ASCEND = ASCEND_NAMES[0]  # the oldest supported vllm-ascend (the overrides known there are listed below)
+TREES = VLLM_VERSIONS + ASCEND_NAMES
 
 
 def tree_of(name: str) -> SourceTree:
-    if name not in _TREES:
-        if name == ASCEND:
-            ascend = SourceTree.from_archive(sdist("vllm-ascend", "0.23.0.post1"), strip_prefix=True)
-            vllm = SourceTree.from_archive(sdist("vllm", "0.23.0"), strip_prefix=True)
-            _TREES[name] = SourceTree({**vllm.files, **ascend.files})
-        else:
-            _TREES[name] = tree_for(name)
-    return _TREES[name]
+    return ascend_tree(name[len(_PREFIX) :]) if name.startswith(_PREFIX) else tree_for(name)
+
+
+def _versions(name: str) -> tuple[Version, Version | None]:
+    """(vLLM, vllm-ascend or None) of a tree."""
+    if name.startswith(_PREFIX):
+        ascend = name[len(_PREFIX) :]
+        return Version(ascend_vllm(ascend)), Version(ascend)
+    return Version(name), None
 
 
 def _applies(row, name: str) -> bool:
     """The row (a target or an uncovered override) exists in this tree's versions."""
-    version = Version("0.23.0" if name == ASCEND else name)
-    if not in_range(version, row.vllm):
+    vllm, ascend = _versions(name)
+    if not in_range(vllm, row.vllm):
         return False
     if row.vllm_ascend is None:
         return True
-    return name == ASCEND and in_range(Version("0.23.0"), row.vllm_ascend)
+    return ascend is not None and in_range(ascend, row.vllm_ascend)
 
 
 def _canonical(tree: SourceTree, symbol: str) -> str:

