@@ -69,3 +69,23 @@ def test_no_contract_test_keeps_a_version_list_of_its_own():
         for match in re.finditer(r"version\s*[!=]=\s*\"0\.\d+", text):
             found.append(f"{name}: {match.group(0)}")
     assert found == []
+
+
+def test_the_drift_canary_adds_its_releases_to_the_contract_tests():
+    """tox -e drift sets these; tests/contract.py appends them to the supported releases."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "OTEL_VLLM_ASCEND_DRIFT_VLLM": "0.99.0",
+        "OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND": "0.99.0rc1:0.99.0",
+        "PYTHONPATH": os.pathsep.join((ROOT, os.path.join(ROOT, "tests"))),
+    }
+    ask = "import contract; print(contract.VLLM_VERSIONS, contract.ASCEND_PAIRS)"
+    out = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == f"{supported.VLLM + ('0.99.0',)} {supported.VLLM_ASCEND + (('0.99.0rc1', '0.99.0'),)}"
+    import contract
+
+    if not contract.DRIFT_VLLM:
+        assert contract.VLLM_VERSIONS == supported.VLLM  # without the canary: the supported ones alone
