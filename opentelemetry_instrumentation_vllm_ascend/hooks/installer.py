@@ -15,8 +15,9 @@ from packaging.version import InvalidVersion, Version
 from .. import neighbours
 from ..recording import control
 from . import targets as targets_module
+from .handler import Handler
 from .patches import hook_future_class, original_class, patch_method
-from .wrappers import FUTURE_CLASS, SCOPE_FACTORY
+from .wrappers import FUTURE_CLASS, SCOPE_FACTORY, SYNC
 
 logger = logging.getLogger(__name__)
 
@@ -184,14 +185,71 @@ def metric_status(rows: list[dict], config) -> list[dict]:
     return out
 
 
+# -- the report of targets that never resolved, once a process is ready to serve --------------------------------
+
+#: Where each kind of process is ready to serve: (module, "Class.method", process kind). When the method
+#: returns, the targets this process's kinds expect on the detected execution path and that never resolved
+#: are reported, once (``Installer.report_unresolved``). Each runs once per process, at start-up: no cost
+#: on any step. The contract test checks them in every supported vLLM.
+READY_POINTS: tuple[tuple[str, str, str], ...] = (
+    # The API server: its engines have answered the start-up handshake; the app is built and served next.
+    ("vllm.v1.engine.async_llm", "AsyncLLM.__init__", "api_server"),
+    # The EngineCore (and the worker it hosts in process): model loaded, KV cache allocated, READY sent.
+    ("vllm.v1.engine.core", "EngineCoreProc.__init__", "engine_core"),
+    # A worker process: device initialised and model loaded (its runner's modules imported).
+    ("vllm.v1.executor.multiproc_executor", "WorkerProc.__init__", "worker"),
+)
+
+
+class _Ready(Handler):
+    """After a ready point returns: the installer's report (``Installer.report_unresolved``)."""
+
+    def __init__(self, installer: Installer, process: str) -> None:
+        self.installer = installer
+        self.process = process
+
+    def after(self, state, args, kwargs, result):
+        self.installer.report_unresolved(self.process)
+
+
+def module_exists(name: str) -> bool | None:
+    """Whether module ``name`` exists, found on the path of its nearest imported parent package without
+    importing anything (a parent's ``__init__`` may be heavy); None when no parent is imported."""
+    import importlib.machinery
+    import os
+    import sys
+
+    parts = name.split(".")
+    for depth in range(len(parts) - 1, 0, -1):
+        parent = sys.modules.get(".".join(parts[:depth]))
+        if parent is not None:
+            break
+    else:
+        return None
+    directories = list(getattr(parent, "__path__", None) or ())
+    suffixes = importlib.machinery.all_suffixes()
+    for index, part in enumerate(parts[depth:], start=depth):
+        last = index == len(parts) - 1
+        packages = [os.path.join(d, part) for d in directories if os.path.isdir(os.path.join(d, part))]
+        if last and (packages or any(os.path.isfile(os.path.join(d, part + x)) for d in directories for x in suffixes)):
+            return True
+        if not packages:
+            return False
+        directories = packages
+    return False
+
+
 class Installer:
-    def __init__(self, table=None, on_first_load=None) -> None:
+    def __init__(self, table=None, on_first_load=None, ready_points=None) -> None:
         """``on_first_load``: called once, before the hooks of the first target module this process loads
-        are installed (the instrumentor starts the process's services there: ``recording.services``)."""
+        are installed (the instrumentor starts the process's services there: ``recording.services``).
+        ``ready_points``: where each kind of process is ready to serve (``READY_POINTS``)."""
         self.table = tuple(table if table is not None else targets_module.TARGETS)
+        self.ready_points = tuple(ready_points if ready_points is not None else READY_POINTS)
         self.patches: list = []
         self.status: dict[str, str] = {}
         self.active = False
+        self.reported = False  # the never-resolved report of this process is out
         self._lock = threading.Lock()
         self._on_first_load = on_first_load
 
@@ -210,7 +268,87 @@ class Installer:
             by_module.setdefault(target.module, []).append(target)
         for module_name, rows in by_module.items():
             register_post_import_hook(functools.partial(self._apply, rows=rows), module_name)
+        for module_name, qualname, process in self.ready_points:
+            register_post_import_hook(
+                functools.partial(self._ready_point, qualname=qualname, process=process), module_name
+            )
         neighbours.check(self.patches)
+
+    def _ready_point(self, module, qualname: str, process: str) -> None:
+        """Wrap a ready point (after the module's target hooks, so its wrapper is the outer one)."""
+        with self._lock:
+            if not self.active:
+                return
+            owner_name, attribute = qualname.rsplit(".", 1)
+            try:
+                owner = original_class(module, owner_name)
+                self.patches.append(patch_method(owner, attribute, _Ready(self, process), SYNC))
+            except Exception as exc:  # never break the host: no report in that process, and say so
+                logger.warning(
+                    "opentelemetry-instrumentation-vllm-ascend: cannot hook %s:%s (%s: %s); targets that never "
+                    "resolve will not be reported in this process, vLLM runs on",
+                    module.__name__,
+                    qualname,
+                    type(exc).__name__,
+                    exc,
+                )
+
+    def unresolved(self, process: str) -> list[tuple[targets_module.Target, str]]:
+        """The targets this process expects that never resolved, each with why: (target, reason). Expected:
+        the row's process kind runs here (``process``, and the worker where this process hosts one: its
+        ``rank`` label), it is not gated off, and its execution path (``Target.path``) is "" or the one
+        taken on its axis (``paths.detect``; where that cannot tell, the one whose targets resolved here).
+        Never resolved: hooking failed (a symbol missing), or its module does not exist (a module that exists
+        but was never imported belongs to a feature this server does not use, e.g. a KV connector)."""
+        from .. import context, paths
+
+        kinds = {process} | ({"worker"} if "rank" in context.PROCESS.labels else set())
+        taken = dict(configuration().paths)
+        for axis in {paths.BY_KEY[t.path].axis for t in self.table if t.path}:
+            if taken.get(axis) is None:
+                seen = {
+                    t.path
+                    for t in self.table
+                    if t.path and paths.BY_KEY[t.path].axis == axis and self.status.get(t.symbol) == RESOLVED
+                }
+                taken[axis] = seen.pop() if len(seen) == 1 else None
+        out = []
+        for target in self.table:
+            state = self.status.get(target.symbol)
+            if target.process not in kinds or state not in (PENDING, MISSING):
+                continue
+            if target.path and taken.get(paths.BY_KEY[target.path].axis) != target.path:
+                continue
+            if state == MISSING:
+                out.append((target, "cannot be hooked"))
+            elif module_exists(target.module) is False:
+                out.append((target, f"module {target.module} does not exist"))
+        return out
+
+    def report_unresolved(self, process: str) -> None:
+        """Once per process, when vLLM is ready to serve: one log line naming each target this process
+        expects that never resolved, and the metrics lost with it."""
+        if self.reported or not self.active:
+            return
+        self.reported = True
+        try:
+            found = self.unresolved(process)
+        except Exception as exc:  # never break the host
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: cannot tell which targets never resolved (%s)", exc
+            )
+            return
+        if found:
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: vLLM is ready to serve in this %s process, but %d "
+                "hook target(s) it expects never resolved: %s; vLLM runs on without those metrics",
+                process,
+                len(found),
+                "; ".join(
+                    f"{target.symbol} ({why}; metrics lost: {', '.join(target.feeds) or '(none; context only)'})"
+                    for target, why in found
+                ),
+            )
 
     def _apply(self, module, rows) -> None:
         with self._lock:
