@@ -146,3 +146,32 @@ def test_it_works_where_vllm_cannot_be_imported(which, release_without_a_hooked_
     assert "TRIED []" in done.stderr  # never even tried to import vLLM
     report = json.loads(done.stdout)
     assert [m["symbol"] for m in report["missing"]] == ([REMOVED] if which == "broken" else [])
+
+
+def test_a_releases_version_and_files_are_read_from_any_of_its_forms(tmp_path):
+    """A wheel (its METADATA), a source tree (its PKG-INFO, else the package's generated _version.py), a
+    package directory itself: each gives the release's version and the package's Python files."""
+    import zipfile
+
+    wheel = tmp_path / "dist" / "vllm-9.1.0-cp38-abi3-manylinux1_x86_64.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm/__init__.py", "")
+        z.writestr("vllm/v1/core.py", "class A:\n    pass\n")
+        z.writestr("vllm-9.1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: vllm\nVersion: 9.1.0\n")
+    renamed = tmp_path / "dist" / "nightly.whl"
+    wheel.rename(renamed)
+    assert source.release_version(str(renamed), "vllm") == "9.1.0"  # no version in its name: METADATA
+    assert sorted(source.SourceTree.from_path(str(renamed)).files) == ["vllm/__init__.py", "vllm/v1/core.py"]
+    tree = tmp_path / "checkout"
+    (tree / "vllm" / "v1").mkdir(parents=True)
+    (tree / "vllm" / "__init__.py").write_text("")
+    (tree / "vllm" / "v1" / "core.py").write_text("class A:\n    pass\n")
+    (tree / "vllm" / "_version.py").write_text("__version__ = version = '9.2.0.dev3'\n")
+    assert source.release_version(str(tree), "vllm") == "9.2.0.dev3"
+    (tree / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 9.2.0\n")
+    assert source.release_version(str(tree), "vllm") == "9.2.0"
+    assert source.release_version(str(tree / "vllm"), "vllm") == "9.2.0"  # the package directory itself
+    assert source.SourceTree.from_path(str(tree / "vllm")).find_class("vllm.v1.core", "A") is not None
+    assert source.SourceTree.from_path(str(tree)).find_class("vllm.v1.core", "A") is not None
+    assert source.release_version(str(tree), "vllm-ascend") is None
