@@ -1,5 +1,5 @@
 """Targets that never resolve are reported once, when vLLM is ready to serve (issue 38, deliverable 5): at the
-end of a ready point (``installer.READY_POINTS``: ``AsyncLLM.__init__`` in an API server, ``EngineCoreProc.__init__``
+end of a ready point (``installer.READY_POINTS``: ``AsyncMPClient.__init__`` in an API server, ``EngineCoreProc.__init__``
 in an EngineCore, ``WorkerProc.__init__`` in a worker process), one log line names each target this process
 expects that never resolved and the metrics lost with it. Expected: its process kind runs here, it is not gated
 off, its execution path is the one taken. Never resolved: hooking failed, or its module does not exist; a module

@@ -192,8 +192,9 @@ def metric_status(rows: list[dict], config) -> list[dict]:
 #: are reported, once (``Installer.report_unresolved``). Each runs once per process, at start-up: no cost
 #: on any step. The contract test checks them in every supported vLLM.
 READY_POINTS: tuple[tuple[str, str, str], ...] = (
-    # The API server: its engines have answered the start-up handshake; the app is built and served next.
-    ("vllm.v1.engine.async_llm", "AsyncLLM.__init__", "api_server"),
+    # The API server: its client has the engines' start-up handshake (their READY); the app is served next.
+    # (Not AsyncLLM.__init__: a target's own, and each target's wrapper wraps vLLM's function directly.)
+    ("vllm.v1.engine.core_client", "AsyncMPClient.__init__", "api_server"),
     # The EngineCore (and the worker it hosts in process): model loaded, KV cache allocated, READY sent.
     ("vllm.v1.engine.core", "EngineCoreProc.__init__", "engine_core"),
     # A worker process: device initialised and model loaded (its runner's modules imported).
