@@ -136,7 +136,11 @@ def test_check_on_this_cpu_environment(capsys):
     metrics = {m["metric"]: m for m in report["metrics"]}
     assert metrics["vllm_profiling_executor:sample_tokens:duration"]["status"] == "absent"
     assert metrics["vllm_profiling_executor:execute_model:duration"]["detail"].startswith("in-process worker: ")
-    assert metrics["vllm_profiling_npu:forward_duration"]["status"] == "absent"
+    # Model runner V2 on vLLM 0.32: its forward is marked (StepTimingCollector.forward_start); no kernel launch.
+    forward = metrics["vllm_profiling_npu:forward_duration"]
+    assert forward["status"] == "fed" and forward["detail"].startswith("MRV2: from `StepTimingCollector.forward_start()`")
+    assert metrics["vllm_profiling_npu:kernel_launch"]["status"] == "absent"
+    assert metrics["vllm_profiling_worker:stage_seconds"]["status"] == "fed"
     assert metrics["vllm_profiling_output"] == {"metric": "vllm_profiling_output", "status": "fed", "detail": ""}
 
 
