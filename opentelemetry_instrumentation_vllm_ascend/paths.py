@@ -411,7 +411,7 @@ def _worker_from_034(vllm_version, cpu: bool, ascend_installed: bool) -> tuple[s
             f"vLLM {vllm_version} has model runner V2 only (V1, which vllm-ascend's V1 NPU runner subclasses, is "
             "removed): vllm-ascend's V2 runner"
         )
-    return "mrv2", f"vLLM {vllm_version} has model runner V2 only (V1 is removed; VLLM_USE_V2_MODEL_RUNNER=0 is refused)"
+    return "mrv2", f"vLLM {vllm_version} has model runner V2 only (V1 is removed, VLLM_USE_V2_MODEL_RUNNER=0 refused)"
 
 
 #: ``platform.machine()`` of x86 CPUs (vLLM's ``CpuArchEnum.X86``): the CPU build runs V2's Triton-based runner.

@@ -787,7 +787,9 @@ def instrumented_v2(monkeypatch, runner_handler="model_runner:ExecuteModelV2"):
         (FakeStepTiming,),
         {
             "forward_start": wrapped(
-                FakeStepTiming, "forward_start", rows["vllm.v1.worker.gpu.async_utils:StepTimingCollector.forward_start"]
+                FakeStepTiming,
+                "forward_start",
+                rows["vllm.v1.worker.gpu.async_utils:StepTimingCollector.forward_start"],
             )
         },
     )

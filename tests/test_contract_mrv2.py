@@ -119,9 +119,15 @@ class R:
             "        self.prepare_inputs(so)\n        self.step_timing.forward_start()\n",
             "        self.step_timing.forward_start()\n        self.prepare_inputs(so)\n",
         ),
-        "logits inside": good.replace("out = self.model(x)", "out = self.model(x)\n        self.model.compute_logits(out)"),
-        "two marks": good.replace("out = self.model(x)", "out = self.model(x)\n        self.step_timing.forward_start()"),
-        "no return None": good.replace("        return None\n    def sample_tokens", "        return out\n    def sample_tokens"),
+        "logits inside": good.replace(
+            "out = self.model(x)", "out = self.model(x)\n        self.model.compute_logits(out)"
+        ),
+        "two marks": good.replace(
+            "out = self.model(x)", "out = self.model(x)\n        self.step_timing.forward_start()"
+        ),
+        "no return None": good.replace(
+            "        return None\n    def sample_tokens", "        return out\n    def sample_tokens"
+        ),
         "no sample": good.replace("return self.sample(h, b, g)", "return None"),
     }
     for what, source in variants.items():
@@ -142,7 +148,9 @@ def test_model_runner_v1_rows_are_gated_to_the_releases_that_have_it(version_tre
 def test_the_standalone_cpu_runner_is_no_v2_subclass_and_never_marks_its_forward(version_tree):
     version, tree = version_tree
     rows = [t for t in targets.TARGETS if t.path == "cpu_standalone"]
-    assert {t.qualname for t in rows} == {f"StandaloneCPUModelRunner.{m}" for m in ("execute_model", "sample_tokens", "prepare_inputs")}
+    assert {t.qualname for t in rows} == {
+        f"StandaloneCPUModelRunner.{m}" for m in ("execute_model", "sample_tokens", "prepare_inputs")
+    }
     found = tree.find_class(STANDALONE, "StandaloneCPUModelRunner")
     for row in rows:
         assert in_range(version, row.vllm) == (found is not None), (str(version), row.symbol)

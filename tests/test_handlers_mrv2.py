@@ -183,6 +183,7 @@ def test_without_the_forward_mark_v2_moves_no_boundary(metrics, clock, monkeypat
     never built, and V2's steps leave the worker budget absent (their forward cannot be told apart)."""
     STATE.device = None
     monkeypatch.setattr(STATE, "mrv2_forward_marked", False)
+
     class Runner(FakeRunnerV2):
         execute_model = wrap(FakeRunnerV2.execute_model, model_runner.ExecuteModelV2(), SYNC)[0]
         sample_tokens = wrap(FakeRunnerV2.sample_tokens, model_runner.SampleTokens(), SYNC)[0]
