@@ -458,20 +458,21 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Forward time of one step: the model runner's forward scope, on the "
         "device timeline (device events, read without synchronising) where the device offers events, "
         "otherwise on the host (CPU: the forward computation itself). Model runners with the scope: V1 "
-        "(GPU, CPU) and the NPU runner; model runner V2 has none, so it is absent there.",
+        "(GPU, CPU) and the NPU runner; model runner V2 has none: from vLLM 0.32 its forward runs from "
+        "StepTimingCollector.forward_start() to execute_model's return (docs/metrics.md, by execution path).",
     ),
     _timer(
         "npu:kernel_launch",
         "Host time from the start of a step's forward scope to the end of its "
         "post-processing scope: launching the forward and post-processing work (absent on model runner V2, "
-        "which has no such scopes).",
+        "which has no such scopes and computes the logits while sampling).",
     ),
     _timer(
         "npu:non_forward_duration",
         "worker:model_inference:duration minus npu:forward_duration of the "
         "same step, both on one clock (device events where the device offers them, else the host): the step's "
-        "time outside the forward pass. Steps without a forward scope are skipped (so it is absent on model "
-        "runner V2).",
+        "time outside the forward pass. Steps without a forward (scope, or model runner V2's forward mark) are "
+        "skipped.",
     ),
     # -- API server -----------------------------------------------------------------------------------
     _sizes(
@@ -811,8 +812,8 @@ KV_TRANSFER_CATALOGUE += (
         "between them; host time): seconds spent in each stage, stages never overlapping, so that their sum is "
         "the wall time since the worker's first step. stage is one of "
         + ", ".join(WORKER_STAGES)
-        + " (docs/time-budget.md says where each begins; not on model runner V2, which enters no profiling "
-        "scopes). The stage in progress counts up to each collection.",
+        + " (docs/time-budget.md says where each begins, on model runner V2 too from vLLM 0.32). The stage in "
+        "progress counts up to each collection.",
         labels=("dp", "role", "stage"),
     ),
 )

@@ -2,7 +2,8 @@
 
 Our live tests run one path (vLLM's CPU build: synchronous scheduling, model runner V1, one API
 server); production servers run others (async scheduling and the batch queue on GPU and NPU, model
-runner V2 on CUDA, vllm-ascend's NPU runner, several API servers with DP > 1). A metric must be true
+runner V2 on CUDA — the only runner from vLLM 0.34 —, vllm-ascend's NPU runner, several API servers
+with DP > 1). A metric must be true
 on each path or absent there, and this table says which: per metric, per path, whether it is fed and,
 where its meaning there narrows or differs from the catalogue's description, what it measures. Only
 the exceptions are listed: a metric not named for a path is fed there with its catalogue meaning
@@ -14,8 +15,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 
 @dataclass(frozen=True)
@@ -45,16 +50,27 @@ PATHS: tuple[Path, ...] = (
         "mrv1",
         "worker",
         "MRV1",
-        "`vllm.v1.worker.gpu_model_runner.GPUModelRunner` (and the CPU build's subclass): CPU by default, CUDA "
-        "with `VLLM_USE_V2_MODEL_RUNNER=0` or a feature model runner V2 does not support.",
+        "`vllm.v1.worker.gpu_model_runner.GPUModelRunner` (and the CPU build's subclass), vLLM 0.23-0.33 (0.34 "
+        "removed it): CPU by default, CUDA with `VLLM_USE_V2_MODEL_RUNNER=0` or a feature model runner V2 does not "
+        "support.",
     ),
     Path(
         "mrv2",
         "worker",
         "MRV2",
         "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one, vllm-ascend's "
-        "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.32; `VLLM_USE_V2_MODEL_RUNNER=1` forces "
-        "it (on Ascend too; it needs Triton, so vLLM's CPU build refuses it).",
+        "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.32, the only runner from 0.34 (CPU "
+        "included, `cpu/model_runner.py`); before 0.34 `VLLM_USE_V2_MODEL_RUNNER=1` forces it (on Ascend too; it "
+        "needs Triton, so vLLM 0.32's CPU build refuses it).",
+    ),
+    Path(
+        "cpu_standalone",
+        "worker",
+        "standalone CPU runner",
+        "`vllm.v1.worker.cpu.standalone_model_runner.StandaloneCPUModelRunner`, vLLM 0.34+: model runner V2's CPU "
+        "runner without Triton on a non-x86 CPU (`cpu_worker.py` builds it when the platform's "
+        "`uses_standalone_cpu_model_runner()`). It is not a subclass of V2's `GPUModelRunner`: its own rows hook "
+        "it, and it calls no `StepTimingCollector`, so its forward is never marked.",
     ),
     Path(
         "npu",
@@ -98,24 +114,64 @@ AXES = ("scheduling", "worker", "executor", "frontend")
 @dataclass(frozen=True)
 class On:
     """What a metric is on one path: ``fed`` (with ``note`` saying what it measures there, when that
-    differs from the catalogue) or absent (``note`` says why)."""
+    differs from the catalogue) or absent (``note`` says why). ``vllm``: a PEP 440 specifier of the
+    vLLM releases where this holds; on any other release the metric is absent there, ``otherwise`` says
+    why (``verdict`` reads the configuration's vLLM version; the note says both for the docs)."""
 
     fed: bool
     note: str = ""
+    vllm: str = ""
+    otherwise: str = ""
+
+    def on(self, version) -> On:
+        """What this is on vLLM ``version`` (None: unknown, as stated)."""
+        if not self.vllm or version is None:
+            return self
+        try:
+            holds = SpecifierSet(self.vllm, prereleases=True).contains(version.base_version, prereleases=True)
+        except (InvalidSpecifier, AttributeError):
+            return self
+        return self if holds else On(False, self.otherwise)
 
 
-def fed(note: str) -> On:
-    return On(True, note)
+def fed(note: str, vllm: str = "", otherwise: str = "") -> On:
+    return On(True, note, vllm, otherwise)
 
 
 def absent(why: str) -> On:
     return On(False, why)
 
 
-_MRV2_NO_SCOPES = absent(
-    "model runner V2 enters no profiling scopes (no `record_function_or_nullcontext` call "
-    "under `vllm/v1/worker/gpu/` in 0.23, 0.32 or 0.33, nor in vllm-ascend's "
-    "`vllm_ascend/worker/v2/`), so the worker's forward timeline is not seen"
+#: Model runner V2 enters no profiling scopes (no ``record_function_or_nullcontext`` call under
+#: ``vllm/v1/worker/gpu/`` in any supported release, nor in vllm-ascend's ``vllm_ascend/worker/v2/``): its
+#: forward is marked by ``StepTimingCollector.forward_start()`` (vLLM 0.32+), which execute_model calls right
+#: before the model, and ends at execute_model's return (``handlers/model_runner.py``, ``ExecuteModelV2``).
+_NO_MARK_BEFORE_032 = (
+    "vLLM 0.23's model runner V2 (vllm-ascend 0.23's V2 NPU runner runs on it) has no `StepTimingCollector`: "
+    "nothing marks its forward"
+)
+_MRV2_FORWARD = fed(
+    "from `StepTimingCollector.forward_start()`, which execute_model calls right before the model's forward, to "
+    "execute_model's return (the KV connector's `finish_forward` — its save wait, inside V1's forward scope too — "
+    "and the step state's bookkeeping lie between). vLLM 0.32+; absent on 0.23: " + _NO_MARK_BEFORE_032,
+    vllm=">=0.32.0",
+    otherwise=_NO_MARK_BEFORE_032,
+)
+_MRV2_NON_FORWARD = fed(
+    "model inference minus that forward (V2's forward ends at execute_model's return, so its non-forward time "
+    "is input preparation plus sample_tokens: logits, sampling, drafting, building the output). vLLM 0.32+; "
+    "absent on 0.23: " + _NO_MARK_BEFORE_032,
+    vllm=">=0.32.0",
+    otherwise=_NO_MARK_BEFORE_032,
+)
+_MRV2_NO_LAUNCH = absent(
+    "model runner V2 has no post-processing step to end the launch at: it computes the logits inside `sample` "
+    "(sample_tokens), with the grammar bitmask and the sampler, so no host moment ends launching the forward and "
+    "the logits that V1's scopes delimit"
+)
+_STANDALONE_NO_MARK = absent(
+    "vLLM's standalone CPU runner calls no `StepTimingCollector` and enters no profiling scope: nothing marks its "
+    "forward, so its steps have no forward time and move no boundary of the worker budget"
 )
 _NO_ASYNC_OUTPUT = absent(
     "without async scheduling this model runner returns its output directly: there is no "
@@ -141,18 +197,30 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
         "worker:model_runner_get_output:duration": {
             ("sync", "mrv1"): _NO_ASYNC_OUTPUT,
             ("sync", "npu"): _NO_ASYNC_OUTPUT,
+            "cpu_standalone": absent(
+                "vLLM's standalone CPU runner returns a ModelRunnerOutput from sample_tokens, never an asynchronous "
+                "output"
+            ),
         },
         "record_function_or_nullcontext": {
             "mrv2": fed("the EngineCore's `schedule: …` scopes only: model runner V2 enters no profiling scopes"),
-        },
-        "npu:forward_duration": {"mrv2": _MRV2_NO_SCOPES},
-        "npu:kernel_launch": {"mrv2": _MRV2_NO_SCOPES},
-        "npu:non_forward_duration": {"mrv2": _MRV2_NO_SCOPES},
-        "worker:stage_seconds": {
-            "mrv2": absent(
-                "model runner V2 enters no profiling scopes, so its forward cannot be told from its input "
-                "preparation or its sampling: its steps move no boundary of the worker budget"
+            "cpu_standalone": fed(
+                "the EngineCore's `schedule: …` scopes only: the standalone CPU runner enters no profiling scopes"
             ),
+        },
+        "npu:forward_duration": {"mrv2": _MRV2_FORWARD, "cpu_standalone": _STANDALONE_NO_MARK},
+        "npu:kernel_launch": {"mrv2": _MRV2_NO_LAUNCH, "cpu_standalone": _STANDALONE_NO_MARK},
+        "npu:non_forward_duration": {"mrv2": _MRV2_NON_FORWARD, "cpu_standalone": _STANDALONE_NO_MARK},
+        "worker:stage_seconds": {
+            "mrv2": fed(
+                "`prepare_inputs` runs from execute_model's start to `StepTimingCollector.forward_start()`, "
+                "`forward` from there to execute_model's return (V2 has no post-processing in execute_model), "
+                "`sample` is V2's `sample` method: the logits, the grammar bitmask and the sampler (V1's sample "
+                "scope holds the sampler only); vLLM 0.32+, absent on 0.23: " + _NO_MARK_BEFORE_032,
+                vllm=">=0.32.0",
+                otherwise=_NO_MARK_BEFORE_032,
+            ),
+            "cpu_standalone": _STANDALONE_NO_MARK,
             "npu": fed(
                 "host time of the worker's thread, split by vllm-ascend's `forward` and `sample_token` scopes "
                 "(`vllm_ascend/worker/model_runner_v1.py`): the NPU computes asynchronously, so `forward` and "
@@ -169,7 +237,14 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
                 "`engine_core:stage_seconds` splits"
             ),
         },
-        "worker:stage_start_time": {"mrv2": absent("the worker budget is absent on model runner V2")},
+        "worker:stage_start_time": {
+            "mrv2": fed(
+                "vLLM 0.32+ (the worker budget's clock); absent on 0.23: " + _NO_MARK_BEFORE_032,
+                vllm=">=0.32.0",
+                otherwise=_NO_MARK_BEFORE_032,
+            ),
+            "cpu_standalone": _STANDALONE_NO_MARK,
+        },
         "engine_core:stage_seconds": {
             "batch_queue": fed(
                 "`step_with_batch_queue` schedules and dispatches step N+1 while the workers run step N: `dispatch` "
@@ -249,6 +324,7 @@ class Configuration:
 
     paths: dict  # axis -> path key or None
     reasons: dict  # axis -> one sentence
+    vllm: Any = None  # the vLLM version (packaging Version) the verdicts are for; None: any supported
 
 
 def detect(
@@ -278,8 +354,11 @@ def detect(
         )
     # worker
     v2 = environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    local = getattr(vllm_version, "local", None) or ""
     if "worker" in overrides:
         paths["worker"], reasons["worker"] = overrides["worker"], "given"
+    elif vllm_version is not None and vllm_version.release >= (0, 34):
+        paths["worker"], reasons["worker"] = _worker_from_034(vllm_version, cpu or "cpu" in local, ascend_installed)
     elif v2 is not None and v2.strip().lower() in ("1", "true"):
         paths["worker"], reasons["worker"] = "mrv2", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
     elif ascend_installed:
@@ -316,7 +395,27 @@ def detect(
     else:
         paths["frontend"] = None
         reasons["frontend"] = "set by --api-server-count (several by default with --data-parallel-size > 1)"
-    return Configuration(paths, reasons)
+    return Configuration(paths, reasons, vllm_version)
+
+
+def _worker_from_034(vllm_version, cpu: bool, ascend_installed: bool) -> tuple[str, str]:
+    """vLLM 0.34 removed model runner V1 (``v1/worker/gpu_model_runner.py``; ``gpu_worker.py`` builds V2 only and
+    the platform refuses ``VLLM_USE_V2_MODEL_RUNNER`` other than 1), so the worker path is V2 whatever the
+    environment says; on a CPU build without Triton on a non-x86 machine, V2's standalone CPU runner."""
+    if cpu and importlib.util.find_spec("triton") is None and platform.machine().lower() not in _X86:
+        return "cpu_standalone", (
+            f"vLLM {vllm_version}'s CPU build without Triton on {platform.machine()} runs the standalone CPU runner"
+        )
+    if ascend_installed:
+        return "mrv2", (
+            f"vLLM {vllm_version} has model runner V2 only (V1, which vllm-ascend's V1 NPU runner subclasses, is "
+            "removed): vllm-ascend's V2 runner"
+        )
+    return "mrv2", f"vLLM {vllm_version} has model runner V2 only (V1 is removed, VLLM_USE_V2_MODEL_RUNNER=0 refused)"
+
+
+#: ``platform.machine()`` of x86 CPUs (vLLM's ``CpuArchEnum.X86``): the CPU build runs V2's Triton-based runner.
+_X86 = ("x86_64", "amd64", "i386", "i686", "x86")
 
 
 def verdict(seed: str, configuration: Configuration) -> tuple[str, str]:
@@ -325,7 +424,9 @@ def verdict(seed: str, configuration: Configuration) -> tuple[str, str]:
     none excluded) make it ``depends``."""
     chosen = configuration.paths
     notes, depends = [], []
+    version = getattr(configuration, "vllm", None)
     for where, truth in TRUTH.get(seed, {}).items():
+        truth = truth.on(version)
         keys = _keys(where)
         taken = [chosen.get(BY_KEY[key].axis) for key in keys]
         if any(axis_path is not None and axis_path != key for axis_path, key in zip(taken, keys)):

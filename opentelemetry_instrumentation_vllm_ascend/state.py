@@ -89,6 +89,7 @@ class State:
         "extra_metrics",
         "neighbour_patches",
         "stand_ins",
+        "mrv2_forward_marked",
         # -- the pipeline (recording.pipeline: reset() there closes it; kept by reset()) --
         "pipeline",
         "extra_readers",
@@ -216,6 +217,9 @@ class State:
         #: Objects of vLLM's that hooks replaced on the instance holding them (hooks.patches.stand_in): what
         #: ``uninstrument()`` puts back.
         self.stand_ins: list = []
+        #: Whether model runner V2's forward mark (``StepTimingCollector.forward_start``) is hooked in this process
+        #: (handlers.model_runner.ForwardStartV2): V2's steps then move the worker budget's boundaries.
+        self.mrv2_forward_marked = False
         #: The runtime control's state in this process (recording.control).
         self.control = ControlState()
 
@@ -335,3 +339,4 @@ def reset(*, registrations: bool = False) -> None:
         s.extra_metrics.clear()
         s.neighbour_patches = None
         s.stand_ins.clear()
+        s.mrv2_forward_marked = False

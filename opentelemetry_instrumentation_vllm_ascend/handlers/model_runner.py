@@ -67,6 +67,7 @@ class WorkerStep:
         "start_event",
         "end_event",
         "to",
+        "forward_event",
     )
 
     def __init__(self, phase: str, start: float, to=off) -> None:
@@ -84,6 +85,9 @@ class WorkerStep:
         # (device timeline only).
         self.start_event: Any = None
         self.end_event: Any = None
+        #: Model runner V2: the device event at its forward's start (``ForwardStartV2``), paired at execute_model's
+        #: return into ``device``.
+        self.forward_event: Any = None
 
 
 # STATE.worker_step: the WorkerStep in progress.
@@ -177,7 +181,7 @@ class _Scope:
                 step.to(stage, self.start)  # the worker budget: forward / sample begins
                 if stage == W_FORWARD:
                     step.forward_start = self.start
-                    if step.start_event is not None:  # the step is on the device timeline
+                    if step.start_event is not None and step.start_event is not _NO_EVENT:  # device timeline
                         try:
                             self.device = device_timeline().start()
                         except Exception:
@@ -466,12 +470,13 @@ def _later(labels: tuple, execute, launch, inference, forward, _state=STATE) -> 
         recording.pipeline.get()  # its collections run what waits: it must exist before the first one
 
 
-def _finish(step: WorkerStep, seconds: float, _state=STATE) -> None:
+def _finish(step: WorkerStep, seconds: float, handler, _state=STATE) -> None:
     """The step ended in the worker (``seconds``: its host time, execute_model + sample_tokens):
     record its execute_model time, inference time and timeline — on the device timeline where the
     step has device events (once the device has passed them), otherwise on the host (CPU: the host
     time is the computation itself). npu:kernel_launch is host time either way. Host values wait in
-    the deferred queue (``_later``)."""
+    the deferred queue (``_later``). A failing device timeline (``handler`` reports it) loses only the
+    device's values; a step whose start event failed (``_NO_EVENT``) records no device or host inference."""
     _state.worker_step = None
     labels = context.step_labels(step.phase)
     forward_start = step.forward_start
@@ -479,9 +484,13 @@ def _finish(step: WorkerStep, seconds: float, _state=STATE) -> None:
     launch = post_end - forward_start if post_end is not None and forward_start is not None else None
     if step.start_event is not None:
         _later(labels, step.execute_seconds, launch, None, None)
-        timeline = device_timeline()
-        timeline.step_ended(step)
-        timeline.poll()
+        if step.start_event is not _NO_EVENT:
+            try:
+                timeline = device_timeline()
+                timeline.step_ended(step)
+                timeline.poll()
+            except Exception:
+                report(handler, "device timeline")
         return
     forward_end = step.forward_end
     forward = forward_end - forward_start if forward_start is not None and forward_end is not None else None
@@ -556,7 +565,12 @@ class ExecuteModel(Handler):
     reads_args = RowParams()
 
     def before(self, args, kwargs):
-        phase = STATE.last_step_phase = _phase_of(args[0], args[1])
+        try:
+            phase = _phase_of(args[0], args[1])
+        except Exception:  # the step is still timed, labelled unknown
+            report(self, "phase")
+            phase = UNKNOWN
+        STATE.last_step_phase = phase
         return begin_step(phase)
 
     def after(self, step, args, kwargs, result):
@@ -565,7 +579,7 @@ class ExecuteModel(Handler):
         seconds = step.execute_seconds = end - step.start  # recorded when the step ends (_finish, _unended)
         if result is not None:
             reply(result, step, end)
-            _finish(step, seconds)
+            _finish(step, seconds, self)
 
     def error(self, step, args, kwargs, exc):
         step.to(W_IDLE, perf_counter())
@@ -588,9 +602,15 @@ def begin_step(phase: str, to=WORKER_TO) -> WorkerStep:
     if timeline is not None:
         try:
             step.start_event = timeline.start()
-        except Exception:
+        except Exception:  # the step has no device times (nor host ones: the device computes, not the host)
+            step.start_event = _NO_EVENT
             report(_SCOPE_HANDLER, "device event")
     return step
+
+
+#: A step's ``start_event`` when recording it failed: its execute_model and kernel-launch host times are recorded,
+#: no inference or forward time (neither the device's nor the host's, which is not the computation on a device).
+_NO_EVENT = False
 
 
 class SampleTokens(Handler):
@@ -612,7 +632,7 @@ class SampleTokens(Handler):
         reply(result, step, end)
         if step is not None:
             step.to(W_IDLE, end)
-            _finish(step, step.execute_seconds + end - start)
+            _finish(step, step.execute_seconds + end - start, self)
 
     def error(self, start, args, kwargs, exc):
         step = STATE.worker_step
@@ -634,32 +654,122 @@ class GetOutput(Handler):
 
     def timed(self, seconds, args, kwargs, result):
         end = perf_counter()
-        carried = getattr(args[0], STEP_ATTRIBUTE, None)
-        if carried is not None:
-            phase, returned = carried
-        else:
-            step = STATE.worker_step
-            phase, returned = (step.phase, step.returned) if step is not None else (UNKNOWN, None)
+        try:
+            carried = getattr(args[0], STEP_ATTRIBUTE, None)
+            if carried is not None:
+                phase, returned = carried
+            else:
+                step = STATE.worker_step
+                phase, returned = (step.phase, step.returned) if step is not None else (UNKNOWN, None)
+        except Exception:  # the duration is still recorded, labelled unknown; the reply is not stamped
+            report(self, "step")
+            phase, returned = UNKNOWN, None
         recording.record(_GET_OUTPUT, seconds, context.step_labels(phase))
         _stamp(result, returned, end)
 
 
 class ExecuteModelV2(ExecuteModel):
     """Model runner V2's ``execute_model(scheduler_output, intermediate_tensors=None, dummy_run=False,
-    …)``: as V1, but dummy runs (warm-up, DP padding) are not steps."""
+    …)``: as V1, but dummy runs (warm-up, DP padding) are not steps. V2 enters no profiling scopes: its
+    forward begins at ``StepTimingCollector.forward_start()`` (``ForwardStartV2``), which vLLM calls right
+    before the model's forward, and ends when execute_model returns (after the KV connector's
+    ``finish_forward`` and the step's bookkeeping: V2 computes the logits in ``sample``, not here)."""
 
     reads_args = RowParams()
+    #: Whether this runner's forward is marked (``ForwardStartV2``) when the mark is hooked in this process.
+    marked = True
 
     def before(self, args, kwargs):
         if args[3]:
             return None
-        phase = STATE.last_step_phase = _phase_of(args[0], args[1])
-        return begin_step(phase, off)  # no worker budget: its forward is not delimited (no scopes)
+        try:
+            phase = _phase_of(args[0], args[1])
+        except Exception:  # the step is still timed, labelled unknown
+            report(self, "phase")
+            phase = UNKNOWN
+        STATE.last_step_phase = phase
+        if STATE.mrv2_forward_marked and self.marked:  # the forward mark is hooked (vLLM 0.32+)
+            return begin_step(phase)
+        return begin_step(phase, off)  # no worker budget: its forward is not delimited
 
     def after(self, step, args, kwargs, result):
-        if step is not None:
-            super().after(step, args, kwargs, result)
+        if step is None:
+            return
+        end = step.returned = perf_counter()
+        if step.forward_start is not None:  # the forward ends with execute_model
+            step.forward_end = end
+            event = step.forward_event
+            if event is not None:
+                try:
+                    step.device = (event, device_timeline().start())
+                except Exception:
+                    report(self, "device event")
+        step.to(W_WAIT_SAMPLE if result is None else W_IDLE, end)  # the worker budget
+        seconds = step.execute_seconds = end - step.start
+        if result is not None:
+            reply(result, step, end)
+            _finish(step, seconds, self)
 
     def error(self, step, args, kwargs, exc):
         if step is not None:
             super().error(step, args, kwargs, exc)
+
+
+class ExecuteModelStandalone(ExecuteModelV2):
+    """vLLM's ``StandaloneCPUModelRunner.execute_model`` (``vllm/v1/worker/cpu/standalone_model_runner.py``, 0.34+:
+    model runner V2's CPU runner without Triton, on non-x86 CPUs; not a subclass of V2's GPUModelRunner, same
+    ``execute_model`` shape). It calls no ``StepTimingCollector``: its forward is never marked, so its steps have
+    no forward time and move no boundary of the worker budget, even in a process where V2's mark is hooked."""
+
+    reads_args = RowParams()
+    marked = False
+
+
+class ForwardStartV2(Handler):
+    """Model runner V2's ``StepTimingCollector.forward_start()`` (``vllm/v1/worker/gpu/async_utils.py``, vLLM
+    0.32+): execute_model calls it once, right before running the model (``tests/test_contract_mrv2.py``
+    checks the order in each version's source). In a step in progress (execute_model entered, not yet
+    returned) it opens the forward: the timeline's forward start, a device event on the device timeline, the
+    worker budget's ``forward`` stage. Calls outside a step (dummy runs, CUDA graph capture) are ignored."""
+
+    reads_args = 0
+
+    def __init__(self) -> None:
+        # Without the mark (vLLM 0.23, or this row not installed) V2's steps move no boundary of the worker
+        # budget: their forward could not be told from their input preparation.
+        STATE.mrv2_forward_marked = True
+
+    def before(self, args, kwargs, _state=STATE):
+        step = _state.worker_step
+        if step is not None and step.returned is None and step.forward_start is None:
+            now = step.forward_start = perf_counter()
+            step.to(W_FORWARD, now)
+            event = step.start_event
+            if event is not None and event is not _NO_EVENT:  # the step is on the device timeline
+                try:
+                    step.forward_event = device_timeline().start()
+                except Exception:
+                    report(self, "device event")
+
+
+class SampleV2(Handler):
+    """Model runner V2's ``sample(hidden_states, input_batch, grammar_output)``, called by sample_tokens: the
+    worker budget's ``sample`` stage (V2 computes the logits and applies the grammar bitmask in it, then
+    samples). Only hooked for the budget."""
+
+    reads_args = 0
+
+    def before(self, args, kwargs, _state=STATE):
+        step = _state.worker_step
+        if step is not None and step.returned is not None:
+            step.to(W_SAMPLE, perf_counter())
+            return step
+        return None
+
+    def after(self, step, args, kwargs, result):
+        if step is not None:
+            step.to(W_OTHER, perf_counter())
+
+    def error(self, step, args, kwargs, exc):
+        if step is not None:
+            step.to(W_OTHER, perf_counter())

@@ -130,8 +130,15 @@ _RUNNER_FEEDS = (
     "npu:kernel_launch",
     "npu:non_forward_duration",
 )
-#: The worker budget's boundaries (handlers/budget.py): model runner V1 and the NPU runner, not V2.
+#: The worker budget's boundaries (handlers/budget.py): model runner V1, the NPU runner and V2 from vLLM 0.32
+#: (whose forward StepTimingCollector.forward_start marks).
 _WORKER_BUDGET = ("worker:stage_seconds", "worker:stage_start_time")
+#: Model runner V2 computes the logits in ``sample``: no post-processing mark, so no npu:kernel_launch (paths.py).
+_V2_STEP_END_FEEDS = tuple(seed for seed in _STEP_END_FEEDS if seed != "npu:kernel_launch")
+_V2_RUNNER_FEEDS = tuple(seed for seed in _RUNNER_FEEDS if seed != "npu:kernel_launch")
+#: vLLM 0.34 removed model runner V1 (``v1/worker/gpu_model_runner.py``; ``gpu_worker.py`` builds V2 only and the
+#: platform refuses ``VLLM_USE_V2_MODEL_RUNNER=0``): its rows are gated to the releases that have it.
+_MRV1_VLLM = ">=0.23.0,<0.34.0"
 
 
 def _timer(seed: str, phase: str = PHASE_ALL) -> tuple[Measure, ...]:
@@ -274,12 +281,14 @@ TARGETS: tuple[Target, ...] = (
         params=("method", "timeout", "args"),
         process=ENGINE_CORE,
     ),
-    # -- worker: model runner V1 (GPU, CPU subclass) and V2 (default on CUDA from vLLM 0.32) ---------------
+    # -- worker: model runner V1 (GPU, CPU subclass; removed in vLLM 0.34) and V2 (default on CUDA from vLLM
+    # 0.32, the only runner from 0.34) ---------------------------------------------------------------------
     Target(
         _MRV1,
         "GPUModelRunner.execute_model",
         SYNC,
         "model_runner:ExecuteModel",
+        vllm=_MRV1_VLLM,
         feeds=_RUNNER_FEEDS + _WORKER_BUDGET,
         params=("scheduler_output",),
         provides_context=True,
@@ -291,6 +300,7 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner.sample_tokens",
         SYNC,
         "model_runner:SampleTokens",
+        vllm=_MRV1_VLLM,
         feeds=_STEP_END_FEEDS + _WORKER_BUDGET,
         process=WORKER,
         path="mrv1",
@@ -299,6 +309,7 @@ TARGETS: tuple[Target, ...] = (
         _MRV1,
         "GPUModelRunner._prepare_inputs",
         SYNC_TIMER,
+        vllm=_MRV1_VLLM,
         measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
         process=WORKER,
         path="mrv1",
@@ -308,6 +319,7 @@ TARGETS: tuple[Target, ...] = (
         "AsyncGPUModelRunnerOutput.get_output",
         SYNC_TIMER,
         "model_runner:GetOutput",
+        vllm=_MRV1_VLLM,  # in MRV1's module (vllm-ascend's NPU runner imports it from there)
         feeds=("worker:model_runner_get_output:duration",),
         process=WORKER,
         path="mrv1",
@@ -317,7 +329,7 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner.execute_model",
         SYNC,
         "model_runner:ExecuteModelV2",
-        feeds=_RUNNER_FEEDS,
+        feeds=_V2_RUNNER_FEEDS + _WORKER_BUDGET,
         params=("scheduler_output", "intermediate_tensors", "dummy_run"),
         provides_context=True,
         process=WORKER,
@@ -328,7 +340,30 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner.sample_tokens",
         SYNC,
         "model_runner:SampleTokens",
-        feeds=_STEP_END_FEEDS,
+        feeds=_V2_STEP_END_FEEDS + _WORKER_BUDGET,
+        process=WORKER,
+        path="mrv2",
+    ),
+    # MRV2 enters no profiling scopes: its forward starts at StepTimingCollector.forward_start(), which
+    # execute_model calls right before the model (vLLM 0.32+; tests/test_contract_mrv2.py checks the order), and
+    # ends at execute_model's return; its sample() (logits, grammar bitmask, sampler) is the budget's sample stage.
+    Target(
+        "vllm.v1.worker.gpu.async_utils",
+        "StepTimingCollector.forward_start",
+        SYNC,
+        "model_runner:ForwardStartV2",
+        vllm=">=0.32.0",
+        feeds=("npu:forward_duration", "npu:non_forward_duration") + _WORKER_BUDGET,
+        process=WORKER,
+        path="mrv2",
+    ),
+    Target(
+        _MRV2,
+        "GPUModelRunner.sample",
+        SYNC,
+        "model_runner:SampleV2",
+        vllm=">=0.32.0",
+        feeds=("worker:stage_seconds",),
         process=WORKER,
         path="mrv2",
     ),
@@ -339,6 +374,36 @@ TARGETS: tuple[Target, ...] = (
         measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
         process=WORKER,
         path="mrv2",
+    ),
+    # vLLM 0.34's CPU runner without Triton on non-x86 CPUs (cpu_worker.py builds it when the platform's
+    # uses_standalone_cpu_model_runner()): model runner V2's shape, but not a subclass of its GPUModelRunner, and no
+    # forward mark (paths.py, "cpu_standalone").
+    *(
+        Target(
+            "vllm.v1.worker.cpu.standalone_model_runner",
+            f"StandaloneCPUModelRunner.{method}",
+            kind,
+            handler,
+            vllm=">=0.34.0",
+            feeds=feeds,
+            params=params,
+            provides_context=method == "execute_model",
+            measures=measures,
+            process=WORKER,
+            path="cpu_standalone",
+        )
+        for method, kind, handler, feeds, params, measures in (
+            (
+                "execute_model",
+                SYNC,
+                "model_runner:ExecuteModelStandalone",
+                ("executor:model_runner_execute_model:duration", "worker:model_inference:duration"),
+                ("scheduler_output", "intermediate_tensors", "dummy_run"),
+                (),
+            ),
+            ("sample_tokens", SYNC, "model_runner:SampleTokens", ("worker:model_inference:duration",), (), ()),
+            ("prepare_inputs", SYNC_TIMER, "", (), (), _timer("executor:prepare_inputs:duration", PHASE_STEP)),
+        )
     ),
     # MRV2's own async output (vllm/v1/worker/gpu/async_utils.py, the same get_output in 0.23-0.33).
     Target(
