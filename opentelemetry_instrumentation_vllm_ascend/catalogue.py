@@ -394,7 +394,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "engine_core:process_input_queue:duration",
         "Time one busy-loop pass spent on client requests "
         "(EngineCoreProc._process_input_queue), excluding the time it blocked idle: waiting for the first "
-        "request, and again after each request that left the engine without work (a utility call, an abort).",
+        "request, and again after each request that left the engine without work (a utility call, an abort). "
+        "From vLLM 0.34 the adds, aborts and wake-ups handled while the previous step waited for its output "
+        "(EngineCoreProc._wait_for_output) are added to the next pass's value.",
         FINE_SECONDS,
     ),
     # -- executor (EngineCore side) -------------------------------------------------------------------

@@ -236,8 +236,10 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     assert metrics.value(spec, **ALL_LABELS) == (4, 0.8125, counts(F, b11=1, b12=3))
     assert STATE.current_pass is None
 
-    # A request handled outside any pass changes nothing; a pass that raises is not timed.
+    # A request handled outside any pass (vLLM 0.34: while a step waits) waits for the next pass; a pass
+    # that raises is not timed (the request's seconds with it).
     core._handle_client_request("ADD", 0.25)
+    assert STATE.input_in_step == 0.25
     core.work = False
     core.queue.extend([(1.0, "BOOM", 0.0)])
     with pytest.raises(RuntimeError, match="bad request"):

@@ -8,7 +8,7 @@ from .. import context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler
 from ..state import STATE
-from .budget import ENGINE_TO
+from .budget import ENGINE, ENGINE_TO
 from .budget import IDLE as _IDLE_STAGE
 from .budget import INPUT as _INPUT_STAGE
 from .budget import OTHER as _OTHER_STAGE
@@ -90,9 +90,14 @@ class ProcessInputQueue(Handler):
     loop. With work in progress the pass never blocks and all of it counts. Without (``has_work()``
     false at entry) vLLM blocks on the input queue until a request arrives, handles it, and blocks
     again for as long as the engine still has no work (a utility call, an abort, a wake-up, a rejected
-    add: vLLM 0.23–0.33 loop ``while not self.has_work()`` around the blocking get) — those waits are
+    add: vLLM 0.23–0.34 loop ``while not self.has_work()`` around the blocking get) — those waits are
     excluded: the requests handled while idle count (``_handle_client_request``), and from the moment
-    one gave the engine work, the rest of the pass does."""
+    one gave the engine work, the rest of the pass does.
+
+    vLLM 0.34+ also handles adds, aborts, wake-ups and executor failures while a step waits for the
+    workers' output (``EngineCoreProc._wait_for_output``, outside any pass): their handling
+    (``HandleClientRequest``, ``STATE.input_in_step``) is added to the next pass's duration, so the
+    metric's sum is all the time the loop spent on client requests, one observation per pass."""
 
     reads_args = 1  # self
     spec = M["engine_core:process_input_queue:duration"]
@@ -106,7 +111,8 @@ class ProcessInputQueue(Handler):
         has_work = getattr(args[0], "has_work", None)
         _current.waiting = waiting = has_work is not None and not has_work()
         _current.start = start = perf_counter()
-        _current.spent = 0.0
+        _current.spent = _state.input_in_step  # vLLM 0.34+: requests handled while the last step waited
+        _state.input_in_step = 0.0
         _current.handled = 0
         _state.current_pass = _current
         ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, start)
@@ -117,7 +123,7 @@ class ProcessInputQueue(Handler):
         now = perf_counter()
         ENGINE_TO(_OTHER_STAGE, now)
         if current.waiting:
-            if not current.handled:
+            if not current.handled and not current.spent:
                 return  # no request was handled (shut down, or a non-blocking pass found none): nothing to time
             # Requests that gave no work, then the pass ended (the engine was idle: recorded now).
             recording.record(self.spec, current.spent, context.step_labels(ALL))
@@ -133,22 +139,37 @@ class ProcessInputQueue(Handler):
 class HandleClientRequest(Handler):
     """``EngineCoreProc._handle_client_request``: in a pass that waits idle, each request's handling
     counts; when a request leaves the engine with work (``has_work()``), the rest of the pass counts
-    from its end, otherwise vLLM goes back to blocking and that wait does not count."""
+    from its end, otherwise vLLM goes back to blocking and that wait does not count.
+
+    Outside a pass (vLLM 0.34+: ``_wait_for_output`` handles adds, aborts, wake-ups and executor failures
+    while the step waits for the workers' output): the handling is the budget's ``input`` stage, then the
+    stage it interrupted (``wait_workers``) resumes; its seconds go to the next pass's duration
+    (``STATE.input_in_step``). On 0.23–0.33 vLLM calls it only inside a pass."""
 
     reads_args = 1  # self
 
-    def before(self, args, kwargs):
-        current = STATE.current_pass
-        if current is not None and current.waiting:
+    def before(self, args, kwargs, _state=STATE, _clock=ENGINE):
+        current = _state.current_pass
+        if current is None:  # vLLM 0.34+: handled while the step waits for its output
+            start = perf_counter()
+            stage = _clock.stage
+            ENGINE_TO(_INPUT_STAGE, start)
+            return (start, stage)
+        if current.waiting:
             current.start = perf_counter()
             ENGINE_TO(_INPUT_STAGE, current.start)
             return current
         return None
 
-    def after(self, current, args, kwargs, result):
+    def after(self, current, args, kwargs, result, _state=STATE):
         if current is None:
             return
         now = perf_counter()
+        if current.__class__ is tuple:
+            start, stage = current
+            _state.input_in_step += now - start
+            ENGINE_TO(stage, now)
+            return
         current.spent += now - current.start
         current.handled += 1
         has_work = getattr(args[0], "has_work", None)
@@ -157,3 +178,9 @@ class HandleClientRequest(Handler):
             current.start = now
         else:
             ENGINE_TO(_IDLE_STAGE, now)  # back to blocking on the input queue
+
+    def error(self, current, args, kwargs, exc, _state=STATE):
+        if current.__class__ is tuple:  # the request failed while the step waited: the wait resumes
+            now = perf_counter()
+            _state.input_in_step += now - current[0]
+            ENGINE_TO(current[1], now)
