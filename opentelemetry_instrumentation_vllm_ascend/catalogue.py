@@ -686,14 +686,22 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         )
         for name, unit, meaning in (
             ("total_gb", "GiBy", "Device memory of the worker's device (init_snapshot.total_memory)."),
-            ("utilization_ratio", "1", "Configured gpu_memory_utilization."),
+            (
+                "utilization_ratio",
+                "1",
+                "Configured gpu_memory_utilization (vLLM 0.34+, where it defaults to None: the value vLLM "
+                "resolved, cache_config.resolved_gpu_memory_utilization: 1.0 with the extensible KV cache, else "
+                "0.92).",
+            ),
             ("reserved_gb", "GiBy", "Memory vLLM may use on the device (total × gpu_memory_utilization)."),
             ("weights_gb", "GiBy", "Model weights (model_runner.model_memory_usage)."),
             (
                 "kvcache_gb",
                 "GiBy",
                 "Memory given to the KV cache (available_kv_cache_memory_bytes; where the "
-                "size was set explicitly, e.g. VLLM_CPU_KVCACHE_SPACE on CPU: cache_config.kv_cache_memory_bytes).",
+                "size was set explicitly, e.g. VLLM_CPU_KVCACHE_SPACE on CPU: cache_config.kv_cache_memory_bytes; "
+                "vLLM 0.34's extensible KV cache, sized after warm-up: the memory its committed blocks hold, "
+                "model_runner.extensible_kv_cache.physical_bytes, read when Worker.extend_kv_cache returns).",
             ),
             ("non_torch_gb", "GiBy", "Non-torch memory measured while profiling (NPU workers)."),
             ("activation_gb", "GiBy", "Peak activation memory measured while profiling."),

