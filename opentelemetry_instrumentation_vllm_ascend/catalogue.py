@@ -940,8 +940,9 @@ KV_CONNECTOR_CATALOGUE: tuple[MetricSpec, ...] = (
         "posted; vLLM 0.32+'s vllm:nixl_num_failed_transfers also counts failed handshakes and notifications, "
         "these do not), MooncakeConnector's record_failed_transfer (a failed send) and record_failed_recv (a "
         "request whose remote KV load failed), vllm-ascend's Mooncake batch reads / writes that returned a negative "
-        "code, and AscendStore keys a get did not load. Only connectors that report failures are counted: see "
-        "docs/time-budget.md." + _KV_CONNECTORS,
+        "code, AscendStore keys a get did not load, and (vLLM 0.34+) OffloadingConnector jobs its worker reported "
+        "failed (OffloadingWorkerMetadata.failed_jobs: h2d loads, d2h stores). Only connectors that report "
+        "failures are counted: see docs/time-budget.md." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
 )

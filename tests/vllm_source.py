@@ -8,6 +8,7 @@ import __future__
 
 import ast
 import copy
+import sys
 import types
 
 _FLAGS = __future__.annotations.compiler_flag  # annotations stay unevaluated: newer types need not exist here
@@ -47,6 +48,13 @@ def assignments(tree, module: str, names, namespace: dict) -> None:
 def load_module(tree, module: str, name: str | None = None) -> types.ModuleType:
     """``module``'s whole source as a fresh module object (its imports resolve against the installed vLLM)."""
     path = module.replace(".", "/") + ".py"
-    result = types.ModuleType(name or f"_v_{module}")
-    exec(compile(tree.files[path], path, "exec", flags=_FLAGS), result.__dict__)
+    name = name or f"_vllm_source_{id(tree)}_{module}"
+    if name in sys.modules:
+        return sys.modules[name]
+    result = sys.modules[name] = types.ModuleType(name)  # dataclasses look their module up
+    try:
+        exec(compile(tree.files[path], path, "exec", flags=_FLAGS), result.__dict__)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return result

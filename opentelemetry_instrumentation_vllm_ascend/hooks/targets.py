@@ -685,7 +685,7 @@ TARGETS: tuple[Target, ...] = (
             SYNC,
             f"kv_transfer:{handler}",
             vllm=">=0.32.0",  # vLLM 0.23: OffloadingWorker rows below
-            feeds=_KV_TRANSFER_FEEDS,
+            feeds=_KV_TRANSFER_FEEDS + (_KV_FAILURES if method == "get_finished" else ()),
             params=params,
             process=WORKER,
         )
