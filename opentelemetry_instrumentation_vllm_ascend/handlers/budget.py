@@ -31,7 +31,8 @@ that order in each version's source):
 - ``output``: from ``update_from_output``'s return to ``post_step``'s call (queueing the outputs to the
   clients; the batch queue's deferred structured-output sampling, which follows the update);
 - ``other``: everything else in the loop (``post_step`` and the short sleep of a step that ran no model,
-  publishing DP request counts, the shutdown check; an idle ``step()`` that found no requests).
+  publishing DP request counts, the shutdown check; an idle ``step()`` that found no requests; a
+  ``_process_input_queue`` pass whose ``has_work()`` cannot be read, logged once: idle cannot be told from input).
 
 With the batch queue (async scheduling, pipeline parallelism) ``step_with_batch_queue`` calls the same
 hooked methods in another order, and a call may schedule without waiting or wait without scheduling; the

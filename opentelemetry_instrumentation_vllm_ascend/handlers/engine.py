@@ -6,7 +6,7 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import ALL, M
-from ..hooks.handler import Handler
+from ..hooks.handler import Handler, report
 from ..state import STATE
 from .budget import ENGINE, ENGINE_TO
 from .budget import IDLE as _IDLE_STAGE
@@ -97,7 +97,11 @@ class ProcessInputQueue(Handler):
     vLLM 0.34+ also handles adds, aborts, wake-ups and executor failures while a step waits for the
     workers' output (``EngineCoreProc._wait_for_output``, outside any pass): their handling
     (``HandleClientRequest``, ``STATE.input_in_step``) is added to the next pass's duration, so the
-    metric's sum is all the time the loop spent on client requests, one observation per pass."""
+    metric's sum is all the time the loop spent on client requests, one observation per pass.
+
+    Whether the pass may block is ``has_work()``: where it cannot be read (renamed, raising) the pass is not
+    timed and moves no boundary of the budget (its time stays in the stage in progress, ``other``); logged
+    once. The engine steps, the other stages and the other engine hooks are unaffected."""
 
     reads_args = 1  # self
     spec = M["engine_core:process_input_queue:duration"]
@@ -108,18 +112,25 @@ class ProcessInputQueue(Handler):
 
     def before(self, args, kwargs, _state=STATE):
         _current = self.reused
+        _state.current_pass = _current
         has_work = getattr(args[0], "has_work", None)
-        _current.waiting = waiting = has_work is not None and not has_work()
+        try:
+            _current.waiting = waiting = not has_work()
+        except Exception:  # None (gone) or raising: idle waits cannot be told from handling
+            report(self, "has_work")
+            _current.waiting = False  # HandleClientRequest leaves this pass alone
+            return None
         _current.start = start = perf_counter()
         _current.spent = _state.input_in_step  # vLLM 0.34+: requests handled while the last step waited
         _state.input_in_step = 0.0
         _current.handled = 0
-        _state.current_pass = _current
         ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, start)
         return _current
 
     def after(self, current, args, kwargs, result, _state=STATE, _labels=context.STEP_LABELS):
         _state.current_pass = None
+        if current is None:
+            return  # has_work() could not be read: not timed
         now = perf_counter()
         ENGINE_TO(_OTHER_STAGE, now)
         if current.waiting:
@@ -133,7 +144,8 @@ class ProcessInputQueue(Handler):
 
     def error(self, current, args, kwargs, exc):
         STATE.current_pass = None
-        ENGINE_TO(_OTHER_STAGE, perf_counter())
+        if current is not None:
+            ENGINE_TO(_OTHER_STAGE, perf_counter())
 
 
 class HandleClientRequest(Handler):
@@ -172,8 +184,12 @@ class HandleClientRequest(Handler):
             return
         current.spent += now - current.start
         current.handled += 1
-        has_work = getattr(args[0], "has_work", None)
-        if has_work is None or has_work():
+        try:
+            work = args[0].has_work()
+        except Exception:  # the pass goes on counting only its requests' handling
+            report(self, "has_work")
+            work = False
+        if work:
             current.waiting = False
             current.start = now
         else:
