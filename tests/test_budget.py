@@ -510,3 +510,24 @@ def test_requests_handled_while_the_step_waits_are_input_not_waiting(metrics, cl
     # pass 1: its request; passes 2, 3: the ADD handled during the step before, then the deferred UTILITY
     assert (count, seconds) == (3, handle + 2 * (handle + handle))
     assert STATE.input_in_step == handle  # the last step's ADD waits for the next pass
+
+
+def test_a_clock_that_fails_to_flush_loses_only_its_own_budget(metrics, clock, monkeypatch, caplog):
+    """Narrow degradation at collection: the EngineCore's clock is broken (its totals cannot be read); the
+    other clocks (here the API server's, flushed after it) still record their stages exactly; one warning names
+    the failed clock."""
+    import logging
+
+    budget.ENGINE.to(budget.INPUT, 10.0)
+    budget.API.to(budget.PROCESS, 10.0)
+    budget.API.to(budget.API_OTHER, 10.5)
+    monkeypatch.setattr(budget.ENGINE, "spent", None)  # list(None): the engine clock's totals raise
+    with caplog.at_level(logging.WARNING):
+        budget.flush()
+        budget.flush()
+    api = catalogue.PREFIX + "api_server:output_loop_stage_seconds"
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[api].items()}
+    assert got == {"process": 0.5, "other": clock.t - 10.5}
+    assert STAGE not in metrics.points()
+    warnings = [r.getMessage() for r in caplog.records if "stage budget" in r.getMessage()]
+    assert len(warnings) == 1 and "engine_core:stage_seconds" in warnings[0]
