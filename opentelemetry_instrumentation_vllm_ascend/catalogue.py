@@ -394,7 +394,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "engine_core:process_input_queue:duration",
         "Time one busy-loop pass spent on client requests "
         "(EngineCoreProc._process_input_queue), excluding the time it blocked idle: waiting for the first "
-        "request, and again after each request that left the engine without work (a utility call, an abort).",
+        "request, and again after each request that left the engine without work (a utility call, an abort). "
+        "From vLLM 0.34 the adds, aborts and wake-ups handled while the previous step waited for its output "
+        "(EngineCoreProc._wait_for_output) are added to the next pass's value.",
         FINE_SECONDS,
     ),
     # -- executor (EngineCore side) -------------------------------------------------------------------
@@ -685,14 +687,22 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         )
         for name, unit, meaning in (
             ("total_gb", "GiBy", "Device memory of the worker's device (init_snapshot.total_memory)."),
-            ("utilization_ratio", "1", "Configured gpu_memory_utilization."),
+            (
+                "utilization_ratio",
+                "1",
+                "Configured gpu_memory_utilization (vLLM 0.34+, where it defaults to None: the value vLLM "
+                "resolved, cache_config.resolved_gpu_memory_utilization: 1.0 with the extensible KV cache, else "
+                "0.92).",
+            ),
             ("reserved_gb", "GiBy", "Memory vLLM may use on the device (total × gpu_memory_utilization)."),
             ("weights_gb", "GiBy", "Model weights (model_runner.model_memory_usage)."),
             (
                 "kvcache_gb",
                 "GiBy",
                 "Memory given to the KV cache (available_kv_cache_memory_bytes; where the "
-                "size was set explicitly, e.g. VLLM_CPU_KVCACHE_SPACE on CPU: cache_config.kv_cache_memory_bytes).",
+                "size was set explicitly, e.g. VLLM_CPU_KVCACHE_SPACE on CPU: cache_config.kv_cache_memory_bytes; "
+                "vLLM 0.34's extensible KV cache, sized after warm-up: the memory its committed blocks hold, "
+                "model_runner.extensible_kv_cache.physical_bytes, read when Worker.extend_kv_cache returns).",
             ),
             ("non_torch_gb", "GiBy", "Non-torch memory measured while profiling (NPU workers)."),
             ("activation_gb", "GiBy", "Peak activation memory measured while profiling."),
@@ -931,8 +941,9 @@ KV_CONNECTOR_CATALOGUE: tuple[MetricSpec, ...] = (
         "posted; vLLM 0.32+'s vllm:nixl_num_failed_transfers also counts failed handshakes and notifications, "
         "these do not), MooncakeConnector's record_failed_transfer (a failed send) and record_failed_recv (a "
         "request whose remote KV load failed), vllm-ascend's Mooncake batch reads / writes that returned a negative "
-        "code, and AscendStore keys a get did not load. Only connectors that report failures are counted: see "
-        "docs/time-budget.md." + _KV_CONNECTORS,
+        "code, AscendStore keys a get did not load, and (vLLM 0.34+) OffloadingConnector jobs its worker reported "
+        "failed (OffloadingWorkerMetadata.failed_jobs: h2d loads, d2h stores). Only connectors that report "
+        "failures are counted: see docs/time-budget.md." + _KV_CONNECTORS,
         labels=_KV_LABELS,
     ),
 )

@@ -54,6 +54,7 @@ class State:
         # -- handlers --
         "last_execute",
         "current_pass",
+        "input_in_step",
         "current_engine",
         "served_model",
         "genai_labels",
@@ -127,6 +128,9 @@ class State:
         self.last_execute: tuple | None = None
         #: The engine-core busy-loop pass in progress (handlers.engine).
         self.current_pass: Any = None
+        #: Seconds of client requests handled while a step waited for its output (vLLM 0.34+
+        #: ``_wait_for_output``), added to the next busy-loop pass's duration (handlers.engine).
+        self.input_in_step: float = 0.0
         #: The API server's engine index of the output being processed (handlers.api), None: unknown.
         self.current_engine: str | None = None
         #: The API server's served model name (``gen_ai.request.model``, handlers.api), None: not known.
@@ -315,6 +319,7 @@ def reset(*, registrations: bool = False) -> None:
     s.exec_phase = UNKNOWN
     s.last_execute = None
     s.current_pass = None
+    s.input_in_step = 0.0
     s.current_engine = None
     s.served_model = None
     s.genai_labels.clear()

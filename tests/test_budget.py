@@ -4,19 +4,26 @@ wrappers and handlers of every hooked call) on a stand-in engine whose calls adv
 by exact binary fractions: each stage's seconds are hand-computed, and their sum is the wall time the
 loop ran, exactly."""
 
+import contextlib
+from collections import deque
 from types import SimpleNamespace as NS
 
 import pytest
+from fakes import ALL_LABELS as _ALL
 from fakes import Boundaries, busy_loop_engine, output, patch_clock
+from packaging.version import Version
+from vllm_source import assignments, functions
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
+from opentelemetry_instrumentation_vllm_ascend import catalogue, recording, supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 core = pytest.importorskip("vllm.v1.engine.core")
 
 STAGE = catalogue.PREFIX + "engine_core:stage_seconds"
+_CORE = "vllm.v1.engine.core"
 
 
 @pytest.fixture
@@ -417,3 +424,113 @@ def test_two_readers_collecting_at_once_count_a_stage_once(metrics, monkeypatch)
         t.join(5)
     got = {dict(k)["stage"]: v for k, v in metrics.points()[STAGE].items()}
     assert got == {"idle": 3.0}
+
+
+# -- vLLM 0.34+: requests handled while the step waits for its output ------------------------------------------
+
+_V034 = [v for v in supported.VLLM if Version(v) >= Version("0.34.0")]
+
+
+@pytest.mark.parametrize("version", _V034)
+def test_requests_handled_while_the_step_waits_are_input_not_waiting(metrics, clock, monkeypatch, version):
+    """vLLM 0.34's own ``EngineCore.step``, ``EngineCoreProc._wait_for_output``, ``_process_input_queue`` and
+    ``_process_engine_step`` (compiled from its source) on the stand-in engine. While each step waits, a client
+    ADD arrives during the spin (``wait_briefly``) and is handled there (``_handle_client_request``), then a
+    UTILITY call arrives and is deferred to the next pass. The ADD's handling is the budget's ``input`` stage,
+    not ``wait_workers``, and ``process_input_queue:duration``'s next observation holds it (with the deferred
+    call's): every second vLLM spent on a client request is input, every other second of the wait is waiting."""
+    from test_contract_vllm import tree_for
+
+    tree = tree_for(version)
+    namespace = dict(vars(core))
+    assignments(tree, _CORE, ("_INPUTS_HANDLED_DURING_STEP", "_INPUT_SPIN_DURATION_S"), namespace)
+    namespace["time"] = NS(monotonic=lambda: clock.t, sleep=lambda s: None)
+    namespace["get_watch_dog"] = lambda: NS(feed=lambda: None, disable=contextlib.nullcontext)
+    own = functions(
+        tree,
+        _CORE,
+        (
+            "EngineCore.step",
+            "EngineCoreProc._wait_for_output",
+            "EngineCoreProc._process_input_queue",
+            "EngineCoreProc._process_engine_step",
+        ),
+        namespace,
+    )
+    loop = _engine(clock)
+    Engine = type(loop)
+    Request = core.EngineCoreRequestType
+
+    class Future:
+        """FutureWrapper's 0.34 shape: ``poll`` (done yet?) and ``wait_briefly`` (a spin: 0.25 s, in which a
+        client request arrives: first an ADD, then a UTILITY call), then ``result`` (0.5 s more)."""
+
+        def __init__(self):
+            self.arrivals = [(Request.ADD, None), (Request.UTILITY, None)]
+
+        def poll(self):
+            return False
+
+        def wait_briefly(self, pending, deadline):
+            clock.t += 0.25
+            loop.input_queue.put(self.arrivals.pop(0))
+
+        def result(self):
+            clock.t += 0.5
+            return object()
+
+    Engine.step = wrap(own["EngineCore.step"], targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[0]
+    Engine._wait_for_output = own["EngineCoreProc._wait_for_output"]
+    Engine._process_input_queue = wrap(own["EngineCoreProc._process_input_queue"], engine.ProcessInputQueue(), SYNC)[0]
+    step_row = targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step")
+    Engine._process_engine_step = wrap(own["EngineCoreProc._process_engine_step"], step_row, SYNC_TIMER)[0]
+    loop._deferred_inputs = deque()
+    loop.model_executor.execute_model = lambda scheduler_output, non_block=False: (
+        setattr(clock, "t", clock.t + 0.0625) or Future()
+    )
+    start = clock.t
+    for _ in range(3):
+        loop._process_input_queue()
+        clock.t += 0.5
+        loop._process_engine_step()
+    wall = clock.t - start
+    recording.flush()
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[STAGE].items() if dict(k)["dp"] == "0"}
+    handle = 0.0078125  # each client request's handling (busy_loop_engine)
+    assert got == {
+        "idle": 0.5,  # the first pass blocks until the first request; later passes find work
+        # first pass: one request; each step: the ADD handled while waiting; passes 2 and 3: the deferred UTILITY
+        "input": handle + 3 * handle + 2 * handle,
+        "schedule": 3 * 0.125,
+        "dispatch": 3 * (0.0625 + 0.03125),
+        "wait_workers": 3 * (0.25 + 0.25 + 0.5),  # two spins and the blocking result, not the ADD
+        "update": 3 * 0.25,
+        "output": 3 * 0.015625,
+        "other": 3 * 0.5,
+    }
+    assert sum(got.values()) == wall
+    count, seconds, _ = metrics.value(catalogue.PREFIX + "engine_core:process_input_queue:duration", **_ALL)
+    # pass 1: its request; passes 2, 3: the ADD handled during the step before, then the deferred UTILITY
+    assert (count, seconds) == (3, handle + 2 * (handle + handle))
+    assert STATE.input_in_step == handle  # the last step's ADD waits for the next pass
+
+
+def test_a_clock_that_fails_to_flush_loses_only_its_own_budget(metrics, clock, monkeypatch, caplog):
+    """Narrow degradation at collection: the EngineCore's clock is broken (its totals cannot be read); the
+    other clocks (here the API server's, flushed after it) still record their stages exactly; one warning names
+    the failed clock."""
+    import logging
+
+    budget.ENGINE.to(budget.INPUT, 10.0)
+    budget.API.to(budget.PROCESS, 10.0)
+    budget.API.to(budget.API_OTHER, 10.5)
+    monkeypatch.setattr(budget.ENGINE, "spent", None)  # list(None): the engine clock's totals raise
+    with caplog.at_level(logging.WARNING):
+        budget.flush()
+        budget.flush()
+    api = catalogue.PREFIX + "api_server:output_loop_stage_seconds"
+    got = {dict(k)["stage"]: v for k, v in metrics.points()[api].items()}
+    assert got == {"process": 0.5, "other": clock.t - 10.5}
+    assert STAGE not in metrics.points()
+    warnings = [r.getMessage() for r in caplog.records if "stage budget" in r.getMessage()]
+    assert len(warnings) == 1 and "engine_core:stage_seconds" in warnings[0]

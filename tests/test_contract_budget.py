@@ -11,6 +11,7 @@ import pytest
 from contract import VLLM_VERSIONS, at_least, overrides_without_base_call
 from test_contract_vllm import tree_for
 
+
 _CORE = "vllm.v1.engine.core"
 
 
@@ -22,6 +23,12 @@ def source(request):
 def _wait(version: str) -> str:
     """The context manager whose call opens ``wait_workers`` (the rows of handlers.engine.WaitForWorkers)."""
     return "capture_iteration_details" if at_least(version, "0.32") else "log_iteration_details"
+
+
+def _result(version: str) -> str:
+    """What the step calls, inside the wait context, to get the workers' output: ``future.result()``, or from
+    vLLM 0.34 ``self._wait_for_output(future)`` (which ends in ``future.result()``)."""
+    return "_wait_for_output" if at_least(version, "0.34") else "result"
 
 
 def _method(tree, module: str, qualname: str):
@@ -83,9 +90,9 @@ def test_step_schedules_dispatches_waits_inside_the_wait_context_and_updates(sou
     version, tree = source
     func = _method(tree, _CORE, "EngineCore.step")
     wait = _wait(version)
-    expected = ["schedule", "execute_model", "get_grammar_bitmask", wait, "result", "sample_tokens"]
+    expected = ["schedule", "execute_model", "get_grammar_bitmask", wait, _result(version), "sample_tokens"]
     assert in_order(calls(func), expected + ["_process_aborts_queue", "update_from_output"]), calls(func)
-    assert _inside_wait(func, wait, "result") == []
+    assert _inside_wait(func, wait, _result(version)) == []
     assert calls(func).count(wait) == 1
 
 
@@ -100,10 +107,11 @@ def test_step_with_batch_queue_waits_only_inside_the_wait_context(source):
     names = calls(func)
     assert in_order(
         names,
-        ["schedule", "execute_model", "get_grammar_bitmask", "sample_tokens", "pop", wait, "result"]
+        ["schedule", "execute_model", "get_grammar_bitmask", "sample_tokens", "pop", wait, _result(version)]
         + ["_process_aborts_queue", "update_from_output", "get_grammar_bitmask", "sample_tokens"],
     ), names
-    assert _inside_wait(func, wait, "result") == []  # future.result() and exec_model_fut.result()
+    assert _inside_wait(func, wait, _result(version)) == []  # future.result() (0.34: _wait_for_output)
+    assert _inside_wait(func, wait, "result") == []  # and exec_model_fut.result()
     assert names.count(wait) == 1 and names.count("update_from_output") == 1
 
 
@@ -158,3 +166,35 @@ def test_the_output_handler_awaits_the_engine_then_processes_its_outputs(source)
     awaited = [_name(n.value) for n in ast.walk(loop) if isinstance(n, ast.Await) and isinstance(n.value, ast.Call)]
     assert awaited[0] == "get_output_async" and awaited.count("get_output_async") == 1, awaited
     assert names.index("get_output_async") < names.index("process_outputs")
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_client_requests_are_handled_in_a_pass_or_while_a_step_waits(version):
+    """handlers.engine.HandleClientRequest takes a request handled outside ``_process_input_queue`` for one
+    handled while a step waits for its output (input, not wait_workers; its seconds go to the next pass). That
+    holds while the only callers of ``_handle_client_request`` are ``_process_input_queue``, vLLM 0.34's
+    ``EngineCoreProc._wait_for_output`` and the DP engine's override (which calls the base). On 0.34 the wait
+    handles requests only between polls of the future and before its blocking ``result()``; both steps call it
+    inside the wait context (the test above); no subclass replaces it."""
+    import ast
+
+    tree = tree_for(version)
+    callers = set()
+    for cls in ("EngineCore", "EngineCoreProc", "DPEngineCoreProc"):
+        found = tree.find_class(_CORE, cls)
+        for node in found[1].body if found else ():
+            if isinstance(node, ast.FunctionDef) and "_handle_client_request" in calls(node):
+                callers.add(f"{cls}.{node.name}")
+    expected = {"EngineCoreProc._process_input_queue", "DPEngineCoreProc._handle_client_request"}
+    if at_least(version, "0.34"):
+        expected.add("EngineCoreProc._wait_for_output")
+        wait = calls(_method(tree, _CORE, "EngineCoreProc._wait_for_output"))
+        assert in_order(wait, ["poll", "get_nowait", "_handle_client_request", "wait_briefly", "result"]), wait
+        assert wait[-1] == "result" and wait.count("_handle_client_request") == 1
+        assert calls(_method(tree, _CORE, "EngineCore._wait_for_output")) == ["result"]
+        assert overrides_without_base_call(tree, _CORE, "EngineCoreProc", "_wait_for_output") == []
+        # deferred requests are handled first thing in the next pass
+        pass_ = calls(_method(tree, _CORE, "EngineCoreProc._process_input_queue"))
+        assert pass_[:2] == ["popleft", "_handle_client_request"], pass_
+    assert callers == expected, version
+    assert overrides_without_base_call(tree, _CORE, "EngineCoreProc", "_handle_client_request") == []

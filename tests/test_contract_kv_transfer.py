@@ -7,6 +7,7 @@ from contract import VLLM_VERSIONS, Read, at_least, check_read
 from packaging.version import Version
 from test_contract_vllm import tree_for
 
+from opentelemetry_instrumentation_vllm_ascend import supported
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 _EXAMPLE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
@@ -163,3 +164,27 @@ def test_offloading_transfers_block_the_step_only_through_the_metered_worker_cal
     handler = ast.unparse(_method(tree, cpu, "SingleDirectionOffloadingHandler.transfer_async"))
     assert "end_event.record(stream)" in handler and "self._swap_blocks_batch(" in handler
     assert "event.synchronize()" in ast.unparse(_method(tree, cpu, "SingleDirectionOffloadingHandler.wait"))
+
+
+@pytest.mark.parametrize("version", [v for v in supported.VLLM if Version(v) >= Version("0.34.0")])
+def test_offloading_failed_jobs_are_marked_completed_without_stats(version):
+    """What OffloadingGetFinished relies on from vLLM 0.34: a failed TransferResult is marked completed with
+    ``success=False`` (``OffloadingWorkerMetadata.failed_jobs``) before anything else, records no transfer stats
+    (``continue``), and a failed sync load raises only after it was marked; the load / store split is still
+    ``job_id in self._load_jobs`` taken before the job is popped."""
+    import ast
+
+    tree = tree_for(version)
+    problems = check_read(tree, Read(_OFFLOADING + ".common", "OffloadingWorkerMetadata", "failed_jobs"))
+    assert problems == []
+    mark = ast.unparse(_method(tree, _OFFLOADING + ".common", "OffloadingWorkerMetadata.mark_completed"))
+    assert "self.completed_jobs[job_id] = 1" in mark and "self.failed_jobs.add(job_id)" in mark
+    func = _method(tree, _OFFLOADING + ".worker", "OffloadingConnectorWorker.get_finished")
+    (loop,) = [n for n in func.body if isinstance(n, ast.For)]
+    assert ast.unparse(loop.body[1]) == "is_load = job_id in self._load_jobs"
+    (failed,) = [n for n in loop.body if isinstance(n, ast.If) and ast.unparse(n.test) == "not transfer_result.success"]
+    body = [ast.unparse(n) for n in failed.body]
+    assert body[0] == "self._connector_worker_meta.mark_completed(job_id, success=False)"
+    assert body[-1] == "continue" and not any(".record(" in line for line in body)
+    raises = [i for i, line in enumerate(body) if "raise RuntimeError" in line]
+    assert raises and raises[0] > 0

@@ -236,8 +236,10 @@ def test_process_input_queue_excludes_the_idle_wait(metrics, clock):
     assert metrics.value(spec, **ALL_LABELS) == (4, 0.8125, counts(F, b11=1, b12=3))
     assert STATE.current_pass is None
 
-    # A request handled outside any pass changes nothing; a pass that raises is not timed.
+    # A request handled outside any pass (vLLM 0.34: while a step waits) waits for the next pass; a pass
+    # that raises is not timed (the request's seconds with it).
     core._handle_client_request("ADD", 0.25)
+    assert STATE.input_in_step == 0.25
     core.work = False
     core.queue.extend([(1.0, "BOOM", 0.0)])
     with pytest.raises(RuntimeError, match="bad request"):
@@ -332,3 +334,43 @@ def test_a_step_timer_s_values_wait_with_the_phase_of_their_call(metrics, clock,
     timed(0.5)
     assert not STATE.deferred_values
     assert metrics.value(timer, **step("mixed"))[:2] == (2, 1.0)
+
+
+def test_a_has_work_that_cannot_be_read_loses_only_the_input_pass_timing(metrics, clock, monkeypatch, caplog):
+    """Narrow degradation: vLLM renames ``has_work`` (here ``has_pending_work``; its own loop uses the new name).
+    The passes are not timed (whether they blocked idle is unknown: no plausible wrong number) and move no budget
+    boundary; the engine steps' durations and their stages stay exact; one warning names the read."""
+    import logging
+
+    from opentelemetry_instrumentation_vllm_ascend.handlers import budget
+
+    class Renamed(FakeEngineCore):
+        has_pending_work = FakeEngineCore.has_work
+        has_work = None
+
+        def _process_input_queue(self):
+            while not self.has_pending_work():
+                if not self.queue:
+                    break
+                wait, request_type, seconds = self.queue.popleft()
+                self.clock.t += wait
+                self._handle_client_request(request_type, seconds)
+
+    base = instrumented_engine()
+    Core = type("RenamedCore", (Renamed,), {k: v for k, v in vars(base).items() if not k.startswith("__")})
+    Core._process_input_queue = wrap(Renamed._process_input_queue, engine.ProcessInputQueue(), SYNC)[0]
+    core = Core(clock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            core.queue.append((1.0, "ADD", 0.125))
+            core.work = False
+            core._process_input_queue()  # blocks 1 s, then an ADD
+            core.step()  # 0.25 s
+    record_waiting()
+    points = metrics.points()
+    assert name("engine_core:process_input_queue:duration") not in points
+    assert points[name("engine_core:engine_core_step:duration")] == {key(**step("prefill")): (2, 0.5, counts(S, b8=2))}
+    warnings = [r.getMessage() for r in caplog.records if "ProcessInputQueue" in r.getMessage()]
+    assert len(warnings) == 1 and "has_work" in warnings[0]
+    assert STATE.current_pass is None
+    assert budget.ENGINE.since is None  # no boundary moved by the passes (the budget's clock never started)

@@ -7,13 +7,15 @@ results (``build_connector_worker_meta().transfer_stats``, what ``vllm:kv_offloa
 in (``StandInWorker.submitted``). The vLLM 0.23 rows (``OffloadingWorker.transfer_async`` /
 ``get_finished``) run on fakes shaped like 0.23.0's OffloadingWorker, checked against its source."""
 
+import types
 from types import SimpleNamespace as NS
 
 import pytest
 from contract import fake_problems
 from fakes import patch_clock
+from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue
+from opentelemetry_instrumentation_vllm_ascend import catalogue, supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import kv_transfer
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
@@ -337,3 +339,137 @@ def test_uninstrument_gives_the_connector_worker_its_own_offloading_worker_back(
     assert restore_stand_ins() == 1
     assert w.worker is w.stand_in
     assert restore_stand_ins() == 0
+
+
+# -- vLLM 0.34: submit_* take device pointers; failed jobs ------------------------------------------------------
+
+_V034 = [v for v in supported.VLLM if Version(v) >= Version("0.34.0")]
+
+
+class StandInWorker034(StandInWorker):
+    """vLLM 0.34's OffloadingWorker interface: the device side of a job is its resolved ``device_ptrs``
+    (``submit_store(job_id, device_ptrs, dst_spec)``, ``submit_load(job_id, src_spec, device_ptrs, expedited)``)."""
+
+    def submit_store(self, job_id, device_ptrs, dst_spec):
+        return super().submit_store(job_id, device_ptrs, dst_spec)
+
+    def submit_load(self, job_id, src_spec, device_ptrs, expedited=False):
+        return super().submit_load(job_id, src_spec, device_ptrs)
+
+
+@pytest.mark.parametrize("version", _V034)
+def test_the_0_34_stand_in_worker_has_the_shape_of_vllms_offloading_worker(version):
+    from test_contract_vllm import tree_for
+
+    test_only = {"clock", "submitted", "waited", "done", "_spend"}
+    fakes = [(StandInWorker034, StandInWorker034(), "vllm.v1.kv_offload.base", "OffloadingWorker", test_only)]
+    assert fake_problems(tree_for(version), fakes) == []
+
+
+def test_the_metered_worker_passes_0_34_s_device_pointers_through(metrics, offloading, monkeypatch):
+    """The metered stand-in forwards submit_* arguments as given: 0.34's device_ptrs (and expedited=) reach the
+    real worker, and the host time is still split by direction."""
+    clock = patch_clock(monkeypatch, kv_transfer)
+    real = StandInWorker034(clock)
+    metered = kv_transfer._MeteredOffloadingWorker(real, NS(_load_jobs={}))
+    STATE.last_step_phase = "decode"
+    assert metered.submit_store(1, "device-ptrs", "dst") is True
+    assert metered.submit_load(2, "src", "device-ptrs", expedited=True) is True
+    assert real.submitted == [("store", 1, "decode"), ("load", 2, "decode")]
+    assert metered.spent == [LOAD_S, STORE_S, 1, 1]
+
+
+def _connector_worker_034(offloading, version, tree):
+    """An OffloadingConnectorWorker whose ``get_finished`` and metadata are vLLM ``version``'s own (compiled from
+    its source against the installed vLLM: 0.34 marks failed jobs instead of asserting success)."""
+    from vllm_source import functions, load_module
+
+    module, _, _ = offloading
+    common = load_module(tree, _OFFLOADING_COMMON)
+    namespace = dict(vars(module), ReqId=str, OffloadingWorkerMetadata=common.OffloadingWorkerMetadata)
+    get_finished = functions(tree, _OFFLOADING_WORKER, ["OffloadingConnectorWorker.get_finished"], namespace)
+    w = _connector_worker(offloading)
+    hooked = wrap(get_finished["OffloadingConnectorWorker.get_finished"], kv_transfer.OffloadingGetFinished(), SYNC)[0]
+    w.get_finished = types.MethodType(hooked, w)
+    w._failed_recving = set()
+    w._connector_worker_meta = common.OffloadingWorkerMetadata()
+    return w, common
+
+
+_OFFLOADING_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker"
+_OFFLOADING_COMMON = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.common"
+
+
+@pytest.mark.parametrize("version", _V034)
+def test_failed_offload_jobs_are_failures_and_leave_the_other_jobs_phases_paired(metrics, offloading, version):
+    """vLLM 0.34's own get_finished: a store (job 2) and a load (job 3) fail among successful jobs. Each failure is
+    one kv_transfer:failures with its direction and the phase of the step that submitted it; the successful jobs'
+    bytes keep their phases (before: the direction's sizes and jobs did not pair, and every byte read
+    phase=unknown); vLLM's own stats are the oracle for the bytes. A failed sync load (job 4): vLLM raises, the
+    failure is counted all the same."""
+    from test_contract_vllm import tree_for
+
+    kv_transfer.JOB_PHASES.clear()
+    w, common = _connector_worker_034(offloading, version, tree_for(version))
+    Result = offloading[2].TransferResult
+    STATE.last_step_phase = "prefill"
+    w.start_kv_transfers(_metadata(offloading, load=(3,)))  # load 3 in a prefill step
+    w.prepare_store_kv(_metadata(offloading, store=(1, 2)))  # its stores, queued for the next step
+    STATE.last_step_phase = "decode"
+    w.start_kv_transfers(_metadata(offloading))  # submits stores 1, 2 in a decode step
+    w.stand_in.done = [Result(1, True, 4096, 0.5), Result(2, False), Result(3, False)]
+    assert w.get_finished(set()) == (set(), {"r3"})
+    assert w._failed_recving == {"r3"}
+    stats = w._connector_worker_meta.transfer_stats  # vLLM's own numbers
+    assert w._connector_worker_meta.failed_jobs == {2, 3}
+    assert metrics.value(P + "kv_transfer:bytes", **labels("decode", "d2h")) == stats.store.bytes == 4096
+    assert metrics.value(P + "kv_transfer:count", **labels("decode", "d2h")) == 1
+    assert metrics.value(P + "kv_transfer:duration", **labels("decode", "d2h"))[:2] == (1, stats.store.time)
+    assert metrics.value(P + "kv_transfer:failures", **labels("decode", "d2h")) == 1
+    assert metrics.value(P + "kv_transfer:failures", **labels("prefill", "h2d")) == 1
+    assert not any(dict(k)["phase"] == "unknown" for k in metrics.points()[P + "kv_transfer:bytes"])
+    assert not kv_transfer.JOB_PHASES
+
+    w._load_jobs[4] = None  # a sync load, submitted in a decode step
+    kv_transfer.JOB_PHASES[4] = "decode"
+    w.stand_in.done = [Result(4, False)]
+    with pytest.raises(RuntimeError, match="sync load job 4 failed"):
+        w.get_finished(set())
+    assert metrics.value(P + "kv_transfer:failures", **labels("decode", "h2d")) == 1
+
+
+def test_a_failing_read_of_the_queued_stores_loses_only_their_phase(metrics, offloading, monkeypatch, caplog):
+    """Narrow degradation: the queued stores' entries change shape (iterable as vLLM unpacks them, no longer
+    indexable: the handler's ``job[0]`` read fails). Only those jobs' phase is lost (their bytes read
+    phase=unknown, still counted exactly); the load's phase and every blocking duration are exact; one warning."""
+    import logging
+
+    class Job:
+        def __init__(self, *fields):
+            self.fields = fields
+
+        def __iter__(self):
+            return iter(self.fields)
+
+    kv_transfer.JOB_PHASES.clear()
+    clock = patch_clock(monkeypatch, kv_transfer)
+    w = _connector_worker(offloading, clock)
+    Result = offloading[2].TransferResult
+    STATE.last_step_phase = "prefill"
+    w.prepare_store_kv(_metadata(offloading, store=(1,)))
+    w._unsubmitted_store_jobs = [Job(*job) for job in w._unsubmitted_store_jobs]
+    with caplog.at_level(logging.WARNING):
+        w.start_kv_transfers(_metadata(offloading, load=(2,)))
+        w.prepare_store_kv(_metadata(offloading, store=(3,)))
+        w._unsubmitted_store_jobs = [Job(*job) for job in w._unsubmitted_store_jobs]
+        w.start_kv_transfers(_metadata(offloading))
+    assert w.stand_in.submitted == [("store", 1, "prefill"), ("load", 2, "prefill"), ("store", 3, "prefill")]
+    assert metrics.value(P + "kv_transfer:blocking:duration", **labels("prefill", "d2h"))[:2] == (2, 2 * STORE_S)
+    assert metrics.value(P + "kv_transfer:blocking:duration", **labels("prefill", "h2d"))[:2] == (1, LOAD_S)
+    w.stand_in.done = [Result(1, True, 4096, 0.5), Result(2, True, 2048, 0.25), Result(3, True, 1024, 0.125)]
+    w.get_finished(set())
+    assert metrics.value(P + "kv_transfer:bytes", **labels("prefill", "h2d")) == 2048
+    assert metrics.value(P + "kv_transfer:bytes", **labels("unknown", "d2h")) == 4096 + 1024
+    assert metrics.value(P + "kv_transfer:bytes", **labels("prefill", "d2h")) is None
+    warnings = [r.getMessage() for r in caplog.records if "OffloadingStartTransfers" in r.getMessage()]
+    assert len(warnings) == 1 and "_unsubmitted_store_jobs" in warnings[0]

@@ -7,13 +7,15 @@ anyway (the same reading as its own timer where it has one: the ``schedule`` sta
 seconds reach the ``engine_core:stage_seconds`` counter at each collection (``flush``): the stage in
 progress counts up to that moment, so a collection never misses the time of a long stage.
 
-EngineCore busy loop (vLLM 0.23-0.33 ``EngineCoreProc.run_busy_loop``: ``_process_input_queue`` then
+EngineCore busy loop (vLLM 0.23-0.34 ``EngineCoreProc.run_busy_loop``: ``_process_input_queue`` then
 ``_process_engine_step``, whose ``step()`` schedules, sends the step to the workers, asks for the
 grammar bitmask, waits for the output and updates the scheduler; ``tests/test_contract_budget.py`` checks
 that order in each version's source):
 
 - ``idle``: ``_process_input_queue`` blocked on the input queue while the engine had no work;
-- ``input``: the rest of ``_process_input_queue`` (handling client requests: adds, aborts, utility calls);
+- ``input``: the rest of ``_process_input_queue`` (handling client requests: adds, aborts, utility calls); from
+  vLLM 0.34 also each request ``_wait_for_output`` handles while the step waits (adds, aborts, wake-ups, executor
+  failures: ``_handle_client_request`` outside a pass), after which the interrupted ``wait_workers`` resumes;
 - ``schedule``: ``Scheduler.schedule``;
 - ``dispatch``: from ``schedule()``'s return to the wait for the workers (sending the execute_model RPC,
   building the grammar bitmask; with the batch queue also the non-blocking sample_tokens RPC, up to the
@@ -21,14 +23,16 @@ that order in each version's source):
 - ``telemetry``: this package's deferred scheduler records, run inside ``get_grammar_bitmask`` every
   ``FLUSH_STEPS`` steps (the instrumentation's own cost, made visible); the stage it interrupted resumes;
 - ``wait_workers``: from the call of ``capture_iteration_details`` (vLLM 0.23: ``log_iteration_details``),
-  the context manager ``step`` and ``step_with_batch_queue`` open right before ``future.result()``, to
+  the context manager ``step`` and ``step_with_batch_queue`` open right before ``future.result()`` (vLLM 0.34:
+  ``self._wait_for_output(future)``, which spins on ``poll`` / ``wait_briefly`` before it), to
   ``update_from_output`` (waiting for the workers' output, step()'s blocking sample_tokens RPC, vLLM's
   abort queue); also the DP engine's dummy batch, which runs inside the same context manager;
 - ``update``: ``Scheduler.update_from_output``;
 - ``output``: from ``update_from_output``'s return to ``post_step``'s call (queueing the outputs to the
   clients; the batch queue's deferred structured-output sampling, which follows the update);
 - ``other``: everything else in the loop (``post_step`` and the short sleep of a step that ran no model,
-  publishing DP request counts, the shutdown check; an idle ``step()`` that found no requests).
+  publishing DP request counts, the shutdown check; an idle ``step()`` that found no requests; a
+  ``_process_input_queue`` pass whose ``has_work()`` cannot be read, logged once: idle cannot be told from input).
 
 With the batch queue (async scheduling, pipeline parallelism) ``step_with_batch_queue`` calls the same
 hooked methods in another order, and a call may schedule without waiting or wait without scheduling; the
@@ -244,12 +248,12 @@ CLOCKS = (ENGINE, API, WORKER)
 
 def flush() -> None:
     """Each clock's seconds so far into its counter (``recording.pipeline`` runs it at the start of every
-    collection)."""
-    try:
-        for clock in CLOCKS:
+    collection). A clock that fails to flush is reported once and loses only its own budget."""
+    for clock in CLOCKS:
+        try:
             clock.flush()
-    except Exception:
-        report(_Budget, "flush")
+        except Exception:
+            report(_Budget, f"flush {clock.spec.seed}")
 
 
 class _Budget:

@@ -6,9 +6,9 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import ALL, M
-from ..hooks.handler import Handler
+from ..hooks.handler import Handler, report
 from ..state import STATE
-from .budget import ENGINE_TO
+from .budget import ENGINE, ENGINE_TO
 from .budget import IDLE as _IDLE_STAGE
 from .budget import INPUT as _INPUT_STAGE
 from .budget import OTHER as _OTHER_STAGE
@@ -90,9 +90,18 @@ class ProcessInputQueue(Handler):
     loop. With work in progress the pass never blocks and all of it counts. Without (``has_work()``
     false at entry) vLLM blocks on the input queue until a request arrives, handles it, and blocks
     again for as long as the engine still has no work (a utility call, an abort, a wake-up, a rejected
-    add: vLLM 0.23–0.33 loop ``while not self.has_work()`` around the blocking get) — those waits are
+    add: vLLM 0.23–0.34 loop ``while not self.has_work()`` around the blocking get) — those waits are
     excluded: the requests handled while idle count (``_handle_client_request``), and from the moment
-    one gave the engine work, the rest of the pass does."""
+    one gave the engine work, the rest of the pass does.
+
+    vLLM 0.34+ also handles adds, aborts, wake-ups and executor failures while a step waits for the
+    workers' output (``EngineCoreProc._wait_for_output``, outside any pass): their handling
+    (``HandleClientRequest``, ``STATE.input_in_step``) is added to the next pass's duration, so the
+    metric's sum is all the time the loop spent on client requests, one observation per pass.
+
+    Whether the pass may block is ``has_work()``: where it cannot be read (renamed, raising) the pass is not
+    timed and moves no boundary of the budget (its time stays in the stage in progress, ``other``); logged
+    once. The engine steps, the other stages and the other engine hooks are unaffected."""
 
     reads_args = 1  # self
     spec = M["engine_core:process_input_queue:duration"]
@@ -103,21 +112,29 @@ class ProcessInputQueue(Handler):
 
     def before(self, args, kwargs, _state=STATE):
         _current = self.reused
-        has_work = getattr(args[0], "has_work", None)
-        _current.waiting = waiting = has_work is not None and not has_work()
-        _current.start = start = perf_counter()
-        _current.spent = 0.0
-        _current.handled = 0
         _state.current_pass = _current
+        has_work = getattr(args[0], "has_work", None)
+        try:
+            _current.waiting = waiting = not has_work()
+        except Exception:  # None (gone) or raising: idle waits cannot be told from handling
+            report(self, "has_work")
+            _current.waiting = False  # HandleClientRequest leaves this pass alone
+            return None
+        _current.start = start = perf_counter()
+        _current.spent = _state.input_in_step  # vLLM 0.34+: requests handled while the last step waited
+        _state.input_in_step = 0.0
+        _current.handled = 0
         ENGINE_TO(_IDLE_STAGE if waiting else _INPUT_STAGE, start)
         return _current
 
     def after(self, current, args, kwargs, result, _state=STATE, _labels=context.STEP_LABELS):
         _state.current_pass = None
+        if current is None:
+            return  # has_work() could not be read: not timed
         now = perf_counter()
         ENGINE_TO(_OTHER_STAGE, now)
         if current.waiting:
-            if not current.handled:
+            if not current.handled and not current.spent:
                 return  # no request was handled (shut down, or a non-blocking pass found none): nothing to time
             # Requests that gave no work, then the pass ended (the engine was idle: recorded now).
             recording.record(self.spec, current.spent, context.step_labels(ALL))
@@ -127,33 +144,59 @@ class ProcessInputQueue(Handler):
 
     def error(self, current, args, kwargs, exc):
         STATE.current_pass = None
-        ENGINE_TO(_OTHER_STAGE, perf_counter())
+        if current is not None:
+            ENGINE_TO(_OTHER_STAGE, perf_counter())
 
 
 class HandleClientRequest(Handler):
     """``EngineCoreProc._handle_client_request``: in a pass that waits idle, each request's handling
     counts; when a request leaves the engine with work (``has_work()``), the rest of the pass counts
-    from its end, otherwise vLLM goes back to blocking and that wait does not count."""
+    from its end, otherwise vLLM goes back to blocking and that wait does not count.
+
+    Outside a pass (vLLM 0.34+: ``_wait_for_output`` handles adds, aborts, wake-ups and executor failures
+    while the step waits for the workers' output): the handling is the budget's ``input`` stage, then the
+    stage it interrupted (``wait_workers``) resumes; its seconds go to the next pass's duration
+    (``STATE.input_in_step``). On 0.23–0.33 vLLM calls it only inside a pass."""
 
     reads_args = 1  # self
 
-    def before(self, args, kwargs):
-        current = STATE.current_pass
-        if current is not None and current.waiting:
+    def before(self, args, kwargs, _state=STATE, _clock=ENGINE):
+        current = _state.current_pass
+        if current is None:  # vLLM 0.34+: handled while the step waits for its output
+            start = perf_counter()
+            stage = _clock.stage
+            ENGINE_TO(_INPUT_STAGE, start)
+            return (start, stage)
+        if current.waiting:
             current.start = perf_counter()
             ENGINE_TO(_INPUT_STAGE, current.start)
             return current
         return None
 
-    def after(self, current, args, kwargs, result):
+    def after(self, current, args, kwargs, result, _state=STATE):
         if current is None:
             return
         now = perf_counter()
+        if current.__class__ is tuple:
+            start, stage = current
+            _state.input_in_step += now - start
+            ENGINE_TO(stage, now)
+            return
         current.spent += now - current.start
         current.handled += 1
-        has_work = getattr(args[0], "has_work", None)
-        if has_work is None or has_work():
+        try:
+            work = args[0].has_work()
+        except Exception:  # the pass goes on counting only its requests' handling
+            report(self, "has_work")
+            work = False
+        if work:
             current.waiting = False
             current.start = now
         else:
             ENGINE_TO(_IDLE_STAGE, now)  # back to blocking on the input queue
+
+    def error(self, current, args, kwargs, exc, _state=STATE):
+        if current.__class__ is tuple:  # the request failed while the step waited: the wait resumes
+            now = perf_counter()
+            _state.input_in_step += now - current[0]
+            ENGINE_TO(current[1], now)

@@ -176,6 +176,15 @@ def _keep(jobs, phase: str) -> None:
         JOB_PHASES[job_id] = phase
 
 
+def _keep_queued_stores(handler, connector_worker, phase: str) -> None:
+    """The phase of the stores the previous step queued (``_unsubmitted_store_jobs``: job id first), submitted by
+    this call. A read that fails loses only those jobs' phase (their bytes read ``phase="unknown"``)."""
+    try:
+        _keep([job[0] for job in connector_worker._unsubmitted_store_jobs], phase)
+    except Exception:
+        report(handler, "_unsubmitted_store_jobs")
+
+
 class _MeteredOffloadingWorker:
     """Stands in for the ``OffloadingWorker`` of a vLLM 0.32+ ``OffloadingConnectorWorker`` (its ``worker``
     attribute, replaced at the first ``start_kv_transfers`` / ``handle_preemptions``): the host time of each
@@ -262,9 +271,13 @@ class OffloadingStartTransfers(Handler):
 
     def before(self, args, kwargs):
         connector_worker = args[0]
-        _keep([job[0] for job in connector_worker._unsubmitted_store_jobs], STATE.last_step_phase)
-        _keep(args[1].load_jobs, STATE.last_step_phase)
-        return _metered(connector_worker)
+        phase = STATE.last_step_phase
+        _keep_queued_stores(self, connector_worker, phase)
+        try:
+            _keep(args[1].load_jobs, phase)
+        except Exception:
+            report(self, "metadata.load_jobs")
+        return _metered(connector_worker)  # last: only the blocking durations depend on it
 
     def after(self, worker, args, kwargs, result):
         _record_blocking(worker)
@@ -281,11 +294,14 @@ class OffloadingHandlePreemptions(Handler):
     def before(self, args, kwargs):
         connector_worker, metadata = args[0], args[1]
         phase = STATE.last_step_phase
-        _keep([job[0] for job in connector_worker._unsubmitted_store_jobs], phase)
-        flush = metadata.jobs_to_flush
-        if flush and getattr(connector_worker, "_is_store_writer", True):
-            _keep([job for job in flush if job in metadata.store_jobs], phase)
-        return _metered(connector_worker)
+        _keep_queued_stores(self, connector_worker, phase)
+        try:
+            flush = metadata.jobs_to_flush
+            if flush and getattr(connector_worker, "_is_store_writer", True):
+                _keep([job for job in flush if job in metadata.store_jobs], phase)
+        except Exception:
+            report(self, "metadata.jobs_to_flush")
+        return _metered(connector_worker)  # last: only the blocking durations depend on it
 
     def after(self, worker, args, kwargs, result):
         _record_blocking(worker)
@@ -296,7 +312,12 @@ class OffloadingGetFinished(Handler):
     and device times vLLM itself recorded for them (``transfer_stats.load`` / ``.store`` of the
     worker's ``OffloadingWorkerMetadata``, the numbers behind ``vllm:kv_offload_*``): one transfer per
     job, its bytes labelled with the phase of the step that submitted it. The poll's time per direction is
-    one duration observation (split by bytes when jobs of several phases completed in one poll)."""
+    one duration observation (split by bytes when jobs of several phases completed in one poll).
+
+    vLLM 0.34+ reports failed jobs: marked completed and in the metadata's ``failed_jobs``, with no stats.
+    Each is one ``kv_transfer:failures`` (h2d for a load, d2h for a store, the submitting step's phase),
+    and is left out of the pairing of the direction's sizes with its jobs' phases. A failed sync load makes
+    vLLM raise: the poll is recorded all the same (``error``)."""
 
     reads_args = 1  # self
 
@@ -313,6 +334,13 @@ class OffloadingGetFinished(Handler):
         if len(meta.completed_jobs) == seen:
             return
         jobs = list(meta.completed_jobs)[seen:]
+        failed = getattr(meta, "failed_jobs", None)  # vLLM 0.34+
+        if failed:
+            lost = [j for j in jobs if j in failed]
+            if lost:
+                jobs = [j for j in jobs if j not in failed]
+                for j in lost:
+                    record_failure("h2d" if j in loads else "d2h", _OFFLOADING, phase=JOB_PHASES.pop(j, UNKNOWN))
         stats = meta.transfer_stats
         for direction, direction_stats, n, t, these in (
             ("h2d", stats.load, load_n, load_t, [j for j in jobs if j in loads]),
@@ -325,6 +353,9 @@ class OffloadingGetFinished(Handler):
             if len(sizes) != len(phases):  # some jobs reported no size: their phases cannot be paired
                 phases = [UNKNOWN] * len(sizes)
             _record_poll(direction, sizes, phases, direction_stats.time - t)
+
+    def error(self, state, args, kwargs, exc):
+        self.after(state, args, kwargs, None)  # vLLM 0.34 raises on a failed sync load, after marking it
 
 
 def _record_poll(direction: str, sizes: list, phases: list, seconds: float) -> None:

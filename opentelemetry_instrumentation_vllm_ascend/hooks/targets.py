@@ -684,6 +684,16 @@ TARGETS: tuple[Target, ...] = (
             ("vllm_ascend.worker.worker", "NPUWorker.execute_model", "memory:LateCapture", ">=0.23.0"),
         )
     ),
+    # vLLM 0.34's extensible KV cache gets its final size after warm-up.
+    Target(
+        "vllm.v1.worker.gpu_worker",
+        "Worker.extend_kv_cache",
+        SYNC,
+        "memory:ExtendKvCache",
+        vllm=">=0.34.0",
+        feeds=("engine:memory:kvcache_gb",),
+        process=WORKER,
+    ),
     # -- process identity -----------------------------------------------------------------------------
     Target(
         "vllm.v1.engine.async_llm",
@@ -740,7 +750,7 @@ TARGETS: tuple[Target, ...] = (
             SYNC,
             f"kv_transfer:{handler}",
             vllm=">=0.32.0",  # vLLM 0.23: OffloadingWorker rows below
-            feeds=_KV_TRANSFER_FEEDS,
+            feeds=_KV_TRANSFER_FEEDS + (_KV_FAILURES if method == "get_finished" else ()),
             params=params,
             process=WORKER,
         )
