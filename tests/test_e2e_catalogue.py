@@ -35,6 +35,7 @@ P = "vllm_profiling_"
 #: Catalogue metrics that cannot fire on this CPU set-up, and why.
 NOT_ON_CPU = {
     "health_check_failed": "needs a dead engine",
+    "hook_errors": "needs a failing hook (tests/test_hook_errors.py)",
     "worker:model_runner_get_output:duration": "async scheduling only (off on CPU)",
     "num_spec_tokens": "speculative decoding only",
     "decode_over_1s_count": "needs an inter-token latency over 1 s",
