@@ -775,6 +775,16 @@ def alert_rules() -> list[dict]:
             "{{ $labels.instance }} dp={{ $labels.dp }}: {{ $labels.connector }} reported failed KV transfers"
             " ({{ $labels.direction }}).",
         ),
+        _alert(
+            "VLLMAscendHookDegraded",
+            # every failure of a handler (or of one guarded read in it) counts; the rank of a worker is summed over
+            _any_event(spec("hook_errors").prometheus_name, f"{g}, process, hook, where"),
+            None,
+            "warning",
+            "{{ $labels.instance }} dp={{ $labels.dp }} {{ $labels.process }}: the instrumentation's hook"
+            " {{ $labels.hook }} failed in {{ $labels.where }}; the metrics it feeds are partly missing"
+            " (vLLM is unaffected).",
+        ),
     ]
 
 
