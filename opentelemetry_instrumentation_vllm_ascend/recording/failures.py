@@ -14,7 +14,7 @@ from ..state import STATE
 def _pipeline_exists() -> None:
     """A first failure (``STATE.on_new_failure``): the count must reach an export, in a process that recorded
     nothing yet too (its collections export it)."""
-    if STATE.pipeline is None:
+    if STATE.pipeline is None and not STATE.pipeline_lock.locked():  # locked: being built (maybe by this thread)
         from . import pipeline
 
         pipeline.get()
