@@ -472,6 +472,21 @@ class OutputProcessor:
         return NS(request_outputs=[], reqs_to_abort=[])
 
 
+def test_process_outputs_unreadable_stats_cost_only_the_phase(api_process, clock):
+    """IterationStats whose counters cannot be read (first-token latencies that are not a list): the chunk's
+    duration and its outputs' length are still recorded, exactly, under phase ``unknown``; the read is counted.
+    (Before, the failed read in ``before`` lost both, and left the output loop's budget in its process stage.)"""
+    m = api_process
+    process = wrap(OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC)[0]
+    broken = NS(num_prompt_tokens=0, num_generation_tokens=0, time_to_first_tokens_iter=5)  # a count, not a list
+    decodes = [NS(new_token_ids=[1], prefilling=False)] * 3
+    process(OutputProcessor(clock), decodes, 7.0, broken)
+    base = {"dp": "0", "engine": "0", "role": "decode", "phase": "unknown"}
+    assert m.value(name("output_processor_duration"), **base) == (1, 0.0625, counts(catalogue.STEP_SECONDS, b7=1))
+    assert m.value(name("engine_core_outputs_len"), **base) == (1, 3, counts(catalogue.REQUESTS, b2=1))
+    assert STATE.failures == {("ProcessOutputs", "iteration_stats"): 1}
+
+
 def test_process_outputs_phase_of_each_chunk(api_process, clock):
     m = api_process
     process = wrap(OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC)[0]
