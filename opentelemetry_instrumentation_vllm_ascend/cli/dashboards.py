@@ -27,6 +27,7 @@ ASCEND_ONLY_PREFIXES = ("eplb:",)
 #: Prometheus instead.
 EVENT_ONLY = {
     "Health-check failures": "appears at the first failed health check (a dead engine)",
+    "Degraded hooks (handler failures)": "appears at a hook's first failure (docs/deploy.md#vllmascendhookdegraded)",
     "Inter-token latency over 1 s / TTFT over threshold": "appears at the first slow token or first token",
     "Draft tokens verified per step": "speculative decoding only",
     "Device utilization": "torch.npu / torch.cuda utilization only (no CPU reading)",
@@ -363,6 +364,18 @@ def sections() -> list[tuple[str, list[Panel]]]:
             [(_LEG, increase("health_check_failed"))],
             ("health_check_failed",),
             spec("health_check_failed").description,
+        ),
+        Panel(
+            "Degraded hooks (handler failures)",
+            "short",
+            [
+                (
+                    "{{process}} {{hook}} in {{where}} " + _LEG,
+                    increase("hook_errors", ("instance", "dp", "process", "hook", "where")),
+                )
+            ],
+            ("hook_errors",),
+            spec("hook_errors").description,
         ),
         Panel(
             "Inter-token latency over 1 s / TTFT over threshold",
