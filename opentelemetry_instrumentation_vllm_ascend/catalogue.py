@@ -81,9 +81,10 @@ class MetricSpec:
     @property
     def process_labels(self) -> tuple[str, ...]:
         """Labels the pipeline adds from the recording process, after ``labels``: the worker's rank
-        (WORKER_LABELS) on metrics recorded in workers. Derived from the target table at each read (not
-        for the hot path: a pipeline's instrument reads it once)."""
-        return WORKER_LABELS if "worker" in self.recorded_in.split(", ") else ()
+        (WORKER_LABELS) on metrics recorded in workers (and on the package's own, ``SELF_SEEDS``). Derived from the
+        target table at each read (not for the hot path: a pipeline's instrument reads it once)."""
+        in_worker = "worker" in self.recorded_in.split(", ") or self.seed in SELF_SEEDS
+        return WORKER_LABELS if in_worker else ()
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -961,6 +962,28 @@ KV_CONNECTOR_CATALOGUE += (
 )
 CATALOGUE = CATALOGUE + KV_CONNECTOR_CATALOGUE
 
+# -- the package's own health (hooks/handler.py report, exported at each collection) ---------------------------
+#: Labels of ``hook_errors``: the recording process's kind and engine, the hook (the hooked symbol's qualname, as
+#: the target table or a hook file names it; bounded by them) and the place in its handler that failed (a fixed
+#: string in the handler's code: ``before``, ``after``, ``error``, … or the name of the read that failed).
+HOOK_ERROR_LABELS = ("process", "dp", "role", "hook", "where")
+SELF_CATALOGUE: tuple[MetricSpec, ...] = (
+    _counter(
+        "hook_errors",
+        "{failure}",
+        "Failures of this package's hook handlers: +1 each time a handler (or one guarded read in it) raised. vLLM "
+        "ran on unaffected and the original function ran once; what that handler (or read) records is missing for "
+        "that call. hook: the hooked symbol (e.g. Scheduler.schedule); where: the place that failed (before, "
+        "after, error, timed, future_done, collection, or the name of a read). The first failure of each (hook, "
+        "where) is logged with its traceback. Absent while nothing fails (docs/deploy.md#vllmascendhookdegraded).",
+        labels=HOOK_ERROR_LABELS,
+    ),
+)
+CATALOGUE = CATALOGUE + SELF_CATALOGUE
+#: Metrics about the package itself, fed by no row of the target table: every process that runs hooks records
+#: them (``targets.recorded_in``), and a worker's carry its rank.
+SELF_SEEDS = tuple(spec.seed for spec in SELF_CATALOGUE)
+
 BY_SEED = {spec.seed: spec for spec in CATALOGUE}
 #: What one EPLB cycle (EplbWorker.do_update) sets.
 EPLB_CYCLE_SEEDS = (
@@ -975,6 +998,7 @@ RECOMPUTED_TOKENS = BY_SEED["scheduler:recomputed_tokens"]
 BLOCK_ALLOCATE_FAILURES = BY_SEED["block_allocate_failures"]
 RPC_ERRORS = BY_SEED["rpc_errors"]
 INSTRUMENTED_PROCESSES = BY_SEED["instrumented_processes"]
+HOOK_ERRORS = BY_SEED["hook_errors"]
 #: Every catalogue entry as a module attribute named after its seed: ``catalogue.M["scheduler:duration"]``.
 M = BY_SEED
 

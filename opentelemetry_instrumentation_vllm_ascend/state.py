@@ -81,6 +81,10 @@ class State:
         "deferred_values",
         # -- log-once memories --
         "reported",
+        "failures",
+        "failures_exported",
+        "failures_lock",
+        "on_new_failure",
         "warned",
         "neighbours_reported",
         "neighbours_rechecked",
@@ -181,6 +185,19 @@ class State:
         self.deferred_values: deque = deque()
         #: (handler name, phase) pairs whose failure was logged (hooks.handler.report).
         self.reported: set = set()
+        #: (handler name, place) -> handler failures in this process so far, each one counted
+        #: (hooks.handler.report, under ``failures_lock``): what ``hook_errors`` exports and status lists.
+        self.failures: dict[tuple, int] = {}
+        #: (handler name, place) -> how many of ``failures`` the current pipeline's ``hook_errors`` counter has
+        #: (recording.export_failures, at each collection); emptied when the pipeline changes.
+        self.failures_exported: dict[tuple, int] = {}
+        #: Held while ``failures`` is updated or read (handler failures in several threads at once); a forked
+        #: child gets a new one (recording.pipeline's fork handler).
+        self.failures_lock = threading.Lock()
+        #: Called (no arguments) at the first failure of each (handler, place): the recording layer's
+        #: (recording.failures), which makes sure a pipeline exists to export the count. A registration: kept
+        #: by reset().
+        self.on_new_failure: Any = None
         #: Configuration warnings already logged (environment).
         self.warned: set = set()
         #: What the neighbours warning named (neighbours): (neighbour names, {symbol: neighbour names}); None: no
@@ -302,6 +319,7 @@ def forget_pipeline(closed: bool) -> None:
     s.real_instruments.clear()
     s.process_labels = None
     s.generation += 1
+    s.failures_exported.clear()  # a new pipeline's counter starts at 0: it gets the whole count
     if closed:
         s.deferred.clear()
         s.deferred_values.clear()
@@ -335,6 +353,7 @@ def reset(*, registrations: bool = False) -> None:
     s.kv_job_phases.clear()
     forget_pipeline(closed=True)
     s.reported.clear()
+    s.failures.clear()
     s.warned.clear()
     s.neighbours_reported = None
     s.neighbours_rechecked = False

@@ -373,3 +373,61 @@ def test_control_directories_of_killed_servers_are_removed_at_start_up_with_prom
         assert os.path.isdir(running)
         assert control.is_on() is True
     assert not os.path.exists(mine)  # the server's own, removed at its end
+
+
+# -- degraded hooks (hook_errors) ---------------------------------------------------------------------------------
+def test_status_lists_degraded_hooks_a_new_one_at_once_and_counts_within_a_few_intervals(host, monkeypatch, capsys):
+    """Handler failures in this process are listed by ``control status`` (hook, place, failures, most first). A hook
+    failing in a new place rewrites the status at the next poll; more failures of a listed one alone do not (a hook
+    failing on every step would rewrite it each poll): its count is refreshed with the time stamps."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler, report
+
+    class Scheduler(Handler):
+        name = "Scheduler.schedule"
+
+    control.setup()
+    _stop_polling()
+    path = control.directory()
+    status_path = os.path.join(path, f"{control.STATUS_PREFIX}{os.getpid()}.json")
+    clock = [1000.0]
+    monkeypatch.setattr(control, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+
+    def status():
+        with open(status_path) as f:
+            return json.load(f)["degraded_hooks"], os.stat(status_path).st_ino
+
+    control.poll_once()
+    assert status()[0] == []
+    for _ in range(3):
+        report(Scheduler, "resumed_req_ids")
+    clock[0] += control.interval_s()
+    control.poll_once()
+    listed, inode = status()
+    assert listed == [{"hook": "Scheduler.schedule", "where": "resumed_req_ids", "failures": 3}]
+    for _ in range(4):
+        report(Scheduler, "resumed_req_ids")
+    clock[0] += control.interval_s()
+    control.poll_once()
+    assert status() == (listed, inode)  # counts alone: not rewritten
+    report(Scheduler, "after")
+    clock[0] += control.interval_s()
+    control.poll_once()
+    listed, _ = status()
+    assert listed == [
+        {"hook": "Scheduler.schedule", "where": "resumed_req_ids", "failures": 7},
+        {"hook": "Scheduler.schedule", "where": "after", "failures": 1},
+    ]
+    assert cli.main(["control", "status"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "degraded hooks: Scheduler.schedule in resumed_req_ids (x7), Scheduler.schedule in after (x1)  "
+        "(docs/deploy.md#vllmascendhookdegraded)"
+    ) in out
+
+
+def test_status_of_a_healthy_process_lists_no_degraded_hook(host, capsys):
+    control.setup()
+    _stop_polling()
+    control.poll_once()
+    assert cli.main(["control", "status"]) == 0
+    assert "degraded hooks" not in capsys.readouterr().out

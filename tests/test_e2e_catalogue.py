@@ -35,6 +35,7 @@ P = "vllm_profiling_"
 #: Catalogue metrics that cannot fire on this CPU set-up, and why.
 NOT_ON_CPU = {
     "health_check_failed": "needs a dead engine",
+    "hook_errors": "needs a failing hook (tests/test_hook_errors.py)",
     "worker:model_runner_get_output:duration": "async scheduling only (off on CPU)",
     "num_spec_tokens": "speculative decoding only",
     "decode_over_1s_count": "needs an inter-token latency over 1 s",
@@ -400,6 +401,8 @@ def test_every_catalogue_metric_that_can_fire_on_cpu_is_exposed(run):
         if not names & exposed:
             missing.append(spec.seed)
     assert missing == []
+    # a healthy server degrades no hook: every handler ran without a failure in every process
+    assert [labels for n, labels, _ in samples(final) if n == catalogue.HOOK_ERRORS.prometheus_name] == []
     for n, labels, _ in samples(final):
         if n.startswith(P) and "phase" in labels:
             assert labels["phase"] in catalogue.PHASES

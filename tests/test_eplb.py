@@ -13,6 +13,7 @@ from opentelemetry_instrumentation_vllm_ascend import catalogue, context, enviro
 from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
 from opentelemetry_instrumentation_vllm_ascend.hooks import patches, targets, wrappers
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
@@ -228,6 +229,22 @@ def test_own_computation_failing_still_records_vllm_ascends_numbers(metrics, hoo
     del expected["layer_load:mean"], expected["layer_load:max"]
     assert eplb_series(metrics) == expected
     assert "hotness computation" in caplog.text
+
+
+def test_vllm_ascends_numbers_unreadable_still_record_ours(metrics, hooked, monkeypatch):
+    """latest_expert_hotness of a shape we cannot read (its per-layer imbalances are not numbers): our own
+    computation from the maps and the load gives every gauge, the same exact values; the failed read is counted.
+    (Before, the failure in reading vllm-ascend's values lost the cycle's gauges, our layer loads included.)"""
+    original = FakeEplbWorker._compute_imbalance
+
+    def unreadable(placement, hotness, return_list=False):
+        mean, peak, values = original(placement, hotness, return_list=True)
+        return mean, peak, [f"{v}" + "?" for v in values]
+
+    monkeypatch.setattr(FakeEplbWorker, "_compute_imbalance", staticmethod(unreadable))
+    FakeEplbWorker(shared_dict(), rank_id=0, new_placement=NEW_PLACEMENT).do_update()
+    assert eplb_series(metrics) == expected_series()
+    assert STATE.failures == {("DoUpdate", "latest_expert_hotness"): 1}
 
 
 # -- a real forked EPLB process: /metrics and OTLP ------------------------------------------------------

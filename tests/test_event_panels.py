@@ -1,5 +1,5 @@
-"""The dashboard panels a healthy CPU server cannot fill (dashboards.EVENT_ONLY: health-check failures, slow
-tokens, draft tokens, device utilization, KV transfers, offloaded weights), proven on a real Prometheus: their
+"""The dashboard panels a healthy CPU server cannot fill (dashboards.EVENT_ONLY: health-check failures, degraded
+hooks, slow tokens, draft tokens, device utilization, KV transfers, offloaded weights), proven on a real Prometheus: their
 events are recorded through the real handlers (driven by the real wrappers, on objects shaped like vLLM's, as
 tests/test_handlers_api.py, test_kv_connectors.py, test_weight_offload.py and test_handlers_ascend.py drive
 them), written by the real /metrics files writer and exposed as vLLM's /metrics exposes them (FilesCollector),
@@ -28,6 +28,7 @@ from waiting import wait_for
 from opentelemetry_instrumentation_vllm_ascend import context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, kv_transfer, memory, weight_offload
+from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE, SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
@@ -39,6 +40,8 @@ from opentelemetry_instrumentation_vllm_ascend.state import STATE
 HEALTH_FAILURES, DRAFT_TOKENS, NIXL_BYTES, NIXL_SECONDS = 2, 12, 65536, 0.0015
 STORE_BYTES, STORE_SECONDS = 3 * 2 * 4 * 4, 0.004
 OFFLOADED, UTILIZATION = 5184, 37.0
+#: Per round: a hook whose handler fails three times (in after).
+HOOK_FAILURES = 3
 RANGE = "1m"
 
 
@@ -58,6 +61,20 @@ class NixlKVConnectorStats:
 
     def record_failed_transfer(self):
         pass
+
+
+class Failing:
+    """A hook whose handler fails on every call (vLLM's call is untouched)."""
+
+    def run(self):
+        return 1
+
+
+class FailingHandler(Handler):
+    name = "Failing.run"
+
+    def after(self, state, args, kwargs, result):
+        raise AttributeError("moved")
 
 
 class ExampleConnector:
@@ -127,6 +144,7 @@ def events(files_dir, monkeypatch):
     nixl_failed = wrap(NixlKVConnectorStats.record_failed_transfer, kv_transfer.NixlFailedTransfer(), SYNC)[0]
     save_layer = wrap(ExampleConnector.save_kv_layer, kv_transfer.ExampleSaveKvLayer(), SYNC)[0]
     wrap_modules = wrap(UVAOffloader.wrap_modules, weight_offload.UVAWrapModules(), SYNC)[0]
+    failing = wrap(Failing.run, FailingHandler(), SYNC)[0]
     stats = NixlKVConnectorStats()
     requests = [NS(is_store=True, slot_mapping=[0, 1, 2]), NS(is_store=False, slot_mapping=[3])]
     connector = ExampleConnector(requests, clock)
@@ -154,6 +172,8 @@ def events(files_dir, monkeypatch):
             nixl_failed(stats)
             save_layer(connector, "layer.0", KVLayer(), None)
             wrap_modules(UVAOffloader(), iter(()))
+            for _ in range(HOOK_FAILURES):
+                assert failing(Failing()) == 1
             recording.flush()
 
     def exposition() -> bytes:
@@ -237,6 +257,9 @@ def test_event_only_panels_return_series_on_a_real_prometheus(target, tmp_path):
     slow = values("Inter-token latency over 1 s / TTFT over threshold", "ITL")
     ttft = values("Inter-token latency over 1 s / TTFT over threshold", "TTFT")
     assert health[one] / slow[one] == pytest.approx(HEALTH_FAILURES)
+    degraded = values("Degraded hooks (handler failures)")
+    hook = (("dp", "0"), ("hook", "Failing.run"), ("instance", target), ("process", "worker"), ("where", "after"))
+    assert degraded.keys() == {hook} and degraded[hook] / slow[one] == pytest.approx(HOOK_FAILURES)
     assert ttft == {(("dp", "0"), ("instance", target), ("threshold", "5s")): pytest.approx(slow[one])}
     # The transfer duration's quantiles: every NIXL transfer took 1.5 ms, in the (1 ms, 2.5 ms] bucket; every
     # store 4 ms, in (2.5 ms, 5 ms].

@@ -19,6 +19,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     SYNC_TIMER,
     wrap,
 )
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 P = catalogue.PREFIX
 
@@ -221,11 +222,14 @@ def test_iteration_phase(stats, expected):
 def test_record_stats_survives_objects_missing_attributes(api_process, clock):
     m = api_process
     mgr = StatLoggerManager(clock)
-    record_fn()(mgr, NS(), NS(), engine_idx=0)  # nothing vLLM-shaped: zeros, and no exception
+    record_fn()(mgr, NS(), NS(), engine_idx=0)  # nothing vLLM-shaped: no exception
     assert mgr.calls == 1
     labels = {"dp": "0", "engine": "0", "role": "decode", "phase": "idle"}
-    assert m.value(name("batch_size"), **labels)[:2] == (1, 0)
-    assert m.value(name("total_tokens"), **labels)[:2] == (1, 0)
+    # SchedulerStats' queue fields (in every supported vLLM) missing: absent and reported, never a plausible 0
+    assert m.value(name("batch_size"), **labels) is None and m.value(name("waiting_batch_size"), **labels) is None
+    assert sorted(STATE.failures) == [("RecordStats", "scheduler_stats queues")]
+    assert m.value(name("total_tokens"), **labels)[:2] == (1, 0)  # IterationStats' counters start at 0
+    assert m.value(name("async_llm:record_stats:duration"), **labels)[0] == 1
 
 
 # -- second token latency ------------------------------------------------------------------------
@@ -468,6 +472,21 @@ class OutputProcessor:
         return NS(request_outputs=[], reqs_to_abort=[])
 
 
+def test_process_outputs_unreadable_stats_cost_only_the_phase(api_process, clock):
+    """IterationStats whose counters cannot be read (first-token latencies that are not a list): the chunk's
+    duration and its outputs' length are still recorded, exactly, under phase ``unknown``; the read is counted.
+    (Before, the failed read in ``before`` lost both, and left the output loop's budget in its process stage.)"""
+    m = api_process
+    process = wrap(OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC)[0]
+    broken = NS(num_prompt_tokens=0, num_generation_tokens=0, time_to_first_tokens_iter=5)  # a count, not a list
+    decodes = [NS(new_token_ids=[1], prefilling=False)] * 3
+    process(OutputProcessor(clock), decodes, 7.0, broken)
+    base = {"dp": "0", "engine": "0", "role": "decode", "phase": "unknown"}
+    assert m.value(name("output_processor_duration"), **base) == (1, 0.0625, counts(catalogue.STEP_SECONDS, b7=1))
+    assert m.value(name("engine_core_outputs_len"), **base) == (1, 3, counts(catalogue.REQUESTS, b2=1))
+    assert STATE.failures == {("ProcessOutputs", "iteration_stats"): 1}
+
+
 def test_process_outputs_phase_of_each_chunk(api_process, clock):
     m = api_process
     process = wrap(OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC)[0]
@@ -576,3 +595,76 @@ def test_a_slow_multi_token_output_counts_once(api_process, clock):
     req = {"dp": "0", "engine": "0", "role": "decode", "phase": "all"}
     assert api_process.value(name("decode_over_1s_count"), **req) == 1
     assert catalogue.M["decode_over_1s_count"].unit == "{output}"
+
+
+# -- narrow degradation: a read that fails costs only its own metrics ---------------------------------------------
+
+#: The update of test_record_stats_one_engine_update, each metric's exact value: (metric, labels kind, value).
+_STEP = {"dp": "2", "engine": "2", "role": "decode", "phase": "mixed"}
+_REQ = {"dp": "2", "engine": "2", "role": "decode", "phase": "all"}
+_R, _T, _K = catalogue.REQUESTS, catalogue.TOKENS, catalogue.TOKEN_SECONDS
+_FULL = {
+    ("batch_size", ()): (1, 5, counts(_R, b3=1)),
+    ("waiting_batch_size", ()): (1, 4, counts(_R, b2=1)),
+    ("num_spec_tokens", ()): (1, 12, counts(_T, b3=1)),
+    ("input", ()): (1, 100, counts(_T, b4=1)),
+    ("output", ()): (1, 7, counts(_T, b2=1)),
+    ("total_tokens", ()): (1, 107, counts(_T, b4=1)),
+    ("async_llm:record_stats:duration", ()): (1, 0.125, counts(catalogue.STEP_SECONDS, b8=1)),
+    ("fine_grained_ttft", ("req",)): (3, 31.5, counts(catalogue.REQUEST_SECONDS, b5=1, b9=1, b11=1)),
+    ("fine_grained_tpot", ("req",)): (2, 0.75, counts(_K, b11=1, b12=1)),
+    ("decode_over_1s_count", ("req",)): 2,
+    ("prefill_over_threshold_count", ("req", "5s")): 2,
+    ("prefill_over_threshold_count", ("req", "10s")): 1,
+    ("prefill_over_threshold_count", ("req", "20s")): 1,
+}
+
+
+@pytest.mark.parametrize(
+    "fault, where, lost",
+    [
+        ("decode_time", "finished_requests", {"fine_grained_tpot"}),
+        ("ttft", "time_to_first_tokens_iter", {"fine_grained_ttft", "prefill_over_threshold_count"}),
+        ("draft_tokens", "spec_decoding_stats", {"num_spec_tokens"}),
+        ("queues", "scheduler_stats queues", {"batch_size", "waiting_batch_size"}),
+    ],
+)
+def test_record_stats_a_failing_read_loses_only_its_metrics(api_process, clock, fault, where, lost):
+    """One field of vLLM's stats renamed or retyped (a finished request without decode_time, a TTFT that is not a
+    number, spec-decoding stats without num_draft_tokens, scheduler stats without their queue fields): the metrics
+    read from it are absent, the failure is counted once per update (hook_errors), every other metric of the update
+    records the exact value it records without the fault."""
+    m = api_process
+    done = [finished(5, 1.0), finished(1, 0.0), finished(2, 0.5)]
+    if fault == "decode_time":
+        done[2] = NS(num_generation_tokens=2)  # FinishedRequestStats.decode_time moved
+    ttfts = [0.5, 6.0, 25.0] if fault != "ttft" else [0.5, "6.0", 25.0]
+    spec = NS(num_draft_tokens=12) if fault != "draft_tokens" else NS(draft_tokens=12)
+    stats = scheduler_stats(5, 3, 1, spec) if fault != "queues" else NS(running=5, spec_decoding_stats=spec)
+    it = IterationStats(prompt=100, generated=7, ttfts=ttfts, itls=[0.25, 1.5, 0.5, 2.0], finished=done)
+    record_fn()(StatLoggerManager(clock), engine_idx=2, scheduler_stats=stats, iteration_stats=it)
+    got = {}
+    for metric, kind in _FULL:
+        labels = dict(_STEP) if not kind else dict(_REQ, **({"threshold": kind[1]} if len(kind) > 1 else {}))
+        got[(metric, kind)] = m.value(name(metric), **labels)
+    assert got == {k: (None if k[0] in lost else v) for k, v in _FULL.items()}
+    assert STATE.failures == {("RecordStats", where): 1}
+
+
+def test_finished_request_without_e2e_latency_keeps_ttft_and_tpot(metrics):
+    """``gen_ai.server.request.duration`` cannot be read (FinishedRequestStats.e2e_latency moved): the request's TTFT
+    and TPOT, read from other fields, are still recorded exactly."""
+    handler = api.FinishedRequest()
+    stats = NS(finished_requests=[NS(num_generation_tokens=5, decode_time=1.0)])
+    req_stats = NS(first_token_latency=0.25)
+    handler.after(None, (stats, "stop", "chatcmpl-1", 3, 16, req_stats), None, None)
+    labels = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm"}
+    points = metrics.points()
+    assert "gen_ai.server.request.duration" not in points
+    assert points["gen_ai.server.time_to_first_token"] == {
+        tuple(sorted(labels.items())): (1, 0.25, counts(catalogue.GENAI_TTFT_SECONDS, b8=1))
+    }  # (0.1, 0.25]
+    assert points["gen_ai.server.time_per_output_token"] == {
+        tuple(sorted(labels.items())): (1, 0.25, counts(catalogue.GENAI_TPOT_SECONDS, b7=1))
+    }  # 1.0 / 4 in (0.2, 0.3]
+    assert STATE.failures == {("FinishedRequest", "e2e_latency"): 1}

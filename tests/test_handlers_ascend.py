@@ -35,6 +35,26 @@ def test_npu_step_phase_from_attn_state_when_the_output_carries_none(metrics, st
     assert metrics.value("vllm_profiling_executor:prepare_inputs:duration", **labels)[0] == 1
 
 
+def test_npu_attn_state_unreadable_costs_only_the_phase(metrics):
+    """An attn_state vllm-ascend changed into something we cannot read (its name raises): the step's phase is
+    unknown, but its input preparation, execute_model and inference times are each recorded once; the failed read
+    is counted. (Before, the failed read also lost the prepare-inputs duration.)"""
+
+    class Moved:
+        @property
+        def name(self):
+            raise RuntimeError("not an AscendAttentionState any more")
+
+    runner = npu_runner(Moved())
+    runner.execute_model(NS())
+    runner.sample_tokens(None)
+    labels = {"dp": "0", "role": "mixed", "phase": "unknown"}
+    assert metrics.value("vllm_profiling_executor:prepare_inputs:duration", **labels)[0] == 1
+    assert metrics.value("vllm_profiling_executor:model_runner_execute_model:duration", **labels)[0] == 1
+    assert metrics.value("vllm_profiling_worker:model_inference:duration", **labels)[0] == 1
+    assert STATE.failures == {("NPUPrepareInputs", "attn_state"): 1}
+
+
 def test_npu_step_phase_carried_by_the_output_wins(metrics):
     runner = npu_runner(AscendAttentionState.ChunkedPrefill)
     out = NS(**{steps.PHASE_ATTRIBUTE: "prefill"})  # exact, from the EngineCore: a chunked prefill

@@ -269,3 +269,22 @@ def test_rpc_durations_wait_for_the_scheduler_s_records(metrics, clock):
     points = metrics.points()
     assert points[EXEC] == {key(**step("decode")): (2, 0.25, counts(S, b8=2))}  # 0.125 each
     assert points[SAMPLE] == {key(**step("decode")): (2, 0.25, counts(S, b8=2))}  # 0.125 each
+
+
+# -- narrow degradation ------------------------------------------------------------------------------------------
+
+
+def test_an_rpc_argument_shape_that_moved_costs_only_the_exact_phase(metrics, clock):
+    """execute_model's arguments no longer a tuple holding the SchedulerOutput (the phase read fails): the RPC is
+    still timed and its failure still counted, both with the step most recently scheduled; each failed read is
+    counted in hook_errors. (Before, the failed read lost the RPC's state: neither was recorded.)"""
+    ex, rpc = FakeExecutor(clock, 0.25), rpc_fn()
+    STATE.last_step_phase = "decode"
+    ex.replies["execute_model"] = stamped(100.125, 100.125)  # dispatched at 100.0
+    rpc(ex, "execute_model", args=NS(scheduler_output=None))  # not subscriptable
+    ex.fail = RuntimeError("Worker failed with error 'oom'")
+    with pytest.raises(RuntimeError, match="oom"):
+        rpc(ex, "execute_model", args=NS(scheduler_output=None))
+    assert metrics.points()[EXEC] == {key(**step("decode")): (1, 0.125, counts(S, b8=1))}  # (0.1, 0.25]
+    assert metrics.points()[RPC] == {key(**step("decode", exception_type="worker_failed")): 1}
+    assert STATE.failures == {("CollectiveRpc", "scheduler_output phase"): 2}

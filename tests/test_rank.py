@@ -131,10 +131,34 @@ def test_worker_init_takes_the_global_rank_from_its_arguments(call, monkeypatch)
         context.set_process("engine_core", "0", "mixed")
 
 
+def test_a_config_field_that_moved_costs_only_the_engine_labels(metrics):
+    """The process family: AsyncLLM.__init__'s vllm_config with a parallel config that cannot be read (it raises):
+    the process is still counted as an API server (with the dp / role it had), and the served model name, read from
+    another field, is still taken; the failed read is counted. (Before, it lost both.)"""
+    from types import SimpleNamespace as NS
+
+    from opentelemetry_instrumentation_vllm_ascend.handlers.process import ApiServerInit
+
+    class Config:
+        model_config = NS(served_model_name="tiny")
+        kv_transfer_config = None
+
+        @property
+        def parallel_config(self):
+            raise RuntimeError("moved")
+
+    context.set_process("unknown", "unknown", "mixed")
+    ApiServerInit().before((object(), Config()), {})
+    assert metrics.value("vllm_profiling_instrumented_processes", process="api_server", dp="unknown", role="mixed") == 1
+    assert STATE.served_model == "tiny"
+    assert STATE.failures == {("ApiServerInit", "vllm_config"): 1}
+
+
 def test_catalogue_declares_rank_on_worker_recorded_metrics_only():
     for spec in catalogue.CATALOGUE:
         assert not set(spec.labels) & set(spec.process_labels), spec.seed
-        in_worker = "worker" in spec.recorded_in.split(", ")
+        # the package's own (hook_errors): recorded wherever hooks run, a worker's with its rank
+        in_worker = "worker" in spec.recorded_in.split(", ") or spec.seed in catalogue.SELF_SEEDS
         assert spec.process_labels == (("rank",) if in_worker else ()), spec.seed
     assert "rank" in M["record_function_or_nullcontext"].all_labels
     assert M["engine:memory:kvcache_gb"].labels == catalogue.STEP_LABELS  # rank comes from the process now

@@ -56,6 +56,23 @@ def test_summary_lines():
     assert "deploy/grafana/vllm-ascend.json" in text and "docs/deploy.md" in text
 
 
+def test_summary_lists_degraded_hooks_summed_over_ranks_most_failures_first():
+    r = CollectorRegistry()
+    c = Counter(P + "hook_errors", "x", ["process", "dp", "role", "hook", "where", "rank"], registry=r)
+    c.labels("engine_core", "0", "mixed", "Scheduler.schedule", "resumed_req_ids", "").inc(280)
+    c.labels("worker", "0", "mixed", "GPUModelRunner.execute_model", "after", "0").inc(2)
+    c.labels("worker", "0", "mixed", "GPUModelRunner.execute_model", "after", "1").inc(3)
+    lines = summarize(exposition() + generate_latest(r).decode())
+    start = lines.index(
+        "Degraded hooks (vllm_profiling_hook_errors_total; runbook: docs/deploy.md#vllmascendhookdegraded):"
+    )
+    assert lines[start + 1 : start + 3] == [
+        "  engine_core dp=0  Scheduler.schedule failed in resumed_req_ids: 280 time(s)",
+        "  worker dp=0  GPUModelRunner.execute_model failed in after: 5 time(s)",
+    ]
+    assert "Degraded hooks: none (no handler failed)" in summarize(exposition())
+
+
 def test_where_to_look_names_files_the_installed_package_writes(tmp_path):
     """The summary's pointer works from a wheel: the command it names writes every DIR/... file it names."""
     command = re.search(r"`python -m ([\w.]+) DIR`", summary.WHERE).group(1)

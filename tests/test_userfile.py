@@ -294,7 +294,6 @@ def _install(tmp_path, text, cls=Target):
     assert entry.status == userfile.LOADED, entry.reason
     for m in entry.measures:
         catalogue.EXTRA.setdefault(m.metric, m.spec)
-    catalogue.EXTRA.setdefault(userfile.HOOK_ERRORS.seed, userfile.HOOK_ERRORS)
     return hooks
 
 
@@ -330,7 +329,14 @@ def test_a_hook_file_records_exact_values_and_skips_failing_samples(tmp_path, me
         assert metrics.value(P + "t:last", **labels) == 2
         assert metrics.value(P + "t:time", **labels)[0] == 4
         assert metrics.value(P + "t:bad", **labels) is None  # never "records 1"
-        errors = metrics.value(P + "hook_errors", dp="0", role="mixed", hook="fake_target_module:C.add_request/t:bad")
+        errors = metrics.value(
+            P + "hook_errors",
+            process="engine_core",
+            dp="0",
+            role="mixed",
+            hook="fake_target_module:C.add_request",
+            where="t:bad",
+        )
         assert errors == 4
         assert metrics.value(P + "t:kind", k="a", **labels) == 3 and metrics.value(P + "t:kind", k="b", **labels) == 1
     finally:

@@ -10,6 +10,7 @@ import torch
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import weight_offload
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 uva = pytest.importorskip("vllm.model_executor.offloader.uva")
 
@@ -45,6 +46,25 @@ def test_the_gauge_follows_the_offloaders_own_totals(metrics):
     assert series(metrics, "NPUPrefetchOffloader") == 3 * 2**20
     weight_offload.PrefetchPostInit().after(None, (SimpleNamespace(),), None, None)  # no total: nothing set
     assert series(metrics, "SimpleNamespace") is None
+
+
+def test_an_offloader_without_its_total_is_reported_not_silent(metrics):
+    """The weight-offload family: the total an offloader keeps (set in its __init__ by every supported release)
+    missing is drift: the gauge is absent (never a plausible 0) and the failed read counted, one per call; another
+    offloader's gauge is unaffected."""
+    prefetch = type("NPUPrefetchOffloader", (), {})()
+    prefetch.total_offloaded_bytes = 2**20
+    weight_offload.PrefetchPostInit().after(None, (prefetch,), None, None)
+    moved = type("UVAOffloader", (), {})()  # cpu_offload_bytes renamed
+    for _ in range(2):
+        weight_offload.UVAWrapModules().after(None, (moved,), None, [])
+    weight_offload.PrefetchPostInit().after(None, (SimpleNamespace(),), None, None)
+    assert series(metrics, "UVAOffloader") is None
+    assert series(metrics, "NPUPrefetchOffloader") == 2**20
+    assert STATE.failures == {
+        ("UVAWrapModules", "cpu_offload_bytes"): 2,
+        ("PrefetchPostInit", "total_offloaded_bytes"): 1,
+    }
 
 
 def test_disabled_gauge_leaves_the_offloader_unhooked(metrics, monkeypatch):

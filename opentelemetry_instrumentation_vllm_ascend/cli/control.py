@@ -3,10 +3,11 @@
 
 Switches recording of a running instrumented vLLM server on or off (all metrics, or the metrics
 matching ``--metrics`` patterns such as ``scheduler:*``), re-reads its hook files (``reload``), or
-shows each of its processes (``status``). It writes the server's control file in the server's private
-directory (recording/control.py); every process of the server applies it within one export interval
-and reports back. Only servers of the calling user are found; with several, ``--server PID`` (the
-server's first process, or any of its processes) chooses one.
+shows each of its processes (``status``: with the hooks whose handlers failed there, ``hook_errors``).
+It writes the server's control file in the server's private directory (recording/control.py); every
+process of the server applies it within one export interval and reports back. Only servers of the
+calling user are found; with several, ``--server PID`` (the server's first process, or any of its
+processes) chooses one.
 
 - ``off``: nothing is recorded (``--metrics P…``: the metrics matching P are added to those off);
 - ``on``: everything records again (``--metrics P…``: only those patterns are taken off the off list);
@@ -170,6 +171,10 @@ def _print_server(server: dict, as_json: bool) -> None:
             f"  pid {p['pid']:>7}  {kind:<11} dp={p.get('dp', '?')} role={p.get('role', '?')} "
             f"state={p.get('state', '?')}  hook-file entries: {entries}  last export: {age}"
         )
+        degraded = p.get("degraded_hooks") or []
+        if degraded:
+            listing = ", ".join(f"{d['hook']} in {d['where']} (x{d['failures']})" for d in degraded)
+            print(f"           degraded hooks: {listing}  (docs/deploy.md#vllmascendhookdegraded)")
 
 
 def print_entries(rows: list[dict]) -> None:

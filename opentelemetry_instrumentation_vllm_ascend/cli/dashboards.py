@@ -27,6 +27,7 @@ ASCEND_ONLY_PREFIXES = ("eplb:",)
 #: Prometheus instead.
 EVENT_ONLY = {
     "Health-check failures": "appears at the first failed health check (a dead engine)",
+    "Degraded hooks (handler failures)": "appears at a hook's first failure (docs/deploy.md#vllmascendhookdegraded)",
     "Inter-token latency over 1 s / TTFT over threshold": "appears at the first slow token or first token",
     "Draft tokens verified per step": "speculative decoding only",
     "Device utilization": "torch.npu / torch.cuda utilization only (no CPU reading)",
@@ -363,6 +364,18 @@ def sections() -> list[tuple[str, list[Panel]]]:
             [(_LEG, increase("health_check_failed"))],
             ("health_check_failed",),
             spec("health_check_failed").description,
+        ),
+        Panel(
+            "Degraded hooks (handler failures)",
+            "short",
+            [
+                (
+                    "{{process}} {{hook}} in {{where}} " + _LEG,
+                    increase("hook_errors", ("instance", "dp", "process", "hook", "where")),
+                )
+            ],
+            ("hook_errors",),
+            spec("hook_errors").description,
         ),
         Panel(
             "Inter-token latency over 1 s / TTFT over threshold",
@@ -774,6 +787,16 @@ def alert_rules() -> list[dict]:
             "warning",
             "{{ $labels.instance }} dp={{ $labels.dp }}: {{ $labels.connector }} reported failed KV transfers"
             " ({{ $labels.direction }}).",
+        ),
+        _alert(
+            "VLLMAscendHookDegraded",
+            # every failure of a handler (or of one guarded read in it) counts; the rank of a worker is summed over
+            _any_event(spec("hook_errors").prometheus_name, f"{g}, process, hook, where"),
+            None,
+            "warning",
+            "{{ $labels.instance }} dp={{ $labels.dp }} {{ $labels.process }}: the instrumentation's hook"
+            " {{ $labels.hook }} failed in {{ $labels.where }}; the metrics it feeds are partly missing"
+            " (vLLM is unaffected).",
         ),
     ]
 

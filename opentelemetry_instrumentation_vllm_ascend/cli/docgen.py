@@ -65,6 +65,8 @@ def render_metrics_md() -> str:
     ]
     for spec in catalogue.CATALOGUE:
         hooked = "<br>".join(f"`{h}`" for h in targets.hooked_symbols(spec.seed))
+        if spec.seed in catalogue.SELF_SEEDS:
+            hooked = "every hook (its handler's failures)"
         lines.append(
             f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} "
             f"| {spec.recorded_in} | {hooked} | {_opt_in(spec)}{spec.description} |"

@@ -1,5 +1,6 @@
 """A short human summary of one /metrics scrape: where an engine step's time goes, the exception counters
-beside vLLM's own, which processes reported, and where the dashboards are.
+beside vLLM's own, which processes reported, which hooks degraded (``hook_errors``), and where the dashboards
+are.
 ``python -m opentelemetry_instrumentation_vllm_ascend summary --url http://host:8000`` prints it for any
 running server; the demo prints it after its load."""
 
@@ -37,6 +38,8 @@ EXCEPTIONS = (
     ("health-check failures", "health_check_failed", None),
     ("scheduler blocked on capacity", "request_prefill_pending_nums", None),
 )
+#: What a degraded hook means and what to do (the VLLMAscendHookDegraded alert's runbook).
+RUNBOOK = "docs/deploy.md#vllmascendhookdegraded"
 #: The installed package generates the dashboard and rules (cli/dashboards.py); deploy/ and docs/ are files of the
 #: source repository, not of the wheel.
 WHERE = (
@@ -99,7 +102,24 @@ def summarize(text: str) -> list[str]:
             processes[key] = processes.get(key, 0) + value
     reported = ", ".join(f"{k} x{v:g}" for k, v in sorted(processes.items())) or "none"
     lines.append(f"Processes reporting: {reported}")
+    lines += degraded_hooks(s)
     lines.append("Where to look: " + WHERE)
+    return lines
+
+
+def degraded_hooks(s) -> list[str]:
+    """The hooks whose handlers failed (``hook_errors``): one line per (process kind, dp, hook, place), most
+    failures first, summed over ranks and roles; a runbook pointer when there is any."""
+    failures: dict[tuple, float] = {}
+    for name, labels, value in s:
+        if name == catalogue.HOOK_ERRORS.prometheus_name and value:
+            key = (labels.get("process", "?"), labels.get("dp", "?"), labels.get("hook", "?"), labels.get("where", "?"))
+            failures[key] = failures.get(key, 0) + value
+    if not failures:
+        return ["Degraded hooks: none (no handler failed)"]
+    lines = [f"Degraded hooks ({catalogue.HOOK_ERRORS.prometheus_name}; runbook: {RUNBOOK}):"]
+    for (process, dp, hook, where), n in sorted(failures.items(), key=lambda item: (-item[1], item[0])):
+        lines.append(f"  {process} dp={dp}  {hook} failed in {where}: {n:g} time(s)")
     return lines
 
 

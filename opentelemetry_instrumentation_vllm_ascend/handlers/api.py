@@ -19,8 +19,8 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
-from ..hooks.handler import Handler, RowParams
-from ..state import STATE
+from ..hooks.handler import Handler, RowParams, report
+from ..state import STATE, UNKNOWN
 from .budget import API_OTHER, API_TO, PROCESS, WAIT_ENGINE
 
 M = catalogue.BY_SEED
@@ -147,44 +147,76 @@ class RecordStats(Handler):
         engine_idx = args[4]
         engine = "0" if engine_idx is None else str(engine_idx)
         role = context.PROCESS.role
-        phase = iteration_phase(iteration_stats)
+        # Each independent read is guarded on its own (free while nothing raises): a field vLLM renamed or retyped
+        # costs only the values read from it, reported once and counted (hook_errors), never the whole update.
+        try:
+            phase = iteration_phase(iteration_stats)
+        except Exception:
+            report(self, "iteration phase")
+            phase = UNKNOWN
         labels = (engine, role, phase, engine)
 
         if scheduler_stats is not None:
-            _record(BATCH_SIZE, getattr(scheduler_stats, "num_running_reqs", 0) or 0, labels)
-            waiting = (getattr(scheduler_stats, "num_waiting_reqs", 0) or 0) + (
-                getattr(scheduler_stats, "num_skipped_waiting_reqs", 0) or 0
-            )
-            _record(WAITING_BATCH_SIZE, waiting, labels)
+            try:  # SchedulerStats' fields (every supported vLLM has them): a missing one is reported, never a 0
+                running = scheduler_stats.num_running_reqs
+                waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+            except Exception:
+                report(self, "scheduler_stats queues")
+            else:
+                _record(BATCH_SIZE, running, labels)
+                _record(WAITING_BATCH_SIZE, waiting, labels)
             spec = getattr(scheduler_stats, "spec_decoding_stats", None)
             if spec is not None:
-                _record(NUM_SPEC_TOKENS, getattr(spec, "num_draft_tokens", 0) or 0, labels)
+                try:
+                    drafts = spec.num_draft_tokens
+                except Exception:
+                    report(self, "spec_decoding_stats")
+                else:
+                    _record(NUM_SPEC_TOKENS, drafts, labels)
 
         if iteration_stats is not None:
-            prompt = _prompt_tokens(iteration_stats)
-            generated = getattr(iteration_stats, "num_generation_tokens", 0) or 0
-            _record(INPUT, prompt, labels)
-            _record(OUTPUT, generated, labels)
-            _record(TOTAL_TOKENS, prompt + generated, labels)
-
             request_labels = (engine, role, ALL, engine)
-            ttfts = getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()
-            if ttfts:
-                over = [0] * len(TTFT_THRESHOLDS)
-                for ttft in ttfts:
-                    _record(TTFT, ttft, request_labels)
-                    for i, (_, limit) in enumerate(TTFT_THRESHOLDS):
-                        if ttft > limit:
-                            over[i] += 1
-                for (threshold, _), count in zip(TTFT_THRESHOLDS, over):
-                    _add(PREFILL_OVER_THRESHOLD, count, request_labels + (threshold,))
-            itls = getattr(iteration_stats, "inter_token_latencies_iter", None) or ()
-            if itls:
-                _add(DECODE_OVER_1S, sum(1 for itl in itls if itl > SLOW_ITL_SECONDS), request_labels)
-            for finished in getattr(iteration_stats, "finished_requests", None) or ():
-                tokens = getattr(finished, "num_generation_tokens", 0) or 0
-                if tokens >= 2:
-                    _record(TPOT, getattr(finished, "decode_time", 0.0) / (tokens - 1), request_labels)
+            try:
+                prompt = _prompt_tokens(iteration_stats)
+                generated = getattr(iteration_stats, "num_generation_tokens", 0) or 0
+                total = prompt + generated
+            except Exception:
+                report(self, "token counts")
+            else:
+                _record(INPUT, prompt, labels)
+                _record(OUTPUT, generated, labels)
+                _record(TOTAL_TOKENS, total, labels)
+            try:
+                ttfts = getattr(iteration_stats, "time_to_first_tokens_iter", None) or ()
+                if ttfts:
+                    over = [0] * len(TTFT_THRESHOLDS)
+                    for ttft in ttfts:
+                        for i, (_, limit) in enumerate(TTFT_THRESHOLDS):
+                            if ttft > limit:
+                                over[i] += 1
+                    for ttft in ttfts:
+                        _record(TTFT, ttft, request_labels)
+                    for (threshold, _), count in zip(TTFT_THRESHOLDS, over):
+                        _add(PREFILL_OVER_THRESHOLD, count, request_labels + (threshold,))
+            except Exception:
+                report(self, "time_to_first_tokens_iter")
+            try:
+                itls = getattr(iteration_stats, "inter_token_latencies_iter", None) or ()
+                if itls:
+                    _add(DECODE_OVER_1S, sum(1 for itl in itls if itl > SLOW_ITL_SECONDS), request_labels)
+            except Exception:
+                report(self, "inter_token_latencies_iter")
+            try:
+                tpots = [
+                    finished.decode_time / (tokens - 1)
+                    for finished in getattr(iteration_stats, "finished_requests", None) or ()
+                    if (tokens := getattr(finished, "num_generation_tokens", 0) or 0) >= 2
+                ]
+            except Exception:
+                report(self, "finished_requests")
+            else:
+                for tpot in tpots:
+                    _record(TPOT, tpot, request_labels)
 
         _record(RECORD_STATS, seconds, labels)
 
@@ -254,7 +286,12 @@ class ProcessOutputs(Handler):
         stats = args[3]
         start = perf_counter()
         API_TO(PROCESS, start)
-        return start, (None if stats is None else _token_counts(stats))
+        try:  # the chunk's phase only: its duration and length do not depend on it
+            counts = None if stats is None else _token_counts(stats)
+        except Exception:
+            report(self, "iteration_stats")
+            counts = UNKNOWN
+        return start, counts
 
     def after(self, state, args, kwargs, result):
         start, counts = state
@@ -263,13 +300,24 @@ class ProcessOutputs(Handler):
         seconds = end - start
         if counts is None:
             phase = ALL
+        elif counts is UNKNOWN:
+            phase = UNKNOWN
         else:
-            first, prompt, generated = _token_counts(args[3])
-            phase = _phase(first - counts[0], prompt - counts[1], generated - counts[2])
+            try:
+                first, prompt, generated = _token_counts(args[3])
+                phase = _phase(first - counts[0], prompt - counts[1], generated - counts[2])
+            except Exception:
+                report(self, "iteration_stats")
+                phase = UNKNOWN
         labels = _api_labels(phase)
         recording.record(OUTPUT_PROCESSOR, seconds, labels)
         outputs = args[1]
-        recording.record(OUTPUTS_LEN, len(outputs) if outputs is not None else 0, labels)
+        try:
+            length = len(outputs) if outputs is not None else 0
+        except Exception:
+            report(self, "engine_core_outputs")
+            return
+        recording.record(OUTPUTS_LEN, length, labels)
 
 
 # -- IterationStats.update_from_finished_request: the GenAI semantic conventions' server metrics ---------
@@ -330,12 +378,22 @@ class FinishedRequest(Handler):
         reason = str(args[1])  # FinishReason.__str__: stop, length, abort, error, repetition
         error = reason if reason in _GENAI_ERRORS else None
         labels, short = _labels_of(genai_operation(args[2]), error)
-        _record(GENAI_DURATION, finished.e2e_latency, labels)
+        try:  # three independent reads: one that moved costs only its metric (reported, hook_errors)
+            e2e = finished.e2e_latency
+        except Exception:
+            report(self, "e2e_latency")
+        else:
+            _record(GENAI_DURATION, e2e, labels)
         if error is not None:
             return
         ttft = getattr(args[5], "first_token_latency", 0.0)
         if ttft:
             _record(GENAI_TTFT, ttft, short)
-        tokens = finished.num_generation_tokens
-        if tokens >= 2:
-            _record(GENAI_TPOT, finished.decode_time / (tokens - 1), short)
+        try:
+            tokens = finished.num_generation_tokens
+            tpot = finished.decode_time / (tokens - 1) if tokens >= 2 else None
+        except Exception:
+            report(self, "decode_time")
+        else:
+            if tpot is not None:
+                _record(GENAI_TPOT, tpot, short)

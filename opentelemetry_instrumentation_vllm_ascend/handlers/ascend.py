@@ -21,6 +21,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from ..catalogue import M
+from ..hooks.handler import report
 from ..state import STATE, UNKNOWN
 from .common import StepTimer
 from .model_runner import ExecuteModel, begin_step
@@ -71,5 +72,10 @@ class NPUPrepareInputs(StepTimer):
     def timed(self, seconds, args, kwargs, result):
         step = STATE.worker_step
         if step is not None and step.phase == _PENDING:
-            step.phase = STATE.last_step_phase = phase_of_attn_state(getattr(args[0], "attn_state", None)) or UNKNOWN
+            try:  # the phase only: the duration is recorded whatever attn_state has become
+                phase = phase_of_attn_state(getattr(args[0], "attn_state", None)) or UNKNOWN
+            except Exception:
+                report(self, "attn_state")
+                phase = UNKNOWN
+            step.phase = STATE.last_step_phase = phase
         super().timed(seconds, args, kwargs, result)

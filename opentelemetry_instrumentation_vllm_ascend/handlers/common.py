@@ -127,9 +127,8 @@ class MeasuresHandler(Handler):
                 if not counted:
                     raise
                 try:
-                    recording.add(
-                        HOOK_ERRORS, 1, (context.PROCESS.dp, context.PROCESS.role, f"{self.hook}/{spec.seed}")
-                    )
+                    ctx = context.PROCESS
+                    recording.add(HOOK_ERRORS, 1, (ctx.process, ctx.dp, ctx.role, self.hook, spec.seed))
                 except Exception:
                     pass
 

@@ -187,11 +187,18 @@ class DoUpdate(Handler):
         worker = args[0]
         if worker.rank_id != 0:
             return None
-        shared = worker.shared_dict
-        old_maps = worker.old_expert_maps
-        if old_maps is None:  # first cycle: do_update reads the same entry
-            old_maps = shared.get("expert_maps")
-        return old_maps, shared.get("moe_load"), getattr(worker, "latest_expert_hotness", None)
+        # Two independent sources: our computation from the maps and the gathered load, and vllm-ascend's own
+        # latest_expert_hotness. A read of one that fails (reported) leaves the other's gauges.
+        try:
+            shared = worker.shared_dict
+            old_maps = worker.old_expert_maps
+            if old_maps is None:  # first cycle: do_update reads the same entry
+                old_maps = shared.get("expert_maps")
+            load = shared.get("moe_load")
+        except Exception:
+            report(self, "expert maps")
+            old_maps = load = None
+        return old_maps, load, getattr(worker, "latest_expert_hotness", None)
 
     def after(self, state, args, kwargs, result):
         if state is None or result is None:  # not rank 0, or no load yet (nothing computed)
@@ -207,18 +214,28 @@ class DoUpdate(Handler):
         latest = getattr(worker, "latest_expert_hotness", None)
         if latest is previous:
             latest = None  # not refreshed by this call
-        record_cycle(str(worker.rank_id), stats, latest)
+        record_cycle("0", stats, latest, self)  # rank 0 only (before)
 
 
-def record_cycle(rank: str, stats, latest=None) -> None:
+class _Cycle:
+    name = "EplbWorker.do_update"
+
+
+def record_cycle(rank: str, stats, latest=None, handler=_Cycle) -> None:
     """Set the gauges of one EPLB cycle from ``layer_stats`` output and/or vllm-ascend's
-    ``latest_expert_hotness`` (its per-layer imbalance lists take precedence)."""
+    ``latest_expert_hotness`` (its per-layer imbalance lists take precedence). vllm-ascend's values that cannot be
+    read are reported (``handler``'s failure in ``latest_expert_hotness``): ours are used instead."""
     ctx = context.PROCESS
     dp, role = ctx.dp, ctx.role
     imbalances = {}
-    if latest is not None and all(f"{p}_imbalance_list" in latest for p in PHASES):
-        imbalances = {p: [_finite(v) for v in latest[f"{p}_imbalance_list"]] for p in PHASES}
-    elif stats is not None:
+    if latest is not None:
+        try:
+            if all(f"{p}_imbalance_list" in latest for p in PHASES):
+                imbalances = {p: [_finite(v) for v in latest[f"{p}_imbalance_list"]] for p in PHASES}
+        except Exception:
+            report(handler, "latest_expert_hotness")
+            latest = None
+    if not imbalances and stats is not None:
         imbalances = {p: [row[0] for row in stats[p]] for p in PHASES}
     set_gauge = recording.set_gauge
     scalar_labels = (dp, role, _ALL, rank)
@@ -232,11 +249,18 @@ def record_cycle(rank: str, stats, latest=None) -> None:
             for layer, value in enumerate(values):
                 set_gauge(spec, value, (dp, role, phase, rank, str(layer)))
     elif latest is not None:  # only the summary values
-        for phase in PHASES:
-            for stat in catalogue.EPLB_STATS:
-                value = latest.get(f"{phase}_{stat}")
-                if value is not None:
-                    set_gauge(_M[catalogue.eplb_hotness_seed(phase, stat)], _finite(value), scalar_labels)
+        try:
+            summary = [
+                (_M[catalogue.eplb_hotness_seed(phase, stat)], _finite(value))
+                for phase in PHASES
+                for stat in catalogue.EPLB_STATS
+                if (value := latest.get(f"{phase}_{stat}")) is not None
+            ]
+        except Exception:
+            report(handler, "latest_expert_hotness")
+            summary = []
+        for spec, value in summary:
+            set_gauge(spec, value, scalar_labels)
     if stats is not None:
         mean_spec, max_spec = (_M[catalogue.eplb_layer_load_seed(s)] for s in ("mean", "max"))
         for phase in PHASES:

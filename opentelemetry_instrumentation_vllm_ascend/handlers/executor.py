@@ -7,7 +7,7 @@ from time import perf_counter
 
 from .. import catalogue, recording
 from ..context import HOST_CLOCK, STEP_LABELS, step_labels
-from ..hooks.handler import Handler, RowParams
+from ..hooks.handler import Handler, RowParams, report
 from ..state import STATE, UNKNOWN
 from .steps import PHASE_ATTRIBUTE, READY_ATTRIBUTE
 
@@ -99,7 +99,9 @@ class CollectiveRpc(Handler):
     the moments the worker stamped on its reply (``record_reply``).
 
     Phase: an ``execute_model`` RPC carries its step's SchedulerOutput, on which the scheduler hook
-    stored the step's phase; ``sample_tokens`` follows the ``execute_model`` of the same step."""
+    stored the step's phase; ``sample_tokens`` follows the ``execute_model`` of the same step. Where that
+    read fails (the RPC's arguments changed shape), the phase is the step most recently scheduled and the
+    failure is reported (``hook_errors``): the RPC's errors and durations are still recorded."""
 
     reads_args = RowParams()
 
@@ -121,10 +123,13 @@ class CollectiveRpc(Handler):
         except IndexError:
             method = (kwargs or {}).get("method")
         if method == "execute_model":  # the two RPCs of every step first
-            rpc_args = args[3] if len(args) > 3 else None
-            phase = _state.exec_phase = (
-                getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None
-            ) or _state.last_step_phase
+            try:  # the SchedulerOutput, first of the RPC's args: a shape that moved costs only the exact phase
+                rpc_args = args[3] if len(args) > 3 else None
+                phase = getattr(rpc_args[0], PHASE_ATTRIBUTE, None) if rpc_args else None
+            except Exception:
+                report(self, "scheduler_output phase")
+                phase = None
+            phase = _state.exec_phase = phase or _state.last_step_phase
             state = _state.last_execute = (_cached(phase) or _labels(phase), _execute, perf_counter(), None)
             return state
         if method == "sample_tokens":

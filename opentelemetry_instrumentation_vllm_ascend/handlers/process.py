@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import context, recording
-from ..hooks.handler import Handler
+from ..hooks.handler import Handler, report
 
 
 def _vllm_config(args, kwargs):
@@ -15,7 +15,10 @@ class _Claim(Handler):
     api = False
 
     def before(self, args, kwargs):
-        context.claim(self.process, _vllm_config(args, kwargs), api=self.api)
+        try:  # the config's dp / role: a field that moved leaves them as they were, the process is still counted
+            context.claim(self.process, _vllm_config(args, kwargs), api=self.api)
+        except Exception:
+            report(self, "vllm_config")
         recording.process_started()
 
 
@@ -29,7 +32,10 @@ class ApiServerInit(_Claim):
         super().before(args, kwargs)
         from .api import set_served_model
 
-        set_served_model(_vllm_config(args, kwargs))
+        try:
+            set_served_model(_vllm_config(args, kwargs))
+        except Exception:
+            report(self, "served_model_name")
 
 
 class EngineCoreInit(_Claim):
@@ -50,7 +56,10 @@ class WorkerInit(_Claim):
         super().before(args, kwargs)
         from .memory import observe_utilization
 
-        observe_utilization()
+        try:  # the device utilization gauge: independent of the worker's identity
+            observe_utilization()
+        except Exception:
+            report(self, "device utilization")
 
 
 class _BeforeStop(Handler):

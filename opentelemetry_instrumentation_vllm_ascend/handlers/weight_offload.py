@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from .. import context, recording
 from ..catalogue import ALL, M
-from ..hooks.handler import Handler
+from ..hooks.handler import Handler, report
 
 _RESIDENT = M["memory:weight_offload_bytes"]
 
@@ -34,7 +34,12 @@ class UVAWrapModules(Handler):
     reads_args = 1  # self
 
     def after(self, state, args, kwargs, result):
-        _record(args[0], getattr(args[0], "cpu_offload_bytes", None))
+        try:  # set in UVAOffloader.__init__ by every supported vLLM: its absence is drift, reported, not a 0
+            nbytes = args[0].cpu_offload_bytes
+        except AttributeError:
+            report(self, "cpu_offload_bytes")
+            return
+        _record(args[0], nbytes)
 
 
 class PrefetchPostInit(Handler):
@@ -43,4 +48,9 @@ class PrefetchPostInit(Handler):
     reads_args = 1  # self
 
     def after(self, state, args, kwargs, result):
-        _record(args[0], getattr(args[0], "total_offloaded_bytes", None))
+        try:  # set in PrefetchOffloader.__init__: its absence is drift, reported
+            nbytes = args[0].total_offloaded_bytes
+        except AttributeError:
+            report(self, "total_offloaded_bytes")
+            return
+        _record(args[0], nbytes)

@@ -43,14 +43,8 @@ OTHER = "other"
 
 #: Where the samples an expression could not compute are counted (a measure with an expression, as in
 #: users' hook files, skips such a sample; a measure without one fails as any handler does: logged once).
-HOOK_ERRORS = catalogue.MetricSpec(
-    "hook_errors",
-    catalogue.COUNTER,
-    "{error}",
-    "Samples of user hook metrics (OTEL_VLLM_ASCEND_CONFIG) skipped because an expression failed or gave "
-    "no number. hook: symbol/metric.",
-    labels=("dp", "role", "hook"),
-)
+#: The catalogue's ``hook_errors`` (every handler failure counts there too): hook the symbol, where the metric.
+HOOK_ERRORS = catalogue.HOOK_ERRORS
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@ the mutable cell an installed wrapper reads its handler from.
 
 Contract, for every wrapper kind (``wrappers.py``): the original runs exactly once per call, with the
 same arguments; its result, its exception and its timing semantics reach the caller unchanged; a
-handler that raises is logged (once per handler and place) and otherwise ignored."""
+handler that raises is counted (``hook_errors``), logged (once per handler and place) and otherwise
+ignored."""
 
 from __future__ import annotations
 
@@ -86,17 +87,30 @@ class RowParams:
 
 
 _reported = STATE.reported
+_failures = STATE.failures
 
 
-def report(handler, where: str) -> None:
-    """Log a handler failure: the first one per (handler, place) with its traceback, then silence."""
+def report(handler, where: str, _state=STATE) -> None:
+    """A handler failed in ``where`` (a fixed string: the method, or the read that failed): count it
+    (``STATE.failures``, exported as ``hook_errors`` and listed by ``control status``), and log the first one
+    per (handler, place) with its traceback. Only ever called on a failure: nothing is counted or paid
+    while nothing fails."""
     key = (handler.name, where)
+    with _state.failures_lock:
+        _failures[key] = _failures.get(key, 0) + 1
     if key in _reported:
         return
     _reported.add(key)
+    sink = _state.on_new_failure
+    if sink is not None:
+        try:
+            sink()
+        except Exception:
+            pass
     logger.warning(
         "opentelemetry-instrumentation-vllm-ascend: handler %s failed in %s; vLLM continues unaffected, "
-        "this handler's measurement is skipped (further failures of it are not logged)",
+        "this handler's measurement is skipped (further failures of it are not logged; all are counted in "
+        "vllm_profiling_hook_errors_total)",
         handler.name,
         where,
         exc_info=sys.exc_info()[0] is not None,

@@ -923,6 +923,8 @@ EVERY_PROCESS = "every process"
 def recorded_in(seed: str) -> str:
     """The process kinds whose rows feed ``seed`` ("engine_core, worker"; ``EVERY_PROCESS`` for all of
     them): where its series come from, for docs and for the rank label of worker-recorded metrics."""
+    if seed in c.SELF_SEEDS:  # the package's own (hook_errors): wherever hooks run
+        return EVERY_PROCESS
     kinds = {t.process for t in TARGETS if seed in t.feeds}
     real = [k for k in c.PROCESS_KINDS if k != "unknown"]
     if kinds and all(k in kinds for k in real):

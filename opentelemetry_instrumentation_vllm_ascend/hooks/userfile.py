@@ -37,7 +37,6 @@ from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: t
     COUNTER,
     GAUGE,
     HISTOGRAM,
-    HOOK_ERRORS,
     MAX_LABEL_LENGTH,
     MAX_LABEL_VALUES,
     PHASE_STEP,
@@ -541,7 +540,6 @@ class UserHooks:
                 for measure in entry.measures:
                     # load() refused any other definition of a metric this process defined before.
                     catalogue.EXTRA[measure.metric] = spec_of(measure)
-            catalogue.EXTRA[HOOK_ERRORS.seed] = HOOK_ERRORS
             by_module: dict[str, list] = {}
             for key, entry in wanted.items():
                 if key in self.installed or key in self.pending:

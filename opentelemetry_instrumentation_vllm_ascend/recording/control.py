@@ -1,5 +1,6 @@
 """Runtime control of one instrumented server: recording on / off (all metrics or patterns) and
-reloading the hook files, without restart, signals or re-patching.
+reloading the hook files, without restart, signals or re-patching; each process's status (``control status``)
+also lists its degraded hooks (handler failures, ``recording.failures``).
 
 Channel: the server's own private directory (made by its first instrumented process with mode 0700,
 owned by the user running vLLM: the /metrics files directory, or one of its own when
@@ -31,6 +32,7 @@ from typing import Any
 
 from .. import environment
 from ..state import STATE
+from . import failures
 
 logger = logging.getLogger(__name__)
 
@@ -354,8 +356,13 @@ def write_status(path: str) -> None:
         "reload": c.reload,
         "hook_files": summary,
     }
+    degraded = failures.degraded()
     # Whether it exported yet counts as a change: a status that says "never" is written again at the first export.
+    # So does a hook failing for the first time (in a new place); its counts alone do not (a hook failing on every
+    # step would rewrite the file each poll): they lag by up to STATUS_REFRESH_POLLS intervals.
+    status["degraded_hooks"] = [[d["hook"], d["where"]] for d in degraded]
     content = (json.dumps(status, sort_keys=True), bool(c.last_export))
+    status["degraded_hooks"] = degraded
     now = time.monotonic()
     written = c.status_written
     if written is not None and written[0] == content and now - written[1] < (STATUS_REFRESH_POLLS - 0.5) * interval_s():

@@ -27,7 +27,7 @@ from .. import catalogue, context, environment, neighbours, state
 from ..handlers import budget
 from ..state import STATE
 from ..version import __version__
-from . import control, shutdown
+from . import control, failures, shutdown
 from .deferred import run_deferred
 
 if TYPE_CHECKING:
@@ -314,11 +314,13 @@ def _final_export_failed(timeout_millis: float, exc: Exception) -> None:
 
 def _before_collect() -> None:
     """Run at the start of every collection, in the collecting thread: the deferred records go in, then
-    the stage clocks' seconds so far (handlers.budget)."""
+    the stage clocks' seconds so far (handlers.budget), then the handler failures counted since the last one
+    (``hook_errors``)."""
     try:
         with STATE.collect_lock:
             run_deferred()
             budget.flush()
+            failures.export()  # handler failures, those of the records just made included (hook_errors)
             control.exported()  # the last export's time, for `control status`
             if not STATE.neighbours_rechecked:
                 neighbours.recheck()  # once: other instrumentations may have patched since the hooks went in
@@ -396,6 +398,7 @@ def _after_fork_in_child() -> None:
     """The package's fork handler."""
     STATE.pipeline_lock = threading.Lock()  # a parent's thread may have held it at the fork
     STATE.collect_lock = threading.RLock()
+    STATE.failures_lock = threading.Lock()
     STATE.extra_readers = ()  # a reader belongs to one provider: the parent's
     old, STATE.pipeline = STATE.pipeline, None
     if old is not None:
