@@ -21,6 +21,8 @@ class Read:
     module: str
     cls: str
     attribute: str
+    #: PEP 440 specifier of the vLLM releases whose handlers read it (None: every release).
+    vllm: str | None = None
 
 
 class SourceTree:

@@ -94,8 +94,8 @@ def ascend_vllm(version: str) -> str:
 
 #: Attributes handlers read from vLLM objects (checked against source like the targets).
 READS = tuple(
-    Read(module, cls, attribute)
-    for module, cls, attributes in (
+    Read(module, cls, attribute, *gate)
+    for module, cls, attributes, *gate in (
         (
             "vllm.v1.core.sched.scheduler",
             "Scheduler",
@@ -105,7 +105,9 @@ READS = tuple(
         ("vllm.v1.core.block_pool", "BlockPool", ("num_gpu_blocks", "get_num_free_blocks")),
         ("vllm.v1.core.sched.output", "NewRequestData", ("req_id", "num_computed_tokens")),
         ("vllm.v1.engine.core", "EngineCoreProc", ("has_work",)),
-        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("requests",)),
+        # model runner V1 is gone from vLLM 0.34 (the V2 runner keeps no ``requests`` dict: its workers take
+        # the step's phase from the SchedulerOutput only)
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("requests",), "<0.34.0"),
         (
             "vllm.v1.metrics.stats",
             "SchedulerStats",
@@ -142,7 +144,8 @@ READS = tuple(
                 "cache_config",
             ),
         ),
-        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("model_memory_usage",)),
+        ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("model_memory_usage",), "<0.34.0"),
+        ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", ("model_memory_usage",), ">=0.32.0"),
         ("vllm.config", "CacheConfig", ("gpu_memory_utilization", "kv_cache_memory_bytes")),
         ("vllm.utils.mem_utils", "MemorySnapshot", ("total_memory",)),
         # vllm-ascend (checked against its sdist)
@@ -194,8 +197,10 @@ READS = tuple(
         (
             "vllm.v1.core.sched.output",
             "CachedRequestData",
-            ("req_ids", "resumed_req_ids", "num_computed_tokens", "num_output_tokens"),
+            ("req_ids", "num_computed_tokens", "num_output_tokens"),
         ),
+        # 0.34 sends resumed requests as new ones (handlers.steps reads it only where it exists)
+        ("vllm.v1.core.sched.output", "CachedRequestData", ("resumed_req_ids",), "<0.34.0"),
         ("vllm.config", "VllmConfig", ("parallel_config", "kv_transfer_config", "model_config")),
         ("vllm.config", "ParallelConfig", ("data_parallel_index", "data_parallel_size", "data_parallel_rank")),
         ("vllm.config", "KVTransferConfig", ("kv_role",)),

@@ -11,7 +11,6 @@ import pytest
 from contract import VLLM_VERSIONS, at_least, overrides_without_base_call
 from test_contract_vllm import tree_for
 
-
 _CORE = "vllm.v1.engine.core"
 
 
