@@ -510,6 +510,7 @@ REQUESTS = {
     "decode": req(12, 13, prompt=10),  # 12 of 13 computed: computes the last sampled token
     "spec": req(12, 13, prompt=10),  # decode with 2 speculative drafts
     "resumed_chunk2": req(8, 13, prompt=10),  # resumed, second chunk: 8 of 13 recomputed so far
+    "last_token": req(9, 10),  # a chunk of the prompt's last token: no output yet, still prefill
 }
 
 
@@ -525,6 +526,8 @@ class Sched:
         ([], [("resumed", 13)], ["resumed"], ["resumed"], "prefill"),
         ([], [("chunk", 4)], [], [], "prefill"),
         ([], [("last_chunk", 2)], [], [], "prefill"),
+        ([], [("last_token", 1)], [], [], "prefill"),
+        ([], [("decode", 1), ("last_token", 1)], [], [], "mixed"),
         ([], [("resumed_chunk2", 5)], [], ["resumed_chunk2"], "prefill"),  # not in resumed_req_ids any more
         ([], [("decode", 1)], [], [], "decode"),
         ([], [("decode", 1), ("spec", 3)], [], [], "decode"),
@@ -603,7 +606,7 @@ def with_event_hooks(scheduler):
 def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
     victim = req(40, 41)  # had computed tokens: a recompute event
     fresh = req(0, 5)  # preempted before computing anything: no recompute
-    decode_req = req(41, 41)
+    decode_req = req(41, 42, prompt=10)  # a decode: it has outputs
     decoding = lambda requests: output(requests, cached=[("d", 1)])  # noqa: E731
     s = with_event_hooks(
         PlannedScheduler(

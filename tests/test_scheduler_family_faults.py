@@ -177,7 +177,7 @@ def test_a_preempted_request_without_computed_tokens_still_counts_its_preemption
     Odd.schedule = wrap(PlannedScheduler.schedule, Schedule(), SYNC)[0]
     victim = NS(request_id="v")  # no num_computed_tokens
     s = Odd([([("preempt", victim)], lambda requests: output(requests, cached=[("d", 1)]))])
-    s.requests["d"] = req(41, 41)
+    s.requests["d"] = req(41, 42, prompt=10)  # a decode
     with pytest.raises(AttributeError):  # (the fake's own _preempt_request sets it: vLLM's would too)
         victim.num_computed_tokens  # noqa: B018
     s.schedule()

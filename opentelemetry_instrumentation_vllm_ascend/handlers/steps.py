@@ -159,7 +159,8 @@ def _classify_exact(scheduler, scheduled, total, new, cached, resumed, recomputi
         req = requests.get(req_id)
         if req is None:
             continue
-        if req_id in resumed or before + 1 < req.num_prompt_tokens + outputs:
+        # (no output yet: still in its prompt, even for its last prompt token, as the fast path says)
+        if req_id in resumed or not outputs or before + 1 < req.num_prompt_tokens + outputs:
             prefill_reqs += 1
             prefill_tokens += scheduled[req_id]
         else:
