@@ -32,6 +32,7 @@ PHASE_SPLIT = {
     P + "scheduler:phase_scheduled_token_counter",
 }
 EVENTS = {P + "running_to_waiting_count", P + "scheduler:recompute_events"}
+RECOMPUTED = {P + "scheduler:recomputed_tokens"}
 
 
 class Raising:
@@ -52,7 +53,10 @@ def _baseline():
         "victim": req(0, 21, prompt=10),  # preempted in this step: it had computed 20
     }
     requests["victim"].request_id = "victim"
-    out = output(requests, new=[("new", 6, 2)], cached=[("chunk", 4), ("decode", 1)])
+    # Preempted in an earlier step with 20 tokens computed, resumed now (as vLLM 0.34 sends it: a new
+    # request) with no prefix hit: 20 computed again. (Its state after schedule(): 20 computed.)
+    requests["back"] = req(20, 21, prompt=10)
+    out = output(requests, new=[("new", 6, 2), ("back", 20, 0)], cached=[("chunk", 4), ("decode", 1)])
     out.preempted_req_ids = {"victim"}
     out.recomputed_reqs = []
     running = [req(8, 8), req(8, 10), req(13, 14, prompt=10)]
@@ -65,6 +69,10 @@ def _break_recomputed(s, out):
 
 def _break_preemptions(s, out):
     out.preempted_req_ids = Raising()
+
+
+def _break_resumes(s, out):
+    del s.requests["back"].num_computed_tokens
 
 
 def _break_classification(s, out):
@@ -94,7 +102,8 @@ def _break_seqlen(s, out):
 FAULTS = {
     # fault: (read reported, metrics lost, phase of what stays)
     "recomputed_reqs": (_break_recomputed, set(), "mixed"),
-    "_count_preemptions": (_break_preemptions, EVENTS, "mixed"),
+    "preempted_req_ids": (_break_preemptions, EVENTS, "mixed"),
+    "resumes": (_break_resumes, RECOMPUTED, "mixed"),
     "classify_step": (_break_classification, PHASE_SPLIT, "unknown"),
     "running queue": (_break_running, RUNNING | PENDING, "mixed"),
     "waiting queues": (_break_waiting, WAITING | PENDING, "mixed"),
@@ -125,6 +134,7 @@ def _run(metrics, clock, utils, fault=None):
     pipeline.reset(extra_readers=[reader])
     requests, out, kwargs = _baseline()
     s = instrumented()(clock, utils, requests, blocks=(100, 37), **kwargs)
+    scheduler_handlers._preempted_of(s)["back"] = 20  # as PreemptRequest noted it
     if fault is not None:
         fault(s, out)
     s.plan = [(out, 0.0625, [("schedule: allocate_slots", 0.0625)])]
@@ -147,7 +157,9 @@ def test_the_baseline_step_records_every_metric_the_faults_take_away(metrics, cl
     _, points = _run(metrics, clock, utils)
     lost = set().union(*(f[1] for f in FAULTS.values()))
     assert lost <= set(points)
-    assert points[P + "running_to_waiting_count"] == {(("dp", "0"), ("phase", "mixed"), ("role", "mixed")): 1}
+    mixed = (("dp", "0"), ("phase", "mixed"), ("role", "mixed"))
+    assert points[P + "running_to_waiting_count"] == {mixed: 1}
+    assert points[P + "scheduler:recomputed_tokens"] == {mixed: 20}
     assert points[P + "request_prefill_pending_nums"]  # blocked: 3 running of 3, 2 waiting
     assert reports == []
 

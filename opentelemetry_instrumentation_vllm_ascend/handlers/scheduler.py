@@ -297,7 +297,7 @@ def _preempted_status():
     return status
 
 
-def _count_preemptions(scheduler, result, step: Step) -> None:
+def _count_preemptions(handler, scheduler, result, step: Step) -> None:
     """Preemptions made in this ``schedule()`` call without ``_preempt_request`` (whose hook counts its
     own and records them, ``_preempted_of``), and the resumes of preempted requests: the tokens they
     compute again.
@@ -313,62 +313,79 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     decoding request: its computed count was reset before it could be read).
 
     The common step (nothing preempted, none waiting to resume) makes no call: the scheduler's dict of
-    preempted requests is read from its instance dict, and made (``_preempted_of``) only to note one."""
+    preempted requests is read from its instance dict, and made (``_preempted_of``) only to note one.
+
+    Its reads fail apart, each reported once under its name: the output's ``preempted_req_ids``, the
+    waiting queue's head, a found request's tokens, the resumes (``scheduler:recomputed_tokens``)."""
     attributes = getattr(scheduler, "__dict__", None)
     pending = attributes.get(_PREEMPTED) if attributes is not None else None
     known = pending or ()  # preemptions already noted (membership only)
     found = None  # {request id: request} preempted in this call without _preempt_request
-    ids = getattr(result, "preempted_req_ids", None)
-    if ids:
-        for req_id in ids:
-            if req_id not in known:
-                request = scheduler.requests.get(req_id)
-                if request is not None:
-                    found = found or {}
-                    found[req_id] = request
-    waiting = scheduler.waiting
-    # FCFS (vLLM's deque subclass, whose len() and bool() are Python calls: the deque's own are used):
-    # preempted requests are put back at its head.
-    if isinstance(waiting, deque):
-        if _deque_len(waiting):
-            preempted = STATE.status_preempted or _preempted_status()
-            if getattr(waiting[0], "status", None) is preempted:
-                for request in _deque_iter(waiting):
-                    if request.status is not preempted:
-                        break
-                    if request.request_id not in known:
+    ids = None
+    try:
+        ids = getattr(result, "preempted_req_ids", None)
+        if ids:
+            for req_id in ids:
+                if req_id not in known:
+                    request = scheduler.requests.get(req_id)
+                    if request is not None:
                         found = found or {}
-                        found[request.request_id] = request
-    elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
-        preempted = _preempted_status()
-        for request in waiting:
-            if (
-                preempted is not None
-                and getattr(request, "status", None) is preempted
-                and request.request_id not in known
-            ):
-                found = found or {}
-                found[request.request_id] = request
+                        found[req_id] = request
+    except Exception:
+        report(handler, "preempted_req_ids")
+    try:
+        waiting = scheduler.waiting
+        # FCFS (vLLM's deque subclass, whose len() and bool() are Python calls: the deque's own are used):
+        # preempted requests are put back at its head.
+        if isinstance(waiting, deque):
+            if _deque_len(waiting):
+                preempted = STATE.status_preempted or _preempted_status()
+                if getattr(waiting[0], "status", None) is preempted:
+                    for request in _deque_iter(waiting):
+                        if request.status is not preempted:
+                            break
+                        if request.request_id not in known:
+                            found = found or {}
+                            found[request.request_id] = request
+        elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
+            preempted = _preempted_status()
+            for request in waiting:
+                if (
+                    preempted is not None
+                    and getattr(request, "status", None) is preempted
+                    and request.request_id not in known
+                ):
+                    found = found or {}
+                    found[request.request_id] = request
+    except Exception:
+        report(handler, "preempted waiting requests")
     if found:
         pending = _preempted_of(scheduler)
         for req_id, request in found.items():
             mark_recomputing(scheduler, req_id)
-            pending[req_id] = max(request.num_tokens - 1, 0)
+            try:
+                pending[req_id] = max(request.num_tokens - 1, 0)
+            except Exception:  # counted; its recomputed tokens are not
+                pending[req_id] = None
+                report(handler, "preempted request's tokens")
             step.preemptions += 1
             step.recomputes += 1  # a running request has computed tokens
     if pending:
-        scheduled = result.num_scheduled_tokens
-        requests = scheduler.requests
-        for req_id in list(pending):
-            request = requests.get(req_id)
-            if request is None:
-                del pending[req_id]  # finished or aborted while it waited
-            elif req_id in scheduled:  # resumed in this step: what the prefix cache did not give back
-                before = pending.pop(req_id)
-                if before:
-                    hit = request.num_computed_tokens - scheduled[req_id]
-                    if before > hit:
-                        step.recomputed_tokens += before - hit
+        try:
+            scheduled = result.num_scheduled_tokens
+            requests = scheduler.requests
+            for req_id in list(pending):
+                request = requests.get(req_id)
+                if request is None:
+                    del pending[req_id]  # finished or aborted while it waited
+                elif req_id in scheduled:  # resumed in this step: what the prefix cache did not give back
+                    before = pending.pop(req_id)
+                    if before:
+                        hit = request.num_computed_tokens - scheduled[req_id]
+                        if before > hit:
+                            step.recomputed_tokens += before - hit
+        except Exception:
+            report(handler, "resumes")
 
 
 class Schedule(Handler):
@@ -413,7 +430,7 @@ class Schedule(Handler):
         except Exception:
             report(self, "recomputed_reqs")
         try:
-            _count_preemptions(scheduler, result, step)
+            _count_preemptions(self, scheduler, result, step)
         except Exception:
             report(self, "_count_preemptions")
         try:
