@@ -164,11 +164,6 @@ def _queue_state(handler, scheduler, phase: str, step_class) -> tuple:
 _BLOCKS = STATE.blocks
 
 
-def _block_state(scheduler) -> tuple:
-    pool = scheduler.kv_cache_manager.block_pool
-    return pool.num_gpu_blocks, pool.get_num_free_blocks()
-
-
 def _record_blocks(key: int, blocks: tuple) -> None:
     total, free = blocks
     state = (total, free, recording.generation())
@@ -449,8 +444,9 @@ class Schedule(Handler):
         # the engine waits for the workers (GrammarBitmask, right after a step's execute_model RPC was
         # sent) — off the critical path of a synchronous engine step.
         queues = _queue_state(self, scheduler, phase, step_class)
-        try:
-            blocks = _block_state(scheduler)
+        try:  # (read inline: one Python call less per step)
+            pool = scheduler.kv_cache_manager.block_pool
+            blocks = pool.num_gpu_blocks, pool.get_num_free_blocks()
         except Exception:
             blocks = None
             report(self, "_block_state")
