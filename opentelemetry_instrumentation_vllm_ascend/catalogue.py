@@ -266,7 +266,9 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Times the scheduler became blocked on capacity: after a step no waiting request can be admitted "
         "(running requests at the admission limit: max_num_seqs on vLLM 0.23; on 0.32+ max_num_active_seqs "
         "(default max_num_seqs), paused streaming sessions counting against it) while requests wait (as "
-        "waiting_phase_batch_size counts them). Counted once per episode (on the edge into that state).",
+        "waiting_phase_batch_size counts them). On 0.34+ a full batch still starts async KV loads "
+        "(--max-num-inflight-kv-loads): while async_kv_waiting has requests and vLLM's in-flight load limit "
+        "admits another, the scheduler is not blocked. Counted once per episode (on the edge into that state).",
     ),
     MetricSpec(
         seed="instrumented_processes",
@@ -347,7 +349,8 @@ CATALOGUE: tuple[MetricSpec, ...] = (
         "Waiting requests after a step was scheduled: the "
         "queues vLLM's Scheduler.get_request_counts() counts (waiting plus skipped_waiting on 0.23, plus "
         "kv_holding_waiting on 0.32+: requests waiting with KV blocks, e.g. P/D decode requests waiting for "
-        "remote KV, streaming sessions waiting for input). req_phase is always prefill: a waiting request "
+        "remote KV, streaming sessions waiting for input; plus async_kv_waiting on 0.34+: requests that may "
+        "load their KV asynchronously and have not started). req_phase is always prefill: a waiting request "
         "has not computed its prompt (preemption resets what it had) or waits for its KV.",
         REQUESTS,
         labels=STEP_LABELS + ("req_phase",),

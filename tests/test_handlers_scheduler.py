@@ -510,6 +510,7 @@ REQUESTS = {
     "decode": req(12, 13, prompt=10),  # 12 of 13 computed: computes the last sampled token
     "spec": req(12, 13, prompt=10),  # decode with 2 speculative drafts
     "resumed_chunk2": req(8, 13, prompt=10),  # resumed, second chunk: 8 of 13 recomputed so far
+    "last_token": req(9, 10),  # a chunk of the prompt's last token: no output yet, still prefill
 }
 
 
@@ -525,6 +526,8 @@ class Sched:
         ([], [("resumed", 13)], ["resumed"], ["resumed"], "prefill"),
         ([], [("chunk", 4)], [], [], "prefill"),
         ([], [("last_chunk", 2)], [], [], "prefill"),
+        ([], [("last_token", 1)], [], [], "prefill"),
+        ([], [("decode", 1), ("last_token", 1)], [], [], "mixed"),
         ([], [("resumed_chunk2", 5)], [], ["resumed_chunk2"], "prefill"),  # not in resumed_req_ids any more
         ([], [("decode", 1)], [], [], "decode"),
         ([], [("decode", 1), ("spec", 3)], [], [], "decode"),
@@ -603,7 +606,7 @@ def with_event_hooks(scheduler):
 def test_events_in_a_step_are_labelled_with_that_steps_phase(metrics):
     victim = req(40, 41)  # had computed tokens: a recompute event
     fresh = req(0, 5)  # preempted before computing anything: no recompute
-    decode_req = req(41, 41)
+    decode_req = req(41, 42, prompt=10)  # a decode: it has outputs
     decoding = lambda requests: output(requests, cached=[("d", 1)])  # noqa: E731
     s = with_event_hooks(
         PlannedScheduler(
@@ -665,3 +668,92 @@ def test_schedule_that_raises_still_records_its_events(metrics):
         s.schedule()
     assert metrics.value(R2W, dp="0", role="mixed", phase="unknown") == 1
     assert steps.CURRENT_STEP.get() is None
+
+
+# -- vLLM 0.34's shapes -----------------------------------------------------------------------------
+
+
+def output_034(requests, new=(), cached=()):
+    """A SchedulerOutput of vLLM 0.34's shape: ``CachedRequestData`` has no ``resumed_req_ids``; a
+    resumed request is re-sent in full in ``scheduled_new_reqs`` (``new``: ``(id, scheduled, computed)``)."""
+    out = output(requests, new, cached)
+    del out.scheduled_cached_reqs.resumed_req_ids
+    return out
+
+
+@pytest.mark.parametrize("path", ["fast", "exact"])
+def test_classify_step_on_034_shapes(path):
+    """0.34: a resumed request arrives as a new one (13 tokens recomputed, no prefix hit): prefill work,
+    like the resumed cached request of 0.33 (test_classify_step_splits_requests_and_tokens_by_req_phase);
+    its second chunk is a cached request still recomputing (prefill); decodes stay decodes."""
+    sched = Sched(dict(REQUESTS))
+    steps.mark_recomputing(sched, "resumed_chunk2")
+    if path == "exact":
+        sched.requests["other"] = req(3, 20, prompt=10)
+        steps.mark_recomputing(sched, "other")
+    out = output_034(REQUESTS, [("resumed", 13, 0)], [("decode", 1), ("spec", 3)])
+    assert steps.classify_step(sched, out) == ("mixed", 1, 13, 2, 4)
+    out = output_034(REQUESTS, [], [("decode", 1), ("resumed_chunk2", 5)])
+    assert steps.classify_step(sched, out) == ("mixed", 1, 5, 1, 1)
+    out = output_034(REQUESTS, [], [("decode", 1)])
+    assert steps.classify_step(sched, out) == ("decode", 0, 0, 1, 1)
+    out = output_034(REQUESTS, [("resumed", 13, 0)], [])
+    assert steps.classify_step(sched, out) == ("prefill", 1, 13, 0, 0)
+
+
+def test_schedule_on_a_034_step_records_every_series_with_its_phase(metrics, clock, utils):
+    """The 0.34 shape through the hook: the step's phase is set (on the output and for the process) and
+    its batch is split by req_phase, as on 0.33."""
+    requests = {"decode": req(12, 13, prompt=10), "resumed": req(0, 13, prompt=10)}
+    out = output_034(requests, new=[("resumed", 13, 0)], cached=[("decode", 1)])
+    s = instrumented()(clock, utils, requests, running=[req(13, 13, prompt=10), req(13, 14, prompt=10)])
+    s.plan = [(out, 0.0625, [])]
+    s.schedule()
+    assert getattr(out, PHASE_ATTRIBUTE) == "mixed" and STATE.last_step_phase == "mixed"
+    m = metrics
+    pre, dec = step("mixed", req_phase="prefill"), step("mixed", req_phase="decode")
+    assert m.value(name("scheduler:phase_batch_size"), **pre) == (1, 1, counts(R, b1=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **pre) == (1, 13, counts(T, b3=1))
+    assert m.value(name("scheduler:phase_scheduled_tokens"), **dec) == (1, 1, counts(T, b1=1))
+    assert m.value(name("scheduler:seqlen:sum"), **step("mixed")) == 12 + 14
+
+
+def test_waiting_counts_034s_async_kv_waiting_queue(metrics, clock, utils):
+    """vLLM 0.34's get_request_counts() counts waiting + kv_holding_waiting + async_kv_waiting: so does
+    waiting_phase_batch_size (here 1 + 1 + 2)."""
+    s = instrumented()(clock, utils, running=[req(5, 5)], waiting=[req(0, 2)])
+    s.kv_holding_waiting = deque([req(3, 4)])
+    s.async_kv_waiting = deque([req(0, 2), req(0, 3)])
+    s.max_num_active_reqs, s.num_waiting_for_streaming_input = 8, 0
+    s._admits_inflight_kv_load = lambda: True
+    s.plan = [(idle_output(), 0.0, [])]
+    s.schedule()
+    assert metrics.value(name("waiting_phase_batch_size"), **step("idle", req_phase="prefill")) == (
+        1,
+        4,
+        counts(R, b2=1),
+    )
+
+
+def test_a_full_batch_that_still_admits_async_kv_loads_is_not_blocked(metrics, clock, utils):
+    """vLLM 0.34 admits async KV loads past the running limit (``loads_only``) while its in-flight load
+    limit allows (``_admits_inflight_kv_load``): the scheduler is blocked only when no waiting request
+    can be admitted — no async load waits, or the load limit is reached."""
+    s = instrumented()(clock, utils, running=[req(5, 5), req(5, 6)], waiting=[req(0, 2)])
+    s.kv_holding_waiting = deque()
+    s.async_kv_waiting = deque([req(0, 2)])
+    s.max_num_active_reqs, s.num_waiting_for_streaming_input = 2, 0
+    admits = [True]
+    s._admits_inflight_kv_load = lambda: admits[0]
+    s.plan = [(idle_output(), 0.0, []) for _ in range(4)]
+    pending = name("request_prefill_pending_nums")
+    s.schedule()  # full, but a load can start: not blocked
+    assert metrics.value(pending, **step("idle")) is None
+    admits[0] = False
+    s.schedule()  # the load limit reached: blocked
+    assert metrics.value(pending, **step("idle")) == 1
+    admits[0] = True
+    s.schedule()  # a load can start again: the episode ends
+    s.async_kv_waiting.clear()
+    s.schedule()  # no load waits, the batch full, one waiting: a new episode
+    assert metrics.value(pending, **step("idle")) == 2

@@ -64,22 +64,27 @@ _BLOCKED = STATE.blocked
 _deque_len, _deque_iter = deque.__len__, deque.__iter__
 
 
-def _step_sizes(output) -> tuple:
+def _step_sizes(handler, output) -> tuple:
     """(requests scheduled, what their context length after the step is made of) of a SchedulerOutput, read
     when ``schedule()`` returns (the output itself is not kept for the deferred records: holding 32 steps'
     outputs would delay their release, and the garbage collector would start running). The length is
     ``_seqlen(sizes)``: the scheduled tokens and the new requests' computed ones are added now, the cached
     requests' list of computed tokens (vLLM builds it for the step and never changes it) is summed only for
     the step whose length is recorded (the last of its phase in a flush; the gauges keep only that one);
-    ``(0, None, None)`` when nothing was scheduled."""
+    ``(0, None, None)`` when nothing was scheduled. The two reads fail apart: a length that cannot be read
+    (reported once as "context length") leaves ``(requests, None, None)``, and the batch size stays."""
     n = len(output.num_scheduled_tokens)
     if not n:
         return 0, None, None
-    new = output.scheduled_new_reqs
-    base = output.total_num_scheduled_tokens
-    if new:  # (a decode step has none: no comprehension to run)
-        base += sum([r.num_computed_tokens for r in new])
-    return n, base, output.scheduled_cached_reqs.num_computed_tokens
+    try:
+        new = output.scheduled_new_reqs
+        base = output.total_num_scheduled_tokens
+        if new:  # (a decode step has none: no comprehension to run)
+            base += sum([r.num_computed_tokens for r in new])
+        return n, base, output.scheduled_cached_reqs.num_computed_tokens
+    except Exception:
+        report(handler, "context length")
+        return n, None, None
 
 
 def _seqlen(sizes: tuple):
@@ -91,45 +96,72 @@ def _seqlen(sizes: tuple):
         return None
 
 
-def _queue_state(scheduler, phase: str, step_class) -> tuple:
-    """(running, of which prefill, waiting, admission limit) right after the step was scheduled.
+#: The admission limit of a step after which a waiting request can still be admitted past the running
+#: limit (vLLM 0.34+: an async KV load): never blocked.
+_NO_LIMIT = float("inf")
+
+
+def _queue_state(handler, scheduler, phase: str, step_class) -> tuple:
+    """(running, of which prefill, waiting, admission limit) right after the step was scheduled. The three
+    reads fail apart: one that raises is reported once (as "running queue", "waiting queues" or "admission
+    limit") and leaves None in its place(s); the metrics of the others are still recorded.
 
     Waiting: the queues vLLM's ``get_request_counts()`` counts — ``waiting`` plus ``skipped_waiting``
     (0.23) or ``kv_holding_waiting`` (0.32+: requests that wait holding KV blocks, such as P/D decode
-    requests waiting for remote KV and streaming sessions waiting for input). Admission limit: what a
-    waiting request is admitted against — ``max_num_running_reqs`` (0.23), ``max_num_active_reqs``
-    less the paused streaming sessions, which hold a slot outside ``running`` (0.32+)."""
-    running = scheduler.running
-    if phase == "decode" and step_class[3] == len(running):
-        prefill = 0  # every running request was scheduled, and all of them decoded
-    else:
-        prefill = 0
-        for request in running:
-            if request.num_computed_tokens < request.num_prompt_tokens:
-                prefill += 1
-    # Requests that have not computed their prompt (preemption resets it) or wait for KV: prefill.
-    held = getattr(scheduler, "kv_holding_waiting", None)
-    if held is None:
-        held = getattr(scheduler, "skipped_waiting", None) or ()
-    waiting = scheduler.waiting
-    waiting = (_deque_len(waiting) if isinstance(waiting, deque) else len(waiting)) + (
-        _deque_len(held) if isinstance(held, deque) else len(held)
-    )
-    limit = getattr(scheduler, "max_num_active_reqs", None)
-    if limit is None:
-        limit = scheduler.max_num_running_reqs
-    else:
-        limit -= getattr(scheduler, "num_waiting_for_streaming_input", 0)
-    return len(running), prefill, waiting, limit
+    requests waiting for remote KV and streaming sessions waiting for input), plus ``async_kv_waiting``
+    (0.34+: with ``--max-num-inflight-kv-loads``, requests that may load their KV asynchronously and have
+    not started). Admission limit: what a waiting request is admitted against — ``max_num_running_reqs``
+    (0.23), ``max_num_active_reqs`` less the paused streaming sessions, which hold a slot outside
+    ``running`` (0.32+). On 0.34+ a full batch still admits async KV loads (``loads_only``): they take
+    no running slot until their KV has arrived. So a step after which ``async_kv_waiting`` has requests
+    and the in-flight load limit is not reached (vLLM's own ``_admits_inflight_kv_load()``, read only
+    then) has no limit (``_NO_LIMIT``): it is not blocked."""
+    try:
+        queue = scheduler.running
+        running = len(queue)
+        if phase == "decode" and step_class[3] == running:
+            prefill = 0  # every running request was scheduled, and all of them decoded
+        else:
+            prefill = 0
+            for request in queue:
+                if request.num_computed_tokens < request.num_prompt_tokens:
+                    prefill += 1
+    except Exception:
+        running = prefill = None
+        report(handler, "running queue")
+    loads = None
+    try:
+        # Requests that have not computed their prompt (preemption resets it) or wait for KV: prefill.
+        held = getattr(scheduler, "kv_holding_waiting", None)
+        if held is None:
+            held = getattr(scheduler, "skipped_waiting", None) or ()
+        waiting = scheduler.waiting
+        waiting = (_deque_len(waiting) if isinstance(waiting, deque) else len(waiting)) + (
+            _deque_len(held) if isinstance(held, deque) else len(held)
+        )
+        loads = getattr(scheduler, "async_kv_waiting", None)
+        if loads is not None:
+            loads = _deque_len(loads) if isinstance(loads, deque) else len(loads)
+            waiting += loads
+    except Exception:
+        waiting = None
+        report(handler, "waiting queues")
+    try:
+        limit = getattr(scheduler, "max_num_active_reqs", None)
+        if limit is None:
+            limit = scheduler.max_num_running_reqs
+        else:
+            limit -= getattr(scheduler, "num_waiting_for_streaming_input", 0)
+        if loads and running is not None and running >= limit and scheduler._admits_inflight_kv_load():
+            limit = _NO_LIMIT
+    except Exception:
+        limit = None
+        report(handler, "admission limit")
+    return running, prefill, waiting, limit
 
 
 #: Per scheduler (by id): (total, free, pipeline generation) last recorded; unchanged values are not set again.
 _BLOCKS = STATE.blocks
-
-
-def _block_state(scheduler) -> tuple:
-    pool = scheduler.kv_cache_manager.block_pool
-    return pool.num_gpu_blocks, pool.get_num_free_blocks()
 
 
 def _record_blocks(key: int, blocks: tuple) -> None:
@@ -174,7 +206,7 @@ def _record_schedules(steps: list) -> None:
         if step.scopes or step.preemptions or step.recomputes or step.allocate_failures or step.recomputed_tokens:
             flush_step(step, phase)
         if sizes is not None:
-            shape = (phase, step_class, sizes[0])
+            shape = (phase, step_class, sizes[0])  # (step_class None: the classification failed)
             shapes[shape] = shapes.get(shape, 0) + 1
             if sizes[0]:
                 last_sizes[phase] = sizes
@@ -182,10 +214,11 @@ def _record_schedules(steps: list) -> None:
             running, prefill, waiting, limit = queues
             queue_shape = (phase, running, prefill, waiting)
             queue_shapes[queue_shape] = queue_shapes.get(queue_shape, 0) + 1
-            blocked = waiting > 0 and running >= limit
-            if blocked and not _BLOCKED.get(key):
-                pending[phase] = pending.get(phase, 0) + 1
-            _BLOCKED[key] = blocked
+            if running is not None and waiting is not None and limit is not None:
+                blocked = waiting > 0 and running >= limit
+                if blocked and not _BLOCKED.get(key):
+                    pending[phase] = pending.get(phase, 0) + 1
+                _BLOCKED[key] = blocked
         if blocks is not None:
             last_blocks[key] = blocks
     record_n = recording.record_n
@@ -195,7 +228,7 @@ def _record_schedules(steps: list) -> None:
     for (phase, step_class, n), count in shapes.items():
         labels = context.step_labels(phase)
         record_n(_BATCH, n, count, labels)
-        if n:
+        if n and step_class is not None:
             _, prefill_reqs, prefill_tokens, decode_reqs, decode_tokens = step_class
             for req_phase, reqs, tokens in (
                 ("prefill", prefill_reqs, prefill_tokens),
@@ -214,10 +247,12 @@ def _record_schedules(steps: list) -> None:
         recording.set_gauge(_SEQLEN_SUM, seqlen, labels)
         recording.set_gauge(_SEQLEN_AVG, seqlen / n, labels)
     for (phase, running, prefill, waiting), count in queue_shapes.items():
-        record_n(_RUNNING, running, count, context.step_labels(phase))
-        record_n(_RUNNING_PHASE, prefill, count, with_phase(phase, "prefill"))
-        record_n(_RUNNING_PHASE, running - prefill, count, with_phase(phase, "decode"))
-        record_n(_WAITING_PHASE, waiting, count, with_phase(phase, "prefill"))
+        if running is not None:
+            record_n(_RUNNING, running, count, context.step_labels(phase))
+            record_n(_RUNNING_PHASE, prefill, count, with_phase(phase, "prefill"))
+            record_n(_RUNNING_PHASE, running - prefill, count, with_phase(phase, "decode"))
+        if waiting is not None:
+            record_n(_WAITING_PHASE, waiting, count, with_phase(phase, "prefill"))
     for phase, edges in pending.items():
         recording.add(_PENDING, edges, context.step_labels(phase))
     for key, blocks in last_blocks.items():
@@ -257,7 +292,7 @@ def _preempted_status():
     return status
 
 
-def _count_preemptions(scheduler, result, step: Step) -> None:
+def _count_preemptions(handler, scheduler, result, step: Step) -> None:
     """Preemptions made in this ``schedule()`` call without ``_preempt_request`` (whose hook counts its
     own and records them, ``_preempted_of``), and the resumes of preempted requests: the tokens they
     compute again.
@@ -273,62 +308,79 @@ def _count_preemptions(scheduler, result, step: Step) -> None:
     decoding request: its computed count was reset before it could be read).
 
     The common step (nothing preempted, none waiting to resume) makes no call: the scheduler's dict of
-    preempted requests is read from its instance dict, and made (``_preempted_of``) only to note one."""
+    preempted requests is read from its instance dict, and made (``_preempted_of``) only to note one.
+
+    Its reads fail apart, each reported once under its name: the output's ``preempted_req_ids``, the
+    waiting queue's head, a found request's tokens, the resumes (``scheduler:recomputed_tokens``)."""
     attributes = getattr(scheduler, "__dict__", None)
     pending = attributes.get(_PREEMPTED) if attributes is not None else None
     known = pending or ()  # preemptions already noted (membership only)
     found = None  # {request id: request} preempted in this call without _preempt_request
-    ids = getattr(result, "preempted_req_ids", None)
-    if ids:
-        for req_id in ids:
-            if req_id not in known:
-                request = scheduler.requests.get(req_id)
-                if request is not None:
-                    found = found or {}
-                    found[req_id] = request
-    waiting = scheduler.waiting
-    # FCFS (vLLM's deque subclass, whose len() and bool() are Python calls: the deque's own are used):
-    # preempted requests are put back at its head.
-    if isinstance(waiting, deque):
-        if _deque_len(waiting):
-            preempted = STATE.status_preempted or _preempted_status()
-            if getattr(waiting[0], "status", None) is preempted:
-                for request in _deque_iter(waiting):
-                    if request.status is not preempted:
-                        break
-                    if request.request_id not in known:
+    ids = None
+    try:
+        ids = getattr(result, "preempted_req_ids", None)
+        if ids:
+            for req_id in ids:
+                if req_id not in known:
+                    request = scheduler.requests.get(req_id)
+                    if request is not None:
                         found = found or {}
-                        found[request.request_id] = request
-    elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
-        preempted = _preempted_status()
-        for request in waiting:
-            if (
-                preempted is not None
-                and getattr(request, "status", None) is preempted
-                and request.request_id not in known
-            ):
-                found = found or {}
-                found[request.request_id] = request
+                        found[req_id] = request
+    except Exception:
+        report(handler, "preempted_req_ids")
+    try:
+        waiting = scheduler.waiting
+        # FCFS (vLLM's deque subclass, whose len() and bool() are Python calls: the deque's own are used):
+        # preempted requests are put back at its head.
+        if isinstance(waiting, deque):
+            if _deque_len(waiting):
+                preempted = STATE.status_preempted or _preempted_status()
+                if getattr(waiting[0], "status", None) is preempted:
+                    for request in _deque_iter(waiting):
+                        if request.status is not preempted:
+                            break
+                        if request.request_id not in known:
+                            found = found or {}
+                            found[request.request_id] = request
+        elif ids is None and waiting:  # a priority queue, of a scheduler that reports none
+            preempted = _preempted_status()
+            for request in waiting:
+                if (
+                    preempted is not None
+                    and getattr(request, "status", None) is preempted
+                    and request.request_id not in known
+                ):
+                    found = found or {}
+                    found[request.request_id] = request
+    except Exception:
+        report(handler, "preempted waiting requests")
     if found:
         pending = _preempted_of(scheduler)
         for req_id, request in found.items():
             mark_recomputing(scheduler, req_id)
-            pending[req_id] = max(request.num_tokens - 1, 0)
+            try:
+                pending[req_id] = max(request.num_tokens - 1, 0)
+            except Exception:  # counted; its recomputed tokens are not
+                pending[req_id] = None
+                report(handler, "preempted request's tokens")
             step.preemptions += 1
             step.recomputes += 1  # a running request has computed tokens
     if pending:
-        scheduled = result.num_scheduled_tokens
-        requests = scheduler.requests
-        for req_id in list(pending):
-            request = requests.get(req_id)
-            if request is None:
-                del pending[req_id]  # finished or aborted while it waited
-            elif req_id in scheduled:  # resumed in this step: what the prefix cache did not give back
-                before = pending.pop(req_id)
-                if before:
-                    hit = request.num_computed_tokens - scheduled[req_id]
-                    if before > hit:
-                        step.recomputed_tokens += before - hit
+        try:
+            scheduled = result.num_scheduled_tokens
+            requests = scheduler.requests
+            for req_id in list(pending):
+                request = requests.get(req_id)
+                if request is None:
+                    del pending[req_id]  # finished or aborted while it waited
+                elif req_id in scheduled:  # resumed in this step: what the prefix cache did not give back
+                    before = pending.pop(req_id)
+                    if before:
+                        hit = request.num_computed_tokens - scheduled[req_id]
+                        if before > hit:
+                            step.recomputed_tokens += before - hit
+        except Exception:
+            report(handler, "resumes")
 
 
 class Schedule(Handler):
@@ -362,36 +414,44 @@ class Schedule(Handler):
         step, token, start = state
         CURRENT_STEP.reset(token)
         scheduler = args[0]
+        # Each read below fails apart (reported once under its name): it loses only the metrics that
+        # depend on it, and the step's phase is set whatever fails after the classification.
         # vllm-ascend's RecomputeScheduler (PD decode nodes): requests handed back to the proxy to be
         # recomputed elsewhere, without _preempt_request.
-        recomputed = getattr(result, "recomputed_reqs", None)
-        if recomputed:
-            step.recomputes += len(recomputed)
         try:
-            _count_preemptions(scheduler, result, step)
+            recomputed = getattr(result, "recomputed_reqs", None)
+            if recomputed:
+                step.recomputes += len(recomputed)
+        except Exception:
+            report(self, "recomputed_reqs")
+        try:
+            _count_preemptions(self, scheduler, result, step)
         except Exception:
             report(self, "_count_preemptions")
-        step_class = classify_step(scheduler, result)
-        phase = STATE.last_step_phase = step_class[0]
         try:
+            step_class = classify_step(scheduler, result)
+            phase = step_class[0]
+        except Exception:
+            step_class, phase = None, UNKNOWN
+            report(self, "classify_step")
+        STATE.last_step_phase = phase
+        try:
+            # Also "unknown" when the classification failed: the workers do not try it again.
             setattr(result, PHASE_ATTRIBUTE, phase)
         except (AttributeError, TypeError):
             pass  # the workers classify the step themselves
         # The states the step left are read now; recording waits (FLUSH_STEPS steps at a time) until
         # the engine waits for the workers (GrammarBitmask, right after a step's execute_model RPC was
         # sent) — off the critical path of a synchronous engine step.
-        try:
-            queues = _queue_state(scheduler, phase, step_class)
-        except Exception:
-            queues = None
-            report(self, "_queue_state")
-        try:
-            blocks = _block_state(scheduler)
+        queues = _queue_state(self, scheduler, phase, step_class)
+        try:  # (read inline: one Python call less per step)
+            pool = scheduler.kv_cache_manager.block_pool
+            blocks = pool.num_gpu_blocks, pool.get_num_free_blocks()
         except Exception:
             blocks = None
             report(self, "_block_state")
         try:
-            sizes = _step_sizes(result)
+            sizes = _step_sizes(self, result)
         except Exception:
             sizes = None
             report(self, "_step_sizes")
@@ -425,7 +485,12 @@ class PreemptRequest(Handler):
         if IN_PREFIX_CACHE_RESET.get():
             _preempted_of(scheduler)[req_id] = None
             return None
-        return req_id, request.num_computed_tokens or 0
+        try:
+            computed = request.num_computed_tokens or 0
+        except Exception:  # the preemption is still counted; its recompute event and tokens are not
+            computed = None
+            report(self, "num_computed_tokens")
+        return req_id, computed
 
     def after(self, state, args, kwargs, result):
         if state is None:
@@ -435,13 +500,13 @@ class PreemptRequest(Handler):
         step = CURRENT_STEP.get()
         if step is not None:
             step.preemptions += 1
-            if computed > 0:
+            if computed:
                 step.recomputes += 1
             return
         # Outside any scheduling step (e.g. a scheduler subclass that schedules without schedule()).
         outside = Step()
         outside.preemptions = 1
-        outside.recomputes = 1 if computed > 0 else 0
+        outside.recomputes = 1 if computed else 0
         flush_step(outside, UNKNOWN)
 
 

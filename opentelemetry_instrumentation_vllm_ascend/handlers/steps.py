@@ -96,7 +96,11 @@ def classify_step(scheduler, scheduler_output) -> tuple:
 
     The four request classes of a step:
     - new requests (``scheduled_new_reqs``): their prefill, whatever the prefix-cache hit;
-    - resumed requests (``scheduled_cached_reqs.resumed_req_ids``): they recompute from scratch;
+    - resumed requests: they recompute from scratch. vLLM up to 0.33 sends them as cached requests
+      listed in ``scheduled_cached_reqs.resumed_req_ids``; 0.34 removed that field and re-sends a
+      resumed request in full in ``scheduled_new_reqs`` (its blocks and worker state were dropped at
+      preemption), where it is prefill work like a new request. The field is read once per step with a
+      default (``getattr``), so either shape classifies;
     - chunked-prefill continuations: cached requests that, before this step, had fewer than
       ``prompt + outputs - 1`` tokens computed (``num_computed_tokens`` / ``num_output_tokens`` of
       ``CachedRequestData`` are the values before the step, output placeholders included);
@@ -117,7 +121,8 @@ def classify_step(scheduler, scheduler_output) -> tuple:
     new = scheduler_output.scheduled_new_reqs
     cached = scheduler_output.scheduled_cached_reqs
     ids = cached.req_ids
-    resumed = cached.resumed_req_ids
+    # vLLM 0.34+ has no resumed_req_ids: its resumed requests are among the new ones.
+    resumed = getattr(cached, "resumed_req_ids", None)
     if not ids:
         return ("prefill", len(scheduled), total, 0, 0) if new else (UNKNOWN, 0, 0, 0, 0)
     try:
@@ -138,16 +143,15 @@ def classify_step(scheduler, scheduler_output) -> tuple:
         prefill_reqs = len(new) + zeros
         return ("mixed", prefill_reqs, prefill_tokens, len(ids) - zeros, total - prefill_tokens)
     return _classify_exact(
-        scheduler, scheduled, total, new, cached, recomputing if isinstance(recomputing, set) else None
+        scheduler, scheduled, total, new, cached, resumed or (), recomputing if isinstance(recomputing, set) else None
     )
 
 
 _IDLE = ("idle", 0, 0, 0, 0)
 
 
-def _classify_exact(scheduler, scheduled, total, new, cached, recomputing) -> tuple:
+def _classify_exact(scheduler, scheduled, total, new, cached, resumed, recomputing) -> tuple:
     requests = scheduler.requests
-    resumed = cached.resumed_req_ids
     prefill_reqs = len(new)
     prefill_tokens = sum([scheduled[r.req_id] for r in new])
     decode_reqs = 0
@@ -155,7 +159,8 @@ def _classify_exact(scheduler, scheduled, total, new, cached, recomputing) -> tu
         req = requests.get(req_id)
         if req is None:
             continue
-        if req_id in resumed or before + 1 < req.num_prompt_tokens + outputs:
+        # (no output yet: still in its prompt, even for its last prompt token, as the fast path says)
+        if req_id in resumed or not outputs or before + 1 < req.num_prompt_tokens + outputs:
             prefill_reqs += 1
             prefill_tokens += scheduled[req_id]
         else:
