@@ -170,6 +170,9 @@ def test_one_failing_read_loses_only_its_metrics(metrics, clock, utils, reports,
     _, baseline = _run(metrics, clock, utils)
     _, faulty = _run(metrics, clock, utils, fault)
     expected = _relabel({m: v for m, v in baseline.items() if m not in lost}, phase)
+    # the failure itself is counted, once, under the read that failed
+    errors = {(("dp", "0"), ("hook", "Schedule"), ("process", "engine_core"), ("role", "mixed"), ("where", where)): 1}
+    expected[P + "hook_errors"] = errors
     assert faulty == expected
     assert reports == [("Schedule", where)]
     assert STATE.last_step_phase == phase
