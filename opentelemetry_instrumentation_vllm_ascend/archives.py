@@ -178,16 +178,16 @@ def newest_release(project: str, indexes: list[str] | None = None) -> str:
         version = _version_of(project, entry["filename"])
         if version:
             with_files.add(version)
-    best = None
+    best: tuple[Version, str] | None = None
     for text in with_files:
         try:
-            version = Version(text)
+            parsed = Version(text)
         except InvalidVersion:
             continue
-        if version.is_prerelease or version.is_devrelease:
+        if parsed.is_prerelease or parsed.is_devrelease:
             continue
-        if best is None or version > best[0]:
-            best = (version, text)
+        if best is None or parsed > best[0]:
+            best = (parsed, text)
     if best is None:
         raise NotOnIndex(f"no final release of {project} on the configured index")
     return best[1]

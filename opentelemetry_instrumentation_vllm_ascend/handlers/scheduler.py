@@ -116,6 +116,8 @@ def _queue_state(handler, scheduler, phase: str, step_class) -> tuple:
     no running slot until their KV has arrived. So a step after which ``async_kv_waiting`` has requests
     and the in-flight load limit is not reached (vLLM's own ``_admits_inflight_kv_load()``, read only
     then) has no limit (``_NO_LIMIT``): it is not blocked."""
+    running: int | None
+    prefill: int | None
     try:
         queue = scheduler.running
         running = len(queue)
