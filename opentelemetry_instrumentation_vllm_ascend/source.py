@@ -502,13 +502,7 @@ def release_rows(tree: SourceTree, vllm, ascend, configuration, table=None) -> l
             status, detail = (installer.MISSING, "; ".join(problems)) if problems else (installer.RESOLVED, "")
         rows.append(
             {
-                "symbol": target.symbol,
-                "status": status,
-                "detail": detail,
-                "kind": target.kind,
-                "vllm": target.vllm,
-                "vllm_ascend": target.vllm_ascend,
-                "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds],
+                **installer.target_row(target, status, detail),
                 "path": target.path,
                 "expected": expected_on(target, configuration) if gate is None else False,
             }

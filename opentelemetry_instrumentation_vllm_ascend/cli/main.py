@@ -142,17 +142,9 @@ def main(argv=None) -> int:
             detail = f" — {r['detail']}" if r["detail"] else ""
             print(f"  {r['symbol']:<{width}}  {r['status']:<32} {feeds}{detail}")
         print(f"{len(rows) - len(missing)} of {len(rows)} targets fine; {len(missing)} missing")
-        print("Execution paths:")
-        for axis, key in config.paths.items():
-            print(f"  {axis}: {key or 'cannot tell'} ({config.reasons[axis]})")
-        width = max(len(m["metric"]) for m in metrics)
-        for m in metrics:
-            detail = f" — {m['detail']}" if m["detail"] else ""
-            print(f"  {m['metric']:<{width}}  {m['status']}{detail}")
-        counts: dict[str, int] = {}
-        for m in metrics:
-            counts[m["status"]] = counts.get(m["status"], 0) + 1
-        print("metrics: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+        from .release import print_metric_verdicts
+
+        print_metric_verdicts(config, metrics)
         for o in overrides_found:
             absent = ", ".join(o["absent"]) or "no metric"
             print(f"Wherever {o['symbol']} runs (it bypasses {o['bypasses']}), absent: {absent} — {o['reason']}")

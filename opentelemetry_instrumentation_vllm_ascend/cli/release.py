@@ -126,17 +126,7 @@ def release_check(args, overrides: dict) -> int:
         print(f"  {r['symbol']:<{width}}  {r['status']:<32} {feeds}{where}{detail}")
     fine = sum(r["status"] == installer.RESOLVED for r in rows)
     print(f"{fine} of {len(rows)} targets resolve; {len(failing)} expected and missing")
-    print("Execution paths:")
-    for axis, key in config.paths.items():
-        print(f"  {axis}: {key or 'cannot tell'} ({config.reasons[axis]})")
-    width = max(len(m["metric"]) for m in metrics)
-    for m in metrics:
-        detail = f" — {m['detail']}" if m["detail"] else ""
-        print(f"  {m['metric']:<{width}}  {m['status']}{detail}")
-    counts: dict[str, int] = {}
-    for m in metrics:
-        counts[m["status"]] = counts.get(m["status"], 0) + 1
-    print("metrics: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    print_metric_verdicts(config, metrics)
     print("By execution path (absent there / measured differently there / lost to missing targets):")
     for key, entry in per_path.items():
         print(
@@ -148,3 +138,19 @@ def release_check(args, overrides: dict) -> int:
         costs = ", ".join(m["costs"]) or "no metric (another target feeds its metrics)"
         print(f"MISSING {m['symbol']}: {m['detail']}; costs {costs}")
     return 1 if failing else 0
+
+
+def print_metric_verdicts(config, metrics: list[dict]) -> None:
+    """The execution paths taken and each metric's verdict on them, with the count per verdict (``check``,
+    installed or ``--vllm``)."""
+    print("Execution paths:")
+    for axis, key in config.paths.items():
+        print(f"  {axis}: {key or 'cannot tell'} ({config.reasons[axis]})")
+    width = max(len(m["metric"]) for m in metrics)
+    for m in metrics:
+        detail = f" — {m['detail']}" if m["detail"] else ""
+        print(f"  {m['metric']:<{width}}  {m['status']}{detail}")
+    counts: dict[str, int] = {}
+    for m in metrics:
+        counts[m["status"]] = counts.get(m["status"], 0) + 1
+    print("metrics: " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))

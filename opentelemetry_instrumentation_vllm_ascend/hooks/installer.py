@@ -106,18 +106,21 @@ def check(table=None) -> list[dict]:
     for target in table if table is not None else targets_module.TARGETS:
         gate = gate_of(target, vllm, ascend)
         status, detail = (gate, "") if gate is not None else resolve(target)
-        rows.append(
-            {
-                "symbol": target.symbol,
-                "status": status,
-                "detail": detail,
-                "kind": target.kind,
-                "vllm": target.vllm,
-                "vllm_ascend": target.vllm_ascend,
-                "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds],
-            }
-        )
+        rows.append(target_row(target, status, detail))
     return rows
+
+
+def target_row(target, status: str, detail: str) -> dict:
+    """One target's row of ``check`` (installed, or ``check --vllm`` on a release's source)."""
+    return {
+        "symbol": target.symbol,
+        "status": status,
+        "detail": detail,
+        "kind": target.kind,
+        "vllm": target.vllm,
+        "vllm_ascend": target.vllm_ascend,
+        "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds],
+    }
 
 
 def vllm_distribution() -> str | None:
