@@ -251,16 +251,22 @@ def test_the_poller_reads_the_file_once_per_metrics_export_interval(host, monkey
     assert all(0 <= w <= interval for w in waits), waits
 
 
+def _status_on_a_clock(monkeypatch):
+    """Control set up without its polling thread, on a monotonic clock the test moves (``clock[0]``): the
+    control directory, this process's status file and the clock."""
+    control.setup()
+    _stop_polling()
+    path = control.directory()
+    clock = [1000.0]
+    monkeypatch.setattr(control, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    return path, os.path.join(path, f"{control.STATUS_PREFIX}{os.getpid()}.json"), clock
+
+
 def test_the_status_file_is_rewritten_when_it_changes_or_every_few_intervals(host, monkeypatch):
     """A poll that finds nothing new leaves the status file alone (a rewrite costs the polling thread a rename
     on the server's core); a change (here: control off, and the first export) is written at that poll, and the time
     stamps (``updated``, ``last_export``) are refreshed every ``STATUS_REFRESH_POLLS`` intervals."""
-    control.setup()
-    _stop_polling()
-    path = control.directory()
-    status_path = os.path.join(path, f"{control.STATUS_PREFIX}{os.getpid()}.json")
-    clock = [1000.0]
-    monkeypatch.setattr(control, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    path, status_path, clock = _status_on_a_clock(monkeypatch)
 
     def status():
         with open(status_path) as f:
@@ -385,12 +391,7 @@ def test_status_lists_degraded_hooks_a_new_one_at_once_and_counts_within_a_few_i
     class Scheduler(Handler):
         name = "Scheduler.schedule"
 
-    control.setup()
-    _stop_polling()
-    path = control.directory()
-    status_path = os.path.join(path, f"{control.STATUS_PREFIX}{os.getpid()}.json")
-    clock = [1000.0]
-    monkeypatch.setattr(control, "time", types.SimpleNamespace(monotonic=lambda: clock[0], time=time.time))
+    path, status_path, clock = _status_on_a_clock(monkeypatch)
 
     def status():
         with open(status_path) as f:

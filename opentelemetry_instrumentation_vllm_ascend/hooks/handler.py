@@ -87,7 +87,6 @@ class RowParams:
 
 
 _reported = STATE.reported
-_failures = STATE.failures
 
 
 def report(handler, where: str, _state=STATE) -> None:
@@ -96,8 +95,9 @@ def report(handler, where: str, _state=STATE) -> None:
     per (handler, place) with its traceback. Only ever called on a failure: nothing is counted or paid
     while nothing fails."""
     key = (handler.name, where)
+    failures = _state.failures
     with _state.failures_lock:
-        _failures[key] = _failures.get(key, 0) + 1
+        failures[key] = failures.get(key, 0) + 1
     if key in _reported:
         return
     _reported.add(key)
