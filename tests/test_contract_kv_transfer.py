@@ -8,7 +8,7 @@ from packaging.version import Version
 from test_contract_vllm import tree_for
 
 from opentelemetry_instrumentation_vllm_ascend import supported
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 
 _EXAMPLE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
 _OFFLOADING = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"

@@ -15,9 +15,8 @@ from fakes import MRV2_FAKES, FakeRunnerV2
 from packaging.version import Version
 from test_contract_vllm import _TREES, tree_for
 
-from opentelemetry_instrumentation_vllm_ascend import supported
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend import supported, targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 
 V2 = "vllm.v1.worker.gpu.model_runner"
 TIMING = "vllm.v1.worker.gpu.async_utils"

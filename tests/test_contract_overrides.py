@@ -11,8 +11,8 @@ from contract import ASCEND_PAIRS, VLLM_VERSIONS, SourceTree, ascend_tree, ascen
 from packaging.version import Version
 from test_contract_vllm import tree_for
 
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend import targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 
 _PREFIX = "vllm-ascend "
 #: The trees: each vLLM release, then each vllm-ascend release (named "vllm-ascend VERSION") over its vLLM.

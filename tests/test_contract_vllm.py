@@ -18,8 +18,8 @@ from contract import (
 )
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend import targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 
 
 def tree_for(version: str) -> SourceTree:

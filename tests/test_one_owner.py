@@ -14,19 +14,20 @@ import sys
 import types
 
 import pytest
-from fakes import Clock
+from fakes import Clock, problems
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.handlers import common, model_runner
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, declarative, targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.declarative import COUNTER, GAUGE, HISTOGRAM, TIMER, Measure
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import RowParams
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import Installer
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE_TIMER, SYNC, SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
+from opentelemetry_instrumentation_vllm_ascend.wiring.declarative import COUNTER, GAUGE, HISTOGRAM, TIMER, Measure
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import Installer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "opentelemetry_instrumentation_vllm_ascend"
@@ -90,10 +91,10 @@ def test_the_catalogue_keeps_no_copy_of_the_target_table():
         "vllm.v1.engine.core:EngineCoreProc._process_input_queue",
         "vllm.v1.engine.core:EngineCoreProc._handle_client_request",
     )
-    assert spec.recorded_in == "engine_core" and spec.process_labels == ()
-    assert catalogue.M["record_function_or_nullcontext"].recorded_in == "engine_core, worker"
-    assert catalogue.M["npu:forward_duration"].recorded_in == "worker"
-    assert catalogue.INSTRUMENTED_PROCESSES.recorded_in == targets.EVERY_PROCESS
+    assert targets.recorded_in(spec.seed) == "engine_core" and targets.process_labels(spec) == ()
+    assert targets.recorded_in(catalogue.M["record_function_or_nullcontext"].seed) == "engine_core, worker"
+    assert targets.recorded_in(catalogue.M["npu:forward_duration"].seed) == "worker"
+    assert targets.recorded_in(catalogue.INSTRUMENTED_PROCESSES.seed) == targets.EVERY_PROCESS
 
 
 def test_every_row_that_feeds_a_metric_names_its_process_and_real_metrics():
@@ -111,7 +112,7 @@ def test_declarative_rows_are_sound_and_feed_what_they_measure():
     declared = [t for t in targets.TARGETS if t.measures]
     assert len(declared) == 18
     for t in targets.TARGETS:
-        assert declarative.problems(t, catalogue.BY_SEED) == [], t.symbol
+        assert problems(t, catalogue.BY_SEED) == [], t.symbol
     for t in declared:
         assert t.handler == "" and t.feeds == tuple(dict.fromkeys(m.metric for m in t.measures))
 
@@ -183,7 +184,7 @@ def _class_assignments(cls) -> dict[str, ast.expr]:
 
 def test_handler_names_come_from_the_row_and_reads_args_from_its_params():
     for t in targets.TARGETS:
-        targets.load_handler(t)  # imports every handler module
+        declarative.load_handler(t)  # imports every handler module
     for cls, rows in _row_classes().items():
         for klass in cls.__mro__:
             if klass.__module__.startswith(handlers.__name__ + "."):
@@ -198,7 +199,7 @@ def test_handler_names_come_from_the_row_and_reads_args_from_its_params():
         if isinstance(static, RowParams):
             assert own and cls.reads_args == len(own) + 1, cls.__qualname__
     for t in targets.TARGETS:
-        handler = targets.load_handler(t)
+        handler = declarative.load_handler(t)
         assert handler is None or handler.name == t.qualname
 
 
@@ -341,9 +342,9 @@ def test_adding_a_plain_timer_takes_a_catalogue_spec_and_a_row(recipe):
     # Everything else follows from the two edits: feeds, hooked symbol, process, docs, check.
     assert row.feeds == (spec.seed,)
     assert targets.hooked_symbols(spec.seed) == (f"{recipe.module.__name__}:Engine.work",)
-    assert spec.recorded_in == "engine_core" and spec.process_labels == ()
+    assert targets.recorded_in(spec.seed) == "engine_core" and targets.process_labels(spec) == ()
     assert f"| `{row.symbol}` |" in docgen.render_metrics_md()
-    assert isinstance(targets.load_handler(row), common.AllPhaseTimer)
+    assert isinstance(declarative.load_handler(row), common.AllPhaseTimer)
 
 
 def test_declared_counter_histogram_and_gauge_of_an_argument(recipe):
@@ -382,7 +383,7 @@ def test_declared_counter_histogram_and_gauge_of_an_argument(recipe):
     ]
     reader = recipe.install([calls, sizes, last, timed], rows)
     for row in rows:
-        assert declarative.problems(row, catalogue.BY_SEED) == []
+        assert problems(row, catalogue.BY_SEED) == []
     engine = recipe.Engine()
     engine.work(3)
     engine.work(5, scale=0.5)
@@ -407,4 +408,4 @@ def test_unsound_declarations_are_named():
         targets.Target("m", "C.f", SYNC_TIMER, measures=(Measure("scheduler:phase_batch_size", HISTOGRAM, "n"),)),
     ]
     for row in bad:
-        assert declarative.problems(row, catalogue.BY_SEED), row
+        assert problems(row, catalogue.BY_SEED), row

@@ -20,15 +20,15 @@ ALLOWED_CONTAINERS = {
     # MappingProxyType (its bound ``get`` forwards to the dict's).
     ("handlers.executor", "TIMED"): "constant: read per RPC (its bound get is a default argument)",
     ("handlers.model_runner", "_SCOPE_STAGES"): "constant: read per profiling scope",
-    ("hooks.expressions", "FUNCTIONS"): "constant: read per evaluation of a user's expression",
+    ("wiring.expressions", "FUNCTIONS"): "constant: read per evaluation of a user's expression",
     # The catalogue's index: tests extend it as a catalogue edit would (monkeypatch.setitem in
     # test_one_owner's recipe), so modules that bound it (``M``) at import see the new spec.
     ("catalogue", "BY_SEED"): "constant",
     # Constant tables kept as dicts (read only, as the next test checks).
     ("cli.dashboards", "EVENT_ONLY"): "constant",
-    ("hooks.declarative", "CATALOGUE_KIND"): "constant",
-    ("hooks.userfile", "HANDLER_MAP"): "constant",
-    ("hooks.userfile", "HANDLER_OPT_IN"): "constant",
+    ("wiring.declarative", "CATALOGUE_KIND"): "constant",
+    ("wiring.userfile", "HANDLER_MAP"): "constant",
+    ("wiring.userfile", "HANDLER_OPT_IN"): "constant",
     # A log-once flag kept as a one-element list: it belongs in STATE.warned.
 }
 

@@ -15,7 +15,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from .. import catalogue
+from .. import catalogue, targets
 
 #: Seeds whose metrics only vllm-ascend feeds (its EPLB adaptor, loader and forked EPLB process): their
 #: panels are marked "Ascend only" and stay empty on vLLM without vllm-ascend.
@@ -69,7 +69,7 @@ def ascend_only(seed: str) -> bool:
 
 
 def selector(seed: str) -> str:
-    labels = set(spec(seed).all_labels)
+    labels = set(targets.all_labels(spec(seed)))
     parts = [f'{label}=~"${label}"' for label in SCRAPE_LABELS]
     parts += [f'{label}=~"${label}"' for label in FILTER_LABELS if label in labels]
     return "{" + ", ".join(parts) + "}"
