@@ -10,7 +10,9 @@ import ast
 import dataclasses
 import inspect
 import pathlib
+import re
 import sys
+import textwrap
 import types
 
 import pytest
@@ -409,3 +411,70 @@ def test_unsound_declarations_are_named():
     ]
     for row in bad:
         assert problems(row, catalogue.BY_SEED), row
+
+
+# -- CONTRIBUTING.md's worked examples, run as written -----------------------------------------------------------
+
+CONTRIBUTING = ROOT / "CONTRIBUTING.md"
+
+
+def _examples(kind: str) -> dict[str, str]:
+    """{file: code} of CONTRIBUTING.md's worked example ``kind`` (its ``<!-- worked example: kind, file -->`` blocks)."""
+    text = CONTRIBUTING.read_text()
+    pattern = r"<!-- worked example: (\w+), ([\w/.]+) -->\s*```python\n(.*?)```"
+    return {m.group(2): textwrap.dedent(m.group(3)) for m in re.finditer(pattern, text, re.S) if m.group(1) == kind}
+
+
+def _files_touched(heading: str) -> list[str]:
+    """The items of the section's "Files touched:" sentence, before its "(then …)" of generated docs and CHANGELOG."""
+    section = CONTRIBUTING.read_text().split(heading, 1)[1]
+    sentence = section.split("Files touched:", 1)[1].split("(then", 1)[0]
+    return [item.strip() for item in re.split(r",|\band\b", " ".join(sentence.split())) if item.strip()]
+
+
+def test_every_symbol_has_one_row():
+    """The installer keys a row's status by its symbol: a second row on one symbol would never be installed."""
+    symbols = [t.symbol for t in targets.TARGETS]
+    assert sorted(s for s in set(symbols) if symbols.count(s) > 1) == []
+
+
+def test_the_worked_examples_of_contributing_md_run(recipe, monkeypatch):
+    from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer as installer_module
+
+    timer, handler = _examples("timer"), _examples("handler")
+    # The plain timer: the catalogue and the target table, nothing else; the hook: at most five files.
+    assert set(timer) == {"catalogue.py", "targets.py"}
+    assert _files_touched("## Add a plain timer") == ["`catalogue.py`", "`targets.py`"]
+    assert set(handler) == {"catalogue.py", "targets.py", "handlers/scheduler.py"}
+    assert len(_files_touched("## Add a hook with a handler")) <= 5
+    timed_spec = eval(timer["catalogue.py"], vars(catalogue))
+    timed_row = eval(timer["targets.py"], vars(targets))
+    counted_spec = eval(handler["catalogue.py"], vars(catalogue))
+    counted_row = eval(handler["targets.py"], vars(targets))
+    namespace = dict(vars(scheduler_handlers))
+    exec(handler["handlers/scheduler.py"], namespace)
+    monkeypatch.setattr(scheduler_handlers, "FinishRequests", namespace["FinishRequests"], raising=False)
+    # Both rows name a symbol of the installed vLLM, as check sees it.
+    assert [installer_module.resolve(row) for row in (timed_row, counted_row)] == [(installer_module.RESOLVED, "")] * 2
+
+    class Scheduler:  # vLLM's signatures; 0.125 s per request finished, 0.5 s per make_stats
+        def finish_requests(self, request_ids, finished_status):
+            recipe.clock.t += 0.125 * len(request_ids)
+            return list(request_ids)
+
+        def make_stats(self, spec_decoding_stats=None, kv_connector_stats=None):
+            recipe.clock.t += 0.5
+            return None
+
+    recipe.module.Scheduler = Scheduler
+    rows = [dataclasses.replace(r, module=recipe.module.__name__) for r in (timed_row, counted_row)]
+    reader = recipe.install([timed_spec, counted_spec], rows)
+    scheduler = Scheduler()
+    assert [scheduler.finish_requests(ids, "aborted") for ids in (["a"], ["b", "c"], [])] == [["a"], ["b", "c"], []]
+    assert [scheduler.make_stats(), scheduler.make_stats()] == [None, None]
+    assert _points(reader, timed_spec.seed) == {_labels("all"): (2, 1.0)}  # 0.5 + 0.5, exactly
+    assert _points(reader, counted_spec.seed) == {_labels("all"): 3}
+    rendered = docgen.render_metrics_md()
+    assert all(f"| `{row.symbol}` |" in rendered for row in rows)
+    assert targets.hooked_symbols(counted_spec.seed) == (rows[1].symbol,)
