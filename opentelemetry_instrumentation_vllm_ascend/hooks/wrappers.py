@@ -1,7 +1,7 @@
 """The wrapper kinds and ``wrap``, which builds the wrapper of one kind around a function.
 
-Plain closures and generated functions, not wrapt: on our machines a closure wrapper costs ~106 ns
-per call against wrapt.FunctionWrapper's ~464 ns (``tox -e bench`` measures both)."""
+Plain closures and generated functions, not wrapt: a closure wrapper costs several times less per call than
+wrapt.FunctionWrapper (``tox -e bench`` measures both; docs/performance.md, section A, has the current figures)."""
 
 from __future__ import annotations
 
