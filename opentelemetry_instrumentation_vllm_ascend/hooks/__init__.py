@@ -1,3 +1,3 @@
-"""Hooks: the target table (which vLLM / vllm-ascend symbol feeds which metric), the installer that
-resolves and patches it, and the wrapper machinery (handler protocol, wrapper kinds, code
-generation, future completion hooking, patch records)."""
+"""Hooks: the mechanism of wrapping a function — the handler protocol and how failures are reported, the
+wrapper of each kind and its code generation, future completion hooking, patch records. Depends on nothing
+above the facts; the target table (``targets``) says what to wrap, ``wiring`` does it."""
