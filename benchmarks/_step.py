@@ -27,7 +27,15 @@ from time import perf_counter
 from types import SimpleNamespace as NS
 
 from opentelemetry_instrumentation_vllm_ascend import context, targets
-from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
+from opentelemetry_instrumentation_vllm_ascend.handlers import (
+    api,
+    engine,
+    executor,
+    kv_cache,
+    memory,
+    model_runner,
+    scopes,
+)
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import FLUSH_STEPS, PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class, patch_method
@@ -286,7 +294,7 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
         patches += timer(EngineCore, "step", "vllm.v1.engine.core:EngineCore.step")
         patches += timer(EngineCore, "_process_engine_step", "vllm.v1.engine.core:EngineCoreProc._process_engine_step")
         patches += hook_future_class(Future, completes_later=True)
-        patches.append(model_runner.ProfilerScopes().install(ec_utils))
+        patches.append(scopes.ProfilerScopes().install(ec_utils))
     if "worker" in hooked:
         patches += [
             patch_method(Worker, "execute_model", memory.LateCapture(), SYNC),
@@ -294,7 +302,7 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
             patch_method(Runner, "sample_tokens", model_runner.SampleTokens(), SYNC),
         ]
         patches += timer(Runner, "_prepare_inputs", "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs")
-        patches.append(model_runner.ProfilerScopes().install(worker_utils))
+        patches.append(scopes.ProfilerScopes().install(worker_utils))
     if "api_server" in hooked:
         patches += [
             patch_method(IterationStats, "update_from_output", api.SecondTokenLatency(), SYNC),

@@ -40,7 +40,7 @@ from opentelemetry_instrumentation_vllm_ascend import catalogue, context, enviro
 from opentelemetry_instrumentation_vllm_ascend.handlers import steps  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import ProfilerScopes  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.handlers.scopes import ProfilerScopes  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (  # noqa: E402
     ASYNC_GENERATOR,
@@ -179,7 +179,7 @@ def per_call_rows(number, repeat):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    provider = MeterProvider(metric_readers=[InMemoryMetricReader()], views=catalogue.views())
+    provider = MeterProvider(metric_readers=[InMemoryMetricReader()], views=pipeline.views())
     sdk_hist = provider.get_meter(catalogue.SCOPE_NAME).create_histogram(TIMER.instrument_name, unit="s")
 
     def sdk_timer(self, x):
@@ -595,7 +595,8 @@ def export_and_scrape_rows(repeat):
     from prometheus_client.openmetrics import exposition as openmetrics
 
     from opentelemetry_instrumentation_vllm_ascend.recording.exposition import FastExposition
-    from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
+    from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
+    from opentelemetry_instrumentation_vllm_ascend.recording.files_writer import FilesExporter
 
     os.environ.pop(environment.FILES_DIR, None)
 

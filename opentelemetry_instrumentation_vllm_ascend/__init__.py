@@ -53,6 +53,19 @@ logger = logging.getLogger(__name__)
 __all__ = ["VllmAscendInstrumentor", "__version__"]
 
 
+def register_collection_steps() -> None:
+    """The handlers' part of the pipeline's pre-collection step (``recording.pipeline.add_pre_collect``; the
+    recording layer knows no handler): after the deferred records, the stage clocks' seconds so far
+    (``handlers.budget``); last, once per process, a second look for other vLLM instrumentations that patched
+    since the hooks went in (``neighbours.recheck``). Registered once, by ``instrument()``."""
+    from . import neighbours
+    from .handlers import budget
+    from .recording import pipeline
+
+    pipeline.add_pre_collect(budget.flush, pipeline.HANDLERS)
+    pipeline.add_pre_collect(neighbours.recheck, pipeline.LAST)
+
+
 class VllmAscendInstrumentor(BaseInstrumentor):
     """Instruments vLLM / vLLM-Ascend internals in this process (and, via the plugin, its children).
 
@@ -93,6 +106,7 @@ class VllmAscendInstrumentor(BaseInstrumentor):
             VllmAscendInstrumentor._replaced_enabled = os.environ.get(environment.ENABLED)
             os.environ[environment.ENABLED] = "true"
             VllmAscendInstrumentor._set_enabled = True
+        register_collection_steps()
         readers = kwargs.get("metric_readers")
         if readers:
             pipeline.reset(extra_readers=readers)

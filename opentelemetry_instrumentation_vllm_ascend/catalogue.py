@@ -2,7 +2,8 @@
 
 Each entry gives the seed name (the name the design and the incumbent use), kind, unit, buckets,
 labels and meaning. From it come the OTel instrument names, the SDK Views that rename instruments to
-``vllm_profiling_<seed name>`` (colons kept), the Prometheus exposition names and ``docs/metrics.md``.
+``vllm_profiling_<seed name>`` (colons kept; ``recording.pipeline`` builds them), the Prometheus exposition
+names and ``docs/metrics.md``.
 
 Units: OTLP carries each metric's unit in its ``unit`` field. Prometheus names carry **no unit
 suffix** (``vllm_profiling_executor:execute_model:duration_bucket``, not ``…_seconds_bucket``) so
@@ -200,7 +201,8 @@ _SHARE = (
     "times the API servers that had outputs in them."
 )
 
-CATALOGUE: tuple[MetricSpec, ...] = (
+#: The first and largest part of the catalogue; ``CATALOGUE`` (at the end) joins it and the parts below.
+CORE_CATALOGUE: tuple[MetricSpec, ...] = (
     # -- exception monitoring ------------------------------------------------------------------------
     _counter(
         "running_to_waiting_count",
@@ -837,7 +839,6 @@ STAGE_STARTS = MappingProxyType(
     }
 )
 KV_TRANSFER_CATALOGUE += tuple(_stage_start(start, counter) for counter, start in STAGE_STARTS.items())
-CATALOGUE = CATALOGUE + KV_TRANSFER_CATALOGUE
 
 # -- OpenTelemetry GenAI semantic conventions: server metrics -------------------------------------------------
 # ``open-telemetry/semantic-conventions`` docs/gen-ai/gen-ai-metrics.md (status Development): names, units,
@@ -913,7 +914,6 @@ GENAI_SERVER = (
         GENAI_TTFT_SECONDS,
     ),
 )
-CATALOGUE = CATALOGUE + GENAI_SERVER
 
 # -- KV connectors' failures and weight offloading (handlers/kv_transfer.py, handlers/memory.py) ------------------
 KV_CONNECTOR_CATALOGUE: tuple[MetricSpec, ...] = (
@@ -943,7 +943,6 @@ KV_CONNECTOR_CATALOGUE += (
         labels=STEP_LABELS + ("offloader",),
     ),
 )
-CATALOGUE = CATALOGUE + KV_CONNECTOR_CATALOGUE
 
 # -- the package's own health (hooks/handler.py report, exported at each collection) ---------------------------
 #: Labels of ``hook_errors``: the recording process's kind and engine, the hook (the hooked symbol's qualname, as
@@ -962,7 +961,10 @@ SELF_CATALOGUE: tuple[MetricSpec, ...] = (
         labels=HOOK_ERROR_LABELS,
     ),
 )
-CATALOGUE = CATALOGUE + SELF_CATALOGUE
+#: Every metric of the catalogue: its parts, in this order.
+CATALOGUE: tuple[MetricSpec, ...] = (
+    CORE_CATALOGUE + KV_TRANSFER_CATALOGUE + GENAI_SERVER + KV_CONNECTOR_CATALOGUE + SELF_CATALOGUE
+)
 #: Metrics about the package itself, fed by no row of the target table: every process that runs hooks records
 #: them (``targets.recorded_in``), and a worker's carry its rank.
 SELF_SEEDS = tuple(spec.seed for spec in SELF_CATALOGUE)
@@ -982,39 +984,13 @@ BLOCK_ALLOCATE_FAILURES = BY_SEED["block_allocate_failures"]
 RPC_ERRORS = BY_SEED["rpc_errors"]
 INSTRUMENTED_PROCESSES = BY_SEED["instrumented_processes"]
 HOOK_ERRORS = BY_SEED["hook_errors"]
-#: Every catalogue entry as a module attribute named after its seed: ``catalogue.M["scheduler:duration"]``.
+#: Every catalogue entry by its seed, a short alias of ``BY_SEED``: ``catalogue.M["scheduler:duration"]``.
 M = BY_SEED
 
 
 def defined() -> tuple:
     """Every metric this process knows now: the catalogue's and those users' hook files declared."""
     return (*CATALOGUE, *EXTRA.values())
-
-
-def views(specs=None):
-    """SDK Views of ``specs`` (default: ``defined()``): rename each instrument to its catalogue name, fix its
-    buckets, and keep only the catalogue's labels (bounded cardinality whatever a handler passes)."""
-    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-
-    from . import targets as _targets  # TEMPORARY until Views move to recording (issue 39)
-
-    result = []
-    for spec in defined() if specs is None else specs:
-        aggregation = None
-        if spec.kind == HISTOGRAM:
-            aggregation = ExplicitBucketHistogramAggregation(list(spec.buckets or ()), record_min_max=True)
-        kwargs = {"aggregation": aggregation} if aggregation is not None else {}
-        result.append(
-            View(
-                instrument_name=spec.instrument_name,
-                meter_name=SCOPE_NAME,
-                name=spec.exposed_name,
-                description=spec.description,
-                attribute_keys=set(_targets.all_labels(spec)),
-                **kwargs,
-            )
-        )
-    return result
 
 
 SCOPE_NAME = "opentelemetry_instrumentation_vllm_ascend"

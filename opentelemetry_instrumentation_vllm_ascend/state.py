@@ -17,7 +17,8 @@ tests' autouse fixture calls it before every test. What it does not reset:
   ``reset(registrations=True)`` drops them too (tests that count registrations);
 - the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
   server's control file for the process's lifetime: ``recording.control.teardown`` resets it;
-- the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``, ``collect_lock``): ``recording.pipeline.reset()``
+- the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``, ``collect_lock``) and its registered steps
+  (``pre_collect``, ``after_fork``): ``recording.pipeline.reset()``
   closes it (its final export), and the fork handler abandons a parent's (its readers are not ours);
 - the flush listener (``flush_listener``, ``flush_env``) and whether it and the control poller run
   (``services``), which follow the first load of a hooked module and ``uninstrument()``
@@ -25,7 +26,7 @@ tests' autouse fixture calls it before every test. What it does not reset:
 - the future classes whose completions are hooked (``completion_hooked``, ``completes_later``): they
   follow the installed class patches, which a forked child inherits; removing a patch removes its class.
 
-The fork handler is ``recording.pipeline``'s, the only one the package registers (it also starts a
+The fork handler is ``recording.pipeline``'s, the only one the package registers (its registered steps start a
 child's own flush listener and control poller).
 
 ContextVars (``handlers.steps.CURRENT_STEP``, ``IN_PREFIX_CACHE_RESET``) are not state to reset: each
@@ -100,6 +101,8 @@ class State:
         "extra_readers",
         "pipeline_lock",
         "collect_lock",
+        "pre_collect",
+        "after_fork",
         # -- the flush listener (recording.shutdown: setup / teardown; kept by reset()) --
         "flush_listener",
         "flush_env",
@@ -117,7 +120,7 @@ class State:
         self.step_labels: dict[str, tuple] = {}
         #: (phase, extra) -> (dp, role, phase, extra) (context.step_labels_with).
         self.extra_labels: dict[tuple, tuple] = {}
-        #: phase -> {scope name: labels} of profiling scopes (handlers.model_runner).
+        #: phase -> {scope name: labels} of profiling scopes (handlers.scopes).
         self.scope_labels: dict[str, dict] = {}
         #: Phase of the step most recently scheduled in this process (read by executor RPC handlers,
         #: which dispatch that step's work right after ``schedule()`` returned).
@@ -153,7 +156,7 @@ class State:
         self.worker_step: Any = None
         #: The device timeline (handlers.model_runner): False: not decided yet; None: no device events.
         self.device: Any = False
-        #: Scope name -> its label value, at most MAX_SCOPE_NAMES (handlers.model_runner).
+        #: Scope name -> its label value, at most MAX_SCOPE_NAMES (handlers.scopes).
         self.scope_names: dict[str, str] = {}
         #: vLLM's shared EMPTY_MODEL_RUNNER_OUTPUT, once vllm.v1.outputs is imported (handlers.model_runner).
         self.empty_output: Any = None
@@ -221,6 +224,12 @@ class State:
         #: Held through the pre-collection step (recording.pipeline): each reader collects in its own thread,
         #: and two stage clock flushes at once would both add what the clock gained since its last one.
         self.collect_lock = threading.RLock()
+        #: The pipeline's pre-collection steps, (place, step) in the order they run (recording.pipeline
+        #: ``add_pre_collect``: the recording facade's and ``instrument()``'s). A registration: kept by reset().
+        self.pre_collect: list[tuple[int, Any]] = []
+        #: What the fork handler (recording.pipeline) runs in a child once its state is reset (``add_after_fork``:
+        #: the recording facade's flush listener and control poller). A registration: kept by reset().
+        self.after_fork: list = []
         #: (pid, socket, thread) of this process's shutdown-flush listener (recording.shutdown), None:
         #: not listening.
         self.flush_listener: tuple | None = None

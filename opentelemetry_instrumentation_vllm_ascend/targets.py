@@ -457,13 +457,13 @@ TARGETS: tuple[Target, ...] = (
         feeds=("worker:model_runner_get_output:duration",),
         process=WORKER,
     ),
-    # vLLM's profiling scopes, wherever record_function_or_nullcontext was imported (see model_runner.py).
+    # vLLM's profiling scopes, wherever record_function_or_nullcontext was imported (see scopes.py).
     # The scheduler's scopes (in the EngineCore) are recorded by the Scheduler.schedule rows.
     Target(
         "vllm.v1.utils",
         "_PROFILER_FUNC",
         SCOPE_FACTORY,
-        "model_runner:ProfilerScopes",
+        "scopes:ProfilerScopes",
         feeds=(
             "record_function_or_nullcontext",
             "npu:forward_duration",

@@ -5,13 +5,22 @@ import pytest
 from fakes import fake_utils, patch_clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment, state
-from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, executor, model_runner, scheduler
+from opentelemetry_instrumentation_vllm_ascend import (
+    VllmAscendInstrumentor,
+    context,
+    environment,
+    register_collection_steps,
+    state,
+)
+from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, executor, model_runner, scheduler, scopes
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 
 #: The suite checks every catalogue metric's values, the opt-in ones (catalogue.OPT_IN) included: it records them
 #: all (real servers inherit this); tests/test_series_budget.py checks the default set with the variable unset.
 os.environ.setdefault(environment.ENABLED_METRICS, "*")
+#: Collections run the handlers' pre-collection steps (the stage budgets' flush, the neighbours' re-check) as in
+#: an instrumented process, also in tests that drive handlers without ``instrument()``.
+register_collection_steps()
 
 
 class Metrics:
@@ -87,14 +96,14 @@ def clock(monkeypatch):
     themselves (a test module may override it for other handlers); the system clock the time budgets
     read once, at their start, is fixed too."""
     monkeypatch.setattr(budget, "time", lambda: 1_700_000_000.0)
-    return patch_clock(monkeypatch, scheduler, engine, executor, model_runner, budget)
+    return patch_clock(monkeypatch, scheduler, engine, executor, model_runner, scopes, budget)
 
 
 @pytest.fixture
 def utils():
     """A stand-in for vllm.v1.utils with the package's profiling-scope factory installed."""
     module = fake_utils()
-    patch = model_runner.ProfilerScopes().install(module)
+    patch = scopes.ProfilerScopes().install(module)
     yield module
     patch.remove()
 

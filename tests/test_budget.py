@@ -15,7 +15,7 @@ from packaging.version import Version
 from vllm_source import assignments, functions
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording, supported
-from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
+from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, model_runner, scheduler, scopes
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
@@ -217,7 +217,6 @@ def _runner_class(clock, utils):
     """GPUModelRunner's shape (vLLM 0.32 ``v1/worker/gpu_model_runner.py``): execute_model's preprocess,
     forward and postprocess scopes (an early return inside preprocess when no token is scheduled),
     then sample_tokens' grammar work, sample scope and bookkeeping; every part advances ``clock``."""
-    from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
 
     scope = utils.record_function_or_nullcontext
 
@@ -291,11 +290,10 @@ def test_the_worker_steps_stages_sum_to_its_wall_time(metrics, monkeypatch, util
     """Two model steps (execute_model, then the sample_tokens RPC) and one that schedules nothing,
     through vLLM's worker RPC loop: each stage's seconds hand-computed, their sum the wall time since
     the first step began, the forward stage the forward scope's own readings."""
-    from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
     from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
     from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
-    clock = patch_clock(monkeypatch, model_runner, budget)
+    clock = patch_clock(monkeypatch, model_runner, scopes, budget)
     monkeypatch.setattr(budget, "time", lambda: 1_700_000_000.5)  # the system clock at the first boundary
     STATE.device = None  # the host timeline (CPU)
     runner = _runner_class(clock, utils)()
@@ -354,12 +352,11 @@ def test_the_worker_steps_stages_sum_to_its_wall_time(metrics, monkeypatch, util
 def test_model_runner_v2_without_its_forward_mark_moves_no_boundary_of_the_worker_budget(metrics, monkeypatch, utils):
     """Model runner V2 enters no profiling scopes: without its forward mark (vLLM 0.23, no StepTimingCollector;
     tests/test_handlers_mrv2.py has the budget with it) its steps leave the worker budget absent."""
-    from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
     from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
     from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
     monkeypatch.setattr(STATE, "mrv2_forward_marked", False)
-    clock = patch_clock(monkeypatch, model_runner, budget)
+    clock = patch_clock(monkeypatch, model_runner, scopes, budget)
 
     class RunnerV2:
         def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False):

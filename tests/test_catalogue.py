@@ -8,6 +8,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +44,7 @@ def test_exposed_names_follow_the_seed_names():
 
 def test_views_rename_every_instrument_and_drop_foreign_labels():
     reader = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[reader], views=catalogue.views())
+    provider = MeterProvider(metric_readers=[reader], views=pipeline.views())
     meter = provider.get_meter(catalogue.SCOPE_NAME)
     for spec in catalogue.CATALOGUE:
         attrs = {label: "x" for label in targets.all_labels(spec)}

@@ -31,7 +31,7 @@ from opentelemetry_instrumentation_vllm_ascend.handlers import api, kv_transfer,
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE, SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 #: Per round: 2 failed health checks; one engine update with 12 draft tokens, ITLs 1.5 s and 0.2 s (one over

@@ -14,8 +14,8 @@ from prometheus_client.openmetrics import exposition as openmetrics
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import exposition
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_endpoint import Exposition
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
 
 #: Label values prometheus_client escapes, and one it does not.
 AWKWARD = ('say "hi"', "back\\slash", "two\nlines", "ünïcödé")

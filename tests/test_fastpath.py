@@ -14,7 +14,8 @@ from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMet
 from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.files_writer import FilesExporter
 from opentelemetry_instrumentation_vllm_ascend.recording.pipeline import Pipeline
 
 HIST = catalogue.MetricSpec(

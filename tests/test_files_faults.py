@@ -11,7 +11,8 @@ from prometheus_client.mmap_dict import MmapedDict
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, remove_dead_files
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.identity import remove_dead_files
 
 DEAD_PID = 2**22 + 12345  # above the default pid_max: never a live process
 

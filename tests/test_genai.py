@@ -15,7 +15,8 @@ from opentelemetry_instrumentation_vllm_ascend import catalogue, context, enviro
 from opentelemetry_instrumentation_vllm_ascend.handlers import api
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.files_writer import FilesExporter
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 pytest.importorskip("vllm")

@@ -9,7 +9,7 @@ import pytest
 from fakes import SC, S, counts, key, name, output, req, step
 
 from opentelemetry_instrumentation_vllm_ascend import context, recording
-from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner, steps
+from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner, scopes, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
@@ -405,11 +405,11 @@ def test_with_the_scope_histogram_off_untimed_scopes_share_one_nullcontext_and_t
 
     monkeypatch.delenv(environment.ENABLED_METRICS, raising=False)
     module = fake_utils()
-    patch = model_runner.ProfilerScopes().install(module)
+    patch = scopes.ProfilerScopes().install(module)
     try:
         factory = module._PROFILER_FUNC
         assert factory("gpu_model_runner: preprocess") is factory("gpu_model_runner: bookkeep")
-        assert type(factory(FORWARD)) is model_runner._TimelineScope
+        assert type(factory(FORWARD)) is scopes._TimelineScope
         STATE.device = None
         runner = instrumented_runner()(clock, module)
         runner.plan = {"prepare": 0.0625, "forward": 0.25, "post": 0.125, "result": None, "sample": 0.25}

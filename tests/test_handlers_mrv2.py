@@ -12,7 +12,7 @@ import pytest
 from fakes import FakeRunnerV2, instrumented_v2, name, patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import recording
-from opentelemetry_instrumentation_vllm_ascend.handlers import budget, model_runner
+from opentelemetry_instrumentation_vllm_ascend.handlers import budget, model_runner, scopes
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE, STEP_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
@@ -56,7 +56,7 @@ def value(metrics, metric, phase):
 @pytest.fixture
 def clock(monkeypatch):
     monkeypatch.setattr(budget, "time", lambda: 1_700_000_000.0)
-    return patch_clock(monkeypatch, model_runner, budget)
+    return patch_clock(monkeypatch, model_runner, scopes, budget)
 
 
 def make_runner(monkeypatch, clock, event=None, handler="model_runner:ExecuteModelV2"):

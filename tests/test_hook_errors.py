@@ -19,7 +19,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks import wrappers
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler, report
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC
 from opentelemetry_instrumentation_vllm_ascend.recording import failures, pipeline
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 NAME = catalogue.HOOK_ERRORS.prometheus_name

@@ -15,8 +15,8 @@ from waiting import wait_for
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import (
-    FilesCollector,
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.identity import (
     file_process_alive,
     process_identity,
     remove_dead_files,

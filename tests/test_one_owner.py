@@ -21,7 +21,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
-from opentelemetry_instrumentation_vllm_ascend.handlers import common, model_runner
+from opentelemetry_instrumentation_vllm_ascend.handlers import common, scopes
 from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import RowParams
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE_TIMER, SYNC, SYNC_TIMER
@@ -217,7 +217,7 @@ def test_ttft_thresholds_scope_bound_and_bucket_sets_have_one_owner():
     listed = ", ".join(names)
     assert listed in catalogue.M["prefill_over_threshold_count"].description
     assert not any(isinstance(v, str) and listed in v for v in _constants(PACKAGE / "catalogue.py"))
-    assert model_runner.MAX_SCOPE_NAMES is catalogue.MAX_SCOPE_NAMES
+    assert scopes.MAX_SCOPE_NAMES is catalogue.MAX_SCOPE_NAMES
     assert catalogue.MAX_SCOPE_NAMES not in _constants(PACKAGE / "cli" / "docgen.py")
     assert f"after {catalogue.MAX_SCOPE_NAMES} distinct" in docgen.render_metrics_md()
     assert docgen.BUCKET_SETS is catalogue.BUCKET_SETS

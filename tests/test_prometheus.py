@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, remove_dead_files
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.identity import remove_dead_files
 
 
 def exposition(directory):
@@ -194,7 +195,7 @@ def test_incremental_exports_write_what_one_full_export_writes(tmp_path, monkeyp
     and every value is the hand-computed one."""
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesExporter
+    from opentelemetry_instrumentation_vllm_ascend.recording.files_writer import FilesExporter
 
     spec = catalogue.MetricSpec(
         seed="test:duration", kind=catalogue.HISTOGRAM, unit="s", description="test histogram", buckets=(0.01, 0.1, 1.0)

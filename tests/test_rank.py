@@ -16,7 +16,7 @@ from opentelemetry_instrumentation_vllm_ascend.catalogue import M
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory
 from opentelemetry_instrumentation_vllm_ascend.handlers.process import WorkerInit
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
+from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 WORKER_STEP = M["executor:model_runner_execute_model:duration"]

@@ -9,7 +9,7 @@ from fakes import fake_utils
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import series_counts
-from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
+from opentelemetry_instrumentation_vllm_ascend.handlers import scopes
 
 
 @pytest.fixture
@@ -101,19 +101,19 @@ def test_with_the_scope_histogram_off_only_the_forward_postprocess_and_sample_sc
     measured from stay timed; every other scope (the scheduler's per-request "schedule: allocate_slots" included)
     runs as without us: vLLM's own choice."""
     module = fake_utils()
-    patch = model_runner.ProfilerScopes().install(module)
+    patch = scopes.ProfilerScopes().install(module)
     try:
         factory = module._PROFILER_FUNC
         timed = ("gpu_model_runner: forward", "gpu_model_runner: postprocess", "forward", "post process")
         for name in (*timed, "gpu_model_runner: sample", "sample_token"):
-            assert isinstance(factory(name), model_runner._Scope), name
+            assert isinstance(factory(name), scopes._Scope), name
         for name in ("schedule: allocate_slots", "gpu_model_runner: preprocess", 7):
-            assert not isinstance(factory(name), model_runner._Scope), name
+            assert not isinstance(factory(name), scopes._Scope), name
     finally:
         patch.remove()
     enabled("record_function_or_nullcontext")
-    patch = model_runner.ProfilerScopes().install(module)
+    patch = scopes.ProfilerScopes().install(module)
     try:
-        assert isinstance(module._PROFILER_FUNC("schedule: allocate_slots"), model_runner._Scope)
+        assert isinstance(module._PROFILER_FUNC("schedule: allocate_slots"), scopes._Scope)
     finally:
         patch.remove()

@@ -14,8 +14,7 @@ import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
 from opentelemetry_instrumentation_vllm_ascend import environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import metrics_files as prometheus_files
-from opentelemetry_instrumentation_vllm_ascend.recording import pipeline, shutdown
+from opentelemetry_instrumentation_vllm_ascend.recording import identity, pipeline, shutdown
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,7 +78,7 @@ def test_a_process_about_to_be_killed_exports_when_asked(tmp_path, monkeypatch):
         proc.kill()
         proc.wait()
     # Killed: its counters stay (they count for /metrics), its live gauges go.
-    prometheus_files.remove_dead_live_gauges(str(tmp_path))
+    identity.remove_dead_live_gauges(str(tmp_path))
     assert not os.path.exists(tmp_path / f"gauge_livesum_otel-{proc.pid}.db")
     assert counter_values(counter) == {"vllm_profiling_running_to_waiting_count_total": 7.0}
 

@@ -64,7 +64,7 @@ def servers(parent: str | None = None) -> list[dict]:
 
 def _statuses(path: str) -> list[dict]:
     from ..recording import control
-    from ..recording.metrics_files import process_identity
+    from ..recording.identity import process_identity
 
     out = []
     for name in sorted(os.listdir(path)):

@@ -247,8 +247,9 @@ CLOCKS = (ENGINE, API, WORKER)
 
 
 def flush() -> None:
-    """Each clock's seconds so far into its counter (``recording.pipeline`` runs it at the start of every
-    collection). A clock that fails to flush is reported once and loses only its own budget."""
+    """Each clock's seconds so far into its counter (a pre-collection step of ``recording.pipeline``, which
+    ``instrument()`` registers: it runs at the start of every collection). A clock that fails to flush is
+    reported once and loses only its own budget."""
     for clock in CLOCKS:
         try:
             clock.flush()

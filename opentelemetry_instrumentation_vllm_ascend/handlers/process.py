@@ -1,4 +1,9 @@
-"""Process identity: what this process is (api_server / engine_core / worker) and its dp/role."""
+"""What each process is, and what its children do before vLLM stops them.
+
+The ``…Init`` handlers claim this process's kind (api_server / engine_core / worker) and its dp/role
+(``context.claim``) and count it in ``instrumented_processes``; the ``Stop…`` handlers have the processes
+vLLM is about to stop export first, then drop their live gauges (``recording.before_stop``/``after_stop``).
+Which process a file or a pid belongs to is ``recording.identity``'s."""
 
 from __future__ import annotations
 
@@ -73,38 +78,12 @@ class _BeforeStop(Handler):
         return []
 
     def before(self, args, kwargs):
-        from ..recording import shutdown
-
         pids = [p.pid for p in self.processes(args[0]) if p.pid and p.is_alive()]
-        if pids:
-            pids = shutdown.descendants(pids)  # also what after() waits for
-            shutdown.flush_processes(pids, with_descendants=False)
-        return pids
+        return recording.before_stop(pids) if pids else pids
 
     def after(self, state, args, kwargs, result):
         if state:
-            from .. import environment
-            from ..recording.metrics_files import remove_dead_live_gauges
-
-            directory = environment.metrics_files_dir()
-            if directory:
-                shutdown_wait_gone(state)
-                remove_dead_live_gauges(directory)
-
-
-def shutdown_wait_gone(pids, timeout_s: float = 0.5) -> None:
-    """A SIGKILL takes effect asynchronously: wait (briefly, by polling — never reaping another's
-    child) until the processes are gone or zombies."""
-    import time
-
-    from ..recording.metrics_files import process_identity
-
-    deadline = time.monotonic() + timeout_s
-    pending = list(pids)
-    while pending and time.monotonic() < deadline:
-        pending = [pid for pid in pending if process_identity(pid) is not None]
-        if pending:
-            time.sleep(0.01)
+            recording.after_stop(state)
 
 
 class StopEngines(_BeforeStop):

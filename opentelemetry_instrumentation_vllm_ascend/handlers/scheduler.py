@@ -14,7 +14,7 @@ from ..state import STATE, UNKNOWN
 from . import budget
 from .budget import ENGINE_TO
 from .kv_transfer import kv_writes
-from .model_runner import name_label
+from .scopes import name_label
 from .steps import (
     CURRENT_STEP,
     FLUSH_STEPS,

@@ -29,7 +29,7 @@ class Step:
         #: (vLLM's per-request "schedule: allocate_slots" scope ends once per running request).
         self.scopes: dict[Any, list[float]] | None = None
         #: {scope name: the one timing context manager the scope factory hands out for that name in
-        #: this step} (handlers.model_runner._InStepScope).
+        #: this step} (handlers.scopes._InStepScope).
         self.timers: dict[Any, Any] | None = None
 
 

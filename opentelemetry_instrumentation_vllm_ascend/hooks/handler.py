@@ -1,5 +1,5 @@
-"""The handler protocol: what a hook's handler may implement, how its failures are reported, and
-the mutable cell an installed wrapper reads its handler from.
+"""The handler protocol: what a hook's handler may implement, how its failures are reported (``report``,
+from ``errors``), and the mutable cell an installed wrapper reads its handler from.
 
 Contract, for every wrapper kind (``wrappers.py``): the original runs exactly once per call, with the
 same arguments; its result, its exception and its timing semantics reach the caller unchanged; a
@@ -8,13 +8,10 @@ ignored."""
 
 from __future__ import annotations
 
-import logging
-import sys
-
-from ..state import STATE
+from ..errors import report
 from ..targets import reads_args_of
 
-logger = logging.getLogger(__name__)
+__all__ = ["Handler", "Hook", "RowParams", "report"]
 
 
 class Handler:
@@ -83,37 +80,6 @@ class RowParams:
 
     def __get__(self, obj, owner) -> int | None:
         return reads_args_of(owner)
-
-
-_reported = STATE.reported
-
-
-def report(handler, where: str, _state=STATE) -> None:
-    """A handler failed in ``where`` (a fixed string: the method, or the read that failed): count it
-    (``STATE.failures``, exported as ``hook_errors`` and listed by ``control status``), and log the first one
-    per (handler, place) with its traceback. Only ever called on a failure: nothing is counted or paid
-    while nothing fails."""
-    key = (handler.name, where)
-    failures = _state.failures
-    with _state.failures_lock:
-        failures[key] = failures.get(key, 0) + 1
-    if key in _reported:
-        return
-    _reported.add(key)
-    sink = _state.on_new_failure
-    if sink is not None:
-        try:
-            sink()
-        except Exception:
-            pass
-    logger.warning(
-        "opentelemetry-instrumentation-vllm-ascend: handler %s failed in %s; vLLM continues unaffected, "
-        "this handler's measurement is skipped (further failures of it are not logged; all are counted in "
-        "vllm_profiling_hook_errors_total)",
-        handler.name,
-        where,
-        exc_info=sys.exc_info()[0] is not None,
-    )
 
 
 class Hook:

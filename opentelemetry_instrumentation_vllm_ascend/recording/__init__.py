@@ -5,17 +5,35 @@ Values are exact: ``add(spec, 0, …)`` adds nothing (no "≤0 counts as 1" rule
 values in the catalogue's label order (``context.step_labels(phase)`` gives the step-scoped ones), so
 the hot path builds no dicts. Which recorder sits behind these functions is the pipeline's choice:
 the pre-aggregating fast path (default) or the OTel SDK.
+
+This facade only re-exports (the functions live in ``instruments``, ``deferred`` and ``control``; no module
+of ``recording/`` imports it) and wires the pipeline's steps that belong to this layer: at the start of every
+collection the deferred records, then the handler failures (``hook_errors``) and the export time for
+``control status``; in a forked child the flush listener and the control's poller of its own. The handlers'
+own pre-collection work is registered by ``instrument()`` (``pipeline.add_pre_collect``).
 """
 
 from __future__ import annotations
 
-from .. import catalogue, context, environment
-from ..state import STATE
-from . import control, pipeline
-from .deferred import defer, record_in_step, record_later, run_deferred
+from . import control, failures, pipeline, shutdown
+from .control import control_changed
+from .deferred import defer, flush, record_in_step, record_later, run_deferred
+from .instruments import (
+    add,
+    generation,
+    observe,
+    process_started,
+    record,
+    record_many,
+    record_n,
+    set_gauge,
+)
+from .shutdown import after_stop, before_stop
 
 __all__ = [
     "add",
+    "after_stop",
+    "before_stop",
     "control_changed",
     "defer",
     "flush",
@@ -31,139 +49,8 @@ __all__ = [
     "set_gauge",
 ]
 
-_instruments = STATE.instruments
-#: The pipeline's instrument per seed, also while runtime control has it switched off.
-_real = STATE.real_instruments
-
-
-def generation() -> int:
-    """Changes whenever the pipeline is rebuilt (reset, fork) or the state is reset: values cached as
-    "already recorded" must be recorded again then."""
-    return STATE.generation
-
-
-class _Disabled:
-    """A metric switched off by configuration, or one the pipeline cannot export (``Pipeline.instrument``
-    gave None): every call is a no-op."""
-
-    __slots__ = ()
-
-    def add(self, value, labels) -> None:
-        pass
-
-    record = set = record_many = add
-
-    def record_n(self, value, n, labels) -> None:
-        pass
-
-
-def _instrument(spec: catalogue.MetricSpec):
-    instrument = _instruments.get(spec.seed)
-    if instrument is None:
-        if environment.metric_disabled(spec.seed) or control.switched_off(spec.seed):
-            instrument = _instruments[spec.seed] = _Disabled()
-        else:
-            real = _real.get(spec.seed)
-            if real is None:
-                real = _real[spec.seed] = pipeline.get().instrument(spec) or _Disabled()
-            instrument = _instruments[spec.seed] = real
-    return instrument
-
-
-def control_changed() -> None:
-    """Runtime control switched metrics on or off: every instrument is looked up again at its next
-    record (the pipeline's own instruments, kept in ``_real``, keep their values)."""
-    _instruments.clear()
-    if not control.is_on():
-        STATE.deferred.clear()  # records a hook left for later are not made while off
-        STATE.deferred_values.clear()
-
-
-def add(spec: catalogue.MetricSpec, value: int | float, labels: tuple, _get=_instruments.get) -> None:
-    """Counter += value. ``labels``: label values in the order of ``spec.labels``."""
-    if value:
-        instrument = _get(spec.seed)
-        if instrument is None:
-            instrument = _instrument(spec)
-        instrument.add(value, labels)
-
-
-def record(spec: catalogue.MetricSpec, value: float, labels: tuple, _get=_instruments.get) -> None:
-    """One histogram observation."""
-    instrument = _get(spec.seed)
-    if instrument is None:
-        instrument = _instrument(spec)
-    instrument.record(value, labels)
-
-
-def record_many(spec: catalogue.MetricSpec, values: list, labels: tuple, _get=_instruments.get) -> None:
-    """One histogram observation per item of ``values`` (non-empty), all with the same labels."""
-    instrument = _get(spec.seed)
-    if instrument is None:
-        instrument = _instrument(spec)
-    instrument.record_many(values, labels)
-
-
-def record_n(spec: catalogue.MetricSpec, value: float, n: int, labels: tuple, _get=_instruments.get) -> None:
-    """``n`` (> 0) histogram observations of the same value with the same labels (values that
-    repeat over many steps, counted at once)."""
-    instrument = _get(spec.seed)
-    if instrument is None:
-        instrument = _instrument(spec)
-    instrument.record_n(value, n, labels)
-
-
-def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:
-    _instrument(spec).set(value, labels)
-
-
-def _safe(spec, callback):
-    from ..hooks.handler import Handler, report
-
-    class _Observer(Handler):
-        name = f"observer of {spec.seed}"
-
-    observer = _Observer()
-
-    def observe():
-        try:
-            return list(callback())
-        except Exception:
-            report(observer, "collection")
-            return []
-
-    return observe
-
-
-def observe(spec: catalogue.MetricSpec, callback) -> None:
-    """Register an observable gauge for this process: ``callback()`` returns ``[(labels, value), …]``
-    at each collection, in the collecting thread. It survives pipeline rebuilds (fork)."""
-    if environment.metric_disabled(spec.seed):
-        return
-    entry = (spec, _safe(spec, callback))
-    STATE.observers.append(entry)
-    current = pipeline.current()
-    if current is not None:
-        current.observe(*entry)
-    else:
-        pipeline.get()  # built now: it registers every observer of STATE.observers
-
-
-def process_started() -> None:
-    """This process now contributes metrics: count it (once per label set) in instrumented_processes."""
-    ctx = context.PROCESS
-    labels = (ctx.process, ctx.dp, ctx.role)
-    previous = STATE.process_labels
-    if previous == labels:
-        return
-    if previous is not None:
-        set_gauge(catalogue.INSTRUMENTED_PROCESSES, 0, previous)
-    set_gauge(catalogue.INSTRUMENTED_PROCESSES, 1, labels)
-    STATE.process_labels = labels
-
-
-def flush(timeout_millis: float = 5_000) -> None:
-    run_deferred()
-    current = pipeline.current()
-    if current is not None:
-        current.flush(timeout_millis)
+pipeline.add_pre_collect(run_deferred, pipeline.RECORDS)
+pipeline.add_pre_collect(failures.export, pipeline.REPORTS)  # those of the records just made included
+pipeline.add_pre_collect(control.exported, pipeline.REPORTS)  # the last export's time, for `control status`
+pipeline.add_after_fork(shutdown.after_fork_in_child)  # the child answers flush requests on its own socket
+pipeline.add_after_fork(control.after_fork_in_child)  # …and polls the control file on its own thread

@@ -33,6 +33,8 @@ from typing import Any
 from .. import environment
 from ..state import STATE
 from . import failures
+from .deferred import run_deferred
+from .instruments import switched_off
 
 logger = logging.getLogger(__name__)
 
@@ -81,22 +83,20 @@ def is_on() -> bool:
     return STATE.control.on
 
 
-def switched_off(seed: str) -> bool:
-    """Whether the control has switched the metric ``seed`` off (the recording facade asks)."""
-    c = STATE.control
-    if not c.on:
-        return True
-    patterns = c.patterns
-    return bool(patterns) and environment.metric_disabled(seed, patterns)
+def control_changed() -> None:
+    """Runtime control switched metrics on or off: every instrument is looked up again at its next
+    record (the pipeline's own instruments, kept in ``STATE.real_instruments``, keep their values)."""
+    STATE.instruments.clear()
+    if not is_on():
+        STATE.deferred.clear()  # records a hook left for later are not made while off
+        STATE.deferred_values.clear()
 
 
 def set_state(on: bool, patterns=()) -> None:
-    from .. import recording
-
     with STATE.control.lock:
         # What hooks left for later was measured under the state in force: it is recorded now, before a metric
         # it feeds can go off (``control_changed`` then drops what still waits while off).
-        recording.run_deferred()
+        run_deferred()
         c = STATE.control
         c.on = bool(on)
         c.patterns = tuple(patterns)
@@ -106,7 +106,7 @@ def set_state(on: bool, patterns=()) -> None:
                 _budget(clock.pause)
         for hook in list(c.hooks):
             _apply_to(hook)
-        recording.control_changed()
+        control_changed()
         for clock in clocks:  # and resumes once they are back (handlers/budget.py: StageClock)
             if not switched_off(clock.spec.seed):
                 _budget(clock.resume)

@@ -7,8 +7,10 @@ what is pending."""
 from __future__ import annotations
 
 from ..context import STEP_LABELS, step_labels
+from ..errors import report
 from ..state import STATE
 from . import pipeline
+from .instruments import record_many
 
 _deferred = STATE.deferred
 
@@ -69,8 +71,6 @@ def _record_values(_popleft=_values.popleft) -> None:
         else:
             series.append(value)
     if by_series:
-        from . import record_many
-
         for (_seed, labels), (spec, *values) in by_series.items():
             _guarded(record_many, record_many, spec, values, labels)
 
@@ -106,10 +106,16 @@ def _guarded(function, call, *args) -> None:
     try:
         call(*args)
     except Exception:
-        from ..hooks.handler import report
-
         report(_DeferredRecords, getattr(function, "__name__", "deferred"))
 
 
 class _DeferredRecords:
     name = "deferred records"
+
+
+def flush(timeout_millis: float = 5_000) -> None:
+    """Make the records left for later, then export now (every reader of this process's pipeline)."""
+    run_deferred()
+    current = pipeline.current()
+    if current is not None:
+        current.flush(timeout_millis)

@@ -3,7 +3,7 @@
 prometheus_client formats every sample of every scrape from scratch: it sorts and escapes each label, checks
 each name against the legacy character set and formats the value (about 20 µs a sample in the OpenMetrics
 format Prometheus asks for, on the CI machine's kind). Our series' names and labels never change once they
-exist, so in the process that serves ``/metrics`` (the API server, with :class:`~.metrics_files.FilesCollector`
+exist, so in the process that serves ``/metrics`` (the API server, with :class:`~.files_reader.FilesCollector`
 registered) the encoders vLLM's ``/metrics`` calls are wrapped: the wrapped encoder renders everything else as
 before (our collector yields nothing for that call), then appends our families, each line its cached prefix
 (name and labels) and the value. The prefixes and family headers are produced by that same encoder, once per

@@ -1,6 +1,6 @@
 """Handler failures on ``/metrics`` and OTLP: ``hook_errors``.
 
-``hooks.handler.report`` (the mechanism layer, which records nothing) counts each failure in ``STATE.failures``;
+``errors.report`` (below the recording layer, which it never imports) counts each failure in ``STATE.failures``;
 at the start of every collection (``recording.pipeline``'s pre-collection step, after the deferred records,
 whose failures count too) :func:`export` adds what each (hook, place) gained since the last one to the
 ``hook_errors`` counter. A process in which nothing failed does nothing here but one empty-dict test."""
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from .. import catalogue, context
 from ..state import STATE
+from . import pipeline
+from .instruments import add
 
 
 def _pipeline_exists() -> None:
     """A first failure (``STATE.on_new_failure``): the count must reach an export, in a process that recorded
     nothing yet too (its collections export it)."""
     if STATE.pipeline is None and not STATE.pipeline_lock.locked():  # locked: being built (maybe by this thread)
-        from . import pipeline
-
         pipeline.get()
 
 
@@ -33,8 +33,6 @@ def export() -> None:
     """Add the failures counted since the last collection to ``hook_errors`` (the current pipeline's)."""
     if not STATE.failures:
         return
-    from . import add
-
     exported = STATE.failures_exported
     ctx = context.PROCESS
     for (hook, where), count in snapshot().items():

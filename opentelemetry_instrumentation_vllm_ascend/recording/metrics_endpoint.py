@@ -22,7 +22,7 @@ from .. import environment
 
 if TYPE_CHECKING:
     from .exposition import FastExposition
-    from .metrics_files import FilesCollector, MultiprocessGuard
+    from .files_reader import FilesCollector, MultiprocessGuard
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class Exposition:
         if os.environ.get(environment.PROMETHEUS_MULTIPROC_DIR):
             # vLLM serves /metrics from that directory in this process or its children (several API
             # servers): a file of ours that cannot be read must not take it down.
-            from .metrics_files import guard_multiprocess_collector
+            from .files_reader import guard_multiprocess_collector
 
             try:
                 self._guard = guard_multiprocess_collector()
@@ -58,14 +58,14 @@ class Exposition:
         self._set_env.append(environment.ROOT_PID)
         multiproc = os.environ.get(environment.PROMETHEUS_MULTIPROC_DIR)
         if multiproc:
-            from .metrics_files import remove_dead_files
+            from .identity import remove_dead_files
 
             if os.path.isdir(multiproc):
                 remove_dead_files(multiproc)
             return
         from prometheus_client import REGISTRY
 
-        from .metrics_files import FilesCollector
+        from .files_reader import FilesCollector
 
         remove_leaked_directories()
         directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)
@@ -131,14 +131,14 @@ def read_owner(directory: str) -> tuple[int, str] | None:
 
 def owner_running(pid: int, identity: str) -> bool:
     """Whether the directory's root process still runs (the same process: a reused pid is not)."""
-    from .metrics_files import process_identity
+    from .identity import process_identity
 
     running = process_identity(pid)
     return running is not None and not (identity and running and running != identity)
 
 
 def _parent(pid: int) -> int | None:
-    from .metrics_files import proc_stat
+    from .identity import proc_stat
 
     try:
         return int(proc_stat(pid)[1])
@@ -192,7 +192,7 @@ def drop_foreign_identity() -> None:
 def write_owner(directory: str) -> None:
     """Record this process as the owner of ``directory`` (pid and start identity), for
     ``remove_leaked_directories`` once the process is gone."""
-    from .metrics_files import process_identity
+    from .identity import process_identity
 
     try:
         with open(os.path.join(directory, _OWNER_FILE), "w") as f:

@@ -23,19 +23,16 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import catalogue, context, environment, neighbours, state, targets
-from ..handlers import budget
+from .. import catalogue, context, environment, state, targets
 from ..state import STATE
 from ..version import __version__
-from . import control, failures, shutdown
-from .deferred import run_deferred
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
     from opentelemetry.sdk.metrics import MeterProvider
 
     from .fastpath import Store
-    from .metrics_files import FilesExporter
+    from .files_writer import FilesExporter
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +110,7 @@ class Pipeline:
             # The metrics this provider has Views for: an SDK provider's Views are fixed when it is built.
             self.viewed = {spec.exposed_name for spec in specs}
             self.provider = MeterProvider(
-                metric_readers=readers, resource=resource, views=catalogue.views(specs), shutdown_on_exit=False
+                metric_readers=readers, resource=resource, views=views(specs), shutdown_on_exit=False
             )
             meter = self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
 
@@ -168,7 +165,7 @@ class Pipeline:
 
         directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
         if directory:
-            from .metrics_files import FilesExporter
+            from .files_writer import FilesExporter
 
             self.files_exporter = FilesExporter(directory)
             readers.append(
@@ -312,20 +309,64 @@ def _final_export_failed(timeout_millis: float, exc: Exception) -> None:
     )
 
 
+#: Where a pre-collection step runs among the others (``add_pre_collect``): the records left for later go in
+#: first, then what the handlers hold (a stage budget's seconds so far), then what is reported about them
+#: (handler failures, those of the records just made included), then work that only looks (``LAST``).
+RECORDS, HANDLERS, REPORTS, LAST = 0, 1, 2, 3
+
+
+def add_pre_collect(step, place: int = LAST) -> None:
+    """Run ``step()`` at the start of every collection (and before a flush's or the final export), in the
+    collecting thread, at ``place`` among the others (``RECORDS``, ``HANDLERS``, ``REPORTS``, ``LAST``); the
+    recording facade registers the recording layer's, ``instrument()`` the handlers'. Registered once: a
+    second registration of the same step is ignored."""
+    steps = STATE.pre_collect
+    if any(registered is step for _place, registered in steps):
+        return
+    steps.insert(sum(1 for registered_place, _step in steps if registered_place <= place), (place, step))
+
+
+def add_after_fork(step) -> None:
+    """Run ``step()`` in a forked child, after its fork handler dropped the parent's pipeline and state."""
+    if step not in STATE.after_fork:
+        STATE.after_fork.append(step)
+
+
 def _before_collect() -> None:
-    """Run at the start of every collection, in the collecting thread: the deferred records go in, then
-    the stage clocks' seconds so far (handlers.budget), then the handler failures counted since the last one
-    (``hook_errors``)."""
+    """Run at the start of every collection, in the collecting thread: the registered steps in order
+    (``add_pre_collect``): the deferred records go in, then the stage clocks' seconds so far
+    (handlers.budget), then the handler failures counted since the last one (``hook_errors``). A step that
+    raises is logged and skips those after it until the next collection."""
     try:
         with STATE.collect_lock:
-            run_deferred()
-            budget.flush()
-            failures.export()  # handler failures, those of the records just made included (hook_errors)
-            control.exported()  # the last export's time, for `control status`
-            if not STATE.neighbours_rechecked:
-                neighbours.recheck()  # once: other instrumentations may have patched since the hooks went in
+            for _place, step in STATE.pre_collect:
+                step()
     except Exception:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
+
+
+def views(specs=None):
+    """SDK Views of ``specs`` (default: ``catalogue.defined()``): rename each instrument to its catalogue name,
+    fix its buckets, and keep only the catalogue's labels (bounded cardinality whatever a handler passes)."""
+    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+
+    result = []
+    for spec in catalogue.defined() if specs is None else specs:
+        aggregation = None
+        if spec.kind == catalogue.HISTOGRAM:
+            aggregation = ExplicitBucketHistogramAggregation(list(spec.buckets or ()), record_min_max=True)
+        kwargs = {"aggregation": aggregation} if aggregation is not None else {}
+        result.append(
+            View(
+                instrument_name=spec.instrument_name,
+                meter_name=catalogue.SCOPE_NAME,
+                name=spec.exposed_name,
+                description=spec.description,
+                attribute_keys=set(targets.all_labels(spec)),
+                **kwargs,
+            )
+        )
+    return result
 
 
 def get() -> Pipeline:
@@ -404,8 +445,8 @@ def _after_fork_in_child() -> None:
     if old is not None:
         old.abandon()
     state.reset()  # a parent's pending records, caches and steps are not this process's
-    shutdown.after_fork_in_child()  # the child answers flush requests on its own socket
-    control.after_fork_in_child()  # …and polls the control file on its own thread
+    for step in STATE.after_fork:  # the flush listener and the control's poller (the recording facade's)
+        step()
 
 
 if hasattr(os, "register_at_fork"):

@@ -138,8 +138,8 @@ def _serve(sock, pid: int) -> None:
 
 def flush_here() -> None:
     """Export what this process recorded, now (or wait for the final export already under way)."""
-    from .. import recording
     from . import pipeline
+    from .deferred import flush
 
     current = pipeline.current()
     if current is None or current.pid != os.getpid():
@@ -147,7 +147,7 @@ def flush_here() -> None:
     if current.closing:  # exiting already: its final export is what the requester waits for
         current.closed.wait(environment.shutdown_timeout_ms() / 1000)
         return
-    recording.flush(timeout_millis=environment.shutdown_timeout_ms())
+    flush(timeout_millis=environment.shutdown_timeout_ms())
 
 
 def descendants(pids) -> list[int]:
@@ -221,6 +221,38 @@ def flush_processes(pids, timeout_s: float | None = None, with_descendants: bool
                 timeout_s * 1000,
             )
     return answered
+
+
+def before_stop(pids) -> list[int]:
+    """Before vLLM stops the processes ``pids``: they and their descendants export what they recorded (waited
+    for at most OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS in all). Returns them all (what ``after_stop`` waits for)."""
+    pids = descendants(pids)
+    flush_processes(pids, with_descendants=False)
+    return pids
+
+
+def after_stop(pids) -> None:
+    """After vLLM stopped the processes ``pids`` (those ``before_stop`` returned): the live gauges of the
+    processes now gone are dropped from the files directory (their exit-time cleanup never ran)."""
+    directory = environment.metrics_files_dir()
+    if directory:
+        from .identity import remove_dead_live_gauges
+
+        wait_gone(pids)
+        remove_dead_live_gauges(directory)
+
+
+def wait_gone(pids, timeout_s: float = 0.5) -> None:
+    """A SIGKILL takes effect asynchronously: wait (briefly, by polling — never reaping another's
+    child) until the processes are gone or zombies."""
+    from .identity import process_identity
+
+    deadline = time.monotonic() + timeout_s
+    pending = list(pids)
+    while pending and time.monotonic() < deadline:
+        pending = [pid for pid in pending if process_identity(pid) is not None]
+        if pending:
+            time.sleep(0.01)
 
 
 def after_fork_in_child() -> None:

@@ -1,0 +1,254 @@
+"""Our ``/metrics`` files, read and merged: in the process that serves vLLM's ``/metrics``.
+
+:class:`FilesCollector` merges every process's files of one directory (written by ``files_writer``) as
+prometheus_client's MultiProcessCollector would, with parsed keys cached across scrapes; where vLLM merges
+``PROMETHEUS_MULTIPROC_DIR`` itself, :func:`guard_multiprocess_collector` keeps a file of ours that is not
+whole from taking its ``/metrics`` down. Gauges of processes that no longer run (``identity``) are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+
+from .identity import FILE_TOKEN, file_pid, file_process_alive, files
+
+logger = logging.getLogger(__name__)
+
+
+def _check_header(path: str) -> None:
+    """A multiprocess file starts with the number of bytes in use (at least its 8-byte header, at
+    most the file's size): anything else is not such a file, or a damaged one."""
+    with open(path, "rb") as f:
+        header = f.read(8)
+        size = os.fstat(f.fileno()).st_size
+    if len(header) < 8:
+        raise ValueError(f"{size}-byte file, shorter than the header")
+    used = struct.unpack_from("i", header)[0]  # native order, as prometheus_client writes it
+    if not 8 <= used <= size:
+        raise ValueError(f"header says {used} bytes in use, the file has {size}")
+
+
+def read_whole(path: str, parse) -> list:
+    """Every ``(parse(key), value, timestamp)`` of one multiprocess file, read and parsed whole before
+    any of it is used: raises on a file that is not whole (random bytes, a header that does not fit
+    the file, a truncated entry, a key ``parse`` rejects, a 0-byte file left by a process killed
+    while creating it)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    _check_header(path)
+    return [(parse(key), value, timestamp) for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path)]
+
+
+def _warn_unreadable(seen: set, path: str, exc: Exception) -> None:
+    """One warning per unreadable file (each scrape skips it again, silently)."""
+    if path in seen:
+        return
+    seen.add(path)
+    logger.warning(
+        "opentelemetry-instrumentation-vllm-ascend: skipping unreadable metrics file %s (%s: %s); "
+        "the rest of /metrics is served",
+        path,
+        type(exc).__name__,
+        exc,
+    )
+
+
+def _key_fields(key: str) -> None:
+    """A key as prometheus_client's multiprocess collector unpacks it: a JSON list of metric name,
+    sample name, labels object, help text."""
+    import json
+
+    _metric, _sample, labels, _help_text = json.loads(key)
+    if not isinstance(labels, dict):
+        raise ValueError("the labels of a key are not an object")
+
+
+class _GuardedReadMetrics:
+    """``MultiProcessCollector._read_metrics`` reads every file of ``PROMETHEUS_MULTIPROC_DIR`` at once
+    and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own metrics
+    too): this replacement hands it the same files less those of ours that are not whole (each
+    checked with ``read_whole``; one warning per file). Other files are passed on untouched."""
+
+    def __init__(self, original) -> None:
+        self.original = original  # the staticmethod object of MultiProcessCollector
+        self.skipped: set = set()
+
+    def __call__(self, files):
+        kept = []
+        for path in files:
+            if FILE_TOKEN in os.path.basename(path):
+                try:
+                    read_whole(path, _key_fields)
+                except FileNotFoundError:
+                    continue
+                except Exception as exc:
+                    _warn_unreadable(self.skipped, path, exc)
+                    continue
+            kept.append(path)
+        return self.original.__func__(kept)
+
+
+class MultiprocessGuard:
+    __slots__ = ("replacement",)
+
+    def __init__(self, replacement) -> None:
+        self.replacement = replacement
+
+    def remove(self) -> None:
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        replacement: _GuardedReadMetrics = self.replacement
+        current = MultiProcessCollector.__dict__.get("_read_metrics")
+        if isinstance(current, staticmethod) and current.__func__ is replacement:
+            MultiProcessCollector._read_metrics = replacement.original
+
+
+def guard_multiprocess_collector() -> MultiprocessGuard | None:
+    """Install ``_GuardedReadMetrics`` in this process (where vLLM serves ``/metrics`` from
+    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or it is in place."""
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    original = MultiProcessCollector.__dict__.get("_read_metrics")
+    if not isinstance(original, staticmethod) or isinstance(original.__func__, _GuardedReadMetrics):
+        return None
+    replacement = _GuardedReadMetrics(original)
+    MultiProcessCollector._read_metrics = staticmethod(replacement)
+    return MultiprocessGuard(replacement)
+
+
+class _Skip(threading.local):
+    active = False
+
+
+class FilesCollector:
+    """prometheus_client collector over one directory of per-process files (ours only).
+
+    Same merge rules as prometheus_client's MultiProcessCollector (counters and histograms summed
+    over processes, gauges by their multiprocess mode), with parsed keys cached across scrapes:
+    file keys never change, so a scrape only reads values (a test checks both give the same text).
+    ``describe()`` returns nothing, so registering it never clashes with vLLM's metrics and vLLM's
+    ``unregister_vllm_metrics()`` (which matches collectors by name) leaves it alone.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._keys: dict[str, tuple] = {}
+        self._le: dict[float, str] = {}  # bucket bound -> its ``le`` label value
+        #: Set (per thread) while recording/exposition.py renders these families itself: collect() yields none.
+        self.skip = _Skip()
+        self._skipped: set[str] = set()
+
+    def describe(self):
+        return []
+
+    def _unreadable(self, path: str, exc: Exception) -> None:
+        _warn_unreadable(self._skipped, path, exc)
+
+    def _parse(self, key: str) -> tuple:
+        parsed = self._keys.get(key)
+        if parsed is None:
+            import json
+
+            metric, sample, labels, help_text = json.loads(key)
+            items = tuple(sorted(labels.items()))
+            le = labels.get("le")
+            bucket = None
+            if le is not None:
+                bucket = (tuple(item for item in items if item[0] != "le"), float(le))
+            parsed = self._keys[key] = (metric, sample, items, help_text, bucket)
+        return parsed
+
+    def collect(self):
+        if self.skip.active:  # recording/exposition.py renders this collector's families itself
+            return []
+        from prometheus_client.metrics_core import Metric
+        from prometheus_client.samples import Sample
+
+        out = []
+        for name, typ, help_text, samples in self.families():
+            metric = Metric(name, help_text, typ)
+            metric.samples.extend(Sample(sample, dict(labels), value) for sample, labels, value in samples)
+            out.append(metric)
+        return out
+
+    def families(self) -> list:
+        """Every family merged over the directory's files: ``[(name, type, help, [(sample name, label items,
+        value)])]``, in exposition order (a histogram's cumulative buckets and ``_count`` per label set, then its
+        ``_sum`` samples)."""
+        from prometheus_client.utils import floatToGoString
+
+        families: dict[str, list] = {}  # name -> [type, help, mode, values {(sample, labels): v}, buckets]
+        for path in files(self.directory, "*.db"):
+            parts = os.path.basename(path).split("_")
+            typ = parts[0]
+            mode = parts[1] if typ == "gauge" else None
+            if mode is not None and mode.startswith("live"):
+                pid = file_pid(path)
+                if pid is not None and not file_process_alive(self.directory, pid):
+                    continue
+            try:
+                # Read and parse the whole file before merging any of it: a file that cannot be read
+                # (truncated, overwritten, a 0-byte file left by a process killed while creating it)
+                # is left out whole, and the rest of /metrics — vLLM's own metrics too — is served.
+                values = read_whole(path, self._parse)
+            except FileNotFoundError:  # a live gauge file removed since the glob
+                continue
+            except Exception as exc:
+                self._unreadable(path, exc)
+                continue
+            for (name, sample, labels, help_text, bucket), value, timestamp in values:
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = [typ, help_text, mode, {}, {}]
+                samples, buckets = family[3], family[4]
+                if typ == "histogram":
+                    if bucket is not None:
+                        rest, bound = bucket
+                        per = buckets.get(rest)
+                        if per is None:
+                            per = buckets[rest] = {}
+                        per[bound] = per.get(bound, 0.0) + value
+                        continue
+                    samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
+                elif typ == "gauge":
+                    self._gauge(samples, mode, sample, labels, value, timestamp, parts)
+                else:
+                    samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
+        out = []
+        le_of = self._le
+        for name, (typ, help_text, _mode, samples, buckets) in families.items():
+            rows = []
+            for rest, per in buckets.items():
+                acc = 0.0
+                for bound in sorted(per):
+                    acc += per[bound]
+                    le = le_of.get(bound)
+                    if le is None:
+                        le = le_of[bound] = floatToGoString(bound)
+                    rows.append((name + "_bucket", rest + (("le", le),), acc))
+                rows.append((name + "_count", rest, acc))
+            for (sample, labels), value in samples.items():
+                rows.append((sample, labels, value[0] if isinstance(value, tuple) else value))
+            out.append((name, typ, help_text, rows))
+        return out
+
+    @staticmethod
+    def _gauge(samples, mode, sample, labels, value, timestamp, parts) -> None:
+        if mode in ("all", "liveall"):
+            pid = parts[2][:-3]
+            samples[(sample, labels + (("pid", pid),))] = value
+            return
+        key = (sample, labels)
+        if mode in ("sum", "livesum"):
+            samples[key] = samples.get(key, 0.0) + value
+        elif mode in ("max", "livemax"):
+            samples[key] = max(samples.get(key, value), value)
+        elif mode in ("min", "livemin"):
+            samples[key] = min(samples.get(key, value), value)
+        else:  # mostrecent, livemostrecent: (value, timestamp), newest wins
+            current = samples.get(key)
+            if current is None or current[1] < timestamp:
+                samples[key] = (value, timestamp)
