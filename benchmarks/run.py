@@ -1,4 +1,4 @@
-"""The benchmark suite: ``tox -e bench`` (or ``python benchmarks/run.py``).
+"""The benchmark suite: ``tox -e bench`` (or ``python -m benchmarks.run``).
 
 Prints, in one run, side by side on the same synthetic target:
   A. ns per hooked call (median, min–max over repeats, ratio to our timer hook): bare call, plain
@@ -32,10 +32,8 @@ from time import perf_counter
 from types import SimpleNamespace as NS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
 
-import _targets  # noqa: E402
-
+from benchmarks import _targets  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import steps  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer  # noqa: E402
@@ -307,7 +305,10 @@ def per_call_rows(number, repeat):
 
 def _child(mode, *args):
     out = subprocess.run(
-        [sys.executable, __file__, "--child", mode, *map(str, args)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "benchmarks.run", "--child", mode, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
@@ -769,7 +770,7 @@ def main(argv=None) -> int:
         print(f"- {ours_row}: +{added[ours_row] - added[bare_row]:.0f} ns over {bare_row}")
     table("B. Step phase classification (µs per step)", classification_rows(args.repeat), "µs")
     table("B2. Hooks per engine step (schedule + one allocate_slots per request), µs", step_rows(args.repeat), "µs")
-    import _step
+    from benchmarks import _step
 
     whole = _step.whole_step_rows(args.repeat)
     table("F. Every hook of one engine step, by process (plain stand-ins of vLLM's classes, no work), µs", whole, "µs")

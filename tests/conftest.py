@@ -2,12 +2,12 @@ import contextlib
 import os
 
 import pytest
-from fakes import fake_utils, patch_clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment, state
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from tests.support.fakes import fake_utils, patch_clock
 
 #: The suite checks every catalogue metric's values, the opt-in ones (catalogue.OPT_IN) included: it records them
 #: all (real servers inherit this); tests/test_series_budget.py checks the default set with the variable unset.

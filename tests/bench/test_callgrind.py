@@ -1,16 +1,12 @@
 """Section G2 of ``tox -e bench-e2e`` (benchmarks/_callgrind.py): instructions counted by callgrind between marks
 the program sets itself, so that the scheduler hooks' cost reads the same whatever else the machine does."""
 
-import os
 import shutil
-import sys
 import textwrap
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-import _callgrind  # noqa: E402
+from benchmarks import _callgrind
 
 
 def test_dumps_are_read_in_numeric_order_and_paired_with_the_marks_that_end_them(tmp_path):
@@ -43,9 +39,10 @@ def test_a_real_callgrind_run_counts_the_same_work_the_same(tmp_path):
     child.write_text(
         textwrap.dedent(
             f"""
-            import sys
-            sys.path.insert(0, {os.path.dirname(_callgrind.__file__)!r})
-            import _callgrind
+            import importlib.util
+            spec = importlib.util.spec_from_file_location("_callgrind", {_callgrind.__file__!r})
+            _callgrind = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(_callgrind)
 
             def work(n):
                 total = 0

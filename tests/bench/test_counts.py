@@ -2,12 +2,7 @@
 simulated engine step, counted in calls rather than timed, so that a code change's effect reads the same on any
 machine. The counts must be exact to be worth printing."""
 
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-import _step  # noqa: E402
+from benchmarks import _step
 
 
 def test_python_call_counts_are_exact_and_the_default_set_adds_no_more_than_every_metric():

@@ -1,14 +1,9 @@
 """Section G3 of ``tox -e bench-e2e`` (benchmarks/real_scheduler.py): handler methods timed from inside the steps by
 shims that time each call and leave the original's behaviour and the class as they were."""
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-import real_scheduler  # noqa: E402
+from benchmarks import real_scheduler
 
 
 class Handler:

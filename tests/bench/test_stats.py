@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-
-from e2e_overhead import bootstrap_median, bootstrap_median_by_set, cpu_between, cpu_snapshot  # noqa: E402
+from benchmarks.e2e_overhead import bootstrap_median, bootstrap_median_by_set, cpu_between, cpu_snapshot  # noqa: E402
 
 
 def test_one_set_is_the_rounds_bootstrap():
@@ -78,7 +75,7 @@ def _printout(path, header: str, rounds) -> str:
 
 
 def test_pool_reads_each_set_of_each_printout(tmp_path, capsys):
-    import pool
+    from benchmarks import pool
 
     a = _printout(tmp_path / "a.txt", "run a", [(1, 1, 100, 99, 100), (1, 2, 100, 98, 101)])
     b = _printout(tmp_path / "b.txt", "run b", [(1, 1, 100, 97, 99)])
@@ -93,7 +90,7 @@ def test_pool_reads_each_set_of_each_printout(tmp_path, capsys):
 
 
 def test_pool_refuses_to_mix_switched_runs_with_three_server_runs(tmp_path, capsys):
-    import pool
+    from benchmarks import pool
 
     three = _printout(tmp_path / "three.txt", "### preset step; 1 server sets", [(1, 1, 100, 99, 100)])
     one = _printout(tmp_path / "one.txt", "### preset step; SWITCHED: one instrumented server", [(1, 1, 100, 99, 100)])
@@ -123,7 +120,7 @@ APART = "workers alone on their core(s), EngineCores, API servers and the client
     ],
 )
 def test_pool_refuses_runs_of_another_model_size_placement_or_ablation(tmp_path, capsys, other, differs):
-    import pool
+    from benchmarks import pool
 
     rounds = [(1, 1, 100, 99, 100)]
     base = _printout(tmp_path / "base.txt", HEADER.format(2, SHARED), rounds)
@@ -136,7 +133,7 @@ def test_pool_refuses_runs_of_another_model_size_placement_or_ablation(tmp_path,
 def test_bind_places_the_engine_core_with_its_worker_or_apart(monkeypatch, placement, engine_core):
     """On two cores with the worker on core 0: the API server always gets core 1; the EngineCore gets the
     worker's core (shared) or core 1 (apart); the worker keeps vLLM's own binding."""
-    import e2e_overhead
+    from benchmarks import e2e_overhead
 
     kinds = {10: "api_server", 11: "engine_core", 12: "worker"}
     pinned: dict = {}
@@ -153,7 +150,7 @@ def test_bind_places_the_engine_core_with_its_worker_or_apart(monkeypatch, place
 @pytest.mark.parametrize("layers, step_ms, resized", [(2, 14.2, 4), (2, 13.0, 5), (2, 60.0, 1), (4, 21.0, 6)])
 def test_resized_layers_aim_at_the_middle_of_the_step_range(layers, step_ms, resized):
     """The step preset's model on a faster or slower machine: layers scaled toward 30 ms (of 20-40 ms)."""
-    from e2e_overhead import STEP_RANGE_MS, resized_layers
+    from benchmarks.e2e_overhead import STEP_RANGE_MS, resized_layers
 
     assert STEP_RANGE_MS == (20, 40)
     assert resized_layers(layers, step_ms) == resized

@@ -5,7 +5,11 @@ the fakes the handler tests use have the real classes' shape. Each vllm-ascend r
 cached), parsed over the vLLM it runs on and never imported."""
 
 import pytest
-from contract import (
+from packaging.version import Version
+
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from tests.support.contract import (
     ASCEND_VERSIONS,
     READS,
     ascend_tree,
@@ -14,10 +18,6 @@ from contract import (
     check_target,
     fake_problems,
 )
-from packaging.version import Version
-
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 
 @pytest.fixture(scope="module", params=ASCEND_VERSIONS)
@@ -81,7 +81,7 @@ def test_npu_runner_sets_attn_state_in_prepare_inputs(tree):
 
 def _fakes():
     """(fake class, an instance or None, real module, real class, names the fake adds for the test only)."""
-    import fakes as t
+    from tests.support import fakes as t
 
     runner = t.npu_runner(t.AscendAttentionState.DecodeOnly)
     return [
@@ -122,7 +122,7 @@ def test_fakes_have_the_real_classes_methods_and_attributes(tree):
 
 
 def test_fake_enums_match_the_real_ones(tree):
-    import fakes as t
+    from tests.support import fakes as t
 
     for fake, module, cls in (
         (t.AscendAttentionState, "vllm_ascend.attention.attention_v1", "AscendAttentionState"),

@@ -8,8 +8,9 @@ arguments before the call), so ``f(g())`` lists ``g`` then ``f``."""
 import ast
 
 import pytest
-from contract import VLLM_VERSIONS, at_least, overrides_without_base_call
-from test_contract_vllm import tree_for
+
+from tests.contract.test_vllm import tree_for
+from tests.support.contract import VLLM_VERSIONS, at_least, overrides_without_base_call
 
 _CORE = "vllm.v1.engine.core"
 

@@ -11,13 +11,13 @@ import sys
 import tarfile
 
 import pytest
-from source_archives import sdist
 
 from opentelemetry_instrumentation_vllm_ascend import source
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from tests.support.source_archives import sdist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REMOVED = "vllm.v1.core.sched.scheduler:Scheduler.update_from_output"
 
 

@@ -7,8 +7,9 @@ what vllm-ascend itself reads them as. The rows themselves (symbols, parameters)
 import ast
 
 import pytest
-from contract import ASCEND_VERSIONS, SourceTree, ascend_tree, fake_problems
-from source_archives import sdist
+
+from tests.support.contract import ASCEND_VERSIONS, SourceTree, ascend_tree, fake_problems
+from tests.support.source_archives import sdist
 
 _KV = "vllm_ascend.distributed.kv_transfer."
 _P2P = _KV + "kv_p2p."
@@ -21,7 +22,7 @@ def tree(request):
 
 
 def _fakes():
-    import fakes as t
+    from tests.support import fakes as t
 
     return [
         (
@@ -143,7 +144,7 @@ def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
     ``start_kv_transfers``, ``get_finished``) and its handlers complete jobs with ``TransferResult(transfer_size,
     transfer_time)`` timed by NPU events: vLLM's own ``transfer_stats``, which our OffloadingConnectorWorker rows
     read, carry them. Every vLLM module it imports exists in vLLM 0.32."""
-    from test_contract_vllm import tree_for
+    from tests.contract.test_vllm import tree_for
 
     ascend = SourceTree.from_archive(sdist("vllm-ascend", ASCEND_WITH_NPU_OFFLOAD), strip_prefix=True)
     both = SourceTree({**tree_for("0.32.0").files, **ascend.files})

@@ -3,12 +3,12 @@ the attributes they read from vLLM objects (gated like their target rows; the ro
 checked by test_contract_vllm.py)."""
 
 import pytest
-from contract import VLLM_VERSIONS, Read, at_least, check_read
 from packaging.version import Version
-from test_contract_vllm import tree_for
 
 from opentelemetry_instrumentation_vllm_ascend import supported
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from tests.contract.test_vllm import tree_for
+from tests.support.contract import VLLM_VERSIONS, Read, at_least, check_read
 
 _EXAMPLE = "vllm.distributed.kv_transfer.kv_connector.v1.example_connector"
 _OFFLOADING = "vllm.distributed.kv_transfer.kv_connector.v1.offloading"

@@ -10,14 +10,14 @@ tests/fakes.py must have the real classes' shape. Read from source, never import
 import ast
 
 import pytest
-from contract import SourceTree, fake_problems
-from fakes import MRV2_FAKES, FakeRunnerV2
 from packaging.version import Version
-from test_contract_vllm import _TREES, tree_for
 
 from opentelemetry_instrumentation_vllm_ascend import supported
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from tests.contract.test_vllm import _TREES, tree_for
+from tests.support.contract import SourceTree, fake_problems
+from tests.support.fakes import MRV2_FAKES, FakeRunnerV2
 
 V2 = "vllm.v1.worker.gpu.model_runner"
 TIMING = "vllm.v1.worker.gpu.async_utils"

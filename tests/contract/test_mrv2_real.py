@@ -12,9 +12,10 @@ import sys
 import tarfile
 
 import pytest
-from source_archives import sdist
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support.source_archives import sdist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def vllm_034(tmp_path_factory):
 def test_the_real_034_model_runner_v2_modules_are_hooked(vllm_034):
     environ = dict(os.environ, PYTHONPATH=os.pathsep.join([vllm_034, ROOT]), VLLM_NO_USAGE_STATS="1")
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tests", "mrv2_real_drive.py")],
+        [sys.executable, os.path.join(ROOT, "tests", "support", "mrv2_real_drive.py")],
         env=environ,
         cwd=vllm_034,
         capture_output=True,

@@ -7,12 +7,19 @@ base's must have a row of its own or an entry, with its reason, in ``targets.UNC
 import functools
 
 import pytest
-from contract import ASCEND_PAIRS, VLLM_VERSIONS, SourceTree, ascend_tree, ascend_vllm, overrides_without_base_call
 from packaging.version import Version
-from test_contract_vllm import tree_for
 
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from tests.contract.test_vllm import tree_for
+from tests.support.contract import (
+    ASCEND_PAIRS,
+    VLLM_VERSIONS,
+    SourceTree,
+    ascend_tree,
+    ascend_vllm,
+    overrides_without_base_call,
+)
 
 _PREFIX = "vllm-ascend "
 #: The trees: each vLLM release, then each vllm-ascend release (named "vllm-ascend VERSION") over its vLLM.

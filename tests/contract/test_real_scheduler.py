@@ -7,13 +7,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conftest import Metrics, instrumented  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap  # noqa: E402
+from tests.conftest import Metrics, instrumented  # noqa: E402
 
 P = catalogue.PREFIX
 

@@ -20,14 +20,13 @@ import pytest
 
 vllm = pytest.importorskip("vllm")
 
-import source_archives  # noqa: E402
-
 from opentelemetry_instrumentation_vllm_ascend import catalogue, supported  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from tests.support import source_archives  # noqa: E402
 
 P = catalogue.PREFIX
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def _key(version: str) -> tuple:

@@ -7,8 +7,9 @@ the request (``handlers.scheduler._count_preemptions``)."""
 import ast
 
 import pytest
-from contract import SourceTree
-from test_contract_overrides import ASCEND_NAMES, TREES, tree_of
+
+from tests.contract.test_overrides import ASCEND_NAMES, TREES, tree_of
+from tests.support.contract import SourceTree
 
 SCHED = "vllm.v1.core.sched.scheduler"
 VLLM = [n for n in TREES if n not in ASCEND_NAMES]

@@ -13,9 +13,9 @@ import sys
 import threading
 
 import pytest
-import source_archives
 
 from opentelemetry_instrumentation_vllm_ascend import archives
+from tests.support import source_archives
 
 PAYLOAD = bytes(range(256)) * 4096  # 1 MiB
 
@@ -147,7 +147,7 @@ def test_with_nothing_configured_the_index_is_pips_own_default(tmp_path, monkeyp
 
 
 def test_no_package_index_host_is_written_in_the_projects_code():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     found = []
     for directory in ("opentelemetry_instrumentation_vllm_ascend", "tests", "benchmarks"):
         for dirpath, _, names in os.walk(os.path.join(root, directory)):

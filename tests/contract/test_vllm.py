@@ -7,7 +7,11 @@ that release."""
 import ast
 
 import pytest
-from contract import (
+from packaging.version import Version
+
+from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from tests.support.contract import (
     _VLLM_TREES,
     READS,
     VLLM_VERSIONS,
@@ -16,10 +20,6 @@ from contract import (
     check_target,
     vllm_tree,
 )
-from packaging.version import Version
-
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
 
 
 def tree_for(version: str) -> SourceTree:
@@ -104,7 +104,7 @@ def test_the_checker_catches_drift():
     assert check_target(tree, good) == []
     assert "handler expects 'request'" in check_target(tree, bad)[0]
     assert "not defined" in check_target(tree, missing)[0]
-    from contract import Read
+    from tests.support.contract import Read
 
     assert check_read(tree, Read("m", "A", "y")) == []
     assert check_read(tree, Read("m", "A", "z")) != []

@@ -20,12 +20,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from otlp_receiver import Receiver  # noqa: E402
-
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples, series_counts, settle  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets  # noqa: E402
+from tests.support.otlp_receiver import Receiver  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

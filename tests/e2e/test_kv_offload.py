@@ -72,7 +72,7 @@ def run(tmp_path_factory):
             "cpu_bytes_to_use": 64 << 20,
         },
     }
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "offload")
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "offload")
     env = {"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     args = ["--no-enable-prefix-caching", "--kv-transfer-config", json.dumps(config)]
     log = str(root / "server.log")

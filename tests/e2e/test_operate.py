@@ -25,12 +25,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from source_archives import incumbent_hook_files  # noqa: E402
-from waiting import wait_for  # noqa: E402
-
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import settle as settle_on  # noqa: E402
+from tests.support.source_archives import incumbent_hook_files  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -99,7 +98,7 @@ def server(tmp_path_factory):
     user.write_text(USER_FILE)
     files = [str(user), *incumbent_files(str(root))]
     # Every malformed file and entry of the unit tests, one file each: vLLM starts and serves regardless.
-    from test_userfile import MALFORMED
+    from tests.unit.wiring.test_userfile import MALFORMED
 
     bad = root / "malformed"
     bad.mkdir()

@@ -21,16 +21,15 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from prometheus_tools import Prometheus, tool  # noqa: E402
-from waiting import wait_for  # noqa: E402
-
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
+from tests.support.prometheus_tools import Prometheus, tool  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RULES = os.path.join(ROOT, "deploy", "prometheus", "rules.yml")
 REQUESTS, MAX_TOKENS = 16, 150
 WARM_UP_TOKENS = 16

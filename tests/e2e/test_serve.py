@@ -10,10 +10,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from otlp_receiver import Receiver  # noqa: E402
-
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples, total  # noqa: E402
+from tests.support.otlp_receiver import Receiver  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

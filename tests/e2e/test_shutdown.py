@@ -17,13 +17,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from otlp_receiver import Receiver, _value  # noqa: E402
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess  # noqa: E402
 from prometheus_client.mmap_dict import MmapedDict  # noqa: E402
-from waiting import wait_for  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total  # noqa: E402
+from tests.support.otlp_receiver import Receiver, _value  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

@@ -70,7 +70,7 @@ def vllm_tree(version: str) -> SourceTree:
         if root is not None:
             _VLLM_TREES[version] = SourceTree.from_directory(root, "vllm")
         else:
-            from source_archives import release
+            from tests.support.source_archives import release
 
             _VLLM_TREES[version] = SourceTree.from_path(release("vllm", version))
     return _VLLM_TREES[version]
@@ -80,7 +80,7 @@ def ascend_tree(version: str) -> SourceTree:
     """vllm-ascend ``version``'s source together with the vLLM it runs on (``ASCEND_PAIRS``): its classes
     subclass vLLM's, and attributes they inherit are looked up in the bases."""
     if version not in _ASCEND_TREES:
-        from source_archives import release
+        from tests.support.source_archives import release
 
         ascend = SourceTree.from_path(release("vllm-ascend", version))
         _ASCEND_TREES[version] = SourceTree({**vllm_tree(dict(ASCEND_PAIRS)[version]).files, **ascend.files})

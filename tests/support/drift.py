@@ -1,12 +1,12 @@
 """The drift canary (``tox -e drift``): the newest vLLM and vllm-ascend releases on the index pip is configured
 with (their PEP 691 project pages; the newest final release), run through ``check --vllm NEWEST
 --vllm-ascend NEWEST`` and through the source contract tests with those releases added to the supported ones
-(``OTEL_VLLM_ASCEND_DRIFT_VLLM`` / ``OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND``, read by tests/contract.py). A
+(``OTEL_VLLM_ASCEND_DRIFT_VLLM`` / ``OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND``, read by tests/support/contract.py). A
 release that moved something we hook is a red test naming the symbol. Needs no vLLM installed; downloads
 one sdist of each (cached in ``OTEL_VLLM_ASCEND_SOURCE_CACHE``). Meant for CI or nightly, not the default
 ``tox`` run: a new upstream release must not turn an unrelated change red.
 
-``python tests/drift.py [--vllm VERSION] [--vllm-ascend VERSION] [pytest options]``: the versions to try
+``python -m tests.support.drift [--vllm VERSION] [--vllm-ascend VERSION] [pytest options]``: the versions to try
 instead of the newest (a release candidate, say)."""
 
 from __future__ import annotations
@@ -17,12 +17,21 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+#: tests/contract's tests that run vLLM or test the checker's own tools rather than read a release's source.
+NOT_SOURCE_ONLY = (
+    "test_check_release.py",
+    "test_mrv2_real.py",
+    "test_real_scheduler.py",
+    "test_real_scheduler_versions.py",
+    "test_source_archives.py",
+)
 
 #: The contract tests: source only, no vLLM import (test_paths and test_kv_transfer drive the installed vLLM).
 CONTRACT = sorted(
-    f"tests/{name}" for name in os.listdir(HERE) if name.startswith("test_contract_") and name.endswith(".py")
+    f"tests/contract/{name}"
+    for name in os.listdir(os.path.join(ROOT, "tests", "contract"))
+    if name.startswith("test_") and name.endswith(".py") and name not in NOT_SOURCE_ONLY
 )
 
 

@@ -16,8 +16,9 @@ import time
 from collections import deque
 from types import SimpleNamespace as NS
 
-import fakes
 import pytest
+
+from tests.support import fakes
 
 pytest.importorskip("vllm")
 

@@ -10,7 +10,7 @@ from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_docs_metrics_md_is_current():

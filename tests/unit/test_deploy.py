@@ -9,17 +9,17 @@ import json
 import os
 import re
 
-import prometheus_naming as naming
-import prometheus_tools
 import pytest
 import yaml
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
-from prometheus_tools import promtool
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
+from tests.support import prometheus_naming as naming
+from tests.support import prometheus_tools
+from tests.support.prometheus_tools import promtool
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROM = os.path.join(ROOT, "deploy", "prometheus")
 
 

@@ -114,10 +114,9 @@ def test_a_budget_switched_off_and_on_at_runtime_keeps_its_sum_equal_to_time_sin
     so no boundary moves): nothing is recorded while off; once on, each stage holds only the seconds it
     gained while on, and the start gauge moved forward by the time off, so the stages still sum to the
     system clock's time since the start gauge."""
-    from fakes import Clock
-
     from opentelemetry_instrumentation_vllm_ascend.handlers import budget
     from opentelemetry_instrumentation_vllm_ascend.recording import control
+    from tests.support.fakes import Clock
 
     clock = Clock(100.0)
     monkeypatch.setattr(budget, "perf_counter", clock)
@@ -173,9 +172,8 @@ def test_a_budget_switched_off_and_on_at_runtime_keeps_its_sum_equal_to_time_sin
 def test_values_left_for_later_before_control_off_are_recorded_and_none_taken_while_off(metrics, patterns):
     """Values hooks left for later (``record_later``) were measured while on: ``control off`` (all, or a pattern
     matching them) records them before their metric goes off; what is left for later while off is dropped."""
-    from fakes import key, name, record_waiting, step, waiting
-
     from opentelemetry_instrumentation_vllm_ascend.recording import control
+    from tests.support.fakes import key, name, record_waiting, step, waiting
 
     spec = catalogue.M["executor:execute_model:duration"]
     try:

@@ -20,10 +20,7 @@ import time
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import patch_clock
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_tools import Prometheus, tool
-from waiting import wait_for
 
 from opentelemetry_instrumentation_vllm_ascend import context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
@@ -33,6 +30,9 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE, 
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import patch_clock
+from tests.support.prometheus_tools import Prometheus, tool
+from tests.support.waiting import wait_for
 
 #: Per round: 2 failed health checks; one engine update with 12 draft tokens, ITLs 1.5 s and 0.2 s (one over
 #: 1 s) and a 6 s TTFT (over the 5 s threshold only); two NIXL transfers of 64 KiB in 1.5 ms each and one failed;

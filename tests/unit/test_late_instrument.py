@@ -6,12 +6,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from conftest import Metrics  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import steps
+from tests.conftest import Metrics  # noqa: E402
 
 SCOPES = "vllm_profiling_record_function_or_nullcontext"
 

@@ -16,7 +16,6 @@ import sys
 import types
 
 import pytest
-import source_archives
 import wrapt
 
 from opentelemetry_instrumentation_vllm_ascend import neighbours, state
@@ -25,6 +24,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support import source_archives
 
 #: ms-service-metric's dependency for its bytecode injection (pure Python), a release that supports Python 3.10+.
 BYTECODE = ("bytecode", "0.19.1")

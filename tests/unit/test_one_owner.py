@@ -14,7 +14,6 @@ import sys
 import types
 
 import pytest
-from fakes import Clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers
@@ -27,8 +26,9 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.installer import Installer
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE_TIMER, SYNC, SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import Clock
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PACKAGE = ROOT / "opentelemetry_instrumentation_vllm_ascend"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PACKAGE = ROOT / "opentelemetry_instrumentation_vllm_ascend"
 PACKAGE_NAME = PACKAGE.name
 

@@ -7,12 +7,12 @@ import os
 import re
 
 import pytest
-from contract import VLLM_VERSIONS, at_least
 from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, paths
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
 from opentelemetry_instrumentation_vllm_ascend.hooks import installer
+from tests.support.contract import VLLM_VERSIONS, at_least
 
 
 def test_every_fact_names_a_catalogue_metric_and_a_path():
@@ -199,7 +199,10 @@ def test_check_on_this_cpu_environment(capsys):
 
 
 def _trees():
-    from contract import VLLM_VERSIONS, vllm_tree  # parsed once per session, shared with the contract tests
+    from tests.support.contract import (  # parsed once per session, shared with the contract tests
+        VLLM_VERSIONS,
+        vllm_tree,
+    )
 
     return {version: vllm_tree(version) for version in VLLM_VERSIONS}
 
@@ -220,7 +223,7 @@ def test_model_runner_v2_enters_no_profiling_scopes(trees):
             seen += 1
             assert not re.search(r"record_function_or_nullcontext\s*\(", source), (version, name)
     assert seen > 0
-    from contract import ASCEND_VERSIONS, ascend_tree
+    from tests.support.contract import ASCEND_VERSIONS, ascend_tree
 
     for version in ASCEND_VERSIONS:
         files = ascend_tree(version).files
@@ -238,7 +241,7 @@ def test_the_cpu_platform_forces_async_scheduling_off(trees):
 
 
 def test_mrv2_has_its_own_async_output(trees):
-    from contract import at_least
+    from tests.support.contract import at_least
 
     for version in [v for v in trees if at_least(v, "0.32")]:
         source = trees[version].files.get("vllm/v1/worker/gpu/async_utils.py", "")
@@ -247,7 +250,7 @@ def test_mrv2_has_its_own_async_output(trees):
 
 
 def test_docs_list_every_exception():
-    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "metrics.md")) as f:
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "docs", "metrics.md")) as f:
         text = f.read()
     for seed, by_path in paths.TRUTH.items():
         for where in by_path:
@@ -275,7 +278,7 @@ def test_check_names_the_uncovered_overrides_of_the_installed_versions(capsys):
     assert "vllm_profiling_executor:model_runner_execute_model:duration" in by_symbol[encoder]["absent"]
     older = installer.uncovered_overrides([targets.UncoveredOverride("m:A.f", "n:B.f", "why", vllm=">=99")])
     assert older == []
-    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "metrics.md")) as f:
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "docs", "metrics.md")) as f:
         text = f.read()
     for override in targets.UNCOVERED_OVERRIDES:
         assert f"| `{override.symbol}` | `{override.hooked}` |" in text

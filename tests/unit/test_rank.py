@@ -6,9 +6,7 @@ import multiprocessing
 import os
 
 import pytest
-from conftest import Metrics
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from otlp_receiver import Receiver
 from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
@@ -18,6 +16,8 @@ from opentelemetry_instrumentation_vllm_ascend.handlers.process import WorkerIni
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.conftest import Metrics
+from tests.support.otlp_receiver import Receiver
 
 WORKER_STEP = M["executor:model_runner_execute_model:duration"]
 SCOPES = M["record_function_or_nullcontext"]

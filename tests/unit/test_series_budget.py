@@ -4,12 +4,12 @@ OTEL_VLLM_ASCEND_DISABLED_METRICS, on where OTEL_VLLM_ASCEND_ENABLED_METRICS nam
 scrape: tests/test_e2e_catalogue.py::test_default_set_fits_the_series_budget."""
 
 import pytest
-from fakes import fake_utils
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import series_counts
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
+from tests.support.fakes import fake_utils
 
 
 @pytest.fixture

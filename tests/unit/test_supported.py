@@ -10,7 +10,7 @@ from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import package, supported
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _read(name: str) -> str:
@@ -57,10 +57,13 @@ def test_contributing_and_tox_name_the_live_vllm():
 
 
 def test_no_contract_test_keeps_a_version_list_of_its_own():
-    """Contract tests read ``supported.py`` (through tests/contract.py), not lists of their own."""
+    """Contract tests read ``supported.py`` (through tests/support/contract.py), not lists of their own."""
     found = []
-    for name in sorted(os.listdir(os.path.join(ROOT, "tests"))):
-        if not (name.startswith("test_contract_") or name in ("test_paths.py", "test_kv_transfer.py")):
+    contract = [os.path.join("contract", n) for n in os.listdir(os.path.join(ROOT, "tests", "contract"))]
+    for name in sorted(
+        contract + [os.path.join("unit", "test_paths.py"), os.path.join("unit", "handlers", "test_kv_transfer.py")]
+    ):
+        if not name.endswith(".py") or name.endswith("__init__.py"):
             continue
         with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as f:
             text = f.read()
@@ -72,7 +75,7 @@ def test_no_contract_test_keeps_a_version_list_of_its_own():
 
 
 def test_the_drift_canary_adds_its_releases_to_the_contract_tests():
-    """tox -e drift sets these; tests/contract.py appends them to the supported releases."""
+    """tox -e drift sets these; tests/support/contract.py appends them to the supported releases."""
     import subprocess
     import sys
 
@@ -80,12 +83,12 @@ def test_the_drift_canary_adds_its_releases_to_the_contract_tests():
         **os.environ,
         "OTEL_VLLM_ASCEND_DRIFT_VLLM": "0.99.0",
         "OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND": "0.99.0rc1:0.99.0",
-        "PYTHONPATH": os.pathsep.join((ROOT, os.path.join(ROOT, "tests"))),
+        "PYTHONPATH": ROOT,
     }
-    ask = "import contract; print(contract.VLLM_VERSIONS, contract.ASCEND_PAIRS)"
+    ask = "from tests.support import contract; print(contract.VLLM_VERSIONS, contract.ASCEND_PAIRS)"
     out = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == f"{supported.VLLM + ('0.99.0',)} {supported.VLLM_ASCEND + (('0.99.0rc1', '0.99.0'),)}"
-    import contract
+    from tests.support import contract
 
     if not contract.DRIFT_VLLM:
         assert contract.VLLM_VERSIONS == supported.VLLM  # without the canary: the supported ones alone

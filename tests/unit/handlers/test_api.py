@@ -5,7 +5,6 @@ import asyncio
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, common
@@ -20,6 +19,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     wrap,
 )
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import patch_clock
 
 P = catalogue.PREFIX
 

@@ -6,13 +6,13 @@ import types
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import AscendAttentionState, RecomputeScheduler, npu_runner
 
 from opentelemetry_instrumentation_vllm_ascend import context, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import AscendAttentionState, RecomputeScheduler, npu_runner
 
 
 @pytest.mark.parametrize(
@@ -205,12 +205,12 @@ def test_device_utilization_is_observed_at_collection_and_absent_without_a_devic
 def test_observable_gauges_work_with_both_recorders(monkeypatch, recorder):
     """recording.observe: read at each collection, with the fast recorder and the OTel SDK alike, and
     registered again when the pipeline is rebuilt (as after a fork)."""
-    from conftest import Metrics
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from opentelemetry_instrumentation_vllm_ascend import environment
     from opentelemetry_instrumentation_vllm_ascend.catalogue import M
     from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+    from tests.conftest import Metrics
 
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
         monkeypatch.delenv(name, raising=False)

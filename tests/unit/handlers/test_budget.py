@@ -9,16 +9,16 @@ from collections import deque
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import ALL_LABELS as _ALL
-from fakes import Boundaries, busy_loop_engine, output, patch_clock
 from packaging.version import Version
-from vllm_source import assignments, functions
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording, supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import ALL_LABELS as _ALL
+from tests.support.fakes import Boundaries, busy_loop_engine, output, patch_clock
+from tests.support.vllm_source import assignments, functions
 
 core = pytest.importorskip("vllm.v1.engine.core")
 
@@ -439,7 +439,7 @@ def test_requests_handled_while_the_step_waits_are_input_not_waiting(metrics, cl
     UTILITY call arrives and is deferred to the next pass. The ADD's handling is the budget's ``input`` stage,
     not ``wait_workers``, and ``process_input_queue:duration``'s next observation holds it (with the deferred
     call's): every second vLLM spent on a client request is input, every other second of the wait is waiting."""
-    from test_contract_vllm import tree_for
+    from tests.contract.test_vllm import tree_for
 
     tree = tree_for(version)
     namespace = dict(vars(core))

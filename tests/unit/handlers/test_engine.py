@@ -7,12 +7,12 @@ from collections import deque
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import ALL_LABELS, F, S, counts, key, name, record_waiting, step, waiting
 
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import ALL_LABELS, F, S, counts, key, name, record_waiting, step, waiting
 
 # -- engine core loop ---------------------------------------------------------------------------------
 

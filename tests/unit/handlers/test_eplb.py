@@ -5,15 +5,21 @@ import multiprocessing
 import os
 
 import pytest
-from fakes import ExpertWeightUpdateState, FakeAdaptor, FakeEplbWorker, FakeEplbWorkerWithoutHotness, FakeLoader
-from otlp_receiver import Receiver
-from test_prometheus import exposition, sample_lines
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
 from opentelemetry_instrumentation_vllm_ascend.hooks import patches, targets, wrappers
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import (
+    ExpertWeightUpdateState,
+    FakeAdaptor,
+    FakeEplbWorker,
+    FakeEplbWorkerWithoutHotness,
+    FakeLoader,
+)
+from tests.support.otlp_receiver import Receiver
+from tests.unit.recording.test_prometheus import exposition, sample_lines
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")

@@ -7,7 +7,15 @@ from collections import deque
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import (
+
+from opentelemetry_instrumentation_vllm_ascend import context
+from opentelemetry_instrumentation_vllm_ascend.handlers import executor, steps
+from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc, exception_type
+from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
+from opentelemetry_instrumentation_vllm_ascend.hooks import patches
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, wrap
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import (
     FakeExecutor,
     S,
     counts,
@@ -17,14 +25,6 @@ from fakes import (
     step,
     waiting,
 )
-
-from opentelemetry_instrumentation_vllm_ascend import context
-from opentelemetry_instrumentation_vllm_ascend.handlers import executor, steps
-from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc, exception_type
-from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
-from opentelemetry_instrumentation_vllm_ascend.hooks import patches
-from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, wrap
-from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 # -- executor RPC timing ----------------------------------------------------------------------------------
 

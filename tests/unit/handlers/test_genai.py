@@ -6,7 +6,6 @@ value is a binary fraction set on the stats objects: sums and bucket counts are 
 from types import SimpleNamespace as NS
 
 import pytest
-from conftest import Metrics
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +16,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, FilesExporter
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.conftest import Metrics
 
 pytest.importorskip("vllm")
 

@@ -4,19 +4,19 @@ shape ``test_contract_kv_ascend.py`` checks in vllm-ascend's real source. Oracle
 computed by hand from the lengths and sizes the fakes are given."""
 
 import pytest
-from fakes import (
-    KVCacheRecvingThread,
-    KVCacheSendingLayerThread,
-    MemcacheBackend,
-    MooncakeBackend,
-    TransferEngine,
-)
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import kv_transfer
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import (
+    KVCacheRecvingThread,
+    KVCacheSendingLayerThread,
+    MemcacheBackend,
+    MooncakeBackend,
+    TransferEngine,
+)
 
 P = catalogue.PREFIX
 _P2P = "vllm_ascend.distributed.kv_transfer.kv_p2p."

@@ -62,7 +62,7 @@ def test_mooncake_sends_and_failures_match_vllms_own_stats(instrumentation):
 
 
 def test_disabled_kv_transfer_group_leaves_the_stats_unhooked(metrics, monkeypatch):
-    from conftest import instrumented
+    from tests.conftest import instrumented
 
     monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "kv_transfer:*")
     original = nixl.NixlKVConnectorStats.record_transfer

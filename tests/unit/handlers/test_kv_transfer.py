@@ -11,13 +11,13 @@ import types
 from types import SimpleNamespace as NS
 
 import pytest
-from contract import VLLM_VERSIONS, at_least, fake_problems
-from fakes import patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import kv_transfer
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.contract import VLLM_VERSIONS, at_least, fake_problems
+from tests.support.fakes import patch_clock
 
 P = catalogue.PREFIX
 STORE_S, LOAD_S, WAIT_S = 0.125, 0.25, 0.5  # the stand-in's host time per submit_store / submit_load / wait
@@ -105,7 +105,7 @@ def _metadata(offloading, load=(), store=(), flush=None):
 
 
 def test_the_stand_in_worker_has_the_shape_of_vllms_offloading_worker():
-    from test_contract_vllm import tree_for
+    from tests.contract.test_vllm import tree_for
 
     for version in [v for v in VLLM_VERSIONS if at_least(v, "0.32") and not at_least(v, "0.34")]:
         test_only = {"clock", "submitted", "waited", "done", "_spend"}
@@ -255,7 +255,7 @@ class OffloadingWorker023:
 
 
 def test_the_0_23_fakes_have_the_shape_of_vllm_0_23_classes():
-    from test_contract_vllm import tree_for
+    from tests.contract.test_vllm import tree_for
 
     tree = tree_for("0.23.0")
     module = "vllm.v1.kv_offload.worker.worker"
@@ -357,7 +357,7 @@ class StandInWorker034(StandInWorker):
 
 @pytest.mark.parametrize("version", _V034)
 def test_the_0_34_stand_in_worker_has_the_shape_of_vllms_offloading_worker(version):
-    from test_contract_vllm import tree_for
+    from tests.contract.test_vllm import tree_for
 
     test_only = {"clock", "submitted", "waited", "done", "_spend"}
     fakes = [(StandInWorker034, StandInWorker034(), "vllm.v1.kv_offload.base", "OffloadingWorker", test_only)]
@@ -380,7 +380,7 @@ def test_the_metered_worker_passes_0_34_s_device_pointers_through(metrics, offlo
 def _connector_worker_034(offloading, version, tree):
     """An OffloadingConnectorWorker whose ``get_finished`` and metadata are vLLM ``version``'s own (compiled from
     its source against the installed vLLM: 0.34 marks failed jobs instead of asserting success)."""
-    from vllm_source import functions, load_module
+    from tests.support.vllm_source import functions, load_module
 
     module, _, _ = offloading
     common = load_module(tree, _OFFLOADING_COMMON)
@@ -405,7 +405,7 @@ def test_failed_offload_jobs_are_failures_and_leave_the_other_jobs_phases_paired
     bytes keep their phases (before: the direction's sizes and jobs did not pair, and every byte read
     phase=unknown); vLLM's own stats are the oracle for the bytes. A failed sync load (job 4): vLLM raises, the
     failure is counted all the same."""
-    from test_contract_vllm import tree_for
+    from tests.contract.test_vllm import tree_for
 
     kv_transfer.JOB_PHASES.clear()
     w, common = _connector_worker_034(offloading, version, tree_for(version))

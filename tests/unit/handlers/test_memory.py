@@ -12,12 +12,12 @@ from types import SimpleNamespace as NS
 
 import pytest
 from packaging.version import Version
-from vllm_source import functions
 
 from opentelemetry_instrumentation_vllm_ascend import supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
+from tests.support.vllm_source import functions
 
 GIB = 1 << 30
 LABELS = (("dp", "0"), ("phase", "all"), ("rank", "3"), ("role", "mixed"))
@@ -26,7 +26,7 @@ _TREES: dict = {}
 
 
 def tree(version):
-    from test_contract_vllm import tree_for
+    from tests.contract.test_vllm import tree_for
 
     if version not in _TREES:
         _TREES[version] = tree_for(version)

@@ -6,13 +6,13 @@ import threading
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import SC, S, counts, key, name, output, req, step
 
 from opentelemetry_instrumentation_vllm_ascend import context, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import SC, S, counts, key, name, output, req, step
 
 # -- model runner -------------------------------------------------------------------------------------
 
@@ -399,9 +399,8 @@ def test_with_the_scope_histogram_off_untimed_scopes_share_one_nullcontext_and_t
     """The default set: the forward / post-processing / sample scopes mark the worker step's timeline (its
     forward and kernel-launch times come out exact) and record no scope series; any other scope gets one
     shared nullcontext — vLLM's own choice, without a new object per block."""
-    from conftest import fake_utils
-
     from opentelemetry_instrumentation_vllm_ascend import environment
+    from tests.conftest import fake_utils
 
     monkeypatch.delenv(environment.ENABLED_METRICS, raising=False)
     module = fake_utils()

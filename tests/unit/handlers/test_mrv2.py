@@ -9,13 +9,13 @@ import logging
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import FakeRunnerV2, instrumented_v2, name, patch_clock
 
 from opentelemetry_instrumentation_vllm_ascend import recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE, STEP_ATTRIBUTE
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import FakeRunnerV2, instrumented_v2, name, patch_clock
 
 EXECUTE = name("executor:model_runner_execute_model:duration")
 INFERENCE = name("worker:model_inference:duration")

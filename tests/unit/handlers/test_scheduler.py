@@ -7,7 +7,16 @@ from collections import deque
 from types import SimpleNamespace as NS
 
 import pytest
-from fakes import (
+
+from opentelemetry_instrumentation_vllm_ascend import context, state
+from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler, steps
+from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
+from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
+from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
+from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import (
     ALL_LABELS,
     SC,
     F,
@@ -25,15 +34,6 @@ from fakes import (
     req,
     step,
 )
-
-from opentelemetry_instrumentation_vllm_ascend import context, state
-from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler, steps
-from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
-from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
-from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
-from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
-from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
 # -- scheduler ------------------------------------------------------------------------------------------
 
@@ -271,8 +271,9 @@ def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock,
     """Eight steps recorded together (_record_schedules: equal values counted at once, the last gauge
     values, the pending edges in order) record exactly what the same steps record one at a time (a
     collection after each); the per-step values themselves are checked by hand in the tests above."""
-    from conftest import Metrics
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from tests.conftest import Metrics
 
     def run(collect_each):
         state.reset()  # a fresh process each run

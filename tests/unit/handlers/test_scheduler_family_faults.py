@@ -8,8 +8,6 @@ classification."""
 from types import SimpleNamespace as NS
 
 import pytest
-from conftest import Metrics
-from fakes import PlannedScheduler, instrumented, output, req
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, state
@@ -19,6 +17,8 @@ from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRI
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.conftest import Metrics
+from tests.support.fakes import PlannedScheduler, instrumented, output, req
 
 P = catalogue.PREFIX
 RUNNING = {P + "scheduler:running_queue_size", P + "running_phase_batch_size"}

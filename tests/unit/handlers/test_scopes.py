@@ -5,10 +5,22 @@ fractions, so every count, sum and bucket below is hand-computed and asserted ex
 import contextlib
 
 import pytest
-from fakes import SC, FakeScheduler, RecordFunction, counts, fake_utils, instrumented, key, name, output, req, step
 
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.fakes import (
+    SC,
+    FakeScheduler,
+    RecordFunction,
+    counts,
+    fake_utils,
+    instrumented,
+    key,
+    name,
+    output,
+    req,
+    step,
+)
 
 SCOPES = name("record_function_or_nullcontext")
 

@@ -5,7 +5,8 @@ when vLLM reads the reply, are counted once; blocking failures too."""
 from collections import deque
 
 import pytest
-from conftest import instrumented
+
+from tests.conftest import instrumented
 
 pytest.importorskip("vllm")
 

@@ -68,7 +68,7 @@ def test_an_offloader_without_its_total_is_reported_not_silent(metrics):
 
 
 def test_disabled_gauge_leaves_the_offloader_unhooked(metrics, monkeypatch):
-    from conftest import instrumented
+    from tests.conftest import instrumented
 
     monkeypatch.setenv("OTEL_VLLM_ASCEND_DISABLED_METRICS", "memory:weight_offload_bytes")
     original = uva.UVAOffloader.wrap_modules

@@ -9,9 +9,7 @@ import logging
 import multiprocessing
 
 import pytest
-from conftest import Metrics
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from otlp_receiver import Receiver
 from prometheus_client import CollectorRegistry, generate_latest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
@@ -21,6 +19,8 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC
 from opentelemetry_instrumentation_vllm_ascend.recording import failures, pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.conftest import Metrics
+from tests.support.otlp_receiver import Receiver
 
 NAME = catalogue.HOOK_ERRORS.prometheus_name
 

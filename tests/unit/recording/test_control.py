@@ -16,7 +16,6 @@ import time
 import types
 
 import pytest
-from conftest import instrumented
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
 from opentelemetry_instrumentation_vllm_ascend.cli import control as cli_control
@@ -26,6 +25,7 @@ from opentelemetry_instrumentation_vllm_ascend.recording import control
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_endpoint import DIRECTORY_PREFIX
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import process_identity
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.conftest import instrumented
 
 P = catalogue.PREFIX
 INTERVAL_MS = 100

@@ -9,8 +9,6 @@ import textwrap
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from test_files_faults import DEAD_PID, write_counter
-from waiting import wait_for
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition
@@ -22,8 +20,10 @@ from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import (
     remove_dead_files,
     write_identity,
 )
+from tests.support.waiting import wait_for
+from tests.unit.recording.test_files_faults import DEAD_PID, write_counter
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def scrape(directory):

@@ -5,10 +5,10 @@ import multiprocessing
 import os
 
 import pytest
-from otlp_receiver import Receiver
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from tests.support.otlp_receiver import Receiver
 
 R2W = "vllm_profiling_running_to_waiting_count"
 

@@ -17,7 +17,7 @@ from opentelemetry_instrumentation_vllm_ascend import environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import metrics_files as prometheus_files
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline, shutdown
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 #: A child that instruments itself, records 7 preemptions, and then waits to be killed; both export
 #: intervals are 10 minutes, so only a flush on request can put the 7 into its files.

@@ -11,13 +11,13 @@ import sys
 import textwrap
 
 import pytest
-from contract import VLLM_VERSIONS, check_target, vllm_tree
 
 from opentelemetry_instrumentation_vllm_ascend import context, paths
 from opentelemetry_instrumentation_vllm_ascend.hooks import installer as installer_module
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.declarative import TIMER, Measure
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import Installer, module_exists
+from tests.support.contract import VLLM_VERSIONS, check_target, vllm_tree
 
 PKG = "otel_ready_fake"
 

@@ -10,7 +10,6 @@ import types
 
 import pytest
 from packaging.version import Version
-from source_archives import incumbent_hook_files
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
@@ -20,6 +19,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import control
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.source_archives import incumbent_hook_files
 
 P = catalogue.PREFIX
 V = Version("0.32.0")
@@ -463,9 +463,8 @@ def test_the_off_path_of_a_hook_is_one_attribute_check():
 # -- timers the right way for each kind, composed with built-in hooks --------------------------------------
 def _clock(monkeypatch):
     """The clock of the timer wrappers and of the stream timers (which read it themselves)."""
-    from fakes import patch_clock
-
     from opentelemetry_instrumentation_vllm_ascend.handlers import common
+    from tests.support.fakes import patch_clock
 
     return patch_clock(monkeypatch, common)
 
