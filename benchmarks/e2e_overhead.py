@@ -49,8 +49,9 @@ import time
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, series_counts, total
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total
 from opentelemetry_instrumentation_vllm_ascend.environment import metric_disabled
+from tests.support.scrape import series_counts
 
 CLK = os.sysconf("SC_CLK_TCK")
 

@@ -49,6 +49,7 @@ from functools import lru_cache, partial
 
 from benchmarks import _callgrind
 from benchmarks.e2e_overhead import bootstrap_median_by_set
+from tests.support.process import set_process
 
 
 @lru_cache
@@ -337,7 +338,7 @@ def run_as(instrumentor, context, variant: str, measure):
     if variant == ON:
         os.environ["OTEL_VLLM_ASCEND_ENABLED_METRICS"] = "*"
     instrumentor.instrument()
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     STATE.kv_bytes_per_token = STATE.kv_bytes_per_token or _KV_BYTES[0]
     try:
         return measure()

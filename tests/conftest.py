@@ -8,9 +8,10 @@ from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, co
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, executor, model_runner, scheduler
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from tests.support.fakes import fake_utils, patch_clock
+from tests.support.process import set_process
 
 #: The suite checks every catalogue metric's values, the opt-in ones (catalogue.OPT_IN) included: it records them
-#: all (real servers inherit this); tests/test_series_budget.py checks the default set with the variable unset.
+#: all (real servers inherit this); tests/unit/test_series_budget.py checks the default set with the variable unset.
 os.environ.setdefault(environment.ENABLED_METRICS, "*")
 
 
@@ -59,10 +60,10 @@ def metrics(monkeypatch):
     reader = InMemoryMetricReader()
     pipeline.reset(extra_readers=[reader])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     yield Metrics(reader)
     pipeline.reset()
-    context.set_process(*saved)
+    set_process(*saved)
 
 
 @pytest.fixture
@@ -75,10 +76,10 @@ def files_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")
     pipeline.reset()
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.set_process("engine_core", "0", "decode")
+    set_process("engine_core", "0", "decode")
     yield str(tmp_path)
     pipeline.reset()
-    context.set_process(*saved)
+    set_process(*saved)
 
 
 @pytest.fixture

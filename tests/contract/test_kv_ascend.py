@@ -1,8 +1,8 @@
 """Contract of the vllm-ascend KV transfer handlers with the source of each supported vllm-ascend release
-(``supported.VLLM_ASCEND``, with the vLLM it runs on beneath it): the fakes ``test_kv_ascend.py`` uses (tests/fakes.py) have the real classes' shape, the metered TransferEngine stands
+(``supported.VLLM_ASCEND``, with the vLLM it runs on beneath it): the fakes ``test_kv_ascend.py`` uses (tests/support/fakes.py) have the real classes' shape, the metered TransferEngine stands
 in only where the thread uses it for nothing but the two batch calls, and the results the handlers read mean
 what vllm-ascend itself reads them as. The rows themselves (symbols, parameters) are checked by
-``test_contract_ascend.py``."""
+``tests/contract/test_ascend.py``."""
 
 import ast
 

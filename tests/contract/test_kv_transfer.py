@@ -1,6 +1,6 @@
 """Contract of the KV transfer and KV-cache write handlers with vLLM's source, version by version:
 the attributes they read from vLLM objects (gated like their target rows; the rows themselves are
-checked by test_contract_vllm.py)."""
+checked by tests/contract/test_vllm.py)."""
 
 import pytest
 from packaging.version import Version

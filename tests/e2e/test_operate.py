@@ -27,7 +27,7 @@ pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import settle as settle_on  # noqa: E402
+from tests.support.scrape import settle as settle_on  # noqa: E402
 from tests.support.source_archives import incumbent_hook_files  # noqa: E402
 from tests.support.waiting import wait_for  # noqa: E402
 

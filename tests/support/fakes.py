@@ -320,7 +320,7 @@ class FakeExecutor:
         return self.replies.get(method)
 
 
-# -- vllm-ascend: NPU model runner, Ascend schedulers (tests/test_contract_ascend.py checks their shape) ---
+# -- vllm-ascend: NPU model runner, Ascend schedulers (tests/contract/test_ascend.py checks their shape) ---
 
 
 class AscendAttentionState(enum.Enum):  # vllm_ascend.attention.attention_v1
@@ -551,7 +551,7 @@ class FakeLoader:
         self.state = ExpertWeightUpdateState.WAITING
 
 
-# -- vllm-ascend's KV transfers: Mooncake P2P threads, AscendStore backends (test_contract_kv_ascend.py) ---
+# -- vllm-ascend's KV transfers: Mooncake P2P threads, AscendStore backends (tests/contract/test_kv_ascend.py) ---
 
 
 class TransferEngine:
@@ -700,7 +700,7 @@ def record_waiting() -> None:
 
 class FakeStepTiming:
     """vLLM's ``StepTimingCollector`` (``vllm/v1/worker/gpu/async_utils.py``, 0.32+): execute_model calls
-    ``record_batch`` then ``forward_start`` right before the model (tests/test_contract_mrv2.py checks the shape)."""
+    ``record_batch`` then ``forward_start`` right before the model (tests/contract/test_mrv2.py checks the shape)."""
 
     def record_batch(self, input_batch, full_cudagraph):
         pass
@@ -711,7 +711,7 @@ class FakeStepTiming:
 
 class FakeRunnerV2:
     """Model runner V2's ``GPUModelRunner`` (``vllm/v1/worker/gpu/model_runner.py``) in the order its execute_model
-    and sample_tokens call what the hooks rely on (tests/test_contract_mrv2.py checks that order in the source):
+    and sample_tokens call what the hooks rely on (tests/contract/test_mrv2.py checks that order in the source):
     update the requests, ``prepare_inputs``, the attention metadata, ``step_timing.forward_start()``, the model,
     ``kv_connector.finish_forward()`` and the step's state, return None; sample_tokens: ``self.sample(…)`` (logits,
     grammar bitmask, sampler) between its own work. ``plan``: host seconds of each part (``clock``), ``device_ms``

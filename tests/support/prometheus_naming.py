@@ -1,5 +1,5 @@
 """How the OpenTelemetry Collector's ``prometheusremotewrite`` exporter names the Prometheus series of an OTLP
-metric, re-implemented rule for rule from the Go source, for tests/test_deploy.py to check that what the
+metric, re-implemented rule for rule from the Go source, for tests/unit/test_deploy.py to check that what the
 collector config (deploy/otel-collector/) writes into Prometheus carries the names /metrics shows, which the
 dashboards and rules query.
 

@@ -1,11 +1,11 @@
 """Drive whichever vLLM ``import vllm`` finds — its real ``Scheduler`` (with its real KVCacheManager and
 requests), in this process — under a preempting load, with the package instrumented (``instrument()``,
 every metric on), and print one JSON object: what our metrics recorded and vLLM's own accounting of the
-same steps. Run by tests/test_real_scheduler_versions.py in a subprocess whose ``PYTHONPATH`` puts a
+same steps. Run by tests/contract/test_real_scheduler_versions.py in a subprocess whose ``PYTHONPATH`` puts a
 release's unpacked ``vllm/`` (and a ``vllm-<version>+cpu.dist-info`` beside it) ahead of the installed
 vLLM, so another release's pure-Python scheduler runs beside the installed CPU torch.
 
-    python tests/real_scheduler_run.py MODEL_DIR [--triton]
+    python tests/support/real_scheduler_run.py MODEL_DIR [--triton]
 
 ``--triton``: set ``vllm.triton_utils.HAS_TRITON`` before the config is built (vLLM 0.34 refuses an x86
 CPU without triton-cpu when it builds the config; the Scheduler never uses Triton).
@@ -184,7 +184,8 @@ def main() -> None:
         vllm.triton_utils.HAS_TRITON = True
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment
+    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment
+    from tests.support.process import set_process
 
     for name in (
         environment.ENABLED,
@@ -204,7 +205,7 @@ def main() -> None:
     logging.getLogger("opentelemetry_instrumentation_vllm_ascend").addHandler(Failures())
     reader = InMemoryMetricReader()
     VllmAscendInstrumentor().instrument(metric_readers=[reader])
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
 
     import vllm
     from vllm.v1.core.sched.scheduler import Scheduler

@@ -19,6 +19,7 @@ from opentelemetry_instrumentation_vllm_ascend import catalogue, context, enviro
 from opentelemetry_instrumentation_vllm_ascend.recording import metrics_endpoint as exposition
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording import shutdown as shutdown_module
+from tests.support.process import set_process
 
 _TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12)
 _BOOL = st.sampled_from(["true", "false", "1", "0", "yes", "off", "2", "enabled", "", " TRUE ", "nope"]) | _TEXT
@@ -149,7 +150,7 @@ def test_every_configuration_is_safe(case):
         made = exp.directory
         shutdown_module.setup()
         pipeline.reset()
-        context.set_process("engine_core", "0", "mixed")
+        set_process("engine_core", "0", "mixed")
         _record_some(50)
         recording.flush(timeout_millis=500)
         after_first = len(lines.records)
@@ -185,7 +186,7 @@ def test_ten_thousand_records_under_a_zero_push_interval_leave_threads_and_memor
     monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
     monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
     pipeline.reset()
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     _record_some(1000)
     threads = set(threading.enumerate())
     tracemalloc.start()

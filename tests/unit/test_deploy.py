@@ -1,7 +1,7 @@
 """deploy/: the generated dashboard, rules and PrometheusRule are current; promtool accepts the rules, their unit
 tests (deploy/prometheus/rules_test.yml) and the fleet scrape config; every dashboard query is valid PromQL;
 every alert has a severity and a runbook in docs/deploy.md; the collector config's pipelines only name defined
-components. promtool: Debian's prometheus package, see tests/prometheus_tools.py (skips where it cannot be had)."""
+components. promtool: Debian's prometheus package, see tests/support/prometheus_tools.py (skips where it cannot be had)."""
 
 from __future__ import annotations
 
@@ -348,7 +348,7 @@ def test_panel_queries_read_existing_series(title, legend, expr):
     (_total for counters; _bucket only inside histogram_quantile, grouped by le); every label it filters on, groups
     by or shows in its legend is one that metric carries (the catalogue's labels, the worker's rank where recorded
     in workers, job/instance/model from the scrape). Together with the real-Prometheus run (tests/
-    test_e2e_prometheus.py) this covers the panels that run cannot fill (dashboards.EVENT_ONLY)."""
+    tests/e2e/test_prometheus.py) this covers the panels that run cannot fill (dashboards.EVENT_ONLY)."""
     unquoted = re.sub(r'"[^"]*"', '""', expr)
     bare = re.findall(r"\b(?:vllm_profiling_|gen_ai_)[\w:]*(?![\w:{])", unquoted)
     assert not bare, f"metric names without a selector (the checks below read selectors): {bare}"

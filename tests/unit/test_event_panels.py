@@ -1,10 +1,10 @@
 """The dashboard panels a healthy CPU server cannot fill (dashboards.EVENT_ONLY: health-check failures, degraded
 hooks, slow tokens, draft tokens, device utilization, KV transfers, offloaded weights), proven on a real Prometheus: their
 events are recorded through the real handlers (driven by the real wrappers, on objects shaped like vLLM's, as
-tests/test_handlers_api.py, test_kv_connectors.py, test_weight_offload.py and test_handlers_ascend.py drive
+tests/unit/handlers/test_api.py, test_kv_connectors.py, test_weight_offload.py and tests/unit/handlers/test_ascend.py drive
 them), written by the real /metrics files writer and exposed as vLLM's /metrics exposes them (FilesCollector),
 served by a small HTTP server that records one more round of events before each scrape, and scraped every
-second by Prometheus (tests/prometheus_tools.py). Every EVENT_ONLY panel query, variables at "All", returns
+second by Prometheus (tests/support/prometheus_tools.py). Every EVENT_ONLY panel query, variables at "All", returns
 series, with the values the rounds give (hand-computed below). One process identity records both the API-side
 and the worker-side events (a worker of rank 0, dp 0, role decode): the series are those the two processes
 would write, the API ones without ``rank``."""
@@ -31,6 +31,7 @@ from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.support.fakes import patch_clock
+from tests.support.process import set_process
 from tests.support.prometheus_tools import Prometheus, tool
 from tests.support.waiting import wait_for
 
@@ -117,11 +118,11 @@ def files_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")  # written when the server flushes
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role, context.PROCESS.labels)
     pipeline.reset()
-    context.set_process("worker", "0", "decode")
+    set_process("worker", "0", "decode")
     context.set_rank(0)
     yield str(directory)
     pipeline.reset()
-    context.set_process(*saved[:3])
+    set_process(*saved[:3])
     context.PROCESS.labels = saved[3]
 
 

@@ -8,10 +8,11 @@ pytest.importorskip("vllm")
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, context, environment  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.handlers import steps
 from tests.conftest import Metrics  # noqa: E402
+from tests.support.process import set_process
 
 SCOPES = "vllm_profiling_record_function_or_nullcontext"
 
@@ -82,7 +83,7 @@ def test_scopes_and_step_timers_are_measured_when_instrumenting_late(model, monk
     instrumentor = VllmAscendInstrumentor()
     instrumentor.instrument(metric_readers=[reader])
     try:
-        context.set_process("engine_core", "0", "mixed")
+        set_process("engine_core", "0", "mixed")
         output = scheduler.schedule()  # r0: 40 tokens, r1: its first 24 (the budget is 64)
         assert output.total_num_scheduled_tokens == 64
         assert getattr(output, steps.PHASE_ATTRIBUTE) == "prefill"

@@ -1,7 +1,7 @@
 """Other vLLM instrumentations in the process (ms-service-metric, tapm-instrumentation-vllm, ddtrace): one
 warning naming them and the symbols both wrap, and one more at the first collection if more was found since.
 Fakes stand for tapm and ddtrace (their packages are not test dependencies); ms-service-metric is its real 26.0.0
-wheel (the release tox -e bench pins, fetched into the source cache as tests/source_archives.py fetches it), its
+wheel (the release tox -e bench pins, fetched into the source cache as tests/support/source_archives.py fetches it), its
 own hook chain and bytecode injection patching a class. Our side is real: the package's patch_method, and wrapt's
 FunctionWrapper for a neighbour that uses it. The once-per-process memory is state.STATE's, which the suite's
 autouse fixture resets (state.reset()) around every test."""

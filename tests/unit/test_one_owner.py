@@ -27,6 +27,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE_T
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.support.fakes import Clock
+from tests.support.process import set_process
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PACKAGE = ROOT / "opentelemetry_instrumentation_vllm_ascend"
@@ -283,7 +284,7 @@ def recipe(monkeypatch):
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
         monkeypatch.delenv(name, raising=False)
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     STATE.last_step_phase = "decode"
     installers = []
 
@@ -304,7 +305,7 @@ def recipe(monkeypatch):
     for installer in installers:
         installer.uninstall()
     pipeline.reset()
-    context.set_process(*saved)
+    set_process(*saved)
 
 
 def _points(reader, seed):

@@ -18,6 +18,7 @@ from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import Fi
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.conftest import Metrics
 from tests.support.otlp_receiver import Receiver
+from tests.support.process import set_process
 
 WORKER_STEP = M["executor:model_runner_execute_model:duration"]
 SCOPES = M["record_function_or_nullcontext"]
@@ -34,7 +35,7 @@ def recorder(request, monkeypatch):
     pipeline.reset(extra_readers=[reader])
     yield Metrics(reader)
     pipeline.reset()
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
 
 
 def step(phase="decode"):
@@ -42,7 +43,7 @@ def step(phase="decode"):
 
 
 def test_worker_series_carry_the_process_rank_and_engine_core_series_none(recorder):
-    context.set_process("worker", "1", "mixed", rank="3")
+    set_process("worker", "1", "mixed", rank="3")
     recording.record(WORKER_STEP, 0.5, step())
     recording.record_many(SCOPES, [0.1, 0.2], context.step_labels_with("decode", "gpu_model_runner: forward"))
     recording.record_n(M["worker:model_inference:duration"], 0.25, 4, step("prefill"))
@@ -72,7 +73,7 @@ def test_worker_series_carry_the_process_rank_and_engine_core_series_none(record
 
 
 def test_a_process_hosting_no_worker_adds_no_rank(recorder):
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     recording.record(SCHEDULER, 0.001, step())
     recording.record(SCOPES, 0.001, context.step_labels_with("decode", "schedule: allocate_slots"))
     recording.process_started()
@@ -89,7 +90,7 @@ def test_a_process_hosting_no_worker_adds_no_rank(recorder):
 def test_engine_core_metrics_of_a_worker_hosting_process_stay_without_rank(recorder):
     """UniProcExecutor: the worker (rank 0) lives in the EngineCore process. Its worker metrics carry
     rank 0; the EngineCore's own metrics (not declared with the process label) carry none."""
-    context.set_process("engine_core", "0", "mixed", rank="0")
+    set_process("engine_core", "0", "mixed", rank="0")
     recording.record(SCHEDULER, 0.001, step())
     recording.record(WORKER_STEP, 0.01, step())
     recording.add(catalogue.RUNNING_TO_WAITING, 2, step())
@@ -104,7 +105,7 @@ def test_engine_core_metrics_of_a_worker_hosting_process_stay_without_rank(recor
 
 
 def test_eplb_gauges_keep_their_explicit_ep_rank(recorder):
-    context.set_process("eplb", "0", "mixed", rank="5")  # forked from the worker of global rank 5
+    set_process("eplb", "0", "mixed", rank="5")  # forked from the worker of global rank 5
     spec = M["eplb:expert_hotness:current_mean"]
     recording.set_gauge(spec, 1.5, context.step_labels_with("all", "2"))  # EP rank 2
     assert recorder.points()["vllm_profiling_eplb:expert_hotness:current_mean"] == {
@@ -118,7 +119,7 @@ def test_worker_init_takes_the_global_rank_from_its_arguments(call, monkeypatch)
 
     monkeypatch.setattr(recording, "process_started", lambda: None)
     monkeypatch.setattr("opentelemetry_instrumentation_vllm_ascend.handlers.memory.observe_utilization", lambda: None)
-    context.set_process("unknown", "unknown", "mixed")
+    set_process("unknown", "unknown", "mixed")
     config = NS(parallel_config=NS(data_parallel_index=1), kv_transfer_config=None)
     try:
         if call == "positional":  # CPUWorker: super().__init__(vllm_config, local_rank, rank, …)
@@ -128,7 +129,7 @@ def test_worker_init_takes_the_global_rank_from_its_arguments(call, monkeypatch)
         assert context.PROCESS.labels == {"rank": "3"}
         assert (context.PROCESS.process, context.PROCESS.dp) == ("worker", "1")
     finally:
-        context.set_process("engine_core", "0", "mixed")
+        set_process("engine_core", "0", "mixed")
 
 
 def test_a_config_field_that_moved_costs_only_the_engine_labels(metrics):
@@ -147,7 +148,7 @@ def test_a_config_field_that_moved_costs_only_the_engine_labels(metrics):
         def parallel_config(self):
             raise RuntimeError("moved")
 
-    context.set_process("unknown", "unknown", "mixed")
+    set_process("unknown", "unknown", "mixed")
     ApiServerInit().before((object(), Config()), {})
     assert metrics.value("vllm_profiling_instrumented_processes", process="api_server", dp="unknown", role="mixed") == 1
     assert STATE.served_model == "tiny"
@@ -173,7 +174,7 @@ def _worker(rank, steps, directory, endpoint):
     os.environ[environment.FILES_DIR] = directory
     os.environ[environment.METRICS_EXPORTER] = "otlp_proto_http"
     os.environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] = endpoint
-    context.set_process("worker", "0", "mixed", rank=rank)
+    set_process("worker", "0", "mixed", rank=rank)
     recording.process_started()
     for _ in range(steps):
         recording.record(WORKER_STEP, 0.002, context.step_labels("decode"))

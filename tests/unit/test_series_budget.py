@@ -1,15 +1,15 @@
 """The series budget's opt-in families (catalogue.OPT_IN): off by default as if named in
 OTEL_VLLM_ASCEND_DISABLED_METRICS, on where OTEL_VLLM_ASCEND_ENABLED_METRICS names them; documented either way.
 (The suite's conftest enables them all; these tests unset the variable.) The budget itself is counted on a real
-scrape: tests/test_e2e_catalogue.py::test_default_set_fits_the_series_budget."""
+scrape: tests/e2e/test_catalogue.py::test_default_set_fits_the_series_budget."""
 
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import series_counts
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
 from tests.support.fakes import fake_utils
+from tests.support.scrape import series_counts
 
 
 @pytest.fixture

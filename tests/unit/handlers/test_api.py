@@ -6,7 +6,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context
+from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, common
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
@@ -20,6 +20,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
 )
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.support.fakes import patch_clock
+from tests.support.process import set_process
 
 P = catalogue.PREFIX
 
@@ -48,7 +49,7 @@ def clock(monkeypatch):
 
 @pytest.fixture
 def api_process(metrics):
-    context.set_process("api_server", "0", "decode")
+    set_process("api_server", "0", "decode")
     return metrics
 
 

@@ -1,5 +1,5 @@
 """vllm-ascend handlers (NPU runner phase, Ascend schedulers, memory, device utilization) on fakes
-whose attribute names are the ones tests/test_contract_ascend.py checks against vllm-ascend's source."""
+whose attribute names are the ones tests/contract/test_ascend.py checks against vllm-ascend's source."""
 
 import sys
 import types
@@ -7,12 +7,13 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import context, recording
+from opentelemetry_instrumentation_vllm_ascend import recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import Schedule
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.support.fakes import AscendAttentionState, RecomputeScheduler, npu_runner
+from tests.support.process import set_process
 
 
 @pytest.mark.parametrize(
@@ -216,7 +217,7 @@ def test_observable_gauges_work_with_both_recorders(monkeypatch, recorder):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(environment.RECORDER, recorder)
     monkeypatch.setattr(STATE, "observers", [])
-    context.set_process("worker", "0", "mixed")
+    set_process("worker", "0", "mixed")
     readings = iter([12.0, 34.0, 56.0])
     key = (("device", "7"), ("dp", "0"), ("phase", "all"), ("role", "mixed"))
     try:

@@ -354,7 +354,7 @@ def test_the_worker_steps_stages_sum_to_its_wall_time(metrics, monkeypatch, util
 
 def test_model_runner_v2_without_its_forward_mark_moves_no_boundary_of_the_worker_budget(metrics, monkeypatch, utils):
     """Model runner V2 enters no profiling scopes: without its forward mark (vLLM 0.23, no StepTimingCollector;
-    tests/test_handlers_mrv2.py has the budget with it) its steps leave the worker budget absent."""
+    tests/unit/handlers/test_mrv2.py has the budget with it) its steps leave the worker budget absent."""
     from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
     from opentelemetry_instrumentation_vllm_ascend.handlers.steps import PHASE_ATTRIBUTE
     from opentelemetry_instrumentation_vllm_ascend.state import STATE

@@ -1,4 +1,4 @@
-"""EngineCore loop handlers (engine step, busy-loop pass, input queue) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
+"""EngineCore loop handlers (engine step, busy-loop pass, input queue) on plain objects shaped like vLLM's (tests/support/fakes.py), driven through the real wrappers and
 recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
 fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
 

@@ -19,6 +19,7 @@ from tests.support.fakes import (
     FakeLoader,
 )
 from tests.support.otlp_receiver import Receiver
+from tests.support.process import set_process
 from tests.unit.recording.test_prometheus import exposition, sample_lines
 
 np = pytest.importorskip("numpy")
@@ -158,7 +159,7 @@ def expected_series(rank="0"):
 @pytest.mark.parametrize("cls", [FakeEplbWorker, FakeEplbWorkerWithoutHotness], ids=["with-hotness", "without"])
 @pytest.mark.parametrize("staged", [False, True], ids=["single-stage", "multi-stage"])
 def test_do_update_records_hotness_with_or_without_latest_expert_hotness(metrics, hooked, cls, staged):
-    context.set_process("worker", "1", "decode")
+    set_process("worker", "1", "decode")
     worker = cls(shared_dict(staged), rank_id=0, new_placement=NEW_PLACEMENT, policy_type=3 if staged else 2)
     result = worker.do_update()
     assert result == [("update info of layer", 0), ("update info of layer", 1)]  # untouched
@@ -216,7 +217,7 @@ def test_second_cycle_starts_from_the_new_placement(metrics, hooked):
 
 
 def test_other_ranks_and_empty_cycles_record_nothing_but_the_process(metrics, hooked):
-    context.set_process("worker", "0", "mixed")
+    set_process("worker", "0", "mixed")
     FakeEplbWorker(shared_dict(), rank_id=1, new_placement=NEW_PLACEMENT).do_update()
     empty = shared_dict()
     empty["moe_load"] = None
@@ -267,10 +268,10 @@ def exported(monkeypatch, tmp_path):
     with Receiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint)
         pipeline.reset()
-        context.set_process("worker", "0", "mixed")
+        set_process("worker", "0", "mixed")
         yield str(tmp_path), receiver
         pipeline.reset()
-    context.set_process(*saved)
+    set_process(*saved)
 
 
 def _eplb_process(worker, planner_q, block_update_q, done):
@@ -380,7 +381,7 @@ def counts(metrics):
 
 
 def test_transfer_timer_records_only_calls_that_did_work(metrics, transfer_hooks):
-    context.set_process("worker", "3", "prefill")
+    set_process("worker", "3", "prefill")
     adaptor = FakeAdaptor()
     loader = FakeLoader(adaptor)
     for state in (ExpertWeightUpdateState.WAITING, ExpertWeightUpdateState.READY):

@@ -1,4 +1,4 @@
-"""Executor handlers (collective_rpc: RPC errors and execute_model / sample_tokens timing) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
+"""Executor handlers (collective_rpc: RPC errors and execute_model / sample_tokens timing) on plain objects shaped like vLLM's (tests/support/fakes.py), driven through the real wrappers and
 recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
 fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
 

@@ -23,6 +23,8 @@ pytest.importorskip("vllm")
 from vllm.v1.engine import FinishReason  # noqa: E402
 from vllm.v1.metrics.stats import IterationStats, RequestStateStats  # noqa: E402
 
+from tests.support.process import set_process
+
 DURATION = "gen_ai.server.request.duration"
 TPOT = "gen_ai.server.time_per_output_token"
 TTFT = "gen_ai.server.time_to_first_token"
@@ -60,11 +62,11 @@ def reader(request, monkeypatch):
     r = InMemoryMetricReader()
     pipeline.reset(extra_readers=[r])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.set_process("api_server", "0", "mixed")
+    set_process("api_server", "0", "mixed")
     api.set_served_model(NS(model_config=NS(served_model_name="tiny")))
     yield r
     pipeline.reset()
-    context.set_process(*saved)
+    set_process(*saved)
     api.set_served_model(None)
 
 

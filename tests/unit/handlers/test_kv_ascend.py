@@ -1,6 +1,6 @@
 """vllm-ascend's KV transfers: Mooncake P2P / layerwise transfer threads (their TransferEngine metered) and
 the AscendStore backends' put / get, through the handlers of their target rows wrapped around fakes whose
-shape ``test_contract_kv_ascend.py`` checks in vllm-ascend's real source. Oracle: bytes, counts and failures
+shape ``tests/contract/test_kv_ascend.py`` checks in vllm-ascend's real source. Oracle: bytes, counts and failures
 computed by hand from the lengths and sizes the fakes are given."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Model runner handlers (execute_model, sample_tokens, get_output, the device timeline) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
+"""Model runner handlers (execute_model, sample_tokens, get_output, the device timeline) on plain objects shaped like vLLM's (tests/support/fakes.py), driven through the real wrappers and
 recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
 fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
 

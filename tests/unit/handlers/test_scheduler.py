@@ -1,5 +1,5 @@
 """Scheduler handlers (schedule, update_from_output, add_request, preemptions, KV blocks and allocation
-failures) and the step classification (handlers/steps.py) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
+failures) and the step classification (handlers/steps.py) on plain objects shaped like vLLM's (tests/support/fakes.py), driven through the real wrappers and
 recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
 fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import context, state
+from opentelemetry_instrumentation_vllm_ascend import state
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler, steps
 from opentelemetry_instrumentation_vllm_ascend.handlers.kv_cache import AllocateSlots
 from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import PreemptRequest, ResetPrefixCache, Schedule
@@ -34,6 +34,8 @@ from tests.support.fakes import (
     req,
     step,
 )
+from tests.support.process import set_process
+from tests.support.steps import recomputing_of, step_phase
 
 # -- scheduler ------------------------------------------------------------------------------------------
 
@@ -279,7 +281,7 @@ def test_steps_recorded_together_equal_steps_recorded_one_by_one(metrics, clock,
         state.reset()  # a fresh process each run
         reader = Metrics(InMemoryMetricReader())
         pipeline.reset(extra_readers=[reader.reader])
-        context.set_process("engine_core", "0", "mixed")
+        set_process("engine_core", "0", "mixed")
         s = _varied_steps(clock, utils)
         for _ in range(len(s.plan)):
             s.schedule()
@@ -549,7 +551,7 @@ def test_step_phase(new, cached, resumed, recomputing, expected, path):
     if path == "exact":
         sched.requests["other"] = req(3, 20, prompt=10)
         steps.mark_recomputing(sched, "other")
-    assert steps.step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
+    assert step_phase(sched, output(REQUESTS, new, cached, resumed)) == expected
 
 
 @pytest.mark.parametrize("path", ["fast", "exact"])
@@ -576,11 +578,11 @@ def test_recomputing_requests_are_forgotten_once_caught_up_or_gone():
     steps.mark_recomputing(sched, "gone")
     del sched.requests["gone"]
     out = output(sched.requests, cached=[("r", 5)])
-    assert steps.step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
-    assert steps.recomputing_of(sched) == {"r"}
+    assert step_phase(sched, out) == "prefill"  # 5 of 13 done before the step
+    assert recomputing_of(sched) == {"r"}
     sched.requests["r"].num_computed_tokens = 12  # after this step: caught up (12 == 13 - 1)
-    steps.step_phase(sched, output(sched.requests, cached=[("r", 7)]))
-    assert steps.recomputing_of(sched) == set()
+    step_phase(sched, output(sched.requests, cached=[("r", 7)]))
+    assert recomputing_of(sched) == set()
 
 
 # -- preemption, recompute, allocation failures ---------------------------------------------

@@ -1,4 +1,4 @@
-"""Profiling-scope handlers (vLLM's record_function_or_nullcontext) on plain objects shaped like vLLM's (tests/fakes.py), driven through the real wrappers and
+"""Profiling-scope handlers (vLLM's record_function_or_nullcontext) on plain objects shaped like vLLM's (tests/support/fakes.py), driven through the real wrappers and
 recorded through the real OTel SDK. Durations come from an injected clock advanced by exact binary
 fractions, so every count, sum and bucket below is hand-computed and asserted exactly."""
 

@@ -12,7 +12,7 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.hooks import wrappers
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler, report
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC
@@ -21,6 +21,7 @@ from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import Fi
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.conftest import Metrics
 from tests.support.otlp_receiver import Receiver
+from tests.support.process import set_process
 
 NAME = catalogue.HOOK_ERRORS.prometheus_name
 
@@ -130,7 +131,7 @@ def _worker(rank, n, directory, endpoint):
     os.environ[environment.FILES_DIR] = directory
     os.environ[environment.METRICS_EXPORTER] = "otlp_proto_http"
     os.environ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"] = endpoint
-    context.set_process("worker", "0", "mixed", rank=rank)
+    set_process("worker", "0", "mixed", rank=rank)
     recording.process_started()
     _call("GPUModelRunner.execute_model", n)
     # exits normally: the exit handler exports to the files and pushes OTLP

@@ -12,6 +12,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, remove_dead_files
+from tests.support.process import set_process
 
 DEAD_PID = 2**22 + 12345  # above the default pid_max: never a live process
 
@@ -82,7 +83,7 @@ def files_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(environment.FILES_DIR, str(directory))
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")
     pipeline.reset()
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     yield str(directory)
     pipeline.reset()
 

@@ -171,7 +171,7 @@ FULL_DISK_CHILD = textwrap.dedent("""
     import os, sys
     from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
     from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     # Fill the filesystem up to the last few KiB.
     with open(os.path.join(sys.argv[1], "filler"), "wb", buffering=0) as f:
         try:

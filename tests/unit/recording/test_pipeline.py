@@ -9,6 +9,7 @@ import pytest
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from tests.support.otlp_receiver import Receiver
+from tests.support.process import set_process
 
 R2W = "vllm_profiling_running_to_waiting_count"
 
@@ -23,7 +24,7 @@ def otlp(monkeypatch, tmp_path):
     with Receiver() as receiver:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint)
         pipeline.reset()
-        context.set_process("engine_core", "0", "mixed")
+        set_process("engine_core", "0", "mixed")
         yield receiver
         pipeline.reset()
 

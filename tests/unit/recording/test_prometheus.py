@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import FilesCollector, remove_dead_files
+from tests.support.process import set_process
 
 
 def exposition(directory):
@@ -70,7 +71,7 @@ def test_histogram_buckets_are_cumulative_with_count_and_sum(files_dir, monkeypa
 
 def _child(kind, dp, n, directory, delay):
     os.environ[environment.FILES_DIR] = directory
-    context.set_process(kind, dp, "mixed")
+    set_process(kind, dp, "mixed")
     recording.process_started()
     recording.add(catalogue.RUNNING_TO_WAITING, n, context.step_labels("decode"))
     time.sleep(delay)  # exits normally: the exit handler flushes the final values
@@ -204,7 +205,7 @@ def test_incremental_exports_write_what_one_full_export_writes(tmp_path, monkeyp
     monkeypatch.delenv(environment.PROMETHEUS_MULTIPROC_DIR, raising=False)
     reader = InMemoryMetricReader()
     pipeline.reset(extra_readers=[reader])
-    context.set_process("engine_core", "0", "decode")
+    set_process("engine_core", "0", "decode")
     try:
         incremental = FilesExporter(str(tmp_path / "incremental"))
         os.makedirs(tmp_path / "incremental")

@@ -12,12 +12,13 @@ import textwrap
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import context, paths
+from opentelemetry_instrumentation_vllm_ascend import paths
 from opentelemetry_instrumentation_vllm_ascend.hooks import installer as installer_module
 from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.declarative import TIMER, Measure
 from opentelemetry_instrumentation_vllm_ascend.hooks.installer import Installer, module_exists
 from tests.support.contract import VLLM_VERSIONS, check_target, vllm_tree
+from tests.support.process import set_process
 
 PKG = "otel_ready_fake"
 
@@ -81,7 +82,7 @@ def test_targets_that_never_resolved_are_one_log_line_when_the_engine_is_ready(f
     # The worker path cannot be told from the environment: the one whose targets resolved here counts.
     detected = paths.Configuration({"scheduling": "sync", "worker": None, "executor": None, "frontend": None}, {})
     monkeypatch.setattr(installer_module, "configuration", lambda overrides=None: detected)
-    context.set_process("engine_core", "0", "kv_both", rank="0")  # an EngineCore hosting its worker (uniproc)
+    set_process("engine_core", "0", "kv_both", rank="0")  # an EngineCore hosting its worker (uniproc)
     installer = Installer(list(ROWS.values()), ready_points=[(f"{PKG}.engine", "Engine.__init__", "engine_core")])
     installer.install()
     try:
@@ -109,11 +110,11 @@ def test_targets_that_never_resolved_are_one_log_line_when_the_engine_is_ready(f
         assert f"{ROWS['missing_on_path'].symbol} (module {PKG}.runner_v2_gone does not exist" in line
     finally:
         installer.uninstall()
-        context.set_process("unknown", "unknown", "unknown")
+        set_process("unknown", "unknown", "unknown")
 
 
 def test_an_api_server_reports_only_its_own_rows(fake_vllm, caplog):
-    context.set_process("api_server", "0", "kv_both")
+    set_process("api_server", "0", "kv_both")
     installer = Installer(list(ROWS.values()), ready_points=[(f"{PKG}.engine", "Engine.__init__", "api_server")])
     installer.install()
     try:
@@ -125,12 +126,12 @@ def test_an_api_server_reports_only_its_own_rows(fake_vllm, caplog):
         assert "1 hook target(s)" in line and ROWS["api_server"].symbol in line
     finally:
         installer.uninstall()
-        context.set_process("unknown", "unknown", "unknown")
+        set_process("unknown", "unknown", "unknown")
 
 
 def test_nothing_is_said_when_everything_expected_resolved(fake_vllm, caplog):
     rows = [ROWS["resolves_on_path"], ROWS["unused_feature"]]
-    context.set_process("worker", "0", "kv_both", rank="0")
+    set_process("worker", "0", "kv_both", rank="0")
     installer = Installer(rows, ready_points=[(f"{PKG}.engine", "Engine.__init__", "worker")])
     installer.install()
     try:
@@ -143,7 +144,7 @@ def test_nothing_is_said_when_everything_expected_resolved(fake_vllm, caplog):
         assert installer.reported
     finally:
         installer.uninstall()
-        context.set_process("unknown", "unknown", "unknown")
+        set_process("unknown", "unknown", "unknown")
 
 
 def test_module_exists_imports_nothing(fake_vllm):
