@@ -3,7 +3,6 @@ simulated engine step, counted in calls rather than timed, so that a code change
 machine. The counts must be exact to be worth printing."""
 
 from benchmarks import _step
-from tests.support.process import set_process
 
 
 def test_python_call_counts_are_exact_and_the_default_set_adds_no_more_than_every_metric():
@@ -35,6 +34,7 @@ def test_section_f2b_switches_off_each_hook_by_the_method_it_wraps_and_leaves_th
     """F2b (``cold_hook_rows``) names each switchable hook by the method it wraps, and a step with every handler
     switched off runs our wrappers and what stays installed (the scope factory, the future class's completion) and
     nothing else of ours."""
+    from tests.support.process import set_process
 
     set_process("engine_core", "0", "mixed")
     expected = {

@@ -169,8 +169,9 @@ def test_the_root_records_itself_in_its_directory(monkeypatch):
 # -- a full metrics filesystem ---------------------------------------------------------------------------
 FULL_DISK_CHILD = textwrap.dedent("""
     import os, sys
-    from opentelemetry_instrumentation_vllm_ascend import catalogue, context, recording
+    from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
     from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+    from tests.support.process import set_process
     set_process("engine_core", "0", "mixed")
     # Fill the filesystem up to the last few KiB.
     with open(os.path.join(sys.argv[1], "filler"), "wb", buffering=0) as f:
