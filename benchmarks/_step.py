@@ -26,12 +26,13 @@ import types
 from time import perf_counter
 from types import SimpleNamespace as NS
 
+from opentelemetry_instrumentation_vllm_ascend import targets
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, engine, executor, kv_cache, memory, model_runner
 from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as sched_handlers
 from opentelemetry_instrumentation_vllm_ascend.handlers.steps import FLUSH_STEPS, PHASE_ATTRIBUTE
-from opentelemetry_instrumentation_vllm_ascend.hooks import installer, targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class, patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER
+from opentelemetry_instrumentation_vllm_ascend.wiring import declarative, installer
 from tests.support.process import set_process
 
 SCHED_SCOPES = ("schedule: allocate_slots", "schedule: make_cached_request_data", "schedule: update_after_schedule")
@@ -265,7 +266,14 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
         target = next(t for t in targets.TARGETS if t.symbol == symbol)
         if installer.gate_of(target, None, None) == installer.DISABLED:
             return []
-        return [patch_method(cls, attribute, targets.handler_of(symbol), SYNC_TIMER)]
+        return [
+            patch_method(
+                cls,
+                attribute,
+                declarative.load_handler(next(t for t in targets.TARGETS if t.symbol == symbol)),
+                SYNC_TIMER,
+            )
+        ]
 
     if "engine_core" in hooked:
         patches += [

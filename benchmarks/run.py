@@ -373,8 +373,8 @@ def feature_rows(number, repeat):
     boundary (the clock reading and the clock's bookkeeping), and ExampleConnector's per-layer store
     hook for a step storing 4 requests; each beside its own bare call, measured in the same run."""
     from opentelemetry_instrumentation_vllm_ascend.handlers import budget, kv_transfer
-    from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
-    from opentelemetry_instrumentation_vllm_ascend.hooks.declarative import build_handler
+    from opentelemetry_instrumentation_vllm_ascend.wiring import userfile
+    from opentelemetry_instrumentation_vllm_ascend.wiring.declarative import build_handler
 
     t = _targets.Target()
     bare_step, bare_tick = _targets.Target.step, _targets.Target.tick

@@ -45,8 +45,8 @@ from .package import _instruments, _instruments_any
 from .version import __version__
 
 if TYPE_CHECKING:
-    from .hooks.installer import Installer
     from .recording.metrics_endpoint import Exposition
+    from .wiring.installer import Installer
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +63,6 @@ class VllmAscendInstrumentor(BaseInstrumentor):
     """
 
     _installer: Installer | None = None
-    _user_hooks: Any = None
     _exposition: Exposition | None = None
     _set_enabled = False
     _replaced_enabled: str | None = None
@@ -81,9 +80,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
             logger.exception("opentelemetry-instrumentation-vllm-ascend could not instrument; vLLM runs uninstrumented")
 
     def _install(self, **kwargs: Any) -> None:
-        from .hooks.installer import Installer
         from .recording import pipeline
         from .recording.metrics_endpoint import Exposition
+        from .wiring.installer import Installer
 
         enabled = environment.flag(environment.ENABLED)
         if enabled is False:
@@ -105,30 +104,26 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         services.prepare()  # what the server's processes share: the flush tree's name, the control directory
         # The flush listener and the runtime control start with the first hooked module this process loads: a
         # Python process of the server that runs no vLLM (multiprocessing's resource tracker) gets neither.
-        installer = Installer(on_first_load=services.start)
+        from .state import STATE
+        from .wiring.userfile import paths_from_environment
+
+        hook_files = paths_from_environment()
+        installer = Installer(on_first_load=services.start, hook_files=hook_files)
+        if hook_files:
+            STATE.control.reloaders.append(installer.reload)
+            STATE.control.summaries.append(installer.summary)
         installer.install()
         VllmAscendInstrumentor._installer = installer
-        from .hooks.userfile import UserHooks, paths_from_environment
-
-        if paths_from_environment():
-            from .state import STATE
-
-            user_hooks = UserHooks(on_first_load=services.start)
-            STATE.control.reloaders.append(user_hooks.reload)
-            STATE.control.summaries.append(user_hooks.summary)
-            user_hooks.install()
-            VllmAscendInstrumentor._user_hooks = user_hooks
 
     def _uninstrument(self, **kwargs: Any):
         from .recording import pipeline
 
-        user_hooks, VllmAscendInstrumentor._user_hooks = VllmAscendInstrumentor._user_hooks, None
-        if user_hooks is not None:
-            user_hooks.uninstall()
+        installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
+        if installer is not None:
+            installer.remove_hook_files()
         from .recording import services
 
-        services.stop()  # the control's callbacks (the user hooks' reloader and summary) and the flush listener
-        installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
+        services.stop()  # the control's callbacks (the hook files' reloader and summary) and the flush listener
         if installer is not None:
             installer.uninstall()
         from .hooks.patches import restore_stand_ins

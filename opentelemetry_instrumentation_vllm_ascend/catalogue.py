@@ -45,7 +45,7 @@ PROCESS_KINDS = ("api_server", "engine_core", "worker", "eplb", "unknown")
 
 #: Labels whose value belongs to the recording process, not to the measurement: handlers never pass
 #: them; the pipeline adds them, with the process's value, to every series of the metrics that declare
-#: them (``MetricSpec.process_labels``), in both recorders. ``rank``: the global rank of the worker the
+#: them (``targets.process_labels``), in both recorders. ``rank``: the global rank of the worker the
 #: process hosts (``WorkerBase.__init__``'s ``rank``: 0 … TP×PP−1 within its engine), so TP and PP
 #: workers of one engine never merge into one series; a process hosting no worker adds nothing.
 WORKER_LABELS = ("rank",)
@@ -68,28 +68,8 @@ class MetricSpec:
     #: conventions' ``gen_ai.server.*`` metrics): it is the OTel instrument name and what OTLP receives;
     #: ``labels`` are then OTel attribute names (dotted), which /metrics writes with underscores.
     name: str | None = None
-    # Which symbols feed it and in which processes it is recorded are the target table's facts
-    # (``hooks/targets.py``: ``hooked_symbols``, ``recorded_in``), not restated here.
-
-    @property
-    def recorded_in(self) -> str:
-        """The process kinds that record it (from the target rows feeding it), for docs and labels."""
-        from .hooks.targets import recorded_in
-
-        return recorded_in(self.seed)
-
-    @property
-    def process_labels(self) -> tuple[str, ...]:
-        """Labels the pipeline adds from the recording process, after ``labels``: the worker's rank
-        (WORKER_LABELS) on metrics recorded in workers (and on the package's own, ``SELF_SEEDS``). Derived from the
-        target table at each read (not for the hot path: a pipeline's instrument reads it once)."""
-        in_worker = "worker" in self.recorded_in.split(", ") or self.seed in SELF_SEEDS
-        return WORKER_LABELS if in_worker else ()
-
-    @property
-    def all_labels(self) -> tuple[str, ...]:
-        """Every label a series of this metric can carry: the handler's, then the process's."""
-        return self.labels + self.process_labels
+    # Which symbols feed it, in which processes it is recorded and so whether it carries the worker's rank are
+    # the target table's facts (``targets.py``: ``hooked_symbols``, ``recorded_in``, ``process_labels``).
 
     @property
     def instrument_name(self) -> str:
@@ -1016,6 +996,8 @@ def views(specs=None):
     buckets, and keep only the catalogue's labels (bounded cardinality whatever a handler passes)."""
     from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
+    from . import targets as _targets  # TEMPORARY until Views move to recording (issue 39)
+
     result = []
     for spec in defined() if specs is None else specs:
         aggregation = None
@@ -1028,7 +1010,7 @@ def views(specs=None):
                 meter_name=SCOPE_NAME,
                 name=spec.exposed_name,
                 description=spec.description,
-                attribute_keys=set(spec.all_labels),
+                attribute_keys=set(_targets.all_labels(spec)),
                 **kwargs,
             )
         )
@@ -1037,7 +1019,7 @@ def views(specs=None):
 
 SCOPE_NAME = "opentelemetry_instrumentation_vllm_ascend"
 
-#: Metrics declared at run time (users' hook files: hooks/userfile.py): named, exported and given
+#: Metrics declared at run time (users' hook files: wiring/userfile.py): named, exported and given
 #: Views like catalogue entries, but not part of the catalogue (nor of docs/metrics.md). Kept in
 #: ``STATE.extra_metrics`` (a registration: see ``state``).
 EXTRA: dict[str, MetricSpec] = STATE.extra_metrics

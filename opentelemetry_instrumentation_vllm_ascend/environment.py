@@ -50,7 +50,7 @@ ROOT_PID = "_OTEL_VLLM_ASCEND_ROOT_PID"
 TREE = "_OTEL_VLLM_ASCEND_TREE"
 
 #: Users' hook files: comma-separated paths of YAML files in ms-service-metric's entry shape
-#: (hooks/userfile.py, docs/configuration.md "Hook files").
+#: (wiring/userfile.py, docs/configuration.md "Hook files").
 CONFIG = "OTEL_VLLM_ASCEND_CONFIG"
 #: ``off``: a server starts with recording off (``python -m opentelemetry_instrumentation_vllm_ascend
 #: control on`` turns it on); ``on`` (default).

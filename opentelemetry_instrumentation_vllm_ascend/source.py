@@ -487,8 +487,8 @@ def release_rows(tree: SourceTree, vllm, ascend, configuration, table=None) -> l
     ``kind``, ``vllm``, ``vllm_ascend``, ``feeds``), for the release whose source is ``tree`` (``vllm`` /
     ``ascend``: its versions, ``ascend`` None without vllm-ascend); with ``path`` (the row's execution
     path, "" for every one) and ``expected`` (``expected_on``: True, False or None for cannot tell)."""
-    from .hooks import installer
-    from .hooks import targets as targets_module
+    from . import targets as targets_module
+    from .wiring import installer
 
     rows = []
     for target in table if table is not None else targets_module.TARGETS:

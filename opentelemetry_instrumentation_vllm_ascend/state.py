@@ -209,7 +209,7 @@ class State:
         self.observers: list = []
         #: Whether the device utilization gauge was registered (handlers.memory).
         self.utilization_observed: bool = False
-        #: Metrics declared at run time (users' hook files: hooks.userfile), seed -> MetricSpec:
+        #: Metrics declared at run time (users' hook files: wiring.userfile), seed -> MetricSpec:
         #: ``catalogue.EXTRA``.
         self.extra_metrics: dict[str, Any] = {}
         #: This process's pipeline (recording.pipeline.Pipeline), None: not built yet.

@@ -6,12 +6,11 @@ the committed file differs from this output.
 
 from __future__ import annotations
 
-from .. import catalogue, paths
-from ..hooks import targets
+from .. import catalogue, paths, targets
 
 
 def _labels(spec: catalogue.MetricSpec) -> str:
-    return ", ".join(f"`{label}`" for label in spec.all_labels)
+    return ", ".join(f"`{label}`" for label in targets.all_labels(spec))
 
 
 #: Named bucket sets of the catalogue (docs column and section).
@@ -69,7 +68,7 @@ def render_metrics_md() -> str:
             hooked = "every hook (its handler's failures)"
         lines.append(
             f"| `{spec.prometheus_name}` | {spec.kind} | `{spec.unit}` | {_buckets(spec)} | {_labels(spec)} "
-            f"| {spec.recorded_in} | {hooked} | {_opt_in(spec)}{spec.description} |"
+            f"| {targets.recorded_in(spec.seed)} | {hooked} | {_opt_in(spec)}{spec.description} |"
         )
     lines += [
         "",

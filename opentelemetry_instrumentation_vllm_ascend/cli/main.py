@@ -85,8 +85,8 @@ def main(argv=None) -> int:
     if args.command == "control":
         return run_control(args)
 
-    from ..hooks import installer
     from ..version import __version__
+    from ..wiring import installer
 
     overrides = {}
     if args.async_scheduling:
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     missing = [r for r in rows if r["status"] == installer.MISSING]
     hook_files = None
     if args.config:
-        from ..hooks import userfile
+        from ..wiring import userfile
 
         hook_files = [e.as_row() for e in userfile.resolve_entries(userfile.load(args.config, log=False))]
     if args.json:

@@ -54,8 +54,8 @@ def release_check(args, overrides: dict) -> int:
     from packaging.version import InvalidVersion, Version
 
     from .. import paths, source
-    from ..hooks import installer
     from ..version import __version__
+    from ..wiring import installer
 
     try:
         ascend_version = ascend_source = None

@@ -22,13 +22,18 @@ STEP_PARTS = (
     ("sample_tokens RPC", "executor:sample_tokens:duration"),
     ("update_from_output", "scheduler:update_from_output:duration"),
 )
-#: In the workers, per model-runner execute_model: (label, seed).
+#: In the workers, the model runner's execute_model and the two parts of it that are timed: (label, seed). What is
+#: left of execute_model (post-processing, bookkeeping) is printed as "the rest"; sample_tokens follows
+#: execute_model and is not part of it.
 WORKER = "executor:model_runner_execute_model:duration"
 WORKER_PARTS = (
     ("prepare inputs", "executor:prepare_inputs:duration"),
     ("forward", "npu:forward_duration"),
-    ("non-forward", "npu:non_forward_duration"),
 )
+#: Model inference outside the forward pass (``worker:model_inference:duration`` minus ``npu:forward_duration`` of
+#: the same step): input preparation, post-processing and sample_tokens together. It overlaps "prepare inputs" and
+#: reaches past execute_model, so it is printed as a mean per step, not as a share of execute_model.
+NON_FORWARD = "npu:non_forward_duration"
 #: Our exception counters and the vLLM counter that counts the same thing, where there is one.
 EXCEPTIONS = (
     ("preemptions", "running_to_waiting_count", "vllm:num_preemptions_total"),
@@ -82,10 +87,22 @@ def summarize(text: str) -> list[str]:
         w_total = _sum(s, P + WORKER + "_sum", _busy)
         if w_count:
             lines.append(f"  in the workers: execute_model mean {_ms(w_total / w_count)}; of it:")
+            parts = []
             for label, seed in WORKER_PARTS:
                 part = _sum(s, P + seed + "_sum", _busy)
                 if _sum(s, P + seed + "_count", _busy):
+                    parts.append(part)
                     lines.append(f"    {label:<18} {100 * part / w_total:5.1f}%")
+            rest = w_total - sum(parts)
+            if len(parts) == len(WORKER_PARTS) and rest >= 0:
+                lines.append(f"    {'the rest':<18} {100 * rest / w_total:5.1f}%  (post-processing, bookkeeping)")
+            n = _sum(s, P + NON_FORWARD + "_count", _busy)
+            if n:
+                mean = _ms(_sum(s, P + NON_FORWARD + "_sum", _busy) / n)
+                lines.append(
+                    f"  in the workers, outside the forward pass: mean {mean} a step "
+                    "(prepare inputs, post-processing and sample_tokens; not a share of execute_model)"
+                )
     else:
         lines.append("Engine steps: none recorded yet (no load, or the engine core is not instrumented).")
     lines.append("Exceptions (ours | vLLM's own):")

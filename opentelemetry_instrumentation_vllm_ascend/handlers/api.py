@@ -1,6 +1,6 @@
 """API server side: vLLM's per-engine stats updates, request-level latencies, the output loop's work
 and its time budget. The frontend's plain timers (adding, generating, aborting, chat completions,
-input processing) are declarative rows (hooks/targets.py).
+input processing) are declarative rows (targets.py).
 
 Labels (see catalogue.py):
 - ``dp`` / ``engine``: values that come with an engine index (``StatLoggerManager.record``) carry

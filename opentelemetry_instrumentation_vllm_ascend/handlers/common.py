@@ -9,9 +9,23 @@ from time import perf_counter
 from typing import NamedTuple
 
 from .. import catalogue, context, recording
-from ..hooks.declarative import HOOK_ERRORS, MAX_LABEL_LENGTH, MAX_LABEL_VALUES, OTHER, duration
 from ..hooks.handler import Handler
 from ..state import STATE
+
+#: Distinct values one label expression may give in one process (per metric and label); later new values
+#: are recorded as ``OTHER``. Values are cut at ``MAX_LABEL_LENGTH`` characters.
+MAX_LABEL_VALUES = 32
+MAX_LABEL_LENGTH = 64
+OTHER = "other"
+
+#: Where the samples an expression could not compute are counted (a measure with an expression, as in
+#: users' hook files, skips such a sample; a measure without one fails as any handler does: logged once).
+HOOK_ERRORS = catalogue.HOOK_ERRORS
+
+
+def duration(args, values, result, seconds):
+    """The reader of a plain timer: the call's duration."""
+    return seconds
 
 
 class StepTimer(Handler):
@@ -68,7 +82,7 @@ class StreamTimer(Handler):
 
 
 class Measured(NamedTuple):
-    """One measure of a ``MeasuresHandler``, compiled from a row (``hooks/declarative.py``)."""
+    """One measure of a ``MeasuresHandler``, compiled from a row (``wiring/declarative.py``)."""
 
     spec: catalogue.MetricSpec
     kind: str
@@ -79,7 +93,7 @@ class Measured(NamedTuple):
 
 
 class MeasuresHandler(Handler):
-    """A declarative row's handler (``hooks/declarative.py``) when it is more than one plain timer:
+    """A declarative row's handler (``wiring/declarative.py``) when it is more than one plain timer:
     after each call that returned, every measure's value into its metric, labelled dp / role, phase
     ``all`` or the step's, and the measure's own label expressions. Timer wrapper kinds call
     ``timed``; sync / coroutine kinds ``after`` (no duration then). A measure computed by an expression

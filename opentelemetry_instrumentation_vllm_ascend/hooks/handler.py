@@ -12,6 +12,7 @@ import logging
 import sys
 
 from ..state import STATE
+from ..targets import reads_args_of
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class Handler:
     as ``GeneratorExit``). ``future_done`` sees a future the original returned, once it is done.
     """
 
-    #: What reports call the handler: its class's qualname, and, once ``targets.load_handler`` built it
+    #: What reports call the handler: its class's qualname, and, once ``wiring.declarative.load_handler`` built it
     #: for a row, the hooked symbol's qualname.
     name = "handler"
     failures_only = False
@@ -81,8 +82,6 @@ class RowParams:
     the count is the row's, not restated. Resolved when a wrapper is built, never per call."""
 
     def __get__(self, obj, owner) -> int | None:
-        from .targets import reads_args_of
-
         return reads_args_of(owner)
 
 

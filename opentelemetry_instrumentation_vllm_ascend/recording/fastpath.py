@@ -41,7 +41,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from .. import catalogue
+from .. import catalogue, targets
 from ..context import series_attributes as _attributes
 
 try:  # MetricReader keys its temporality table by the SDK's internal instrument classes
@@ -65,8 +65,8 @@ class _Instrument:
 
     def __init__(self, spec: catalogue.MetricSpec) -> None:
         self.spec = spec
-        #: ``spec.process_labels``, read once (derived from the target table).
-        self.process_labels = spec.process_labels
+        #: ``targets.process_labels(spec)``, read once (derived from the target table).
+        self.process_labels = targets.process_labels(spec)
         self._tls = threading.local()
         self._shards: list[dict] = []
         self._lock = threading.Lock()
@@ -265,7 +265,7 @@ class Store:
 
     def __init__(self, resource, scope_name: str, scope_version: str, process_attributes=None) -> None:
         self.resource = resource
-        #: ``process_attributes(spec.process_labels)`` → {label: value} the recording process adds to
+        #: ``process_attributes(targets.process_labels(spec))`` → {label: value} the recording process adds to
         #: every series of such a spec (the worker's ``rank``), at collection: nothing on the hot path.
         self._process_attributes: Callable[[tuple], dict] = process_attributes or (lambda names: {})
         self.scope = InstrumentationScope(scope_name, scope_version, None, None)

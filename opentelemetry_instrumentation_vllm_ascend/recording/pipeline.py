@@ -23,7 +23,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import catalogue, context, environment, neighbours, state
+from .. import catalogue, context, environment, neighbours, state, targets
 from ..handlers import budget
 from ..state import STATE
 from ..version import __version__
@@ -218,7 +218,7 @@ class Pipeline:
             )
         else:
             inst = meter.create_gauge(spec.instrument_name, unit=spec.unit, description=spec.description)
-        return _SdkInstrument(inst, spec.labels, spec.process_labels)
+        return _SdkInstrument(inst, spec.labels, targets.process_labels(spec))
 
     def observe(self, spec: catalogue.MetricSpec, callback) -> None:
         """An observable gauge: ``callback()`` returns ``[(label tuple, value), …]`` at each collection
@@ -234,7 +234,7 @@ class Pipeline:
             return
         from opentelemetry.metrics import Observation
 
-        process_labels = spec.process_labels
+        process_labels = targets.process_labels(spec)
 
         def sdk_callback(_options):
             extra = context.process_attributes(process_labels)

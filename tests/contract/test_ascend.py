@@ -7,8 +7,8 @@ cached), parsed over the vLLM it runs on and never imported."""
 import pytest
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend import targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 from tests.support.contract import (
     ASCEND_VERSIONS,
     READS,

@@ -12,9 +12,8 @@ import tarfile
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import source
+from opentelemetry_instrumentation_vllm_ascend import source, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from tests.support.source_archives import sdist
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -6,7 +6,7 @@ import pytest
 from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import supported
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 from tests.contract.test_vllm import tree_for
 from tests.support.contract import VLLM_VERSIONS, Read, at_least, check_read
 

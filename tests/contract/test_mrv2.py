@@ -12,9 +12,8 @@ import ast
 import pytest
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend import supported
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend import supported, targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 from tests.contract.test_vllm import _TREES, tree_for
 from tests.support.contract import SourceTree, fake_problems
 from tests.support.fakes import MRV2_FAKES, FakeRunnerV2

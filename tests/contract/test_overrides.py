@@ -9,8 +9,8 @@ import functools
 import pytest
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend import targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 from tests.contract.test_vllm import tree_for
 from tests.support.contract import (
     ASCEND_PAIRS,

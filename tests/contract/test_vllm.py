@@ -9,8 +9,8 @@ import ast
 import pytest
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range
+from opentelemetry_instrumentation_vllm_ascend import targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 from tests.support.contract import (
     _VLLM_TREES,
     READS,

@@ -20,10 +20,9 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, targets  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets  # noqa: E402
 from tests.support.otlp_receiver import Receiver  # noqa: E402
 from tests.support.scrape import series_counts, settle  # noqa: E402
 

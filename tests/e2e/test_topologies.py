@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import catalogue, targets  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
 from tests.support.otlp_receiver import Receiver  # noqa: E402
@@ -215,7 +215,7 @@ def test_dp_preemptions_per_engine_equal_vllms(dp):
 
 def test_dp_engines_and_workers_know_their_dp(dp):
     text = dp["text"]
-    api_side = {spec.exposed_name for spec in catalogue.CATALOGUE if spec.recorded_in == "api_server"}
+    api_side = {spec.exposed_name for spec in catalogue.CATALOGUE if targets.recorded_in(spec.seed) == "api_server"}
     unknown = set()
     for name, labels, _ in samples(text):
         if name.startswith(P) and labels.get("dp") == "unknown":
@@ -376,8 +376,10 @@ def test_tp_each_rank_ran_every_step_the_engine_dispatched(tp):
 
 def test_tp_worker_series_carry_their_rank_and_engine_core_series_none(tp):
     text = tp["text"]
-    worker_recorded = {spec.exposed_name for spec in catalogue.CATALOGUE if spec.recorded_in == "worker"}
-    engine_recorded = {spec.exposed_name for spec in catalogue.CATALOGUE if spec.recorded_in == "engine_core"}
+    worker_recorded = {spec.exposed_name for spec in catalogue.CATALOGUE if targets.recorded_in(spec.seed) == "worker"}
+    engine_recorded = {
+        spec.exposed_name for spec in catalogue.CATALOGUE if targets.recorded_in(spec.seed) == "engine_core"
+    }
     ranks_seen, engine_seen = set(), 0
     for name, labels, _ in samples(text):
         family = name

@@ -53,7 +53,7 @@ _ASCEND_TREES: dict[str, SourceTree] = {}
 
 def _installed_vllm_root(version: str) -> str | None:
     """The installed vLLM's site directory when it is ``version`` (read, never imported)."""
-    from opentelemetry_instrumentation_vllm_ascend.hooks.installer import vllm_version
+    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import vllm_version
 
     installed = vllm_version()
     spec = importlib.util.find_spec("vllm") if installed is not None and str(installed) == version else None

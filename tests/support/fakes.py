@@ -9,12 +9,13 @@ import enum
 import types
 from types import SimpleNamespace as NS
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
+from opentelemetry_instrumentation_vllm_ascend import catalogue, kinds, recording, targets
 from opentelemetry_instrumentation_vllm_ascend.handlers import ascend, scheduler
 from opentelemetry_instrumentation_vllm_ascend.handlers.model_runner import SampleTokens
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, targets
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
 
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
 F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, add_request, the input queue
@@ -241,7 +242,7 @@ def instrumented(cls=FakeScheduler):
             "schedule": wrap(cls.schedule, scheduler.Schedule(), SYNC)[0],
             "update_from_output": wrap(cls.update_from_output, scheduler.UpdateFromOutput(), SYNC)[0],
             "add_request": wrap(
-                cls.add_request, targets.handler_of("vllm.v1.core.sched.scheduler:Scheduler.add_request"), SYNC_TIMER
+                cls.add_request, handler_of("vllm.v1.core.sched.scheduler:Scheduler.add_request"), SYNC_TIMER
             )[0],
         },
     )
@@ -763,10 +764,10 @@ MRV2_FAKES = (
 
 
 def instrumented_v2(monkeypatch, runner_handler="model_runner:ExecuteModelV2"):
-    """``FakeRunnerV2`` wrapped as the MRV2 rows of hooks/targets.py wrap vLLM's (each row's own handler, built by
-    ``targets.load_handler``); ``STATE.mrv2_forward_marked`` (which building the forward-mark row's handler sets)
+    """``FakeRunnerV2`` wrapped as the MRV2 rows of targets.py wrap vLLM's (each row's own handler, built by
+    ``declarative.load_handler``); ``STATE.mrv2_forward_marked`` (which building the forward-mark row's handler sets)
     is restored after the test."""
-    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+    from opentelemetry_instrumentation_vllm_ascend import targets
     from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import wrap
     from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
@@ -775,7 +776,7 @@ def instrumented_v2(monkeypatch, runner_handler="model_runner:ExecuteModelV2"):
     v2 = "vllm.v1.worker.gpu.model_runner:GPUModelRunner."
 
     def wrapped(cls, method, row):
-        return wrap(getattr(cls, method), targets.load_handler(row), row.kind)[0]
+        return wrap(getattr(cls, method), declarative.load_handler(row), row.kind)[0]
 
     execute = rows[v2 + "execute_model"]
     if runner_handler != execute.handler:
@@ -804,3 +805,53 @@ def instrumented_v2(monkeypatch, runner_handler="model_runner:ExecuteModelV2"):
         },
     )
     return runner, timing
+
+
+# -- rows: the handler a row builds, and what is wrong with a declarative row ---------------------------
+
+
+def handler_of(symbol: str):
+    """The handler the installer builds for the table's row of ``symbol`` ("module:Class.method"): what the
+    tests wrap their vLLM-shaped classes with."""
+    return declarative.load_handler(next(t for t in targets.TARGETS if t.symbol == symbol))
+
+
+def problems(target, catalogue_by_seed) -> list[str]:
+    """What is wrong with a declarative row (empty when it is sound): unknown metrics, a measure whose
+    kind does not match its metric, a timer on a wrapper kind that does not time, a value that is not
+    a parameter, labels the declarative handler cannot fill."""
+    out = []
+    if target.handler and target.measures:
+        out.append(f"{target.symbol}: a row has either a handler or measures, not both")
+    timing = (kinds.SYNC_TIMER, kinds.COROUTINE_TIMER, kinds.ASYNC_GENERATOR, kinds.COROUTINE_STREAM)
+    if target.measures and target.kind not in timing + (kinds.SYNC, kinds.COROUTINE):
+        out.append(f"{target.symbol}: measures need a sync/coroutine/stream wrapper kind, not {target.kind}")
+    for m in target.measures:
+        spec = m.spec if m.spec is not None else catalogue_by_seed.get(m.metric)
+        if spec is None:
+            out.append(f"{target.symbol}: {m.metric} is not in the catalogue")
+            continue
+        if m.kind not in declarative.MEASURE_KINDS:
+            out.append(f"{target.symbol}: {m.metric}: unknown measure kind {m.kind!r}")
+        elif declarative.CATALOGUE_KIND[m.kind] != spec.kind:
+            out.append(f"{target.symbol}: {m.metric} is a {spec.kind}, the measure a {m.kind}")
+        engine_step = m.phase == declarative.PHASE_ENGINE_STEP
+        if m.phase not in declarative.MEASURE_PHASES or (
+            engine_step and (m.kind != declarative.TIMER or target.kind not in timing[:2])
+        ):
+            out.append(f"{target.symbol}: {m.metric}: phase {m.phase!r} not allowed for a {m.kind} on {target.kind}")
+        if engine_step and len(target.measures) > 1:
+            out.append(f"{target.symbol}: {m.metric}: an engine_step timer is the row's only measure")
+        if m.kind == declarative.TIMER and target.kind not in timing:
+            out.append(f"{target.symbol}: {m.metric}: a timer needs wrapper kind {timing}")
+        wanted = catalogue.STEP_LABELS + tuple(name for name, _ in m.labels)
+        if spec.labels != wanted:
+            out.append(
+                f"{target.symbol}: {m.metric} has labels {spec.labels}: a declarative hook fills dp, role, phase"
+                + (f" and {', '.join(wanted[3:])}" if m.labels else "")
+            )
+        try:
+            declarative.value_reader(m, declarative.argument_names(target))
+        except ValueError as exc:
+            out.append(f"{target.symbol}: {exc}")
+    return out

@@ -4,10 +4,10 @@ real installer on the real MRV2 modules, the real StepTimingCollector driving ou
 
 import json
 
+from opentelemetry_instrumentation_vllm_ascend import targets
 from opentelemetry_instrumentation_vllm_ascend.handlers import model_runner
-from opentelemetry_instrumentation_vllm_ascend.hooks import installer as inst
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from opentelemetry_instrumentation_vllm_ascend.wiring import installer as inst
 
 out = {"vllm": str(inst.vllm_version())}
 installer = inst.Installer(on_first_load=lambda: None)

@@ -22,12 +22,13 @@ from tests.support import fakes
 
 pytest.importorskip("vllm")
 
+from opentelemetry_instrumentation_vllm_ascend import targets
 from opentelemetry_instrumentation_vllm_ascend.handlers import (
     steps,
 )
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import wrap  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
 
 ENGINE_WORK, EXECUTE, TOKENS = 0.025, 0.020, 0.015
 EXEC, SAMPLE = "vllm_profiling_executor:execute_model:duration", "vllm_profiling_executor:sample_tokens:duration"
@@ -95,7 +96,7 @@ def make_runner(oracle, async_outputs=True):
     ):
         target = row(qualname)
         name = target.attribute
-        setattr(owner, name, wrap(owner.__dict__[name], targets.load_handler(target), target.kind)[0])
+        setattr(owner, name, wrap(owner.__dict__[name], declarative.load_handler(target), target.kind)[0])
     return Runner()
 
 
@@ -310,7 +311,7 @@ def test_uniproc_synchronous_steps_record_both(instrumented, metrics):
 def _hooked(owner, qualname, func=None):
     """``owner.<method>`` wrapped by the handler of its row in the target table (the installed vLLM's),
     the real vLLM function unless ``func`` is given."""
-    from opentelemetry_instrumentation_vllm_ascend.hooks.installer import in_range, vllm_version
+    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range, vllm_version
 
     (target,) = [
         t
@@ -322,7 +323,7 @@ def _hooked(owner, qualname, func=None):
     setattr(
         owner,
         target.attribute,
-        wrap(func or owner.__dict__[target.attribute], targets.load_handler(target), target.kind)[0],
+        wrap(func or owner.__dict__[target.attribute], declarative.load_handler(target), target.kind)[0],
     )
 
 

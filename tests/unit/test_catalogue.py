@@ -6,9 +6,9 @@ import re
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue
+from opentelemetry_instrumentation_vllm_ascend import catalogue, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,7 +46,7 @@ def test_views_rename_every_instrument_and_drop_foreign_labels():
     provider = MeterProvider(metric_readers=[reader], views=catalogue.views())
     meter = provider.get_meter(catalogue.SCOPE_NAME)
     for spec in catalogue.CATALOGUE:
-        attrs = {label: "x" for label in spec.all_labels}
+        attrs = {label: "x" for label in targets.all_labels(spec)}
         attrs["request_id"] = "must-not-appear"  # never label with request ids
         if spec.kind == catalogue.COUNTER:
             meter.create_counter(spec.instrument_name, unit=spec.unit).add(1, attrs)
@@ -60,7 +60,7 @@ def test_views_rename_every_instrument_and_drop_foreign_labels():
     assert set(metrics) == {s.exposed_name for s in catalogue.CATALOGUE}
     for spec in catalogue.CATALOGUE:
         (point,) = metrics[spec.exposed_name].data.data_points
-        assert set(point.attributes) == set(spec.all_labels)
+        assert set(point.attributes) == set(targets.all_labels(spec))
         assert metrics[spec.exposed_name].unit == spec.unit
 
 
@@ -68,6 +68,6 @@ def test_every_target_feeds_catalogue_metrics_and_has_a_handler():
     for t in targets.TARGETS:
         assert all(seed in catalogue.BY_SEED for seed in t.feeds)
         if t.kind == "future_class":
-            assert targets.load_handler(t) is None
+            assert declarative.load_handler(t) is None
         else:
-            assert targets.load_handler(t).name
+            assert declarative.load_handler(t).name

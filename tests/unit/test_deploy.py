@@ -13,7 +13,7 @@ import pytest
 import yaml
 from opentelemetry.sdk.metrics.export import Gauge, Histogram, Sum
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, recording
+from opentelemetry_instrumentation_vllm_ascend import catalogue, recording, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
 from tests.support import prometheus_naming as naming
 from tests.support import prometheus_tools
@@ -313,7 +313,7 @@ def queried(name: str, matchers: list) -> list[tuple[catalogue.MetricSpec, str]]
 
 
 def carried(spec: catalogue.MetricSpec, suffix: str) -> set[str]:
-    return TARGET_LABELS | set(spec.all_labels) | ({"le"} if suffix == "_bucket" else set())
+    return TARGET_LABELS | set(targets.all_labels(spec)) | ({"le"} if suffix == "_bucket" else set())
 
 
 def balanced(expr: str, start: int) -> str:

@@ -3,10 +3,9 @@ disabled metrics are not recorded; hooks others depend on stay."""
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import DISABLED, RESOLVED, check, gate_of
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording, targets
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import DISABLED, RESOLVED, check, gate_of
 
 
 @pytest.fixture

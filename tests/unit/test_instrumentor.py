@@ -11,9 +11,8 @@ from importlib import metadata
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment, plugin
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import (
+from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment, plugin, targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import (
     GATED,
     MISSING,
     NOT_INSTALLED,
@@ -321,7 +320,7 @@ def test_check_command_reports_every_target_resolved(launched):
 
 
 def test_check_flags_missing_and_keeps_ascend_rows_dormant():
-    from opentelemetry_instrumentation_vllm_ascend.hooks.installer import NOT_INSTALLED, check
+    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import NOT_INSTALLED, check
 
     rows = check(
         [

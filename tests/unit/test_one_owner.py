@@ -10,23 +10,26 @@ import ast
 import dataclasses
 import inspect
 import pathlib
+import re
 import sys
+import textwrap
 import types
 
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, handlers, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.handlers import common, model_runner
-from opentelemetry_instrumentation_vllm_ascend.hooks import codegen, declarative, targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.declarative import COUNTER, GAUGE, HISTOGRAM, TIMER, Measure
+from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import RowParams
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import Installer
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE_TIMER, SYNC, SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
-from tests.support.fakes import Clock
+from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
+from opentelemetry_instrumentation_vllm_ascend.wiring.declarative import COUNTER, GAUGE, HISTOGRAM, TIMER, Measure
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import Installer
+from tests.support.fakes import Clock, problems
 from tests.support.process import set_process
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
@@ -91,10 +94,10 @@ def test_the_catalogue_keeps_no_copy_of_the_target_table():
         "vllm.v1.engine.core:EngineCoreProc._process_input_queue",
         "vllm.v1.engine.core:EngineCoreProc._handle_client_request",
     )
-    assert spec.recorded_in == "engine_core" and spec.process_labels == ()
-    assert catalogue.M["record_function_or_nullcontext"].recorded_in == "engine_core, worker"
-    assert catalogue.M["npu:forward_duration"].recorded_in == "worker"
-    assert catalogue.INSTRUMENTED_PROCESSES.recorded_in == targets.EVERY_PROCESS
+    assert targets.recorded_in(spec.seed) == "engine_core" and targets.process_labels(spec) == ()
+    assert targets.recorded_in(catalogue.M["record_function_or_nullcontext"].seed) == "engine_core, worker"
+    assert targets.recorded_in(catalogue.M["npu:forward_duration"].seed) == "worker"
+    assert targets.recorded_in(catalogue.INSTRUMENTED_PROCESSES.seed) == targets.EVERY_PROCESS
 
 
 def test_every_row_that_feeds_a_metric_names_its_process_and_real_metrics():
@@ -112,7 +115,7 @@ def test_declarative_rows_are_sound_and_feed_what_they_measure():
     declared = [t for t in targets.TARGETS if t.measures]
     assert len(declared) == 18
     for t in targets.TARGETS:
-        assert declarative.problems(t, catalogue.BY_SEED) == [], t.symbol
+        assert problems(t, catalogue.BY_SEED) == [], t.symbol
     for t in declared:
         assert t.handler == "" and t.feeds == tuple(dict.fromkeys(m.metric for m in t.measures))
 
@@ -184,7 +187,7 @@ def _class_assignments(cls) -> dict[str, ast.expr]:
 
 def test_handler_names_come_from_the_row_and_reads_args_from_its_params():
     for t in targets.TARGETS:
-        targets.load_handler(t)  # imports every handler module
+        declarative.load_handler(t)  # imports every handler module
     for cls, rows in _row_classes().items():
         for klass in cls.__mro__:
             if klass.__module__.startswith(handlers.__name__ + "."):
@@ -199,7 +202,7 @@ def test_handler_names_come_from_the_row_and_reads_args_from_its_params():
         if isinstance(static, RowParams):
             assert own and cls.reads_args == len(own) + 1, cls.__qualname__
     for t in targets.TARGETS:
-        handler = targets.load_handler(t)
+        handler = declarative.load_handler(t)
         assert handler is None or handler.name == t.qualname
 
 
@@ -342,9 +345,9 @@ def test_adding_a_plain_timer_takes_a_catalogue_spec_and_a_row(recipe):
     # Everything else follows from the two edits: feeds, hooked symbol, process, docs, check.
     assert row.feeds == (spec.seed,)
     assert targets.hooked_symbols(spec.seed) == (f"{recipe.module.__name__}:Engine.work",)
-    assert spec.recorded_in == "engine_core" and spec.process_labels == ()
+    assert targets.recorded_in(spec.seed) == "engine_core" and targets.process_labels(spec) == ()
     assert f"| `{row.symbol}` |" in docgen.render_metrics_md()
-    assert isinstance(targets.load_handler(row), common.AllPhaseTimer)
+    assert isinstance(declarative.load_handler(row), common.AllPhaseTimer)
 
 
 def test_declared_counter_histogram_and_gauge_of_an_argument(recipe):
@@ -383,7 +386,7 @@ def test_declared_counter_histogram_and_gauge_of_an_argument(recipe):
     ]
     reader = recipe.install([calls, sizes, last, timed], rows)
     for row in rows:
-        assert declarative.problems(row, catalogue.BY_SEED) == []
+        assert problems(row, catalogue.BY_SEED) == []
     engine = recipe.Engine()
     engine.work(3)
     engine.work(5, scale=0.5)
@@ -408,4 +411,71 @@ def test_unsound_declarations_are_named():
         targets.Target("m", "C.f", SYNC_TIMER, measures=(Measure("scheduler:phase_batch_size", HISTOGRAM, "n"),)),
     ]
     for row in bad:
-        assert declarative.problems(row, catalogue.BY_SEED), row
+        assert problems(row, catalogue.BY_SEED), row
+
+
+# -- CONTRIBUTING.md's worked examples, run as written -----------------------------------------------------------
+
+CONTRIBUTING = ROOT / "CONTRIBUTING.md"
+
+
+def _examples(kind: str) -> dict[str, str]:
+    """{file: code} of CONTRIBUTING.md's worked example ``kind`` (its ``<!-- worked example: kind, file -->`` blocks)."""
+    text = CONTRIBUTING.read_text()
+    pattern = r"<!-- worked example: (\w+), ([\w/.]+) -->\s*```python\n(.*?)```"
+    return {m.group(2): textwrap.dedent(m.group(3)) for m in re.finditer(pattern, text, re.S) if m.group(1) == kind}
+
+
+def _files_touched(heading: str) -> list[str]:
+    """The items of the section's "Files touched:" sentence, before its "(then …)" of generated docs and CHANGELOG."""
+    section = CONTRIBUTING.read_text().split(heading, 1)[1]
+    sentence = section.split("Files touched:", 1)[1].split("(then", 1)[0]
+    return [item.strip() for item in re.split(r",|\band\b", " ".join(sentence.split())) if item.strip()]
+
+
+def test_every_symbol_has_one_row():
+    """The installer keys a row's status by its symbol: a second row on one symbol would never be installed."""
+    symbols = [t.symbol for t in targets.TARGETS]
+    assert sorted(s for s in set(symbols) if symbols.count(s) > 1) == []
+
+
+def test_the_worked_examples_of_contributing_md_run(recipe, monkeypatch):
+    from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer as installer_module
+
+    timer, handler = _examples("timer"), _examples("handler")
+    # The plain timer: the catalogue and the target table, nothing else; the hook: at most five files.
+    assert set(timer) == {"catalogue.py", "targets.py"}
+    assert _files_touched("## Add a plain timer") == ["`catalogue.py`", "`targets.py`"]
+    assert set(handler) == {"catalogue.py", "targets.py", "handlers/scheduler.py"}
+    assert len(_files_touched("## Add a hook with a handler")) <= 5
+    timed_spec = eval(timer["catalogue.py"], vars(catalogue))
+    timed_row = eval(timer["targets.py"], vars(targets))
+    counted_spec = eval(handler["catalogue.py"], vars(catalogue))
+    counted_row = eval(handler["targets.py"], vars(targets))
+    namespace = dict(vars(scheduler_handlers))
+    exec(handler["handlers/scheduler.py"], namespace)
+    monkeypatch.setattr(scheduler_handlers, "FinishRequests", namespace["FinishRequests"], raising=False)
+    # Both rows name a symbol of the installed vLLM, as check sees it.
+    assert [installer_module.resolve(row) for row in (timed_row, counted_row)] == [(installer_module.RESOLVED, "")] * 2
+
+    class Scheduler:  # vLLM's signatures; 0.125 s per request finished, 0.5 s per make_stats
+        def finish_requests(self, request_ids, finished_status):
+            recipe.clock.t += 0.125 * len(request_ids)
+            return list(request_ids)
+
+        def make_stats(self, spec_decoding_stats=None, kv_connector_stats=None):
+            recipe.clock.t += 0.5
+            return None
+
+    recipe.module.Scheduler = Scheduler
+    rows = [dataclasses.replace(r, module=recipe.module.__name__) for r in (timed_row, counted_row)]
+    reader = recipe.install([timed_spec, counted_spec], rows)
+    scheduler = Scheduler()
+    assert [scheduler.finish_requests(ids, "aborted") for ids in (["a"], ["b", "c"], [])] == [["a"], ["b", "c"], []]
+    assert [scheduler.make_stats(), scheduler.make_stats()] == [None, None]
+    assert _points(reader, timed_spec.seed) == {_labels("all"): (2, 1.0)}  # 0.5 + 0.5, exactly
+    assert _points(reader, counted_spec.seed) == {_labels("all"): 3}
+    rendered = docgen.render_metrics_md()
+    assert all(f"| `{row.symbol}` |" in rendered for row in rows)
+    assert targets.hooked_symbols(counted_spec.seed) == (rows[1].symbol,)

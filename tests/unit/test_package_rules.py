@@ -20,15 +20,15 @@ ALLOWED_CONTAINERS = {
     # MappingProxyType (its bound ``get`` forwards to the dict's).
     ("handlers.executor", "TIMED"): "constant: read per RPC (its bound get is a default argument)",
     ("handlers.model_runner", "_SCOPE_STAGES"): "constant: read per profiling scope",
-    ("hooks.expressions", "FUNCTIONS"): "constant: read per evaluation of a user's expression",
+    ("wiring.expressions", "FUNCTIONS"): "constant: read per evaluation of a user's expression",
     # The catalogue's index: tests extend it as a catalogue edit would (monkeypatch.setitem in
     # test_one_owner's recipe), so modules that bound it (``M``) at import see the new spec.
     ("catalogue", "BY_SEED"): "constant",
     # Constant tables kept as dicts (read only, as the next test checks).
     ("cli.dashboards", "EVENT_ONLY"): "constant",
-    ("hooks.declarative", "CATALOGUE_KIND"): "constant",
-    ("hooks.userfile", "HANDLER_MAP"): "constant",
-    ("hooks.userfile", "HANDLER_OPT_IN"): "constant",
+    ("wiring.declarative", "CATALOGUE_KIND"): "constant",
+    ("wiring.userfile", "HANDLER_MAP"): "constant",
+    ("wiring.userfile", "HANDLER_OPT_IN"): "constant",
     # A log-once flag kept as a one-element list: it belongs in STATE.warned.
 }
 
@@ -358,3 +358,120 @@ def test_the_rules_see_what_they_forbid():
         f"{module}:3 from recording.metrics_endpoint import _write_owner",
         f"{module}:13 pipeline._pipeline",
     ]
+
+
+# -- layers: what may import what ---------------------------------------------------------------------
+
+#: The package's layers, bottom to top (docs/architecture.md draws them). A module imports, at module level or
+#: inside a function, only modules of its own layer or of layers below; in a layer whose packages stand apart
+#: (recording/ and hooks/: recording knows nothing of hooks, the mechanism nothing of recording) a package
+#: imports none of the others. No imports form a cycle (test_no_import_cycle), within a layer neither.
+LAYERS = (
+    ("base", ("state", "supported", "version", "package", "errors", "kinds", "archives")),
+    ("facts", ("catalogue", "targets", "environment", "context", "paths", "neighbours")),
+    ("recording and mechanism", ("recording", "hooks")),
+    ("handlers", ("handlers",)),
+    ("wiring", ("wiring",)),
+    ("instrumentor and CLI", ("__init__", "__main__", "plugin", "source", "cli")),
+)
+APART = frozenset({"recording and mechanism"})
+
+
+def _layer_of(module: str) -> tuple[int, str]:
+    """(rank, package) of a package-relative module name."""
+    first = module.split(".")[0]
+    for rank, (_, members) in enumerate(LAYERS):
+        if first in members:
+            return rank, first if "." in module or (PACKAGE / first).is_dir() else "top level"
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS (and to docs/architecture.md)")
+
+
+def _imports(module: str, tree: ast.Module):
+    """(imported module, line) of every import of a package module in ``tree``, wherever it stands (module
+    level, inside functions and classes, under ``if TYPE_CHECKING``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = _resolve(module, node)
+            if source is None:
+                continue
+            for alias in node.names:
+                full = alias.name if source == "__init__" else f"{source}.{alias.name}"
+                yield (full if full in MODULES else source), node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == PACKAGE_NAME or alias.name.startswith(PACKAGE_NAME + "."):
+                    name = alias.name[len(PACKAGE_NAME) + 1 :] or "__init__"
+                    while name not in MODULES and "." in name:
+                        name = name.rsplit(".", 1)[0]
+                    yield name, node.lineno
+
+
+def _upward(modules: dict[str, ast.Module]) -> list[str]:
+    found = []
+    for module, tree in modules.items():
+        rank, package = _layer_of(module)
+        for imported, line in _imports(module, tree):
+            if imported == module or imported not in MODULES:
+                continue
+            other_rank, other_package = _layer_of(imported)
+            apart = other_rank == rank and LAYERS[rank][0] in APART and other_package != package
+            if other_rank > rank or apart:
+                found.append(f"{module}:{line} imports {imported} ({LAYERS[other_rank][0]})")
+    return found
+
+
+def _cycles(modules: dict[str, ast.Module]) -> list[list[str]]:
+    """The import graph's strongly connected components of more than one module (Tarjan)."""
+    edges = {m: {i for i, _ in _imports(m, tree) if i in modules and i != m} for m, tree in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(modules):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_import_points_down_the_layers():
+    assert _upward(MODULES) == []
+
+
+def test_no_import_cycle():
+    assert _cycles(MODULES) == []
+
+
+def test_the_layer_and_cycle_rules_see_function_level_imports():
+    """A lazy import upward (recording asking hooks for report()) and a lazy cycle are both found."""
+    recording = ast.parse("def f():\n    from ..hooks.handler import report\n")
+    assert _upward({"recording.deferred": recording}) == [
+        "recording.deferred:2 imports hooks.handler (recording and mechanism)"
+    ]
+    pair = {
+        "catalogue": ast.parse("def f():\n    from .targets import recorded_in\n"),
+        "targets": ast.parse("from . import catalogue\n"),
+    }
+    assert _cycles(pair) == [["catalogue", "targets"]]

@@ -11,7 +11,7 @@ from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, paths
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
-from opentelemetry_instrumentation_vllm_ascend.hooks import installer
+from opentelemetry_instrumentation_vllm_ascend.wiring import installer
 from tests.support.contract import VLLM_VERSIONS, at_least
 
 
@@ -260,7 +260,7 @@ def test_docs_list_every_exception():
 def test_check_names_the_uncovered_overrides_of_the_installed_versions(capsys):
     """Each override the contract test found without a row of its own: check names the metrics absent
     wherever it runs (the bypassed row's), for the versions whose source has it; the docs list it."""
-    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+    from opentelemetry_instrumentation_vllm_ascend import targets
 
     pytest.importorskip("vllm")
     assert cli.main(["check", "--json"]) == 0

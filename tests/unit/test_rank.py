@@ -9,7 +9,7 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client import CollectorRegistry, generate_latest
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording, targets
 from opentelemetry_instrumentation_vllm_ascend.catalogue import M
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory
 from opentelemetry_instrumentation_vllm_ascend.handlers.process import WorkerInit
@@ -157,14 +157,14 @@ def test_a_config_field_that_moved_costs_only_the_engine_labels(metrics):
 
 def test_catalogue_declares_rank_on_worker_recorded_metrics_only():
     for spec in catalogue.CATALOGUE:
-        assert not set(spec.labels) & set(spec.process_labels), spec.seed
+        assert not set(spec.labels) & set(targets.process_labels(spec)), spec.seed
         # the package's own (hook_errors): recorded wherever hooks run, a worker's with its rank
-        in_worker = "worker" in spec.recorded_in.split(", ") or spec.seed in catalogue.SELF_SEEDS
-        assert spec.process_labels == (("rank",) if in_worker else ()), spec.seed
-    assert "rank" in M["record_function_or_nullcontext"].all_labels
+        in_worker = "worker" in targets.recorded_in(spec.seed).split(", ") or spec.seed in catalogue.SELF_SEEDS
+        assert targets.process_labels(spec) == (("rank",) if in_worker else ()), spec.seed
+    assert "rank" in targets.all_labels(M["record_function_or_nullcontext"])
     assert M["engine:memory:kvcache_gb"].labels == catalogue.STEP_LABELS  # rank comes from the process now
     assert M["eplb:layer_load:max"].labels == catalogue.STEP_LABELS + ("rank", "layer")  # the EP rank
-    assert M["eplb:layer_load:max"].process_labels == ()
+    assert targets.process_labels(M["eplb:layer_load:max"]) == ()
 
 
 # -- across real processes: /metrics and OTLP -----------------------------------------------------------

@@ -32,7 +32,9 @@ def exposition() -> str:
     hist("scheduler:duration", 0.001, 0.003)  # 4 ms of 40: 10 %
     hist("executor:execute_model:duration", 0.008, 0.022)  # 30 ms: 75 %
     hist("executor:model_runner_execute_model:duration", 0.010, 0.010)  # 20 ms in the workers
-    hist("npu:forward_duration", 0.006, 0.009)  # 15 of 20: 75 %
+    hist("executor:prepare_inputs:duration", 0.001, 0.002)  # 3 of 20: 15 %
+    hist("npu:forward_duration", 0.006, 0.009)  # 15 of 20: 75 %; the rest of execute_model 2 of 20: 10 %
+    hist("npu:non_forward_duration", 0.004, 0.005)  # outside the forward: 9 ms in 2 steps, mean 4.5 ms
     c = Counter(P + "running_to_waiting_count", "x", labels, registry=r)
     c.labels("0", "mixed", "decode").inc(7)
     Counter("vllm:num_preemptions", "x", ["engine"], registry=r).labels("0").inc(7)
@@ -49,7 +51,14 @@ def test_summary_lines():
     assert "  schedule              10.0%  (mean 2 ms x 2)" in lines
     assert "  execute_model RPC     75.0%  (mean 15 ms x 2)" in lines
     assert "  in the workers: execute_model mean 10 ms; of it:" in lines
-    assert "    forward             75.0%" in lines
+    worker = lines.index("  in the workers: execute_model mean 10 ms; of it:")
+    assert lines[worker + 1 : worker + 5] == [
+        "    prepare inputs      15.0%",
+        "    forward             75.0%",
+        "    the rest            10.0%  (post-processing, bookkeeping)",
+        "  in the workers, outside the forward pass: mean 4.5 ms a step "
+        "(prepare inputs, post-processing and sample_tokens; not a share of execute_model)",
+    ]
     assert "  preemptions                    7 | vllm:num_preemptions_total 7" in lines
     assert "  worker RPC errors              0" in lines
     assert "Processes reporting: engine_core dp=0 x1, worker dp=0 x2" in lines

@@ -8,7 +8,6 @@ import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, common
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE,
@@ -19,7 +18,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     wrap,
 )
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
-from tests.support.fakes import patch_clock
+from tests.support.fakes import handler_of, patch_clock
 from tests.support.process import set_process
 
 P = catalogue.PREFIX
@@ -338,9 +337,9 @@ def test_health_check_failures_count(api_process, clock):
 
 def test_add_request_and_abort_are_timed_awaited(api_process, clock):
     m = api_process
-    add = wrap(
-        FakeAsyncLLM.add_request, targets.handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"), COROUTINE_TIMER
-    )[0]
+    add = wrap(FakeAsyncLLM.add_request, handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"), COROUTINE_TIMER)[
+        0
+    ]
 
     class Client:
         async def abort_requests_async(self, request_ids):
@@ -349,7 +348,7 @@ def test_add_request_and_abort_are_timed_awaited(api_process, clock):
 
     abort = wrap(
         Client.abort_requests_async,
-        targets.handler_of("vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async"),
+        handler_of("vllm.v1.engine.core_client:AsyncMPClient.abort_requests_async"),
         COROUTINE_TIMER,
     )[0]
     assert run(add(FakeAsyncLLM(clock), "id-1", "prompt", "params", priority=1)) == "collector"
@@ -366,7 +365,7 @@ def test_add_request_and_abort_are_timed_awaited(api_process, clock):
 
 def test_generate_is_timed_to_exhaustion_not_creation(api_process, clock):
     m = api_process
-    gen = wrap(FakeAsyncLLM.generate, targets.handler_of(GENERATE_SYMBOL), ASYNC_GENERATOR)[0]
+    gen = wrap(FakeAsyncLLM.generate, handler_of(GENERATE_SYMBOL), ASYNC_GENERATOR)[0]
     llm = FakeAsyncLLM(clock)
     labels = {"dp": "0", "role": "decode", "phase": "all"}
     series = name("engine:generate:duration")
@@ -414,7 +413,7 @@ class Chat:
 
 def test_streaming_chat_is_timed_to_stream_end(api_process, clock):
     m = api_process
-    create = wrap(Chat.create_chat_completion, targets.handler_of(CHAT_SYMBOL), COROUTINE_STREAM)[0]
+    create = wrap(Chat.create_chat_completion, handler_of(CHAT_SYMBOL), COROUTINE_STREAM)[0]
     chat = Chat(clock)
     labels = {"dp": "0", "role": "decode", "phase": "all"}
     series = name("server:create_chat_completion:duration")
@@ -443,7 +442,7 @@ def test_process_inputs_is_timed(api_process, clock):
 
     process = wrap(
         InputProcessor.process_inputs,
-        targets.handler_of("vllm.v1.engine.input_processor:InputProcessor.process_inputs"),
+        handler_of("vllm.v1.engine.input_processor:InputProcessor.process_inputs"),
         SYNC_TIMER,
     )[0]
     assert process(InputProcessor(), "id", "prompt", "params", supported_tasks=("generate",)) == "engine core request"
@@ -519,11 +518,11 @@ def test_process_outputs_phase_of_each_chunk(api_process, clock):
         (StatLoggerManager.record, api.RecordStats(), SYNC_TIMER),
         (FakeIterationStats.update_from_output, api.SecondTokenLatency(), SYNC),
         (OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC),
-        (FakeAsyncLLM.generate, targets.handler_of(GENERATE_SYMBOL), ASYNC_GENERATOR),
-        (Chat.create_chat_completion, targets.handler_of(CHAT_SYMBOL), COROUTINE_STREAM),
+        (FakeAsyncLLM.generate, handler_of(GENERATE_SYMBOL), ASYNC_GENERATOR),
+        (Chat.create_chat_completion, handler_of(CHAT_SYMBOL), COROUTINE_STREAM),
         (
             FakeAsyncLLM.add_request,
-            targets.handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"),
+            handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"),
             COROUTINE_TIMER,
         ),
     ],

@@ -13,11 +13,10 @@ from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, recording, supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, scheduler
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.support.fakes import ALL_LABELS as _ALL
-from tests.support.fakes import Boundaries, busy_loop_engine, output, patch_clock
+from tests.support.fakes import Boundaries, busy_loop_engine, handler_of, output, patch_clock
 from tests.support.vllm_source import assignments, functions
 
 core = pytest.importorskip("vllm.v1.engine.core")
@@ -88,7 +87,7 @@ def _engine(clock):
     Engine.capture_iteration_details = wrap(real.capture_iteration_details, engine.WaitForWorkers(), SYNC)[0]
     Engine.post_step = wrap(real.post_step, engine.PostStep(), SYNC)[0]
     Engine._process_input_queue = wrap(real._process_input_queue, engine.ProcessInputQueue(), SYNC)[0]
-    step_row = targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step")
+    step_row = handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step")
     Engine._process_engine_step = wrap(real._process_engine_step, step_row, SYNC_TIMER)[0]
     Engine._handle_client_request = wrap(Engine._handle_client_request, engine.HandleClientRequest(), SYNC)[0]
     return Engine()
@@ -479,10 +478,10 @@ def test_requests_handled_while_the_step_waits_are_input_not_waiting(metrics, cl
             clock.t += 0.5
             return object()
 
-    Engine.step = wrap(own["EngineCore.step"], targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[0]
+    Engine.step = wrap(own["EngineCore.step"], handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[0]
     Engine._wait_for_output = own["EngineCoreProc._wait_for_output"]
     Engine._process_input_queue = wrap(own["EngineCoreProc._process_input_queue"], engine.ProcessInputQueue(), SYNC)[0]
-    step_row = targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step")
+    step_row = handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step")
     Engine._process_engine_step = wrap(own["EngineCoreProc._process_engine_step"], step_row, SYNC_TIMER)[0]
     loop._deferred_inputs = deque()
     loop.model_executor.execute_model = lambda scheduler_output, non_block=False: (

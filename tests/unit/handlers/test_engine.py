@@ -9,10 +9,9 @@ from types import SimpleNamespace as NS
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend.handlers import engine
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_TIMER, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
-from tests.support.fakes import ALL_LABELS, F, S, counts, key, name, record_waiting, step, waiting
+from tests.support.fakes import ALL_LABELS, F, S, counts, handler_of, key, name, record_waiting, step, waiting
 
 # -- engine core loop ---------------------------------------------------------------------------------
 
@@ -75,13 +74,13 @@ def instrumented_engine():
         "InstrumentedEngineCore",
         (cls,),
         {
-            "step": wrap(cls.step, targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[0],
+            "step": wrap(cls.step, handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[0],
             "step_with_batch_queue": wrap(
-                cls.step_with_batch_queue, targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER
+                cls.step_with_batch_queue, handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER
             )[0],
             "_process_engine_step": wrap(
                 cls._process_engine_step,
-                targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
+                handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
                 SYNC_TIMER,
             )[0],
             "_process_input_queue": wrap(cls._process_input_queue, engine.ProcessInputQueue(), SYNC)[0],
@@ -146,12 +145,10 @@ def _real_engine_loop():
                 self.work = True
 
     IdleEngine._handle_client_request = wrap(IdleEngine._handle_client_request, engine.HandleClientRequest(), SYNC)[0]
-    IdleEngine.step = wrap(core.EngineCore.step, targets.handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[
-        0
-    ]
+    IdleEngine.step = wrap(core.EngineCore.step, handler_of("vllm.v1.engine.core:EngineCore.step"), SYNC_TIMER)[0]
     IdleEngine._process_engine_step = wrap(
         core.EngineCoreProc._process_engine_step,
-        targets.handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
+        handler_of("vllm.v1.engine.core:EngineCoreProc._process_engine_step"),
         SYNC_TIMER,
     )[0]
     IdleEngine._process_input_queue = wrap(core.EngineCoreProc._process_input_queue, engine.ProcessInputQueue(), SYNC)[

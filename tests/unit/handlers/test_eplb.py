@@ -8,15 +8,17 @@ import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
-from opentelemetry_instrumentation_vllm_ascend.hooks import patches, targets, wrappers
+from opentelemetry_instrumentation_vllm_ascend.hooks import patches, wrappers
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
 from tests.support.fakes import (
     ExpertWeightUpdateState,
     FakeAdaptor,
     FakeEplbWorker,
     FakeEplbWorkerWithoutHotness,
     FakeLoader,
+    handler_of,
 )
 from tests.support.otlp_receiver import Receiver
 from tests.support.process import set_process
@@ -357,7 +359,7 @@ def transfer_hooks():
         patches.patch_method(FakeLoader, "update_expert_map_and_weight", eplb.UpdateExpertMapAndWeight(), wrappers.SYNC)
     ]
     for method in ("do_update_expert_map", "do_update_log2phy_map", "do_update_expert_weight"):
-        handler = targets.handler_of(f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}")
+        handler = handler_of(f"vllm_ascend.eplb.adaptor.vllm_adaptor:VllmEplbAdaptor.{method}")
         installed.append(patches.patch_method(FakeAdaptor, method, handler, wrappers.SYNC_TIMER))
     yield
     for patch in installed:
@@ -411,7 +413,7 @@ def test_transfer_timer_records_only_calls_that_did_work(metrics, transfer_hooks
 
 
 def test_catalogue_and_targets_rows():
-    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
+    from opentelemetry_instrumentation_vllm_ascend import targets
 
     rows = {t.symbol: t for t in targets.TARGETS if t.module.startswith("vllm_ascend.eplb")}
     assert set(rows) == {
@@ -423,7 +425,7 @@ def test_catalogue_and_targets_rows():
     }
     for row in rows.values():
         assert row.vllm_ascend == ">=0.23.0"
-        handler = targets.load_handler(row)
+        handler = declarative.load_handler(row)
         assert handler.name == row.qualname
         for seed in row.feeds:
             assert seed in catalogue.BY_SEED

@@ -7,7 +7,6 @@ import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import kv_transfer
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.support.fakes import (
@@ -16,6 +15,7 @@ from tests.support.fakes import (
     MemcacheBackend,
     MooncakeBackend,
     TransferEngine,
+    handler_of,
 )
 
 P = catalogue.PREFIX
@@ -28,7 +28,7 @@ def hooked(cls, module, methods):
     return type(
         cls.__name__,
         (cls,),
-        {m: wrap(getattr(cls, m), targets.handler_of(f"{module}:{cls.__name__}.{m}"), SYNC)[0] for m in methods},
+        {m: wrap(getattr(cls, m), handler_of(f"{module}:{cls.__name__}.{m}"), SYNC)[0] for m in methods},
     )
 
 

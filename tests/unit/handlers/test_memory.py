@@ -15,8 +15,8 @@ from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import memory
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, wrap
+from tests.support.fakes import handler_of
 from tests.support.vllm_source import functions
 
 GIB = 1 << 30
@@ -142,7 +142,7 @@ def test_the_extensible_kv_cache_reports_its_final_size_not_the_profiling_estima
             cache.num_committed_blocks = num_blocks
 
     for name in ("compile_or_warm_up_model", "execute_model", "extend_kv_cache"):
-        handler = targets.handler_of(f"vllm.v1.worker.gpu_worker:Worker.{name}")
+        handler = handler_of(f"vllm.v1.worker.gpu_worker:Worker.{name}")
         setattr(Worker, name, wrap(getattr(Worker, name), handler, SYNC)[0])
     w = worker(cache_config_034(version, enable_extensible_kv_cache=True), NS(model_memory_usage=2 * GIB))
     w.model_runner.extensible_kv_cache = cache
@@ -164,7 +164,7 @@ def test_the_extensible_kv_cache_reports_its_final_size_not_the_profiling_estima
 
 def test_without_the_extensible_kv_cache_the_warm_up_reports_the_stored_size(metrics):
     w = worker(NS(gpu_memory_utilization=0.5, kv_cache_memory_bytes=None))
-    handler = targets.handler_of("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model")
+    handler = handler_of("vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model")
     handler.after(None, (w,), None, None)
     assert values(metrics)["kvcache_gb"] == 40.0
 

@@ -1,6 +1,6 @@
 """Model runner V2's worker timeline (handlers/model_runner.py: ExecuteModelV2, ForwardStartV2, SampleV2) on
 ``fakes.FakeRunnerV2``, whose shape and call order tests/contract/test_mrv2.py checks in every supported vLLM
-release's source, wrapped by the real MRV2 rows of hooks/targets.py and recorded through the real OTel SDK. The
+release's source, wrapped by the real MRV2 rows of targets.py and recorded through the real OTel SDK. The
 metrics have V1's names and meanings (paths.TRUTH says where they narrow): each value hand-computed from the
 injected clock. Also the narrow degradation of the model runner family: a fault injected into one read loses that
 read's metrics only, the others keep their exact values."""

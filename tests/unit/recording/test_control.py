@@ -20,11 +20,11 @@ import pytest
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
 from opentelemetry_instrumentation_vllm_ascend.cli import control as cli_control
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
-from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
 from opentelemetry_instrumentation_vllm_ascend.recording import control
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_endpoint import DIRECTORY_PREFIX
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_files import process_identity
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from opentelemetry_instrumentation_vllm_ascend.wiring import userfile
 from tests.conftest import instrumented
 
 P = catalogue.PREFIX

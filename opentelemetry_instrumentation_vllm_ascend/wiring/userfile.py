@@ -1,5 +1,5 @@
 """Users' hook files (``OTEL_VLLM_ASCEND_CONFIG``): YAML lists of entries in ms-service-metric's shape,
-compiled once at load into the declarative form of the built-in rows (hooks/declarative.py: a
+compiled once at load into the declarative form of the built-in rows (wiring/declarative.py: a
 ``Target`` row with ``Measure``s, each with its metric's spec); nothing from a file is imported or
 executed.
 
@@ -11,7 +11,7 @@ An entry::
       metrics:
         - name: custom:add_request:prompt_tokens   # exposed as vllm_profiling_<name>
           type: histogram          # timer (default) | histogram | counter | gauge
-          expr: request.num_prompt_tokens           # hooks/expressions.py
+          expr: request.num_prompt_tokens           # wiring/expressions.py
           buckets: [0, 8, 16, 32]
           labels: [{name: kind, expr: "'long' if request.num_prompt_tokens > 64 else 'short'"}]
 
@@ -26,13 +26,14 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import threading
 from dataclasses import dataclass
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from .. import catalogue, environment
+from ..hooks.patches import original_class
+from ..kinds import ASYNC_GENERATOR, COROUTINE, COROUTINE_TIMER, SYNC, SYNC_TIMER
+from ..targets import TARGETS, Target
 from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: the bounds this format documents)
     COUNTER,
     GAUGE,
@@ -47,7 +48,8 @@ from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: t
     expressions_of,
     spec_of,
 )
-from .expressions import ExpressionError, compile_expression
+from .expressions import SPECIAL, ExpressionError, compile_expression
+from .versions import in_range, vllm_ascend_version, vllm_version
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +113,7 @@ class Entry:
     symbol: str = ""
     status: str = REJECTED
     reason: str = ""
-    #: declarative.Measure per metric of the entry that is not a built-in one.
+    #: ``targets.Measure`` per metric of the entry that is not a built-in one.
     measures: tuple[Measure, ...] = ()
     min_version: str | None = None
     max_version: str | None = None
@@ -148,7 +150,6 @@ class Entry:
 
 def _builtin_feeds() -> dict[str, set[str]]:
     """Catalogue seed -> the symbols whose built-in hooks feed it."""
-    from .targets import TARGETS
 
     out: dict[str, set[str]] = {}
     for target in TARGETS:
@@ -266,7 +267,6 @@ OTEL_CONFIG_NAME = "OTEL_VLLM_ASCEND_CONFIG"
 
 def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, ascend) -> None:
     """Fill ``entry`` from the YAML item ``raw`` (status and reason); raises _Rejected."""
-    from .installer import in_range
 
     if not isinstance(raw, dict):
         raise _Rejected(f"an entry must be a mapping, not {type(raw).__name__}")
@@ -375,8 +375,6 @@ def load(paths, vllm=None, ascend=None, *, log: bool = True, defined=None) -> li
     metrics this process defined before (a reload: a metric keeps its definition)."""
     import yaml
 
-    from .installer import vllm_ascend_version, vllm_version
-
     vllm = vllm_version() if vllm is None else vllm
     ascend = vllm_ascend_version() if ascend is None else ascend
     feeds = _builtin_feeds()
@@ -444,7 +442,6 @@ def parameters_of(function) -> tuple[str, ...]:
 def kind_of(function) -> str:
     """The wrapper kind of ``function`` itself: the original's, through wrappers of ours (a built-in
     hook on the same function: an async generator's wrapper is a plain function returning one)."""
-    from .wrappers import ASYNC_GENERATOR, COROUTINE, SYNC
 
     original = inspect.unwrap(function, stop=lambda f: not hasattr(f, "__otel_vllm_ascend_hook__"))
     if inspect.isasyncgenfunction(original):
@@ -459,8 +456,6 @@ def row_of(entry: Entry, function):
     timer wrapper kind of a sync function or a coroutine, the stream kind of an async generator, the
     function's parameters (after ``self`` for a method) as the row's ``params``. Raises ValueError
     when an expression reads a name the function does not have."""
-    from .targets import Target
-    from .wrappers import ASYNC_GENERATOR, COROUTINE, COROUTINE_TIMER, SYNC_TIMER
 
     kind = {COROUTINE: COROUTINE_TIMER, ASYNC_GENERATOR: ASYNC_GENERATOR}.get(kind_of(function), SYNC_TIMER)
     parameters = parameters_of(function)
@@ -474,7 +469,6 @@ def row_of(entry: Entry, function):
 
 def check_names(entry: Entry, names: tuple[str, ...]) -> str | None:
     """Why the entry's expressions cannot run on a target whose arguments are ``names``, or None."""
-    from .expressions import SPECIAL
 
     allowed = set(names) | set(SPECIAL)
     for m in entry.measures:
@@ -488,115 +482,9 @@ def check_names(entry: Entry, names: tuple[str, ...]) -> str | None:
     return None
 
 
-# -- installing ------------------------------------------------------------------------------------
-class UserHooks:
-    """The hook files' entries in this process: installed when their module is imported (now, when it
-    already is); ``reload()`` re-reads the files from the calling (normal) thread, installs entries
-    that are new, and turns off the hooks of entries that are gone or changed."""
-
-    def __init__(self, paths=None, on_first_load=None) -> None:
-        """``on_first_load``: as the installer's (``hooks.installer.Installer``), for the first module an entry
-        hooks."""
-        self.paths = list(paths) if paths is not None else paths_from_environment()
-        self._on_first_load = on_first_load
-        self.entries: list[Entry] = []
-        #: entry key -> Patch of its installed hook
-        self.installed: dict[tuple, Any] = {}
-        self.pending: set[tuple] = set()
-        self._lock = threading.RLock()
-        self.active = False
-
-    def install(self) -> None:
-        self.active = True
-        self._load()
-
-    def reload(self) -> None:
-        if self.active:
-            logger.info("opentelemetry-instrumentation-vllm-ascend: reloading hook files %s", ", ".join(self.paths))
-            self._load()
-
-    def summary(self) -> dict:
-        counts: dict[str, int] = {}
-        for entry in self.entries:
-            counts[entry.status] = counts.get(entry.status, 0) + 1
-        return {"files": self.paths, **counts}
-
-    def _load(self) -> None:
-        from wrapt import register_post_import_hook
-
-        from ..recording import control
-
-        entries = load(self.paths, defined=catalogue.EXTRA)
-        with self._lock:
-            self.entries = entries
-            wanted = {e.key: e for e in entries if e.status == LOADED}
-            for key in list(self.installed):
-                if key not in wanted:
-                    patch = self.installed.pop(key)
-                    control.unregister(patch.hook)
-                    patch.remove()
-            self.pending &= set(wanted)
-            for entry in wanted.values():
-                for measure in entry.measures:
-                    # load() refused any other definition of a metric this process defined before.
-                    catalogue.EXTRA[measure.metric] = spec_of(measure)
-            by_module: dict[str, list] = {}
-            for key, entry in wanted.items():
-                if key in self.installed or key in self.pending:
-                    continue
-                self.pending.add(key)
-                by_module.setdefault(entry.module, []).append(entry)
-        for module_name, rows in by_module.items():
-            register_post_import_hook(self._when_imported(rows), module_name)
-
-    def _when_imported(self, rows: list):
-        def apply(module) -> None:
-            self._apply(module, rows)
-
-        return apply
-
-    def _apply(self, module, rows) -> None:
-        from ..recording import control
-        from .patches import patch_method
-
-        with self._lock:
-            if not self.active:
-                return
-            first_load, self._on_first_load = self._on_first_load, None
-            if first_load is not None:
-                first_load()
-            for entry in rows:
-                if entry.key not in self.pending:
-                    continue
-                self.pending.discard(entry.key)
-                try:
-                    owner, attribute, function = function_of(module, entry)
-                    row = row_of(entry, function)
-                    handler = build_handler(row)
-                    handler.name = f"user hook {entry.symbol}"
-                    patch = patch_method(owner, attribute, handler, row.kind)
-                    self.installed[entry.key] = patch
-                    control.register(patch.hook, feeds=row.feeds)
-                except Exception as exc:  # never break the host
-                    entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {_short(exc)}"
-                    _log(entry, True)
-
-    def uninstall(self) -> None:
-        from ..recording import control
-
-        with self._lock:
-            self.active = False
-            for patch in reversed(list(self.installed.values())):
-                control.unregister(patch.hook)
-                patch.remove()
-            self.installed.clear()
-            self.pending.clear()
-
-
 def function_of(module, entry: Entry):
     """(owner, attribute, function) that ``entry`` names in ``module``, on the original class (a name
     the module rebinds to a subclass is walked back to the definition, as for the built-in rows)."""
-    from .patches import original_class
 
     if "." in entry.qualname:
         owner_name, attribute = entry.qualname.rsplit(".", 1)
@@ -629,3 +517,14 @@ def resolve_entries(entries: list[Entry]) -> list[Entry]:
         except Exception as exc:
             entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {_short(exc)}"
     return entries
+
+
+def short(exc) -> str:
+    """An exception's text on one line, at most 200 characters (what an entry's reason quotes)."""
+    return _short(exc)
+
+
+def reject(entry: Entry, reason: str) -> None:
+    """The installer could not hook ``entry``: it is rejected, with ``reason``, logged."""
+    entry.status, entry.reason = REJECTED, reason
+    _log(entry, True)
