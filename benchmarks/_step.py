@@ -26,7 +26,7 @@ import types
 from time import perf_counter
 from types import SimpleNamespace as NS
 
-from opentelemetry_instrumentation_vllm_ascend import context, targets
+from opentelemetry_instrumentation_vllm_ascend import targets
 from opentelemetry_instrumentation_vllm_ascend.handlers import (
     api,
     engine,
@@ -41,6 +41,7 @@ from opentelemetry_instrumentation_vllm_ascend.handlers.steps import FLUSH_STEPS
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import hook_future_class, patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import FUTURE, SYNC, SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.wiring import declarative, installer
+from tests.support.process import set_process
 
 SCHED_SCOPES = ("schedule: allocate_slots", "schedule: make_cached_request_data", "schedule: update_after_schedule")
 RUNNER_SCOPES = (
@@ -333,7 +334,7 @@ def build(batch: int, hooked=PROCESSES, phased: bool = False):
 
 def whole_step_rows(repeat: int):
     rows = []
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     variants = (
         ("EngineCore hooks (incl. its scheduler scopes)", ("engine_core",)),
         ("worker hooks (incl. its runner scopes)", ("worker",)),
@@ -438,7 +439,7 @@ def cold_step_rows(repeat: int, batch: int = 64, steps: int = 64):
     output carries its phase, as an instrumented EngineCore's does."""
     sweep = cache_sweep()
     rows = []
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     for cold in (False, True):
         caches = "cold caches" if cold else "hot caches"
         built = {("bare", "*"): (build(batch, (), phased=True), "*")}
@@ -503,7 +504,7 @@ def call_count_rows(batch: int = 64, steps: int = 2 * FLUSH_STEPS):
     def count(step):
         return count_calls(step, steps, key)
 
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     rows = []
     with metric_set("*"):
         bare = build(batch, (), phased=True)
@@ -539,7 +540,7 @@ def cold_hook_rows(repeat: int, batch: int = 64, steps: int = 64):
     saving is the difference to the same repeat's step with every handler on (paired: the machine's minute-to-minute
     drift cancels). Handlers share data (the stage clock, the deferred queue), so the savings are not additive."""
     sweep = cache_sweep()
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     with metric_set("*"):
         bare = build(batch, (), phased=True)
     rows = []

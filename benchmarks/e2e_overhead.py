@@ -1,7 +1,7 @@
 """End-to-end overhead on real vLLM (CPU build): interleaved rounds of the same load on three resident servers —
 uninstrumented, instrumented, and uninstrumented again as the A/A control — in one run.
 
-    tox -e bench-e2e            (all presets; or: python benchmarks/e2e_overhead.py --preset step)
+    tox -e bench-e2e            (all presets; or: python -m benchmarks.e2e_overhead --preset step)
 
 Presets (``PRESETS``): ``tiny`` — the tests' 2-layer model, ~3 ms decode steps, where any per-step cost weighs
 most; ``step`` — a random model sized so that a decode step at batch 64 takes 20-40 ms on one core, as an
@@ -49,8 +49,9 @@ import time
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
-from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, series_counts, total
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total
 from opentelemetry_instrumentation_vllm_ascend.environment import metric_disabled
+from tests.support.scrape import series_counts
 
 CLK = os.sysconf("SC_CLK_TCK")
 

@@ -1,7 +1,7 @@
 """Where the end-to-end cost goes: one instrumented real vLLM server (CPU build, tiny model) under the
 e2e benchmark's load, each of its processes sampled with py-spy while it holds the GIL.
 
-    tox -e bench-profile        (or: python benchmarks/e2e_profile.py --seconds 60; needs py-spy and
+    tox -e bench-profile        (or: python -m benchmarks.e2e_profile --seconds 60; needs py-spy and
                                  permission to read the server's memory: root, or ptrace allowed)
     tox -e bench-profile -- --preset short      (the API-bound load: many short requests)
 
@@ -29,10 +29,7 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from e2e_overhead import PRESETS, descendants, one_round, pin, process_kind, start  # noqa: E402
-
+from benchmarks.e2e_overhead import PRESETS, descendants, one_round, pin, process_kind, start  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import total  # noqa: E402
 

@@ -6,7 +6,7 @@ throughput ratio a run prints (``e2e_overhead.RATIOS``) with the same two-stage 
 preset, model size, design (``--switched``), placement (``--placement``) or ablation (``--disabled-metrics``,
 ``--disabled-scopes``, ``--recording-off``).
 
-    python benchmarks/pool.py run1.log run2.log
+    python -m benchmarks.pool run1.log run2.log
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import re
 import statistics
 import sys
 
-from e2e_overhead import (
+from benchmarks.e2e_overhead import (
     APART_HEADER,
     RATIOS,
     RECORDING_OFF_HEADER,

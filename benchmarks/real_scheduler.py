@@ -6,7 +6,7 @@ instrumentation (``instrument()`` / ``uninstrument()`` in between) — instrumen
 "schedule: allocate_slots" among them), and with the default set (the scopes opt-in: only the worker's
 forward / post-processing scopes timed, none of the scheduler's).
 
-    tox -e bench-e2e -- …      (runs this first)   or:   python benchmarks/real_scheduler.py
+    tox -e bench-e2e -- …      (runs this first)   or:   python -m benchmarks.real_scheduler
 
 Each step is made as the EngineCore makes it (schedule, get_grammar_bitmask right after the step's
 execute_model RPC would be sent, update_from_output), and the two parts are reported apart: the
@@ -47,8 +47,9 @@ import tempfile
 import time
 from functools import lru_cache, partial
 
-import _callgrind
-from e2e_overhead import bootstrap_median_by_set
+from benchmarks import _callgrind
+from benchmarks.e2e_overhead import bootstrap_median_by_set
+from tests.support.process import set_process
 
 
 @lru_cache
@@ -227,7 +228,7 @@ def count_variants(model: str, batches, seeds, simulate: bool = False) -> dict[t
 
     def one(job):
         variant, seed = job
-        argv = [os.path.abspath(__file__), "--instructions-child", variant, "--model-dir", model]
+        argv = ["-m", "benchmarks.real_scheduler", "--instructions-child", variant, "--model-dir", model]
         argv += ["--instruction-batches", ",".join(map(str, batches))]
         counts = _callgrind.run(argv, seed=seed, simulate=simulate)
         per_batch = {}
@@ -337,7 +338,7 @@ def run_as(instrumentor, context, variant: str, measure):
     if variant == ON:
         os.environ["OTEL_VLLM_ASCEND_ENABLED_METRICS"] = "*"
     instrumentor.instrument()
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     STATE.kv_bytes_per_token = STATE.kv_bytes_per_token or _KV_BYTES[0]
     try:
         return measure()
@@ -436,7 +437,7 @@ def handler_times(
     {"Class.method": [value per scheduler, …]}."""
     import importlib
 
-    from _step import cache_sweep
+    from benchmarks._step import cache_sweep
 
     sweep = cache_sweep() if cold else None
 

@@ -1,4 +1,4 @@
-"""The benchmark suite: ``tox -e bench`` (or ``python benchmarks/run.py``).
+"""The benchmark suite: ``tox -e bench`` (or ``python -m benchmarks.run``).
 
 Prints, in one run, side by side on the same synthetic target:
   A. ns per hooked call (median, min–max over repeats, ratio to our timer hook): bare call, plain
@@ -31,18 +31,14 @@ import timeit
 from time import perf_counter
 from types import SimpleNamespace as NS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import _targets  # noqa: E402
-
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers import steps  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.handlers.scopes import ProfilerScopes  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler  # noqa: E402
-from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (  # noqa: E402
+from benchmarks import _targets
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, recording
+from opentelemetry_instrumentation_vllm_ascend.handlers import steps
+from opentelemetry_instrumentation_vllm_ascend.handlers.common import StepTimer
+from opentelemetry_instrumentation_vllm_ascend.handlers.executor import CollectiveRpc
+from opentelemetry_instrumentation_vllm_ascend.handlers.scopes import ProfilerScopes
+from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Handler
+from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE_TIMER,
     FUTURE,
@@ -52,6 +48,10 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (  # noqa: 
 )
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.support.process import set_process
+from tests.support.steps import step_phase
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 TIMER = catalogue.MetricSpec(
     seed="bench:step:duration",
@@ -103,7 +103,7 @@ def setup_pipeline():
     os.environ.pop(environment.METRICS_EXPORTER, None)
     os.environ.pop(environment.PROMETHEUS_MULTIPROC_DIR, None)
     pipeline.reset()
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     STATE.last_step_phase = "decode"
 
 
@@ -307,7 +307,10 @@ def per_call_rows(number, repeat):
 
 def _child(mode, *args):
     out = subprocess.run(
-        [sys.executable, __file__, "--child", mode, *map(str, args)], capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "benchmarks.run", "--child", mode, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
@@ -471,7 +474,7 @@ def classification_rows(repeat):
                 ),
             )
             n = max(10, 20_000 // batch)
-            runs = [r / n * 1e6 for r in timeit.repeat(lambda: steps.step_phase(sched, so), number=n, repeat=repeat)]
+            runs = [r / n * 1e6 for r in timeit.repeat(lambda: step_phase(sched, so), number=n, repeat=repeat)]
             rows.append((f"batch {batch}, {label}", runs))
         # A request of this scheduler is still recomputing after a preemption: the exact loop runs.
         steps.mark_recomputing(sched, "recomputing-elsewhere")
@@ -485,7 +488,7 @@ def classification_rows(repeat):
         )
         sched.requests["recomputing-elsewhere"] = NS(num_computed_tokens=10, num_tokens=600)
         n = max(10, 20_000 // batch)
-        runs = [r / n * 1e6 for r in timeit.repeat(lambda: steps.step_phase(sched, so), number=n, repeat=repeat)]
+        runs = [r / n * 1e6 for r in timeit.repeat(lambda: step_phase(sched, so), number=n, repeat=repeat)]
         rows.append((f"batch {batch}, all decode, a preempted request still recomputing (exact loop)", runs))
     return rows
 
@@ -603,7 +606,7 @@ def export_and_scrape_rows(repeat):
     def process_data(dp):
         reader = InMemoryMetricReader()
         pipeline.reset(extra_readers=[reader])
-        context.set_process("engine_core", str(dp), "mixed")
+        set_process("engine_core", str(dp), "mixed")
         _record_realistic_process()
         return reader, reader.get_metrics_data()
 
@@ -770,7 +773,7 @@ def main(argv=None) -> int:
         print(f"- {ours_row}: +{added[ours_row] - added[bare_row]:.0f} ns over {bare_row}")
     table("B. Step phase classification (µs per step)", classification_rows(args.repeat), "µs")
     table("B2. Hooks per engine step (schedule + one allocate_slots per request), µs", step_rows(args.repeat), "µs")
-    import _step
+    from benchmarks import _step
 
     whole = _step.whole_step_rows(args.repeat)
     table("F. Every hook of one engine step, by process (plain stand-ins of vLLM's classes, no work), µs", whole, "µs")

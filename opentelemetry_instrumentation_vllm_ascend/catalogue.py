@@ -140,7 +140,7 @@ OPT_IN = MappingProxyType(
 #: The series budget of the default set (docs/performance.md "Series budget"): our series (``vllm_profiling_*``) on
 #: one engine's /metrics at TP=1, the worker's included; of those, recorded by one worker (each TP/PP worker adds as
 #: many); the time the default set may add to one scrape of a single-engine server. The bench prints all three;
-#: tests/test_e2e_catalogue.py checks the first two on a real scrape.
+#: tests/e2e/test_catalogue.py checks the first two on a real scrape.
 SERIES_BUDGET = 1500
 WORKER_SERIES_BUDGET = 600
 SCRAPE_BUDGET_MS = 20

@@ -115,14 +115,6 @@ def step_labels_with(phase: str, extra: str) -> tuple:
     return labels
 
 
-def set_process(process: str, dp: str, role: str, rank: str | None = None) -> None:
-    """Set the process context directly (tests, benchmarks); claim() is what hooks use. ``rank``: the
-    hosted worker's rank (None: no worker)."""
-    PROCESS.process, PROCESS.dp, PROCESS.role = process, dp, role
-    PROCESS.labels = {} if rank is None else {"rank": rank}
-    clear_label_caches()
-
-
 def claim(process: str, vllm_config=None, *, api: bool = False) -> bool:
     """Record what this process is. Returns True when the claim changed the process kind."""
     clear_label_caches()

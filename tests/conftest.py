@@ -2,7 +2,6 @@ import contextlib
 import os
 
 import pytest
-from fakes import fake_utils, patch_clock
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import (
@@ -14,9 +13,11 @@ from opentelemetry_instrumentation_vllm_ascend import (
 )
 from opentelemetry_instrumentation_vllm_ascend.handlers import budget, engine, executor, model_runner, scheduler, scopes
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
+from tests.support.fakes import fake_utils, patch_clock
+from tests.support.process import set_process
 
 #: The suite checks every catalogue metric's values, the opt-in ones (catalogue.OPT_IN) included: it records them
-#: all (real servers inherit this); tests/test_series_budget.py checks the default set with the variable unset.
+#: all (real servers inherit this); tests/unit/test_series_budget.py checks the default set with the variable unset.
 os.environ.setdefault(environment.ENABLED_METRICS, "*")
 #: Collections run the handlers' pre-collection steps (the stage budgets' flush, the neighbours' re-check) as in
 #: an instrumented process, also in tests that drive handlers without ``instrument()``.
@@ -68,10 +69,10 @@ def metrics(monkeypatch):
     reader = InMemoryMetricReader()
     pipeline.reset(extra_readers=[reader])
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.set_process("engine_core", "0", "mixed")
+    set_process("engine_core", "0", "mixed")
     yield Metrics(reader)
     pipeline.reset()
-    context.set_process(*saved)
+    set_process(*saved)
 
 
 @pytest.fixture
@@ -84,10 +85,10 @@ def files_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")
     pipeline.reset()
     saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
-    context.set_process("engine_core", "0", "decode")
+    set_process("engine_core", "0", "decode")
     yield str(tmp_path)
     pipeline.reset()
-    context.set_process(*saved)
+    set_process(*saved)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ ASCEND_ONLY_PREFIXES = ("eplb:",)
 
 #: Panels whose series appear only once a rare event happened (a counter is first exported at its first
 #: increment; some gauges are stored only by NPU workers): empty on a healthy CPU run, with the reason.
-#: tests/test_event_panels.py records their events through the real handlers and runs their queries on a real
+#: tests/unit/test_event_panels.py records their events through the real handlers and runs their queries on a real
 #: Prometheus instead.
 EVENT_ONLY = {
     "Health-check failures": "appears at the first failed health check (a dead engine)",

@@ -9,7 +9,7 @@ progress counts up to that moment, so a collection never misses the time of a lo
 
 EngineCore busy loop (vLLM 0.23-0.34 ``EngineCoreProc.run_busy_loop``: ``_process_input_queue`` then
 ``_process_engine_step``, whose ``step()`` schedules, sends the step to the workers, asks for the
-grammar bitmask, waits for the output and updates the scheduler; ``tests/test_contract_budget.py`` checks
+grammar bitmask, waits for the output and updates the scheduler; ``tests/contract/test_budget.py`` checks
 that order in each version's source):
 
 - ``idle``: ``_process_input_queue`` blocked on the input queue while the engine had no work;
@@ -37,7 +37,7 @@ that order in each version's source):
 With the batch queue (async scheduling, pipeline parallelism) ``step_with_batch_queue`` calls the same
 hooked methods in another order, and a call may schedule without waiting or wait without scheduling; the
 wait begins at the same context manager, so each stage keeps its meaning there
-(``tests/test_batch_queue.py`` replays vLLM's own function, stage by stage).
+(``tests/unit/test_batch_queue.py`` replays vLLM's own function, stage by stage).
 
 Worker step (``worker:stage_seconds``; the thread that runs the model runner's ``execute_model`` and
 ``sample_tokens``: a worker process's RPC loop, or the EngineCore's thread with an in-process worker).
@@ -72,7 +72,7 @@ preparation: its steps move no boundary and the worker budget is absent there (`
 Each clock also sets its start gauge (``catalogue.STAGE_STARTS``: ``engine_core:stage_start_time`` &
 co.): the system clock (``time.time()``) read once, at the clock's first boundary. It is the independent
 oracle of the wall time the stages cover: an export's stage sum equals its collection's timestamp minus
-this start (tests/test_e2e_kv_transfer.py).
+this start (tests/e2e/test_kv_transfer.py).
 
 Runtime control (``recording.control.set_state``): when a clock's metric is switched off (recording off,
 or a pattern matching it), the clock pauses: its totals are noted and nothing is flushed; some of its

@@ -72,17 +72,6 @@ def mark_recomputing(scheduler, req_id) -> None:
     recomputing.add(req_id)
 
 
-def recomputing_of(scheduler) -> set:
-    """The ids ``mark_recomputing`` noted for ``scheduler`` and classification has not yet forgotten."""
-    return getattr(scheduler, "__dict__", {}).get(RECOMPUTING_ATTRIBUTE) or set()
-
-
-def step_phase(scheduler, scheduler_output) -> str:
-    """prefill / decode / mixed for the work one SchedulerOutput schedules (``idle`` if none); see
-    :func:`classify_step`."""
-    return classify_step(scheduler, scheduler_output)[0]
-
-
 def _phase_of(prefill_reqs: int, decode_reqs: int) -> str:
     if prefill_reqs and decode_reqs:
         return "mixed"

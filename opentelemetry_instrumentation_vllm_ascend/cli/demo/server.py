@@ -200,37 +200,7 @@ def samples(text: str) -> list:
     return out
 
 
-def series_counts(text: str, prefix: str = "vllm_profiling_") -> dict[str, tuple[int, int]]:
-    """Series per metric family of a /metrics text, for the families whose name starts with ``prefix`` (``""``:
-    all): ``{family: (series, of which recorded by a worker: carrying rank)}``; a histogram's ``_bucket`` (one per
-    bound and ``+Inf``), ``_sum`` and ``_count`` series all count, as Prometheus stores them."""
-    out: dict[str, tuple[int, int]] = {}
-    for family in text_string_to_metric_families(text):
-        if not family.name.startswith(prefix):
-            continue
-        n = len(family.samples)
-        worker = sum(1 for s in family.samples if "rank" in s.labels)
-        out[family.name] = (n, worker)
-    return out
-
-
 def total(text: str, name: str, **match) -> float:
     return sum(
         v for n, labels, v in samples(text) if n == name and all(labels.get(k) == val for k, val in match.items())
     )
-
-
-def settle(server: Server, done, timeout: float = 40.0, interval: float = 1.0) -> str:
-    """Scrape ``server`` until ``done(text)`` holds on two scrapes in a row (exports lag by an
-    interval); the last scrape, also when ``timeout`` passed first (the caller's assertions then say
-    what is missing)."""
-    deadline = time.monotonic() + timeout
-    previous = None
-    while True:
-        text = server.scrape()
-        if done(text) and previous is not None and done(previous):
-            return text
-        if time.monotonic() > deadline:
-            return text
-        previous = text
-        time.sleep(interval)

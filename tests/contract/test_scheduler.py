@@ -1,0 +1,110 @@
+"""What the scheduler hook relies on, in the source of every supported version (``supported.VLLM``): the
+queues vLLM counts as waiting and the limit it admits waiting requests against
+(``handlers.scheduler._queue_state``), where a resumed request is sent to the workers
+(``handlers.steps.classify_step``), and where a scheduler that preempts without ``_preempt_request`` puts
+the request (``handlers.scheduler._count_preemptions``)."""
+
+import ast
+
+import pytest
+
+from tests.contract.test_overrides import ASCEND_NAMES, TREES, tree_of
+from tests.support.contract import SourceTree
+
+SCHED = "vllm.v1.core.sched.scheduler"
+VLLM = [n for n in TREES if n not in ASCEND_NAMES]
+
+
+def method(tree: SourceTree, module: str, cls: str, name: str):
+    found = tree.find_class(module, cls)
+    assert found is not None, f"{module}:{cls}"
+    return next(n for n in found[1].body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def self_attributes_in_len_calls(node) -> set[str]:
+    return {
+        call.args[0].attr
+        for call in ast.walk(node)
+        if isinstance(call, ast.Call)
+        and getattr(call.func, "id", None) == "len"
+        and call.args
+        and isinstance(call.args[0], ast.Attribute)
+        and getattr(call.args[0].value, "id", None) == "self"
+    }
+
+
+@pytest.mark.parametrize("name", VLLM)
+def test_waiting_is_what_get_request_counts_counts(name):
+    tree = tree_of(name)
+    counts = method(tree, SCHED, "Scheduler", "get_request_counts")
+    returned = next(n.value for n in ast.walk(counts) if isinstance(n, ast.Return))
+    assert isinstance(returned, ast.Tuple) and len(returned.elts) == 2
+    members = tree.members(SCHED, "Scheduler")
+    # _queue_state counts waiting plus kv_holding_waiting where the scheduler has it, else skipped_waiting,
+    # plus async_kv_waiting where it has it (0.34+).
+    held = "kv_holding_waiting" if "kv_holding_waiting" in members else "skipped_waiting"
+    assert held in members
+    queues = {"waiting", held} | ({"async_kv_waiting"} & set(members))
+    assert self_attributes_in_len_calls(returned.elts[1]) == queues, name
+    assert self_attributes_in_len_calls(returned.elts[0]) == {"running"}, name
+
+
+@pytest.mark.parametrize("name", VLLM)
+def test_waiting_requests_are_admitted_against_the_limit_the_hook_uses(name):
+    tree = tree_of(name)
+    source = ast.unparse(method(tree, SCHED, "Scheduler", "schedule"))
+    members = tree.members(SCHED, "Scheduler")
+    if "async_kv_waiting" in members:  # 0.34+: a full batch (or budget) still starts async KV loads
+        assert "num_running = len(self.running) + self.num_waiting_for_streaming_input" in source, name
+        assert "loads_only = num_running >= self.max_num_active_reqs or token_budget <= 0" in source, name
+        assert "request_queue = self.async_kv_waiting" in source, name  # … taken from async_kv_waiting only
+        # … while vLLM's own in-flight limit admits them: what _queue_state asks when the batch is full.
+        assert "if load_kv_async and (not self._admits_inflight_kv_load()) or" in source, name
+        admits = method(tree, SCHED, "Scheduler", "_admits_inflight_kv_load")
+        assert [a.arg for a in admits.args.args] == ["self"], name
+    elif "max_num_active_reqs" in members:  # 0.32, 0.33
+        assert "num_running = len(self.running) + self.num_waiting_for_streaming_input" in source, name
+        assert "if num_running >= self.max_num_active_reqs:" in source, name
+    else:  # 0.23
+        assert "if len(self.running) == self.max_num_running_reqs:" in source, name
+
+
+@pytest.mark.parametrize("name", VLLM)
+def test_resumed_requests_are_listed_or_sent_as_new(name):
+    """classify_step counts a resumed request's tokens as prefill: up to 0.33 it is a cached request named
+    in ``CachedRequestData.resumed_req_ids``; where that field is gone (0.34+) schedule() sends it in
+    ``scheduled_new_reqs`` like a new request (a preempted request is admitted from the waiting queues)."""
+    tree = tree_of(name)
+    fields = tree.members("vllm.v1.core.sched.output", "CachedRequestData")
+    assert {"req_ids", "num_computed_tokens", "num_output_tokens"} <= set(fields), name
+    if "resumed_req_ids" in fields:
+        return
+    source = ast.unparse(method(tree, SCHED, "Scheduler", "schedule"))
+    assert "if request.status not in (RequestStatus.WAITING, RequestStatus.PREEMPTED):" in source, name
+    assert "scheduled_new_reqs.append(request)" in source, name
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_schedulers_that_preempt_without_preempt_request_put_the_request_at_the_head_of_waiting(name):
+    """Every scheduler whose schedule() marks a request PREEMPTED itself, instead of calling
+    _preempt_request, prepends it to ``self.waiting`` (where _count_preemptions looks); vLLM's FCFS
+    queue prepends at its head."""
+    tree = tree_of(name)
+    inline = []
+    for module, node in tree.subclasses(SCHED, "Scheduler"):
+        schedule = next((n for n in node.body if isinstance(n, ast.FunctionDef) and n.name == "schedule"), None)
+        if schedule is None:
+            continue
+        source = ast.unparse(schedule)
+        if ".status = RequestStatus.PREEMPTED" in source and "_preempt_request(" not in source:
+            inline.append(f"{module}:{node.name}")
+            assert "self.waiting.prepend_request(" in source, (name, node.name)
+    if name in ASCEND_NAMES:
+        assert inline == ["vllm_ascend.core.scheduler_dynamic_batch:SchedulerDynamicBatch"]
+        # … and its output does not report them (preempted_req_ids is not passed).
+        source = ast.unparse(
+            method(tree, "vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch", "schedule")
+        )
+        assert "SchedulerOutput(" in source and "preempted_req_ids" not in source
+    queue = method(tree, "vllm.v1.core.sched.request_queue", "FCFSRequestQueue", "prepend_request")
+    assert "self.appendleft(request)" in ast.unparse(queue)

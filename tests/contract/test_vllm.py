@@ -1,0 +1,143 @@
+"""Contract with vLLM's source, version by version (every release of ``supported.VLLM``, and the drift
+canary's): every target of the table exists with the parameters its handler reads, and every attribute
+handlers read is defined. Each release is read from its sdist, downloaded at test time
+(``source_archives``, cached) and parsed, never imported; the installed vLLM's own files where it is
+that release."""
+
+import ast
+
+import pytest
+from packaging.version import Version
+
+from opentelemetry_instrumentation_vllm_ascend import targets
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
+from tests.support.contract import (
+    _VLLM_TREES,
+    READS,
+    VLLM_VERSIONS,
+    SourceTree,
+    check_read,
+    check_target,
+    vllm_tree,
+)
+
+
+def tree_for(version: str) -> SourceTree:
+    """vLLM ``version``'s source (``contract.vllm_tree``: parsed once per session)."""
+    return vllm_tree(version)
+
+
+_TREES = _VLLM_TREES  # the trees parsed so far, by version
+
+
+@pytest.fixture(scope="module", params=VLLM_VERSIONS)
+def version_tree(request):
+    return request.param, tree_for(request.param)
+
+
+def test_every_target_exists_with_the_parameters_its_handler_reads(version_tree):
+    version, tree = version_tree
+    problems = []
+    for target in targets.TARGETS:
+        if target.vllm_ascend is not None or not in_range(Version(version), target.vllm):
+            continue
+        problems += check_target(tree, target)
+    assert problems == [], f"vLLM {version}"
+
+
+def test_every_attribute_handlers_read_exists(version_tree):
+    version, tree = version_tree
+    problems = [
+        p
+        for read in READS
+        if not read.module.startswith("vllm_ascend") and in_range(Version(version), read.vllm)
+        for p in check_read(tree, read)
+    ]
+    assert problems == [], f"vLLM {version}"
+
+
+def test_future_wrapper_completes_through_set_result_and_set_exception(version_tree):
+    """The FUTURE_CLASS hook relies on FutureWrapper being a concurrent.futures.Future whose replies
+    land through set_result / set_exception."""
+    version, tree = version_tree
+    found = tree.find_class("vllm.v1.executor.multiproc_executor", "FutureWrapper")
+    assert found is not None
+    _, node = found
+    assert any(getattr(b, "id", getattr(b, "attr", None)) == "Future" for b in node.bases)
+    source = tree.files["vllm/v1/executor/multiproc_executor.py"]
+    assert "self.set_result(" in source and "self.set_exception(" in source
+
+
+def test_the_worker_reply_can_carry_the_workers_stamp(version_tree):
+    """What executor:execute_model / sample_tokens rely on (handlers.model_runner.reply): vLLM's
+    ModelRunnerOutput is a dataclass with an instance dict (no slots), so an attribute set in the
+    worker travels pickled with it; the shared empty output the worker must not stamp is
+    ``EMPTY_MODEL_RUNNER_OUTPUT``; the worker process turns an async output into its reply by calling
+    ``get_output()`` right before sending it (so get_output's return is the reply's ready moment); and
+    UniProcExecutor's AsyncOutputFuture calls get_output only inside ``result()`` (the engine's read)."""
+    import ast
+
+    version, tree = version_tree
+    module = tree.module("vllm.v1.outputs")
+    (cls,) = [n for n in module.body if isinstance(n, ast.ClassDef) and n.name == "ModelRunnerOutput"]
+    decorators = [d for d in cls.decorator_list if "dataclass" in ast.unparse(d)]
+    assert decorators and all("slots=True" not in ast.unparse(d) for d in decorators), version
+    assert not any(isinstance(n, ast.Assign) and "__slots__" in ast.unparse(n) for n in cls.body), version
+    assert any(
+        isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "EMPTY_MODEL_RUNNER_OUTPUT" for n in module.body
+    ), version
+    _, worker = tree.find_class("vllm.v1.executor.multiproc_executor", "WorkerProc")
+    (enqueue,) = [n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "enqueue_output"]
+    body = ast.unparse(enqueue)
+    assert body.index("output.get_output()") < body.index("response_mq.enqueue(result)"), version
+    _, future = tree.find_class("vllm.v1.executor.uniproc_executor", "AsyncOutputFuture")
+    (result,) = [n for n in future.body if isinstance(n, ast.FunctionDef) and n.name == "result"]
+    assert "self.async_output.get_output()" in ast.unparse(result), version
+
+
+def test_the_checker_catches_drift():
+    """The contract is not vacuous: a renamed parameter or a missing attribute is reported."""
+    tree = SourceTree({"m.py": "class A:\n    def f(self, req, x):\n        self.y = 1\n"})
+    good = targets.Target("m", "A.f", "sync", "", params=("req",))
+    bad = targets.Target("m", "A.f", "sync", "", params=("request",))
+    missing = targets.Target("m", "A.g", "sync", "")
+    assert check_target(tree, good) == []
+    assert "handler expects 'request'" in check_target(tree, bad)[0]
+    assert "not defined" in check_target(tree, missing)[0]
+    from tests.support.contract import Read
+
+    assert check_read(tree, Read("m", "A", "y")) == []
+    assert check_read(tree, Read("m", "A", "z")) != []
+
+
+def test_the_worker_budgets_scopes_are_model_runner_v1s_and_v2_has_none(version_tree):
+    """handlers/budget.py's worker stages: model runner V1 (until vLLM 0.33; 0.34 removed it) enters its forward
+    scope in execute_model and its sample scope in sample_tokens (the forward / sample stages); model runner V2
+    enters no profiling scope anywhere (its stages come from its own methods: tests/contract/test_mrv2.py)."""
+    import ast
+
+    version, tree = version_tree
+    found = tree.find_class("vllm.v1.worker.gpu_model_runner", "GPUModelRunner")
+    if Version(version) >= Version("0.34.0"):
+        assert found is None, version
+    else:
+        _, runner = found
+        methods = {n.name: ast.unparse(n) for n in runner.body if isinstance(n, ast.FunctionDef)}
+        assert "record_function_or_nullcontext('gpu_model_runner: forward')" in methods["execute_model"], version
+        assert "record_function_or_nullcontext('gpu_model_runner: sample')" in methods["sample_tokens"], version
+    v2 = [path for path in tree.files if path.startswith("vllm/v1/worker/gpu/")]
+    assert v2 and not [path for path in v2 if "record_function_or_nullcontext(" in tree.files[path]], version
+
+
+def test_allocate_slots_can_be_copied_with_its_returns_rewritten(version_tree):
+    """The default set's per-request hook (block_allocate_failures) is a copy of
+    KVCacheManager.allocate_slots whose own returns tell it of a None result (hooks/rewrite.py), not a
+    wrapper frame on every call: each supported version's method must be one that can be copied."""
+    from opentelemetry_instrumentation_vllm_ascend.hooks import rewrite
+
+    version, tree = version_tree
+    _, cls = tree.find_class("vllm.v1.core.kv_cache_manager", "KVCacheManager")
+    (method,) = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "allocate_slots"]
+    assert rewrite.refusal(method) is None, f"vLLM {version}"
+    returns = [n for n in ast.walk(method) if isinstance(n, ast.Return)]
+    assert any(isinstance(r.value, ast.Constant) and r.value.value is None for r in returns), f"vLLM {version}"

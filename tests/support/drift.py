@@ -1,0 +1,74 @@
+"""The drift canary (``tox -e drift``): the newest vLLM and vllm-ascend releases on the index pip is configured
+with (their PEP 691 project pages; the newest final release), run through ``check --vllm NEWEST
+--vllm-ascend NEWEST`` and through the source contract tests with those releases added to the supported ones
+(``OTEL_VLLM_ASCEND_DRIFT_VLLM`` / ``OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND``, read by tests/support/contract.py). A
+release that moved something we hook is a red test naming the symbol. Needs no vLLM installed; downloads
+one sdist of each (cached in ``OTEL_VLLM_ASCEND_SOURCE_CACHE``). Meant for CI or nightly, not the default
+``tox`` run: a new upstream release must not turn an unrelated change red.
+
+``python -m tests.support.drift [--vllm VERSION] [--vllm-ascend VERSION] [pytest options]``: the versions to try
+instead of the newest (a release candidate, say)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+#: tests/contract's tests that run vLLM or test the checker's own tools rather than read a release's source.
+NOT_SOURCE_ONLY = (
+    "test_check_release.py",
+    "test_mrv2_real.py",
+    "test_real_scheduler.py",
+    "test_real_scheduler_versions.py",
+    "test_source_archives.py",
+)
+
+#: The contract tests: source only, no vLLM import (test_paths and test_kv_transfer drive the installed vLLM).
+CONTRACT = sorted(
+    f"tests/contract/{name}"
+    for name in os.listdir(os.path.join(ROOT, "tests", "contract"))
+    if name.startswith("test_") and name.endswith(".py") and name not in NOT_SOURCE_ONLY
+)
+
+
+def main(argv=None) -> int:
+    from opentelemetry_instrumentation_vllm_ascend import archives, supported
+    from opentelemetry_instrumentation_vllm_ascend.cli.release import _vllm_for_ascend
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vllm", help="the vLLM release to try (default: the newest on the index)")
+    parser.add_argument("--vllm-ascend", help="the vllm-ascend release to try (default: the newest on the index)")
+    args, pytest_args = parser.parse_known_args(argv)
+    vllm = args.vllm or archives.newest_release("vllm")
+    ascend = args.vllm_ascend or archives.newest_release("vllm-ascend")
+    ascend_vllm = _vllm_for_ascend(ascend)
+    print(
+        f"drift canary: vLLM {vllm} (supported: {', '.join(supported.VLLM)}); vllm-ascend {ascend} over vLLM "
+        f"{ascend_vllm} (supported: {', '.join(a for a, _ in supported.VLLM_ASCEND)})",
+        flush=True,
+    )
+    env = {
+        **os.environ,
+        "OTEL_VLLM_ASCEND_DRIFT_VLLM": vllm,
+        "OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND": f"{ascend}:{ascend_vllm}",
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p),
+    }
+    check = [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check"]
+    codes = {
+        f"check --vllm {vllm}": subprocess.call([*check, "--vllm", vllm], env=env),
+        f"check --vllm-ascend {ascend}": subprocess.call([*check, "--vllm-ascend", ascend], env=env),
+        "contract tests": subprocess.call(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, *CONTRACT], cwd=ROOT, env=env
+        ),
+    }
+    for what, code in codes.items():
+        print(f"drift canary: {what}: {'ok' if code == 0 else f'FAILED (exit {code})'}")
+    return 0 if not any(codes.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+"""Targets that never resolve are reported once, when vLLM is ready to serve (issue 38, deliverable 5): at the
+end of a ready point (``installer.READY_POINTS``: ``AsyncMPClient.__init__`` in an API server, ``EngineCoreProc.__init__``
+in an EngineCore, ``WorkerProc.__init__`` in a worker process), one log line names each target this process
+expects that never resolved and the metrics lost with it. Expected: its process kind runs here, it is not gated
+off, its execution path is the one taken. Never resolved: hooking failed, or its module does not exist; a module
+that exists but was never imported (a feature the server does not use) is not reported. A package of fake
+modules stands in for vLLM's; the ready points themselves are checked in every supported vLLM's source."""
+
+import logging
+import sys
+import textwrap
+
+import pytest
+
+from opentelemetry_instrumentation_vllm_ascend import paths, targets
+from opentelemetry_instrumentation_vllm_ascend.wiring import installer as installer_module
+from opentelemetry_instrumentation_vllm_ascend.wiring.declarative import TIMER, Measure
+from opentelemetry_instrumentation_vllm_ascend.wiring.installer import Installer, module_exists
+from tests.support.contract import VLLM_VERSIONS, check_target, vllm_tree
+from tests.support.process import set_process
+
+PKG = "otel_ready_fake"
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch):
+    root = tmp_path / PKG
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "engine.py").write_text(
+        textwrap.dedent(
+            """
+            class Engine:
+                inits = 0
+                def __init__(self):
+                    Engine.inits += 1
+            class Scheduler:
+                def schedule(self):
+                    return 1
+            """
+        )
+    )
+    (root / "runner_v2.py").write_text("class Runner:\n    def execute_model(self):\n        return 2\n")
+    (root / "unused_feature.py").write_text("class Connector:\n    def save(self):\n        pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield PKG
+    for name in [n for n in sys.modules if n == PKG or n.startswith(PKG + ".")]:
+        del sys.modules[name]
+
+
+def _row(module, qualname, process, feeds, **kwargs):
+    return targets.Target(
+        f"{PKG}.{module}",
+        qualname,
+        "sync_timer",
+        measures=tuple(Measure(seed, TIMER) for seed in feeds),
+        process=process,
+        **kwargs,
+    )
+
+
+ROWS = {
+    # reported: a symbol missing, and a module that does not exist (the EngineCore's own rows)
+    "missing_symbol": _row("engine", "Scheduler.gone", "engine_core", ("scheduler:duration",)),
+    "missing_module": _row("removed", "Core.step", "engine_core", ("engine_core:engine_core_step:duration",)),
+    # reported: the worker this EngineCore hosts (its rank label), on the path whose targets resolved here
+    "missing_on_path": _row("runner_v2_gone", "Runner.sample_tokens", "worker", ("npu:forward_duration",), path="mrv2"),
+    # not reported: resolves; exists but never imported; another process kind; another path; gated off
+    "resolves_on_path": _row(
+        "runner_v2", "Runner.execute_model", "worker", ("executor:prepare_inputs:duration",), path="mrv2"
+    ),
+    "unused_feature": _row("unused_feature", "Connector.save", "engine_core", ("kv_transfer:duration",)),
+    "api_server": _row("removed_api", "Api.f", "api_server", ("e2e_request_latency",)),
+    "other_path": _row("runner_v1_removed", "Runner.execute_model", "worker", ("worker:stage_seconds",), path="mrv1"),
+    "gated": _row("removed_gated", "Old.f", "engine_core", ("scheduler:batch_size",), vllm=">=99"),
+}
+REPORTED = ("missing_symbol", "missing_module", "missing_on_path")
+
+
+def test_targets_that_never_resolved_are_one_log_line_when_the_engine_is_ready(fake_vllm, monkeypatch, caplog):
+    # The worker path cannot be told from the environment: the one whose targets resolved here counts.
+    detected = paths.Configuration({"scheduling": "sync", "worker": None, "executor": None, "frontend": None}, {})
+    monkeypatch.setattr(installer_module, "configuration", lambda overrides=None: detected)
+    set_process("engine_core", "0", "kv_both", rank="0")  # an EngineCore hosting its worker (uniproc)
+    installer = Installer(list(ROWS.values()), ready_points=[(f"{PKG}.engine", "Engine.__init__", "engine_core")])
+    installer.install()
+    try:
+        import otel_ready_fake.engine as engine
+        import otel_ready_fake.runner_v2  # noqa: F401  (the worker's runner: its row resolves)
+
+        assert installer.status[ROWS["resolves_on_path"].symbol] == installer_module.RESOLVED
+        assert installer.status[ROWS["missing_symbol"].symbol] == installer_module.MISSING
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            engine.Engine()  # ready: the report
+            engine.Engine()  # once per process
+        assert engine.Engine.inits == 2  # the original ran once per call
+        lines = [r.getMessage() for r in caplog.records if "never resolved" in r.getMessage()]
+        assert len(lines) == 1, lines
+        (line,) = lines
+        assert "ready to serve in this engine_core process, but 3 hook target(s)" in line
+        for key, row in ROWS.items():
+            assert (row.symbol in line) == (key in REPORTED), key
+        assert f"{ROWS['missing_symbol'].symbol} (cannot be hooked; metrics lost: scheduler:duration)" in line
+        assert (
+            f"{ROWS['missing_module'].symbol} (module {PKG}.removed does not exist; "
+            "metrics lost: engine_core:engine_core_step:duration)"
+        ) in line
+        assert f"{ROWS['missing_on_path'].symbol} (module {PKG}.runner_v2_gone does not exist" in line
+    finally:
+        installer.uninstall()
+        set_process("unknown", "unknown", "unknown")
+
+
+def test_an_api_server_reports_only_its_own_rows(fake_vllm, caplog):
+    set_process("api_server", "0", "kv_both")
+    installer = Installer(list(ROWS.values()), ready_points=[(f"{PKG}.engine", "Engine.__init__", "api_server")])
+    installer.install()
+    try:
+        import otel_ready_fake.engine as engine
+
+        with caplog.at_level(logging.WARNING):
+            engine.Engine()
+        (line,) = [r.getMessage() for r in caplog.records if "never resolved" in r.getMessage()]
+        assert "1 hook target(s)" in line and ROWS["api_server"].symbol in line
+    finally:
+        installer.uninstall()
+        set_process("unknown", "unknown", "unknown")
+
+
+def test_nothing_is_said_when_everything_expected_resolved(fake_vllm, caplog):
+    rows = [ROWS["resolves_on_path"], ROWS["unused_feature"]]
+    set_process("worker", "0", "kv_both", rank="0")
+    installer = Installer(rows, ready_points=[(f"{PKG}.engine", "Engine.__init__", "worker")])
+    installer.install()
+    try:
+        import otel_ready_fake.engine as engine
+        import otel_ready_fake.runner_v2  # noqa: F401
+
+        with caplog.at_level(logging.WARNING):
+            engine.Engine()
+        assert not [r for r in caplog.records if "never resolved" in r.getMessage()]
+        assert installer.reported
+    finally:
+        installer.uninstall()
+        set_process("unknown", "unknown", "unknown")
+
+
+def test_module_exists_imports_nothing(fake_vllm):
+    import otel_ready_fake  # noqa: F401  (the parent package: imported)
+
+    assert module_exists(f"{PKG}.unused_feature") is True
+    assert f"{PKG}.unused_feature" not in sys.modules
+    assert module_exists(f"{PKG}.removed") is False
+    assert module_exists(f"{PKG}.removed.deeper") is False
+    assert module_exists("otel_no_such_top_level.x") is None  # no parent imported: cannot tell
+
+
+@pytest.mark.parametrize("version", VLLM_VERSIONS)
+def test_the_ready_points_exist_in_every_supported_vllm(version):
+    tree = vllm_tree(version)
+    problems = []
+    for module, qualname, _ in installer_module.READY_POINTS:
+        problems += check_target(tree, targets.Target(module, qualname, "sync"))
+    assert problems == [], version
+
+
+def test_the_ready_points_hook_the_installed_vllm(caplog):
+    """On the installed vLLM: each ready point's class is wrapped when its module loads, and unwrapped."""
+    import importlib
+
+    pytest.importorskip("vllm")
+    installer = Installer([], ready_points=installer_module.READY_POINTS)
+    installer.install()
+    patches = list(installer.patches)
+    try:
+        for module, _, _ in installer_module.READY_POINTS:
+            importlib.import_module(module)
+        patches = list(installer.patches)
+        assert sorted(f"{p.owner.__module__}:{p.owner.__qualname__}.{p.attribute}" for p in patches) == sorted(
+            f"{module}:{qualname}" for module, qualname, _ in installer_module.READY_POINTS
+        )
+        assert all(p.owner.__dict__[p.attribute] is p.wrapper for p in patches)
+    finally:
+        installer.uninstall()
+    assert installer.patches == [] and all(p.owner.__dict__[p.attribute] is p.original for p in patches)
