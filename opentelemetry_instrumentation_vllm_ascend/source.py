@@ -353,9 +353,11 @@ def check_target(tree: SourceTree, target) -> list[str]:
     )
     if func is None:
         return [f"{target.symbol} is not defined on {target.owner_qualname}"]
+    from .wiring.declarative import params_of
+
     problems = []
     params = positional_params(func)
-    for index, expected in enumerate(target.params, start=1):
+    for index, expected in enumerate(params_of(target), start=1):
         if len(params) <= index or params[index] != expected:
             problems.append(
                 f"{target.symbol}: positional parameter {index} is "

@@ -84,8 +84,9 @@ class Target:
     #: Catalogue seeds of the metrics this hook's absence would lose (it records them, or records what
     #: they are computed from); () for context-only hooks. A declarative row's come from its measures.
     feeds: tuple[str, ...] = ()
-    #: Names of the positional parameters (after self) the handler reads by position, in order:
-    #: the contract test checks them against the source of every supported version.
+    #: A declarative row's (or a hook file's) parameters, after self, that its measures read by position, in
+    #: order; a handler names its own (``Handler.params``, ``wiring.declarative.params_of``). The contract test
+    #: checks them against the source of every supported version.
     params: tuple[str, ...] = ()
     #: Other hooks depend on what this one keeps (the step's phase, the process identity, requests
     #: recomputing after preemption): installed even when every metric it feeds is disabled.
@@ -206,7 +207,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "scheduler:PreemptRequest",
         feeds=(c.RUNNING_TO_WAITING.seed, c.RECOMPUTE_EVENTS.seed, c.RECOMPUTED_TOKENS.seed),
-        params=("request",),
         provides_context=True,
         process=ENGINE_CORE,
     ),
@@ -227,7 +227,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "scheduler:UpdateFromOutput",
         feeds=("scheduler:update_from_output:duration", "engine_core:stage_seconds"),
-        params=("scheduler_output",),
         process=ENGINE_CORE,
     ),
     Target(
@@ -309,7 +308,6 @@ TARGETS: tuple[Target, ...] = (
         FUTURE,
         "executor:CollectiveRpc",
         feeds=_RPC_FEEDS,
-        params=("method", "timeout", "args"),
         process=ENGINE_CORE,
     ),
     # The futures non-blocking RPCs return report their own completion (cheaper than a callback each).
@@ -321,7 +319,6 @@ TARGETS: tuple[Target, ...] = (
         FUTURE,
         "executor:CollectiveRpc",
         feeds=_RPC_FEEDS,
-        params=("method", "timeout", "args"),
         process=ENGINE_CORE,
     ),
     # -- worker: model runner V1 (GPU, CPU subclass; removed in vLLM 0.34) and V2 (default on CUDA from vLLM
@@ -333,7 +330,6 @@ TARGETS: tuple[Target, ...] = (
         "model_runner:ExecuteModel",
         vllm=_MRV1_VLLM,
         feeds=_RUNNER_FEEDS + _WORKER_BUDGET,
-        params=("scheduler_output",),
         provides_context=True,
         process=WORKER,
         path="mrv1",
@@ -373,7 +369,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "model_runner:ExecuteModelV2",
         feeds=_V2_RUNNER_FEEDS + _WORKER_BUDGET,
-        params=("scheduler_output", "intermediate_tensors", "dummy_run"),
         provides_context=True,
         process=WORKER,
         path="mrv2",
@@ -388,7 +383,7 @@ TARGETS: tuple[Target, ...] = (
         path="mrv2",
     ),
     # MRV2 enters no profiling scopes: its forward starts at StepTimingCollector.forward_start(), which
-    # execute_model calls right before the model (vLLM 0.32+; tests/test_contract_mrv2.py checks the order), and
+    # execute_model calls right before the model (vLLM 0.32+; tests/contract/test_mrv2.py checks the order), and
     # ends at execute_model's return; its sample() (logits, grammar bitmask, sampler) is the budget's sample stage.
     Target(
         "vllm.v1.worker.gpu.async_utils",
@@ -429,23 +424,21 @@ TARGETS: tuple[Target, ...] = (
             handler,
             vllm=">=0.34.0",
             feeds=feeds,
-            params=params,
             provides_context=method == "execute_model",
             measures=measures,
             process=WORKER,
             path="cpu_standalone",
         )
-        for method, kind, handler, feeds, params, measures in (
+        for method, kind, handler, feeds, measures in (
             (
                 "execute_model",
                 SYNC,
                 "model_runner:ExecuteModelStandalone",
                 ("executor:model_runner_execute_model:duration", "worker:model_inference:duration"),
-                ("scheduler_output", "intermediate_tensors", "dummy_run"),
                 (),
             ),
-            ("sample_tokens", SYNC, "model_runner:SampleTokens", ("worker:model_inference:duration",), (), ()),
-            ("prepare_inputs", SYNC_TIMER, "", (), (), _timer("executor:prepare_inputs:duration", PHASE_STEP)),
+            ("sample_tokens", SYNC, "model_runner:SampleTokens", ("worker:model_inference:duration",), ()),
+            ("prepare_inputs", SYNC_TIMER, "", (), _timer("executor:prepare_inputs:duration", PHASE_STEP)),
         )
     ),
     # MRV2's own async output (vllm/v1/worker/gpu/async_utils.py, the same get_output in 0.23-0.33).
@@ -492,7 +485,6 @@ TARGETS: tuple[Target, ...] = (
             "prefill_over_threshold_count",
             "async_llm:record_stats:duration",
         ),
-        params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
         process=API_SERVER,
     ),
     Target(
@@ -501,7 +493,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "api:SecondTokenLatency",
         feeds=("second_token_latency",),
-        params=("output", "engine_core_timestamp", "is_prefilling", "req_stats"),
         process=API_SERVER,
     ),
     Target(
@@ -510,7 +501,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "api:FinishedRequest",
         feeds=tuple(spec.seed for spec in c.GENAI_SERVER),
-        params=("finish_reason", "request_id", "num_prompt_tokens", "max_tokens_param", "req_stats"),
         process=API_SERVER,
     ),
     Target(
@@ -587,7 +577,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "api:ProcessOutputs",
         feeds=("output_processor_duration", "engine_core_outputs_len", "api_server:output_loop_stage_seconds"),
-        params=("engine_core_outputs", "engine_core_timestamp", "iteration_stats"),
         process=API_SERVER,
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
@@ -634,7 +623,6 @@ TARGETS: tuple[Target, ...] = (
         "ascend:NPUExecuteModel",
         vllm_ascend=">=0.23.0",
         feeds=_RUNNER_FEEDS + _WORKER_BUDGET,
-        params=("scheduler_output",),
         provides_context=True,
         process=WORKER,
         path="npu",
@@ -705,7 +693,6 @@ TARGETS: tuple[Target, ...] = (
         "scheduler:UpdateFromOutput",
         vllm_ascend=">=0.23.0",
         feeds=("scheduler:update_from_output:duration",),
-        params=("scheduler_output",),
         process=ENGINE_CORE,
     ),
     Target(
@@ -744,7 +731,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "process:ApiServerInit",
         feeds=(c.INSTRUMENTED_PROCESSES.seed,),
-        params=("vllm_config",),
         provides_context=True,
         process=API_SERVER,
     ),
@@ -754,7 +740,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "process:EngineCoreInit",
         feeds=(c.INSTRUMENTED_PROCESSES.seed,),
-        params=("vllm_config",),
         provides_context=True,
         process=ENGINE_CORE,
     ),
@@ -764,7 +749,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "process:WorkerInit",
         feeds=(c.INSTRUMENTED_PROCESSES.seed, "npu:utilization"),
-        params=("vllm_config", "local_rank", "rank"),
         provides_context=True,
         process=WORKER,
     ),
@@ -778,13 +762,9 @@ TARGETS: tuple[Target, ...] = (
             SYNC,
             f"kv_transfer:{handler}",
             feeds=_KV_TRANSFER_FEEDS,
-            params=params,
             process=WORKER,
         )
-        for method, handler, params in (
-            ("save_kv_layer", "ExampleSaveKvLayer", ("layer_name", "kv_layer")),
-            ("start_load_kv", "ExampleStartLoadKv", ("forward_context",)),
-        )
+        for method, handler in (("save_kv_layer", "ExampleSaveKvLayer"), ("start_load_kv", "ExampleStartLoadKv"))
     ),
     *(
         Target(
@@ -794,13 +774,12 @@ TARGETS: tuple[Target, ...] = (
             f"kv_transfer:{handler}",
             vllm=">=0.32.0",  # vLLM 0.23: OffloadingWorker rows below
             feeds=_KV_TRANSFER_FEEDS + (_KV_FAILURES if method == "get_finished" else ()),
-            params=params,
             process=WORKER,
         )
-        for method, handler, params in (
-            ("handle_preemptions", "OffloadingHandlePreemptions", ("kv_connector_metadata",)),
-            ("start_kv_transfers", "OffloadingStartTransfers", ("metadata",)),
-            ("get_finished", "OffloadingGetFinished", ()),
+        for method, handler in (
+            ("handle_preemptions", "OffloadingHandlePreemptions"),
+            ("start_kv_transfers", "OffloadingStartTransfers"),
+            ("get_finished", "OffloadingGetFinished"),
         )
     ),
     *(
@@ -811,12 +790,11 @@ TARGETS: tuple[Target, ...] = (
             f"kv_transfer:{handler}",
             vllm="<0.32.0",
             feeds=_KV_TRANSFER_FEEDS,
-            params=params,
             process=WORKER,
         )
-        for method, handler, params in (
-            ("transfer_async", "OffloadingTransferAsync", ("job_id",)),
-            ("get_finished", "OffloadingWorkerGetFinished", ()),
+        for method, handler in (
+            ("transfer_async", "OffloadingTransferAsync"),
+            ("get_finished", "OffloadingWorkerGetFinished"),
         )
     ),
     # Remote connectors' own stats containers (vLLM 0.23-0.33): what one transfer or one failure carries.
@@ -827,21 +805,14 @@ TARGETS: tuple[Target, ...] = (
             SYNC,
             f"kv_transfer:{handler}",
             feeds=feeds,
-            params=params,
             process=WORKER,
         )
-        for module, qualname, handler, params, feeds in (
-            ("nixl", "NixlKVConnectorStats.record_transfer", "NixlRecordTransfer", ("res",), _KV_TRANSFER_FEEDS[:3]),
-            (
-                "mooncake",
-                "MooncakeKVConnectorStats.record_transfer",
-                "MooncakeRecordTransfer",
-                ("duration_s", "total_bytes"),
-                _KV_TRANSFER_FEEDS[:3],
-            ),
-            ("nixl", "NixlKVConnectorStats.record_failed_transfer", "NixlFailedTransfer", (), _KV_FAILURES),
-            ("mooncake", "MooncakeKVConnectorStats.record_failed_transfer", "MooncakeFailedTransfer", (), _KV_FAILURES),
-            ("mooncake", "MooncakeKVConnectorStats.record_failed_recv", "MooncakeFailedTransfer", (), _KV_FAILURES),
+        for module, qualname, handler, feeds in (
+            ("nixl", "NixlKVConnectorStats.record_transfer", "NixlRecordTransfer", _KV_TRANSFER_FEEDS[:3]),
+            ("mooncake", "MooncakeKVConnectorStats.record_transfer", "MooncakeRecordTransfer", _KV_TRANSFER_FEEDS[:3]),
+            ("nixl", "NixlKVConnectorStats.record_failed_transfer", "NixlFailedTransfer", _KV_FAILURES),
+            ("mooncake", "MooncakeKVConnectorStats.record_failed_transfer", "MooncakeFailedTransfer", _KV_FAILURES),
+            ("mooncake", "MooncakeKVConnectorStats.record_failed_recv", "MooncakeFailedTransfer", _KV_FAILURES),
         )
     ),
     # vllm-ascend's Mooncake P2P / layerwise transfer threads (their engine is metered) and AscendStore backends.
@@ -853,24 +824,22 @@ TARGETS: tuple[Target, ...] = (
             f"kv_transfer:{handler}",
             vllm_ascend=">=0.23.0",
             feeds=_KV_TRANSFER_FEEDS[:3] + (() if handler.endswith("StorePut") else _KV_FAILURES),
-            params=params,
             process=WORKER,
         )
-        for module, qualname, handler, params in (
-            ("kv_p2p.mooncake_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit", ()),
-            ("kv_p2p.mooncake_hybrid_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit", ()),
+        for module, qualname, handler in (
+            ("kv_p2p.mooncake_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit"),
+            ("kv_p2p.mooncake_hybrid_connector", "KVCacheRecvingThread.__init__", "AscendMooncakeThreadInit"),
             (
                 "kv_p2p.mooncake_layerwise_connector",
                 "KVCacheSendingLayerThread.__init__",
                 "AscendMooncakeLayerwiseThreadInit",
-                (),
             ),
             *(
-                (f"kv_pool.ascend_store.backend.{module}", f"{cls}.{method}", f"{prefix}Store{method.title()}", params)
-                for module, cls, prefix, params in (
-                    ("mooncake_backend", "MooncakeBackend", "Ascend", ("keys", "addrs", "sizes")),
-                    ("memcache_backend", "MemcacheBackend", "Memcache", ("key", "addr", "size")),
-                    ("yuanrong_backend", "YuanrongBackend", "Ascend", ("keys", "addrs", "sizes")),
+                (f"kv_pool.ascend_store.backend.{module}", f"{cls}.{method}", f"{prefix}Store{method.title()}")
+                for module, cls, prefix in (
+                    ("mooncake_backend", "MooncakeBackend", "Ascend"),
+                    ("memcache_backend", "MemcacheBackend", "Memcache"),
+                    ("yuanrong_backend", "YuanrongBackend", "Ascend"),
                 )
                 for method in ("put", "get")
             ),
@@ -909,7 +878,6 @@ TARGETS: tuple[Target, ...] = (
         SYNC,
         "kv_transfer:SchedulerInit",
         feeds=("kv_cache:write_bytes",),
-        params=("vllm_config", "kv_cache_config"),
         process=ENGINE_CORE,
     ),
 )
@@ -973,26 +941,6 @@ def recorded_in(seed: str) -> str:
     if kinds and all(k in kinds for k in real):
         return EVERY_PROCESS
     return ", ".join(k for k in c.PROCESS_KINDS if k in kinds)
-
-
-_HANDLERS_PACKAGE = __package__ + ".handlers"
-
-
-def reads_args_of(cls) -> int | None:
-    """``RowParams``: self plus the ``params`` of the rows whose handler is ``cls`` (or, for a class
-    without rows of its own, its nearest base with rows); None (all arguments) when none has. Read from
-    the table each time (a wrapper reads it once, when it is built)."""
-    result = None
-    for klass in cls.__mro__:
-        module = getattr(klass, "__module__", "")
-        if not module.startswith(_HANDLERS_PACKAGE + "."):
-            continue
-        name = f"{module[len(_HANDLERS_PACKAGE) + 1 :]}:{klass.__qualname__}"
-        counts = [len(t.params) + 1 for t in TARGETS if t.handler == name]
-        if counts:
-            result = max(counts)
-            break
-    return result
 
 
 def process_labels(spec: c.MetricSpec) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..catalogue import ALL, TTFT_THRESHOLDS
-from ..hooks.handler import Handler, RowParams, report
+from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
 from .budget import API_OTHER, API_TO, PROCESS, WAIT_ENGINE
 
@@ -139,7 +139,7 @@ class RecordStats(Handler):
     A call that raised records nothing (its caller, vLLM's output handler, fails with it).
     """
 
-    reads_args = RowParams()
+    params = ("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx")
 
     def timed(self, seconds, args, kwargs, result, _record=recording.record, _add=recording.add):
         scheduler_stats = args[1]
@@ -233,7 +233,7 @@ class SecondTokenLatency(Handler):
     core timestamps (the same monotonic clock), and ``first_token_ts`` is only set by the prefilling
     output. Labels: this process's dp (the hook does not know the engine), phase ``all``."""
 
-    reads_args = RowParams()
+    params = ("output", "engine_core_timestamp", "is_prefilling", "req_stats")
     #: In the wrapper: only an output that brought the request's second generated token reaches after().
     after_if = "not is_prefilling and req_stats.num_generation_tokens - len(output.new_token_ids) == 1"
 
@@ -280,7 +280,7 @@ class ProcessOutputs(Handler):
     outputs the output loop is processing (see :class:`GetOutput`).
     A call that raised records nothing."""
 
-    reads_args = RowParams()
+    params = ("engine_core_outputs", "engine_core_timestamp", "iteration_stats")
 
     def before(self, args, kwargs):
         stats = args[3]
@@ -368,7 +368,7 @@ class FinishedRequest(Handler):
       (the value vLLM put into its TTFT histogram for it; none if it produced no token) and, with at least two
       generated tokens, ``gen_ai.server.time_per_output_token`` = decode_time / (tokens - 1)."""
 
-    reads_args = RowParams()
+    params = ("finish_reason", "request_id", "num_prompt_tokens", "max_tokens_param", "req_stats")
 
     def after(self, state, args, kwargs, result, _record=recording.record):
         finished = getattr(args[0], "finished_requests", None)

@@ -7,7 +7,7 @@ from time import perf_counter
 
 from .. import catalogue, recording
 from ..context import HOST_CLOCK, STEP_LABELS, step_labels
-from ..hooks.handler import Handler, RowParams, report
+from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
 from .steps import PHASE_ATTRIBUTE, READY_ATTRIBUTE
 
@@ -103,7 +103,7 @@ class CollectiveRpc(Handler):
     read fails (the RPC's arguments changed shape), the phase is the step most recently scheduled and the
     failure is reported (``hook_errors``): the RPC's errors and durations are still recorded."""
 
-    reads_args = RowParams()
+    params = ("method", "timeout", "args")
 
     def before(
         self,

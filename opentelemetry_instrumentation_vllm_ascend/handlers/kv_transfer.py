@@ -15,7 +15,7 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import M
-from ..hooks.handler import Handler, RowParams, report
+from ..hooks.handler import Handler, report
 from ..hooks.patches import stand_in
 from ..state import STATE, UNKNOWN
 
@@ -71,7 +71,7 @@ class ExampleSaveKvLayer(Handler):
     per storing request of the step's metadata for this layer (d2h): its slots times the layer's
     bytes per token; the call's wall time (a synchronous copy and file write)."""
 
-    reads_args = RowParams()  # self, layer_name, kv_layer
+    params = ("layer_name", "kv_layer")
 
     def before(self, args, kwargs):
         return perf_counter()
@@ -93,7 +93,7 @@ class ExampleStartLoadKv(Handler):
     layer of the forward context (one file each), its slots times that layer's bytes per token; the
     call's wall time (it reads and copies every file before it returns)."""
 
-    reads_args = RowParams()  # self, forward_context
+    params = ("forward_context",)
 
     def before(self, args, kwargs):
         return perf_counter()
@@ -140,7 +140,7 @@ def bytes_per_token(kv_cache_config) -> int:
 class SchedulerInit(Handler):
     """``Scheduler.__init__(vllm_config, kv_cache_config, …)``: the KV bytes per scheduled token."""
 
-    reads_args = RowParams()  # self, vllm_config, kv_cache_config
+    params = ("vllm_config", "kv_cache_config")
 
     def after(self, state, args, kwargs, result):
         config = getattr(args[0], "kv_cache_config", None) or args[2]
@@ -267,7 +267,7 @@ class OffloadingStartTransfers(Handler):
     the loads its request needs in this step): each job keeps this step's phase, and the host time of the
     submissions and the wait, per direction, is time the step is blocked (``_MeteredOffloadingWorker``)."""
 
-    reads_args = RowParams()  # self, metadata
+    params = ("metadata",)
 
     def before(self, args, kwargs):
         connector_worker = args[0]
@@ -289,7 +289,7 @@ class OffloadingHandlePreemptions(Handler):
     ``store_jobs``, when this worker writes), then waits for ``jobs_to_flush``: the submitted jobs keep this
     step's phase, and the host time of the submissions and the wait is time the step is blocked."""
 
-    reads_args = RowParams()  # self, kv_connector_metadata
+    params = ("kv_connector_metadata",)
 
     def before(self, args, kwargs):
         connector_worker, metadata = args[0], args[1]
@@ -378,7 +378,7 @@ class OffloadingTransferAsync(Handler):
     that submits it (``start_kv_transfers`` or ``handle_preemptions``; as on 0.32+, a store is queued in
     the step that produced its KV and submitted by the next one, whose phase it carries)."""
 
-    reads_args = RowParams()  # self, job_id
+    params = ("job_id",)
 
     def after(self, state, args, kwargs, result):
         _keep((args[1],), STATE.last_step_phase)
@@ -424,7 +424,7 @@ class NixlRecordTransfer(Handler):
     the values behind ``vllm:nixl_bytes_transferred`` and ``vllm:nixl_xfer_time_seconds``. vLLM 0.32+
     passes None when NIXL gave no telemetry: nothing is recorded, as vLLM records nothing."""
 
-    reads_args = RowParams()  # self, res
+    params = ("res",)
 
     def after(self, state, args, kwargs, result):
         res = args[1]
@@ -438,7 +438,7 @@ class MooncakeRecordTransfer(Handler):
     its bytes and the wall time vLLM measured around the synchronous call. It runs on a sender thread, in no
     worker step: phase ``unknown``."""
 
-    reads_args = RowParams()  # self, duration_s, total_bytes
+    params = ("duration_s", "total_bytes")
 
     def after(self, state, args, kwargs, result):
         record_transfer("remote", _MOONCAKE, args[2], 1, args[1], phase=UNKNOWN)
@@ -543,7 +543,7 @@ class AscendStorePut(Handler):
     one transfer per key; the call's wall time. The backends log a failed put and return nothing, so a
     put is counted as done. Called from the connector's sending threads: phase ``unknown``."""
 
-    reads_args = RowParams()  # self, keys, addrs, sizes
+    params = ("keys", "addrs", "sizes")
 
     def before(self, args, kwargs):
         return perf_counter()
@@ -561,7 +561,7 @@ class AscendStoreGet(Handler):
     or its store is not initialised; it logged "Failed to get") fails every key. The call's wall time.
     Called from the connector's receiving threads: phase ``unknown``."""
 
-    reads_args = RowParams()  # self, keys, addrs, sizes
+    params = ("keys", "addrs", "sizes")
 
     def before(self, args, kwargs):
         return perf_counter()
@@ -586,6 +586,10 @@ class AscendStoreGet(Handler):
 class MemcacheStorePut(AscendStorePut):
     """``MemcacheBackend.put(key, addr, size)``: AscendStorePut under the backend's own parameter names."""
 
+    params = ("key", "addr", "size")
+
 
 class MemcacheStoreGet(AscendStoreGet):
     """``MemcacheBackend.get(key, addr, size)``: AscendStoreGet under the backend's own parameter names."""
+
+    params = ("key", "addr", "size")

@@ -19,7 +19,7 @@ from typing import Any
 from .. import context, recording
 from ..catalogue import M
 from ..context import HOST_CLOCK
-from ..hooks.handler import Handler, RowParams, report
+from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
 from .budget import W_FORWARD, W_IDLE, W_OTHER, W_PREPARE, W_SAMPLE, W_WAIT_SAMPLE, WORKER_TO, off
 from .common import device_module
@@ -271,7 +271,7 @@ class ExecuteModel(Handler):
     worker records during the step, times the call, and ends the step when no ``sample_tokens``
     follows (it returned an output itself)."""
 
-    reads_args = RowParams()
+    params: tuple[str, ...] = ("scheduler_output",)
 
     def before(self, args, kwargs):
         try:
@@ -384,7 +384,7 @@ class ExecuteModelV2(ExecuteModel):
     before the model's forward, and ends when execute_model returns (after the KV connector's
     ``finish_forward`` and the step's bookkeeping: V2 computes the logits in ``sample``, not here)."""
 
-    reads_args = RowParams()
+    params = ("scheduler_output", "intermediate_tensors", "dummy_run")
     #: Whether this runner's forward is marked (``ForwardStartV2``) when the mark is hooked in this process.
     marked = True
 
@@ -430,7 +430,7 @@ class ExecuteModelStandalone(ExecuteModelV2):
     ``execute_model`` shape). It calls no ``StepTimingCollector``: its forward is never marked, so its steps have
     no forward time and move no boundary of the worker budget, even in a process where V2's mark is hooked."""
 
-    reads_args = RowParams()
+    params = ("scheduler_output", "intermediate_tensors", "dummy_run")
     marked = False
 
 

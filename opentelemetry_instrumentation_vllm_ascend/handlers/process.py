@@ -30,6 +30,9 @@ class _Claim(Handler):
 class ApiServerInit(_Claim):
     """``AsyncLLM.__init__`` runs in each API server process."""
 
+    params = ("vllm_config",)
+    reads_args = None  # every argument: it reads them by position or by name
+
     process = "api_server"
     api = True
 
@@ -46,6 +49,9 @@ class ApiServerInit(_Claim):
 class EngineCoreInit(_Claim):
     """``Executor.__init__`` runs in each EngineCore process (before its workers start)."""
 
+    params = ("vllm_config",)
+    reads_args = None  # every argument: it reads them by position or by name
+
     process = "engine_core"
 
 
@@ -53,6 +59,9 @@ class WorkerInit(_Claim):
     """``WorkerBase.__init__`` runs in each worker process (inside the EngineCore with UniProcExecutor);
     its ``rank`` (the worker's global rank) becomes the process's ``rank`` label; the worker's device
     utilization gauge is registered here (read at each collection)."""
+
+    params = ("vllm_config", "local_rank", "rank")
+    reads_args = None  # every argument: it reads them by position or by name
 
     process = "worker"
 

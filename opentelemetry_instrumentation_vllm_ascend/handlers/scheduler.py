@@ -9,7 +9,7 @@ from time import perf_counter
 
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
-from ..hooks.handler import Handler, RowParams, report
+from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
 from . import budget
 from .budget import ENGINE_TO
@@ -477,7 +477,7 @@ class PreemptRequest(Handler):
     (``scheduler:recomputed_tokens``) in ``_preempted_of``; reset_prefix_cache's preemptions are only
     noted there, so that vLLM 0.32+'s ``preempted_req_ids`` does not count them."""
 
-    reads_args = RowParams()
+    params = ("request",)
 
     def before(self, args, kwargs):
         scheduler, request = args[0], args[1]
@@ -548,7 +548,7 @@ class UpdateFromOutput(Handler):
     """``Scheduler.update_from_output(scheduler_output, model_runner_output)``: its duration, with the
     phase of the step whose output it processes (read from that step's SchedulerOutput)."""
 
-    reads_args = RowParams()
+    params = ("scheduler_output",)
     spec = M["scheduler:update_from_output:duration"]
 
     def before(self, args, kwargs):

@@ -9,9 +9,8 @@ ignored."""
 from __future__ import annotations
 
 from ..errors import report
-from ..targets import reads_args_of
 
-__all__ = ["Handler", "Hook", "RowParams", "report"]
+__all__ = ["Handler", "Hook", "report"]
 
 
 class Handler:
@@ -37,20 +36,26 @@ class Handler:
     #: ``_otel_result``), evaluated in the wrapper after the call; ``after`` is called only when it is
     #: true (or when it raises). Sparing the call on the common case of a hook that runs per request
     #: per iteration. Needs ``reads_args`` (the wrapper with the target's own signature); the
-    #: contract test checks the names it reads through ``Target.params``.
+    #: contract test checks the names it reads through ``params``.
     after_if: str | None = None
+    #: The hooked method's parameters (after ``self``) the handler reads by position, in order, named once
+    #: here beside the code that indexes them (``args[1]`` is ``params[0]``): the contract test checks them in
+    #: the source of every supported release, and a class that names them reads exactly ``self`` and those
+    #: (``reads_args = len(params) + 1``) unless it says otherwise.
+    params: tuple[str, ...] = ()
     #: How many leading arguments the handler reads (``args[0]`` is ``self`` for methods); None: all
     #: of ``args`` and ``kwargs``. With a number, the hook's wrapper has the target's own signature,
     #: ``args`` is the tuple of exactly those leading parameters (whether the caller passed them by
     #: position or by name) and ``kwargs`` is None — no packing of every argument into a tuple and a
     #: dict on each call.
-    #: ``RowParams()``: self plus the parameters the class's rows name (``Target.params``), from the row.
     reads_args: int | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             cls.name = cls.__qualname__
+        if "params" in cls.__dict__ and "reads_args" not in cls.__dict__:
+            cls.reads_args = len(cls.params) + 1
 
     def before(self, args, kwargs):
         return None
@@ -71,15 +76,6 @@ class Handler:
 
     def timed(self, seconds, args, kwargs, result):
         """Timer kinds only: the call returned after ``seconds`` (perf_counter)."""
-
-
-class RowParams:
-    """``reads_args = RowParams()`` on a handler class: it reads ``self`` and the parameters its
-    target rows list in ``Target.params`` (the contract test checks them against vLLM's source), so
-    the count is the row's, not restated. Resolved when a wrapper is built, never per call."""
-
-    def __get__(self, obj, owner) -> int | None:
-        return reads_args_of(owner)
 
 
 class Hook:

@@ -153,7 +153,20 @@ def load_handler(target):
     elif not target.handler:
         return None
     else:
-        module_name, class_name = target.handler.split(":")
-        handler = getattr(importlib.import_module(f"{HANDLERS_PACKAGE}.{module_name}"), class_name)()
+        handler = handler_class(target)()
     handler.name = target.qualname
     return handler
+
+
+def handler_class(target):
+    """The class a handler row names (``Target.handler``, "module:Class" under ``handlers``)."""
+    module_name, class_name = target.handler.split(":")
+    return getattr(importlib.import_module(f"{HANDLERS_PACKAGE}.{module_name}"), class_name)
+
+
+def params_of(target) -> tuple[str, ...]:
+    """The parameters (after ``self``) a row's hook reads by position, in order: a handler row's from its handler
+    class (``Handler.params``), a declarative row's from the row. What the contract test checks in the source."""
+    if target.handler and not target.measures:
+        return getattr(handler_class(target), "params", ())
+    return target.params

@@ -22,7 +22,6 @@ from opentelemetry_instrumentation_vllm_ascend import catalogue, context, enviro
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.handlers import common, scopes
 from opentelemetry_instrumentation_vllm_ascend.hooks import codegen
-from opentelemetry_instrumentation_vllm_ascend.hooks.handler import RowParams
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import COROUTINE_TIMER, SYNC, SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
@@ -185,22 +184,22 @@ def _class_assignments(cls) -> dict[str, ast.expr]:
     return out
 
 
-def test_handler_names_come_from_the_row_and_reads_args_from_its_params():
+def test_handler_names_come_from_the_row_and_the_parameters_it_reads_from_the_handler():
     for t in targets.TARGETS:
         declarative.load_handler(t)  # imports every handler module
     for cls, rows in _row_classes().items():
         for klass in cls.__mro__:
             if klass.__module__.startswith(handlers.__name__ + "."):
                 assert "name" not in _class_assignments(klass), f"{klass.__qualname__}: name typed by hand"
-        params = {t.params for t in rows}
-        assert len(params) == 1, (cls.__qualname__, params)  # one handler, one argument list
-        (own,) = params
+        # A handler row states no parameters: the handler names those it reads (once, beside args[i]).
+        assert {t.params for t in rows} == {()}, cls.__qualname__
         static = inspect.getattr_static(cls, "reads_args", None)
-        # Reading its row's params by position: the count comes from the row (RowParams), never restated;
+        params = getattr(cls, "params", ())
+        # Reading its params by position: the count follows from them (self and each), never restated;
         # otherwise self at most, or every argument (None: the generic wrapper, by name or position).
-        assert static is None or isinstance(static, RowParams) or static in (0, 1), cls.__qualname__
-        if isinstance(static, RowParams):
-            assert own and cls.reads_args == len(own) + 1, cls.__qualname__
+        assert static is None or static in (0, 1) or static == len(params) + 1, cls.__qualname__
+        if params and static is not None:
+            assert static == len(params) + 1 and all(t.owner_qualname for t in rows), cls.__qualname__
     for t in targets.TARGETS:
         handler = declarative.load_handler(t)
         assert handler is None or handler.name == t.qualname
@@ -472,9 +471,13 @@ def test_the_worked_examples_of_contributing_md_run(recipe, monkeypatch):
     rows = [dataclasses.replace(r, module=recipe.module.__name__) for r in (timed_row, counted_row)]
     reader = recipe.install([timed_spec, counted_spec], rows)
     scheduler = Scheduler()
-    assert [scheduler.finish_requests(ids, "aborted") for ids in (["a"], ["b", "c"], [])] == [["a"], ["b", "c"], []]
+    aborted, stopped = types.SimpleNamespace(name="FINISHED_ABORTED"), types.SimpleNamespace(name="FINISHED_STOPPED")
+    calls = ((["a"], aborted), (["b", "c"], aborted), ([], aborted))
+    assert [scheduler.finish_requests(ids, status) for ids, status in calls] == [["a"], ["b", "c"], []]
+    assert scheduler.finish_requests(request_ids=["d"], finished_status=stopped) == ["d"]  # by name: not counted
     assert [scheduler.make_stats(), scheduler.make_stats()] == [None, None]
     assert _points(reader, timed_spec.seed) == {_labels("all"): (2, 1.0)}  # 0.5 + 0.5, exactly
+    assert namespace["FinishRequests"].reads_args == 3  # self, request_ids, finished_status
     assert _points(reader, counted_spec.seed) == {_labels("all"): 3}
     rendered = docgen.render_metrics_md()
     assert all(f"| `{row.symbol}` |" in rendered for row in rows)
