@@ -27,7 +27,8 @@ NUMBER = re.compile(r"^[+-]?\d+(?:\.\d+)?")
 
 
 def tables(text: str) -> dict[tuple[str, str, str], float]:
-    """{(table title, row's first cell, column header): the cell's leading number} of every markdown table."""
+    """{(table title, row's first cell, column header): the cell's leading number} of every markdown table (a header
+    that repeats an earlier one's name is told apart by its count: "added (95 % interval) (2)")."""
     out: dict[tuple[str, str, str], float] = {}
     title, header = "", None
     for line in text.splitlines():
@@ -36,7 +37,10 @@ def tables(text: str) -> dict[tuple[str, str, str], float]:
         elif line.startswith("|"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             if header is None:
-                header = cells
+                header = [
+                    name if cells.index(name) == i else f"{name} ({cells[:i].count(name) + 1})"
+                    for i, name in enumerate(cells)
+                ]
             elif not set(line) <= set("|-: "):
                 for name, cell in zip(header[1:], cells[1:]):
                     match = NUMBER.match(cell)
@@ -65,6 +69,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=7, help="repeats per run (default command)")
     parser.add_argument("--tables", default="", help="comma-separated title prefixes of the tables to compare")
     parser.add_argument("--columns", default="", help="comma-separated column-header prefixes to compare")
+    parser.add_argument("--keep", help="a directory to write each run's own printout to (before-1.txt, after-1.txt, …)")
     args = parser.parse_args(argv)
     command = args.command or SECTION_A.format(python=sys.executable, number=args.number, repeat=args.repeat)
     prefixes = tuple(p for p in args.tables.split(",") if p)
@@ -73,7 +78,12 @@ def main(argv=None) -> int:
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for n in range(args.rounds):
         for side, tree in (("before", args.before), ("after", args.after)):
-            runs[side].append(tables(run(os.path.abspath(tree), command)))
+            printout = run(os.path.abspath(tree), command)
+            if args.keep:
+                os.makedirs(args.keep, exist_ok=True)
+                with open(os.path.join(args.keep, f"{side}-{n + 1}.txt"), "w") as f:
+                    f.write(printout)
+            runs[side].append(tables(printout))
             print(f"# round {n + 1}: {side} done {time.strftime('%H:%M:%S', time.gmtime())}", file=sys.stderr)
     print(f"# Before / after, alternating, {args.rounds} rounds each, from {started}")
     print(f"# before: {args.before}\n# after: {args.after}\n# command: {command}\n")
