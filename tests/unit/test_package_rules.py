@@ -121,19 +121,23 @@ def _resolve(module: str, node: ast.ImportFrom) -> str | None:
     return ".".join(parts) or "__init__"
 
 
+def _from_imports(module: str, tree: ast.Module):
+    """(alias, the name's full package-relative path, the module it is imported from, node) of every
+    ``from … import`` of the package in ``tree``, wherever it stands."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (source := _resolve(module, node)) is not None:
+            for alias in node.names:
+                yield alias, alias.name if source == "__init__" else f"{source}.{alias.name}", source, node
+
+
 def _module_aliases(module: str, tree: ast.Module) -> dict[str, str]:
     """Local names bound to modules of the package (``from .. import catalogue``, ``import pkg.x as y``)."""
     out = {}
+    for alias, full, _, _ in _from_imports(module, tree):
+        if full in MODULES:
+            out[alias.asname or alias.name] = full
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            source = _resolve(module, node)
-            if source is None:
-                continue
-            for alias in node.names:
-                full = alias.name if source == "__init__" else f"{source}.{alias.name}"
-                if full in MODULES:
-                    out[alias.asname or alias.name] = full
-        elif isinstance(node, ast.Import):
+        if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith(PACKAGE_NAME + ".") and alias.asname:
                     out[alias.asname] = alias.name[len(PACKAGE_NAME) + 1 :]
@@ -389,15 +393,10 @@ def _layer_of(module: str) -> tuple[int, str]:
 def _imports(module: str, tree: ast.Module):
     """(imported module, line) of every import of a package module in ``tree``, wherever it stands (module
     level, inside functions and classes, under ``if TYPE_CHECKING``)."""
+    for _, full, source, node in _from_imports(module, tree):
+        yield (full if full in MODULES else source), node.lineno
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            source = _resolve(module, node)
-            if source is None:
-                continue
-            for alias in node.names:
-                full = alias.name if source == "__init__" else f"{source}.{alias.name}"
-                yield (full if full in MODULES else source), node.lineno
-        elif isinstance(node, ast.Import):
+        if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name == PACKAGE_NAME or alias.name.startswith(PACKAGE_NAME + "."):
                     name = alias.name[len(PACKAGE_NAME) + 1 :] or "__init__"
