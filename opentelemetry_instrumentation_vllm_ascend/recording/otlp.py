@@ -1,9 +1,12 @@
-"""Push exporters (OTLP, console) named by OTEL_METRICS_EXPORTER, made fork-safe."""
+"""Push exporters (OTLP, console) named by OTEL_METRICS_EXPORTER, chosen as the OTel SDK's configurator chooses
+them (``otlp`` over the protocol OTEL_EXPORTER_OTLP_[METRICS_]PROTOCOL names), made fork-safe. Each exporter reads its
+own endpoint, headers, timeout, compression and certificate settings (per signal, else general) when it is built."""
 
 from __future__ import annotations
 
 import logging
 import os
+from types import MappingProxyType
 
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
@@ -39,6 +42,37 @@ class PidGuardedExporter(MetricExporter):
             self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
+#: The metrics exporter entry point each OTLP protocol selects for ``otlp`` (the SDK configurator's map).
+BY_PROTOCOL = MappingProxyType({"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"})
+OTLP = "otlp"
+
+
+def entry_point_name(name: str) -> str:
+    """The entry point OTEL_METRICS_EXPORTER's ``name`` loads, by the SDK configurator's rule: ``otlp`` follows
+    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL (gRPC when neither is set); an explicit
+    ``otlp_proto_grpc`` / ``otlp_proto_http`` is kept even where the protocol disagrees (with a warning). Raises
+    ValueError for a protocol the SDK does not know."""
+    if name not in (OTLP, *BY_PROTOCOL.values()):
+        return name
+    protocol = os.environ.get(environment.OTLP_METRICS_PROTOCOL) or os.environ.get(environment.OTLP_PROTOCOL)
+    if not protocol:
+        return BY_PROTOCOL["grpc"] if name == OTLP else name
+    protocol = protocol.strip()
+    if name == OTLP:
+        if protocol not in BY_PROTOCOL:
+            raise ValueError(f"unsupported OTLP protocol {protocol!r} (supported: {', '.join(BY_PROTOCOL)})")
+        return BY_PROTOCOL[protocol]
+    if BY_PROTOCOL.get(protocol, name) != name:
+        environment.warn_once(
+            ("otlp protocol", name, protocol),
+            "OTEL_METRICS_EXPORTER names %s, the OTLP protocol setting says %r: using %s",
+            name,
+            protocol,
+            name,
+        )
+    return name
+
+
 def push_exporters() -> list[MetricExporter]:
     """Exporters named by OTEL_METRICS_EXPORTER, loaded through the same entry points the SDK uses."""
     from opentelemetry.util._importlib_metadata import entry_points
@@ -46,12 +80,20 @@ def push_exporters() -> list[MetricExporter]:
     exporters = []
     for name in environment.otlp_exporter_names():
         try:
-            found = list(entry_points(group="opentelemetry_metrics_exporter", name=name))
+            try:
+                chosen = entry_point_name(name)
+            except ValueError as exc:
+                environment.warn_once(
+                    ("exporter", name, str(exc)), "OTEL_METRICS_EXPORTER=%s: %s; not exporting there", name, exc
+                )
+                continue
+            found = list(entry_points(group="opentelemetry_metrics_exporter", name=chosen))
             if not found:
                 environment.warn_once(
                     ("exporter", name),
-                    "OTEL_METRICS_EXPORTER names %r, which is not installed: not exporting there",
+                    "OTEL_METRICS_EXPORTER names %r (exporter %r), which is not installed: not exporting there",
                     name,
+                    chosen,
                 )
                 continue
             exporters.append(PidGuardedExporter(found[0].load()()))

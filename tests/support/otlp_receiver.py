@@ -19,6 +19,8 @@ def _value(v):
 class Receiver:
     def __init__(self):
         self.requests: list[ExportMetricsServiceRequest] = []
+        #: Each request's HTTP headers (lower-case names), in arrival order.
+        self.headers: list[dict[str, str]] = []
         self.lock = threading.Lock()
         receiver = self
 
@@ -31,6 +33,7 @@ class Receiver:
                 request.ParseFromString(body)
                 with receiver.lock:
                     receiver.requests.append(request)
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 payload = ExportMetricsServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
