@@ -101,17 +101,25 @@ def main(argv=None) -> int:
         from .release import release_check
 
         return release_check(args, overrides)
+    hook_files = None
+    if args.config:
+        from ..wiring import userfile
+        from .control import print_entries
+
+        entries = userfile.load(args.config, log=False)
+        installed = installer.vllm_distribution() is not None
+        entries = userfile.resolve_entries(entries) if installed else userfile.unresolved(entries)
+        hook_files = [e.as_row() for e in entries]
+        if not args.json:
+            print_entries(hook_files)  # the verdicts first: what the user asked about
+        if not installed:
+            return _offline_config_check(args, hook_files)
     rows = installer.check()
     config = installer.configuration(overrides)
     metrics = installer.metric_status(rows, config)
     overrides_found = installer.uncovered_overrides()
     vllm, ascend = installer.vllm_version(), installer.vllm_ascend_version()
     missing = [r for r in rows if r["status"] == installer.MISSING]
-    hook_files = None
-    if args.config:
-        from ..wiring import userfile
-
-        hook_files = [e.as_row() for e in userfile.resolve_entries(userfile.load(args.config, log=False))]
     if args.json:
         print(
             json.dumps(
@@ -148,12 +156,27 @@ def main(argv=None) -> int:
         for o in overrides_found:
             absent = ", ".join(o["absent"]) or "no metric"
             print(f"Wherever {o['symbol']} runs (it bypasses {o['bypasses']}), absent: {absent} — {o['reason']}")
-    if hook_files is not None and not args.json:
-        from .control import print_entries
-
-        print_entries(hook_files)
     rejected = any(e["status"] == "rejected" for e in hook_files or ())
     return 1 if missing or rejected else 0
+
+
+def _offline_config_check(args, hook_files: list[dict]) -> int:
+    """``check --config`` where vLLM is not installed (a laptop, a config repository's CI): each entry's syntax,
+    expressions and shape are checked, its symbol is not resolved, and the target table is not checked (it needs
+    vLLM, or ``check --vllm VERSION``). Exit 1 when an entry is rejected, else 0."""
+    from ..version import __version__
+
+    rejected = any(e["status"] == "rejected" for e in hook_files)
+    if args.json:
+        print(
+            json.dumps({"package": __version__, "vllm": None, "hook_files": hook_files, "ok": not rejected}, indent=2)
+        )
+    else:
+        print(
+            "vLLM is not installed here: each entry's syntax, expressions and shape are checked, not its symbol "
+            "(check resolves symbols where vLLM is installed; check --vllm VERSION checks the target table)."
+        )
+    return 1 if rejected else 0
 
 
 if __name__ == "__main__":

@@ -497,6 +497,14 @@ def function_of(module, entry: Entry):
     return owner, attribute, function
 
 
+def unresolved(entries: list[Entry]) -> list[Entry]:
+    """For ``check --config`` where vLLM is not installed: loaded entries say that their symbol was not resolved."""
+    for entry in entries:
+        if entry.status == LOADED:
+            entry.reason += " (not resolved: vLLM is not installed here)"
+    return entries
+
+
 def resolve_entries(entries: list[Entry]) -> list[Entry]:
     """For ``check --config``: import each loaded entry's module (never anything the file names
     besides it) and check the symbol exists and its expressions read only its parameters."""

@@ -690,7 +690,8 @@ def test_check_config_prints_each_entry_loaded_gated_or_rejected_and_fails_on_a_
     symbol = "vllm.v1.core.sched.scheduler:Scheduler.add_request"
     assert cli.main(["check", "--config", good]) == 0
     out = capsys.readouterr().out
-    hook_files = out[out.index("Hook files:\n") :].splitlines()
+    assert out.startswith("Hook files:\n")  # the verdicts first, then the target table
+    hook_files = out[: out.index("\n", out.index("entries: ")) + 1].splitlines()
     assert hook_files == [
         "Hook files:",
         f"  {good}:1  {symbol}  loaded: vllm_profiling_custom:calls",
@@ -699,13 +700,53 @@ def test_check_config_prints_each_entry_loaded_gated_or_rejected_and_fails_on_a_
     ]
     assert cli.main(["check", "--config", good, "--config", bad]) == 1
     out = capsys.readouterr().out
-    hook_files = out[out.index("Hook files:\n") :].splitlines()
+    hook_files = out[: out.index("\n", out.index("entries: ")) + 1].splitlines()
     assert hook_files[3:] == [
         f"  {bad}:1  {symbol}  rejected: metric 1 (custom:bad): expr: call of '__import__' not allowed (allowed: "
         "len, min, max, sum, abs, int, float, round) at column 16",
         f"  {bad}:2  {symbol}  rejected: cannot hook: ValueError: custom:x: expr 'requests.n' reads 'requests', not "
         f"a parameter of {symbol} (self, request)",
         "entries: 1 gated, 1 loaded, 2 rejected",
+    ]
+
+
+def test_check_config_without_vllm_checks_the_file_offline(tmp_path, capsys, monkeypatch):
+    """Where vLLM is not installed (a laptop, a config repository's CI), check --config checks each entry's
+    syntax, expressions and shape, resolves no symbol, skips the target table, and exits 0 for a clean file."""
+    import json
+
+    from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer
+
+    def never(*args):
+        raise AssertionError("nothing is imported or resolved without vLLM")
+
+    monkeypatch.setattr(installer, "vllm_distribution", lambda: None)
+    monkeypatch.setattr(installer, "vllm_version", lambda: None)
+    monkeypatch.setattr(userfile, "vllm_version", lambda: None)
+    monkeypatch.setattr(userfile, "resolve_entries", never)
+    monkeypatch.setattr(installer, "check", never)
+    good = write(tmp_path, CHECKED, "good.yaml")
+    bad = write(tmp_path, CHECKED_BAD, "bad.yaml")
+    symbol = "vllm.v1.core.sched.scheduler:Scheduler.add_request"
+    unresolved = "(not resolved: vLLM is not installed here)"
+    assert cli.main(["check", "--config", good]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "Hook files:",
+        f"  {good}:1  {symbol}  loaded: vllm_profiling_custom:calls {unresolved}",
+        f"  {good}:2  {symbol}  loaded: vllm_profiling_custom:old {unresolved}",  # no version to gate on
+        "entries: 2 loaded",
+        "vLLM is not installed here: each entry's syntax, expressions and shape are checked, not its symbol "
+        "(check resolves symbols where vLLM is installed; check --vllm VERSION checks the target table).",
+    ]
+    assert cli.main(["check", "--json", "--config", good, "--config", bad]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["vllm"] is None and report["ok"] is False
+    assert [(e["file"], e["entry"], e["status"]) for e in report["hook_files"]] == [
+        (good, 1, userfile.LOADED),
+        (good, 2, userfile.LOADED),
+        (bad, 1, userfile.REJECTED),  # its expression, checked offline
+        (bad, 2, userfile.LOADED),  # reads a name the symbol's signature would reject: only vLLM can tell
     ]
 
 
