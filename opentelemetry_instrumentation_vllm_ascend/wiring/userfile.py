@@ -118,6 +118,8 @@ class Entry:
     min_version: str | None = None
     max_version: str | None = None
     lock_patch: bool = False
+    #: Something in the entry is ignored that its author may rely on: its log line is a warning.
+    warning: bool = False
 
     @property
     def key(self) -> tuple:
@@ -323,8 +325,14 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
         raise _Rejected("an entry needs a non-empty metrics list (or a handler)")
     measures: list[Measure] = []
     mapped_names: list[str] = []
+    notes = ""
     local = dict(seen)
     for n, raw_metric in enumerate(metrics, 1):
+        if isinstance(raw_metric, dict) and "label" in raw_metric:
+            # ms-service-metric reads only 'labels' and ignores 'label' (its SGLang example writes it): so do we.
+            raw_metric = {k: v for k, v in raw_metric.items() if k != "label"}
+            notes += f"; metric {n}: 'label' ignored, as ms-service-metric ignores it (write 'labels:' for a label)"
+            entry.warning = True
         measure = _metric(raw_metric, n, local, defined)
         if any(m.metric == measure.metric for m in measures):
             raise _Rejected(f"metric {n}: {measure.metric} appears twice in this entry")
@@ -343,7 +351,7 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     spec = ",".join(
         s for s in (entry.min_version and f">={entry.min_version}", entry.max_version and f"<={entry.max_version}") if s
     )
-    ignored = "; lock_patch ignored (control gates every hook alike)" if lock else ""
+    ignored = ("; lock_patch ignored (control gates every hook alike)" if lock else "") + notes
     if raw.get("enabled", True) is False:
         entry.status, entry.reason = GATED, "enabled: false" + ignored
         return
@@ -418,7 +426,7 @@ def _short(exc) -> str:
 
 def _log(entry: Entry, log: bool) -> Entry:
     if log:
-        level = logging.WARNING if entry.status == REJECTED else logging.INFO
+        level = logging.WARNING if entry.status == REJECTED or entry.warning else logging.INFO
         logger.log(
             level,
             "opentelemetry-instrumentation-vllm-ascend: %s: %s %s: %s",

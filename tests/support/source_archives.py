@@ -32,6 +32,14 @@ INCUMBENT = ("ms-service-metric", "26.0.0")
 INCUMBENT_HOOK_FILES = ("default.yaml", "v1_metrics.yaml")
 
 
+def incumbent_sglang_file(directory: str) -> str:
+    """The incumbent's SGLang example hook file, copied out of its wheel into ``directory``: its path."""
+    target = os.path.join(directory, "sglang-default.yaml")
+    with zipfile.ZipFile(wheel(*INCUMBENT)) as archive, open(target, "wb") as f:
+        f.write(archive.read("ms_service_metric/adapters/sglang/config/default.yaml"))
+    return target
+
+
 def incumbent_hook_files(directory: str) -> list[str]:
     """The incumbent's own vLLM hook files, copied out of its wheel into ``directory``: their paths."""
     out = []

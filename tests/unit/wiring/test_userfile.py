@@ -20,7 +20,7 @@ from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from opentelemetry_instrumentation_vllm_ascend.wiring import installer, userfile
 from opentelemetry_instrumentation_vllm_ascend.wiring.expressions import ExpressionError, compile_expression
 from tests.support.fakes import handler_of, problems
-from tests.support.source_archives import incumbent_hook_files
+from tests.support.source_archives import incumbent_hook_files, incumbent_sglang_file
 
 P = catalogue.PREFIX
 V = Version("0.32.0")
@@ -267,6 +267,52 @@ def test_the_incumbents_files_load_with_every_entry_mapped_or_rejected_with_a_re
         assert entry.reason, entry.as_row()
     handlers = [e for e in entries if e.status == userfile.MAPPED and "handler" in e.reason]
     assert len(handlers) == 4 + 4  # every handler entry of both files names a mapped built-in handler
+
+
+@pytest.fixture(scope="module")
+def incumbent_sglang(tmp_path_factory):
+    try:
+        return incumbent_sglang_file(str(tmp_path_factory.mktemp("msm-sglang")))
+    except (LookupError, RuntimeError, OSError) as exc:  # offline
+        pytest.skip(f"cannot download the incumbent's wheel: {exc}")
+
+
+def test_the_incumbents_sglang_example_loads_its_label_key_ignored_as_the_incumbent_ignores_it(
+    incumbent_sglang, caplog
+):
+    """Its second entry writes ``label:`` (singular), which ms-service-metric never reads (it reads ``labels``):
+    the metric is recorded without that label, as there, and the entry's log line is a warning naming ``labels:``."""
+    with caplog.at_level("INFO", logger=userfile.__name__):
+        first, second = userfile.load([incumbent_sglang], V, None)
+    assert first.status == second.status == userfile.LOADED
+    assert second.symbol == "sglang.srt.managers.tp_worker:TpModelWorker.forward"
+    assert second.reason == (
+        "vllm_profiling_sglang_model_forward_duration; metric 1: 'label' ignored, as ms-service-metric ignores it "
+        "(write 'labels:' for a label)"
+    )
+    (measure,) = second.measures
+    assert measure.labels == () and measure.spec.labels == catalogue.STEP_LABELS
+    assert [r.levelname for r in caplog.records if "TpModelWorker" in r.getMessage()] == ["WARNING"]
+    assert [r.levelname for r in caplog.records if "event_loop" in r.getMessage()] == ["INFO"]
+
+
+def test_check_config_without_vllm_passes_the_incumbents_files_and_fails_one_bad_entry(
+    incumbent_files, incumbent_sglang, tmp_path, capsys, monkeypatch
+):
+    from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer
+
+    monkeypatch.setattr(installer, "vllm_distribution", lambda: None)
+    monkeypatch.setattr(installer, "vllm_version", lambda: None)
+    monkeypatch.setattr(userfile, "vllm_version", lambda: None)
+    files = [*incumbent_files, incumbent_sglang]
+    argv = ["check"] + [a for f in files for a in ("--config", f)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Hook files:\n") and "entries: 2 loaded, 22 mapped\n" in out
+    bad = write(tmp_path, CHECKED_BAD, "bad.yaml")
+    assert cli.main([*argv, "--config", bad]) == 1
+    assert "entries: 3 loaded, 22 mapped, 1 rejected\n" in capsys.readouterr().out
 
 
 # -- recording -----------------------------------------------------------------------------------------
