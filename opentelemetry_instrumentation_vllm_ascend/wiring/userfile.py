@@ -49,7 +49,7 @@ from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: t
     spec_of,
 )
 from .expressions import SPECIAL, ExpressionError, compile_expression
-from .versions import in_range, vllm_ascend_version, vllm_version
+from .versions import vllm_ascend_version, vllm_version
 
 logger = logging.getLogger(__name__)
 
@@ -304,6 +304,7 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     handler, metrics = raw.get("handler"), raw.get("metrics")
     if handler is not None and metrics:
         raise _Rejected("an entry has a handler or metrics, not both")
+    version = ascend if module.split(".")[0] == "vllm_ascend" else vllm
     if handler is not None:
         mapped = HANDLER_MAP.get(handler) if isinstance(handler, str) else None
         if mapped is None:
@@ -311,6 +312,9 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
                 f"handler {handler!r} is not one of ms-service-metric's built-in handlers this package maps "
                 "(nothing named in a file is imported or run)"
             )
+        if not _within(version, entry.min_version, entry.max_version):
+            entry.status, entry.reason = GATED, _outside(version, vllm, entry)
+            return
         entry.status = MAPPED
         entry.reason = f"handler {handler.rsplit(':', 1)[1]} -> built-in {mapped}" + (
             "; lock_patch ignored (control gates every hook alike)" if lock else ""
@@ -347,17 +351,12 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
         measures.append(measure)
     seen.update(local)
     entry.measures = tuple(measures)
-    version = ascend if module.split(".")[0] == "vllm_ascend" else vllm
-    spec = ",".join(
-        s for s in (entry.min_version and f">={entry.min_version}", entry.max_version and f"<={entry.max_version}") if s
-    )
     ignored = ("; lock_patch ignored (control gates every hook alike)" if lock else "") + notes
     if raw.get("enabled", True) is False:
         entry.status, entry.reason = GATED, "enabled: false" + ignored
         return
-    if spec and not in_range(version, spec):
-        which = "vllm-ascend" if version is ascend else "vLLM"
-        entry.status, entry.reason = GATED, f"{which} {version} is outside {spec}{ignored}"
+    if not _within(version, entry.min_version, entry.max_version):
+        entry.status, entry.reason = GATED, _outside(version, vllm, entry) + ignored
         return
     if not measures:
         entry.status = MAPPED
@@ -369,6 +368,30 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
         + (f" (built-in: {'; '.join(mapped_names)})" if mapped_names else "")
         + ignored
     )
+
+
+def _within(version, min_version: str | None, max_version: str | None) -> bool:
+    """Whether the installed ``version`` is within an entry's bounds, both inclusive (unknown: yes). A bound that is
+    a pre-release is compared with the installed pre-release itself (``max_version: 0.13.0rc1`` keeps 0.13.0rc1);
+    a final bound with the installed release (0.13.0rc1 counts as 0.13.0, as the target table counts it)."""
+    if version is None:
+        return True
+    for bound, below in ((min_version, False), (max_version, True)):
+        if bound is None:
+            continue
+        limit = Version(bound)
+        installed = Version(version.public if limit.is_prerelease else version.base_version)
+        if (installed > limit) if below else (installed < limit):
+            return False
+    return True
+
+
+def _outside(version, vllm, entry: Entry) -> str:
+    which = "vLLM" if version is vllm else "vllm-ascend"
+    spec = ",".join(
+        s for s in (entry.min_version and f">={entry.min_version}", entry.max_version and f"<={entry.max_version}") if s
+    )
+    return f"{which} {version} is outside {spec}"
 
 
 def paths_from_environment() -> list[str]:

@@ -250,6 +250,37 @@ def test_a_mapped_scope_handler_says_when_its_opt_in_histogram_is_off(tmp_path, 
     assert entry.status == userfile.MAPPED and "opt-in" not in entry.reason
 
 
+@pytest.mark.parametrize(
+    ("installed", "bounds", "status"),
+    [
+        ("0.13.0rc1", 'max_version: "0.13.0rc1"', "loaded"),  # a pre-release bound keeps that very version
+        ("0.13.0rc1", 'min_version: "0.13.0rc1"', "loaded"),
+        ("0.13.0rc2", 'max_version: "0.13.0rc1"', "gated"),
+        ("0.13.0", 'max_version: "0.13.0rc1"', "gated"),  # the final release comes after its candidates
+        ("0.13.0rc1", 'max_version: "0.12.9"', "gated"),
+        ("0.13.0rc1", 'min_version: "0.13.0"', "loaded"),  # a final bound: the candidate counts as its release
+        ("0.13.0", 'max_version: "0.13.0"', "loaded"),  # both bounds inclusive
+        ("0.13.0+cpu", 'min_version: "0.13.0"', "loaded"),
+    ],
+)
+def test_version_bounds_are_inclusive_and_a_pre_release_bound_keeps_its_pre_release(
+    tmp_path, installed, bounds, status
+):
+    text = f"- symbol: vllm.x:C.f\n  {bounds}\n  metrics: [{{name: t:calls, type: counter}}]\n"
+    (entry,) = userfile.load([write(tmp_path, text)], Version(installed), None)
+    assert entry.status == status, entry.reason
+
+
+def test_a_handler_entry_keeps_its_version_bounds(tmp_path):
+    text = (
+        "- symbol: vllm.v1.metrics.loggers:StatLoggerManager.record\n"
+        f"  handler: {userfile._MSM}meta_handlers:record_dp_rank\n"
+        '  max_version: "0.31.0"\n'
+    )
+    (entry,) = load(tmp_path, text)  # vLLM 0.32.0
+    assert (entry.status, entry.reason) == (userfile.GATED, "vLLM 0.32.0 is outside <=0.31.0")
+
+
 # -- the incumbent's own files (ms-service-metric 26.0.0, downloaded at test time) ------------------
 @pytest.fixture(scope="module")
 def incumbent_files(tmp_path_factory):
