@@ -1,33 +1,69 @@
-"""The expression language of hook files (``expr:`` and label expressions): a small, allow-listed
-subset of Python expressions, parsed and checked once, at load, into a code object that can only
-read values and call a fixed set of pure functions.
+"""The expression language of hook files (``expr:`` and label expressions): a small, allow-listed subset of Python
+expressions, parsed and checked once, at load, into a code object that can only read values and call a fixed set of
+pure functions.
 
-Allowed: the target's parameters by name, ``self``, ``result`` (what the call returned), ``duration``
-(seconds the call took); attribute access (never a dunder name, never frame/code introspection),
-subscripts and slices, literals (numbers, strings, bytes, True/False/None, tuples, lists), arithmetic
-(``+ - * / // %``, ``**`` with a small literal exponent), unary ``- + not ~``, comparisons (``in`` and
-``is`` included), ``and`` / ``or``, ``x if c else y``, and calls of ``len min max sum abs int float
-round`` with positional arguments. Anything else — other names or calls, lambdas, comprehensions,
-f-strings, walrus, keywords, ``*args``, shifts, a sequence literal multiplied — is rejected at load
-with its position. Bounded: at most ``MAX_LENGTH`` characters and ``MAX_DEPTH`` levels of nesting.
+Allowed: the target's parameters by name, ``self``, ``result`` (what the call returned; ``ret``, ms-service-metric's
+name for it, reads the same), ``duration`` (seconds the call took); attribute access (never a dunder name, never
+frame/code introspection), subscripts and slices, literals (numbers, strings, bytes, True/False/None, tuples,
+lists), arithmetic (``+ - * / // %``, ``**`` with a small literal exponent), unary ``- + not ~``, comparisons
+(``in`` and ``is`` included), ``and`` / ``or``, ``x if c else y``, and calls of ``len min max sum abs int float
+round`` and of the functions ms-service-metric's expressions allow (``str pow sqrt log exp sin cos tan ceil floor``,
+also as ``math.sqrt(…)``; ``pow``'s exponent bounded as ``**``'s), with positional and keyword arguments (``ndigits
+base default mod exp encoding errors``; never ``key``, which would call what it names). Anything else — other names
+or calls, lambdas, comprehensions, f-strings, walrus, ``*args`` / ``**kwargs``, shifts, a sequence literal
+multiplied — is rejected at load with its position. Bounded: at most ``MAX_LENGTH`` characters and ``MAX_DEPTH``
+levels of nesting.
 
-Safety rests on what can be written, not on sandboxing eval: the code object is built from a tree
-in which every node passed the allow-list, and evaluated with no builtins; the only callables it can
-reach are the functions below. Attribute access and subscripts do run the objects' own code
-(properties, ``__getitem__``) — vLLM's code, as the hooked function itself does."""
+Safety rests on what can be written, not on sandboxing eval: the code object is built from a tree in which every
+node passed the allow-list, and evaluated with no builtins; the only callables it can reach are the functions below.
+Attribute access and subscripts do run the objects' own code (properties, ``__getitem__``) — vLLM's code, as the
+hooked function itself does."""
 
 from __future__ import annotations
 
 import ast
+import math
 
 MAX_LENGTH = 1000
 MAX_DEPTH = 24
 #: Largest literal exponent of ``**`` (and largest magnitude of its base literal: none).
 MAX_EXPONENT = 64
-#: The functions an expression may call.
-FUNCTIONS = {"len": len, "min": min, "max": max, "sum": sum, "abs": abs, "int": int, "float": float, "round": round}
+
+
+def _pow(base, exp, mod=None):
+    """``pow`` with ``**``'s bound on the exponent (a three-argument pow is cheap whatever its exponent)."""
+    if mod is None and abs(exp) > MAX_EXPONENT:
+        raise ValueError(f"pow: exponent above {MAX_EXPONENT}")
+    return pow(base, exp, mod)
+
+
+#: The functions an expression may call: ours, then those ms-service-metric's expressions allow besides.
+FUNCTIONS = {
+    "len": len,
+    "min": min,
+    "max": max,
+    "sum": sum,
+    "abs": abs,
+    "int": int,
+    "float": float,
+    "round": round,
+    "str": str,
+    "pow": _pow,
+    "sqrt": math.sqrt,
+    "log": math.log,
+    "exp": math.exp,
+    "sin": math.sin,
+    "cos": math.cos,
+    "tan": math.tan,
+    "ceil": math.ceil,
+    "floor": math.floor,
+}
+#: Keyword arguments a call may pass (``key`` never: min/max would call the object it names).
+KEYWORDS = frozenset({"ndigits", "base", "default", "mod", "exp", "encoding", "errors"})
 #: Names every hook's expressions can read besides its parameters.
 SPECIAL = ("self", "result", "duration")
+#: ms-service-metric's name of the result: an expression that reads it reads ``result``.
+RESULT_ALIAS = "ret"
 #: Attribute names refused besides dunders: the ways from an object to frames, code and globals.
 FORBIDDEN_ATTRIBUTES = frozenset(
     {
@@ -111,9 +147,32 @@ def compile_expression(source, parameters=()) -> Expression:
         raise ExpressionError(f"not an expression at column {column}: {getattr(exc, 'msg', exc)}") from None
     allowed = None if parameters is None else set(parameters) | set(SPECIAL)
     names: list[str] = []
+    tree = _IncumbentForms().visit(tree)
     _check(tree.body, allowed, names, 1)
-    code = compile(tree, "<hook expression>", "eval")
+    code = compile(ast.fix_missing_locations(tree), "<hook expression>", "eval")
     return Expression(source, tuple(dict.fromkeys(names)), code)
+
+
+class _IncumbentForms(ast.NodeTransformer):
+    """ms-service-metric's spellings, made ours before the check: ``ret`` is ``result``, ``math.f(…)`` is ``f(…)``
+    for an allowed ``f`` (its evaluator calls a method by its attribute name alone)."""
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        if node.id == RESULT_ALIAS:
+            return ast.copy_location(ast.Name("result", node.ctx), node)
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "math"
+            and func.attr in FUNCTIONS
+        ):
+            node.func = ast.copy_location(ast.Name(func.attr, ast.Load()), func)
+        return node
 
 
 def _too_deep(source: str) -> int | None:
@@ -214,8 +273,12 @@ def _check(node, allowed, names: list, depth: int) -> None:
         if not (isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS):
             what = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
             _fail(node, f"call of {what!r} not allowed (allowed: {', '.join(FUNCTIONS)})")
-        if node.keywords:
-            _fail(node, "keyword arguments not allowed")
+        for keyword in node.keywords:
+            if keyword.arg is None:
+                _fail(keyword.value, "**arguments not allowed")
+            if keyword.arg not in KEYWORDS:
+                _fail(keyword.value, f"keyword {keyword.arg!r} not allowed (allowed: {', '.join(sorted(KEYWORDS))})")
+            _check(keyword.value, allowed, names, below)
         for argument in node.args:
             if isinstance(argument, ast.Starred):
                 _fail(argument, "starred arguments not allowed")

@@ -19,6 +19,7 @@ from opentelemetry_instrumentation_vllm_ascend.recording import control
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from opentelemetry_instrumentation_vllm_ascend.wiring import installer, userfile
 from opentelemetry_instrumentation_vllm_ascend.wiring.expressions import ExpressionError, compile_expression
+from tests.support import source_archives
 from tests.support.fakes import handler_of, problems
 from tests.support.source_archives import incumbent_hook_files, incumbent_sglang_file
 
@@ -108,6 +109,15 @@ HOSTILE = [
     "x" * 1001,
     "a if b else",
     "request[1:2:3].mro()",
+    # What the incumbent's functions and keyword arguments could open: still no callable reaches a call.
+    "max(request.ids, key=request.clear)",
+    "min(request.ids, key=len)",
+    "str(request, **request.kw)",
+    "math.system('x')",
+    "os.path.join('a')",
+    "math.sqrt.__self__",
+    "sqrt",
+    "pow(2, 10 ** 10 ** 2)",
 ]
 
 
@@ -115,6 +125,62 @@ HOSTILE = [
 def test_hostile_expressions_are_rejected_at_load(source):
     with pytest.raises(ExpressionError):
         compile_expression(source, None)
+
+
+#: (expression, the call's result, duration): what ms-service-metric's own evaluator reads as ``ret`` and ``duration``.
+INCUMBENT_FORMS = [
+    ("ret * 2", 21, 0.5),
+    ("sqrt(ret)", 16, 0.5),
+    ("math.sqrt(ret) + 1", 16, 0.5),
+    ("ceil(duration * 1000)", None, 0.0123),
+    ("floor(ret / 3)", 10, 0.5),
+    ("pow(ret, 2)", 7, 0.5),
+    ("pow(ret, 2, 5)", 7, 0.5),
+    ("log(ret)", 100, 0.5),
+    ("math.log(ret, 10)", 1000, 0.5),
+    ("exp(duration)", None, 0.25),
+    ("sin(ret) + cos(ret) + tan(ret)", 1, 0.5),
+    ("round(ret, ndigits=2)", 3.14159, 0.5),
+    ("int(ret, base=16)", "ff", 0.5),
+    ("max(ret, default=0)", [], 0.5),
+    ("len(ret) + 1", [1, 2, 3], 0.5),
+    ("str(ret)", 5, 0.5),
+    ("ret.n * 2", types.SimpleNamespace(n=3), 0.5),
+    ("ret['k'] - 1", {"k": 4}, 0.5),
+    ("ret ** 2 - ret // 2 + -ret % 7", 9, 0.5),
+    ("abs(min(ret, 2)) / float(4)", -3, 0.5),
+]
+
+
+@pytest.fixture(scope="module")
+def incumbent_evaluator():
+    """ms-service-metric 26.0.0's own expression evaluator (``ExprEval``), from its wheel."""
+    import importlib
+
+    try:
+        path = source_archives.wheel(*source_archives.INCUMBENT)
+    except (LookupError, RuntimeError, OSError) as exc:  # offline
+        pytest.skip(f"cannot download the incumbent's wheel: {exc}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(path)  # its wheel as a zip import
+        try:
+            yield importlib.import_module("ms_service_metric.utils.expr_eval").ExprEval
+        finally:
+            for name in [n for n in sys.modules if n.split(".")[0] == "ms_service_metric"]:
+                del sys.modules[name]
+
+
+@pytest.mark.parametrize(("source", "ret", "duration"), INCUMBENT_FORMS)
+def test_an_expression_the_incumbent_accepts_gives_the_incumbents_value(incumbent_evaluator, source, ret, duration):
+    theirs = incumbent_evaluator(source)({"ret": ret, "duration": duration})
+    ours = compile_expression(source, None).evaluate({"result": ret, "duration": duration})
+    assert ours == theirs and type(ours) is type(theirs)
+
+
+def test_ret_reads_the_result_and_pow_keeps_the_exponent_bound():
+    assert compile_expression("ret + 1", ()).names == ("result",)
+    with pytest.raises(ValueError, match="exponent above 64"):
+        compile_expression("pow(2, result)", ()).evaluate({"result": 10**6})
 
 
 # -- malformed files and entries: one log line each, nothing executed ----------------------------------
@@ -780,7 +846,7 @@ def test_check_config_prints_each_entry_loaded_gated_or_rejected_and_fails_on_a_
     hook_files = out[: out.index("\n", out.index("entries: ")) + 1].splitlines()
     assert hook_files[3:] == [
         f"  {bad}:1  {symbol}  rejected: metric 1 (custom:bad): expr: call of '__import__' not allowed (allowed: "
-        "len, min, max, sum, abs, int, float, round) at column 16",
+        "len, min, max, sum, abs, int, float, round, str, pow, sqrt, log, exp, sin, cos, tan, ceil, floor) at column 16",
         f"  {bad}:2  {symbol}  rejected: cannot hook: ValueError: custom:x: expr 'requests.n' reads 'requests', not "
         f"a parameter of {symbol} (self, request)",
         "entries: 1 gated, 1 loaded, 2 rejected",
