@@ -210,7 +210,7 @@ def _metric(raw, n: int, seen: dict, defined: dict) -> Measure:
         value = compile_expression(raw["expr"], None) if raw.get("expr") not in (None, "") else None
     except ExpressionError as exc:
         raise _Rejected(f"metric {n} ({name}): expr: {exc}") from None
-    if kind == GAUGE and value is None:
+    if kind == GAUGE and value is None and seed not in catalogue.BY_SEED:  # a built-in one is mapped, expr or not
         raise _Rejected(f"metric {n} ({name}): a gauge needs expr")
     buckets = None
     if kind in (TIMER, HISTOGRAM):

@@ -337,6 +337,21 @@ def test_version_bounds_are_inclusive_and_a_pre_release_bound_keeps_its_pre_rele
     assert entry.status == status, entry.reason
 
 
+def test_a_built_in_gauge_without_expr_is_mapped_not_rejected(tmp_path):
+    """The incumbent's files name built-in gauges (``engine:memory:*``) without ``expr``: the built-in lookup comes
+    before the rule that a file's own gauge needs one."""
+    text = (
+        "- symbol: vllm.v1.worker.gpu_worker:Worker.determine_available_memory\n"
+        "  metrics: [{name: engine:memory:kvcache_gb, type: gauge}, {name: custom:free, type: gauge}]\n"
+    )
+    (entry,) = load(tmp_path, text)
+    assert entry.status == userfile.REJECTED and entry.reason == "metric 2 (custom:free): a gauge needs expr"
+    (entry,) = load(tmp_path, text.replace(", {name: custom:free, type: gauge}", ""))
+    assert entry.status == userfile.MAPPED and entry.reason.startswith(
+        "built-in metric recorded: engine:memory:kvcache_gb"
+    )
+
+
 def test_a_handler_entry_keeps_its_version_bounds(tmp_path):
     text = (
         "- symbol: vllm.v1.metrics.loggers:StatLoggerManager.record\n"
