@@ -52,6 +52,10 @@ TREE = "_OTEL_VLLM_ASCEND_TREE"
 #: Users' hook files: comma-separated paths of YAML files in ms-service-metric's entry shape
 #: (wiring/userfile.py, docs/configuration.md "Hook files").
 CONFIG = "OTEL_VLLM_ASCEND_CONFIG"
+#: Module roots, besides vLLM's, vllm-ascend's and SGLang's, that hook files may name (comma-separated).
+CONFIG_MODULES = "OTEL_VLLM_ASCEND_CONFIG_MODULES"
+#: The module roots hook files name without it.
+HOOK_MODULE_ROOTS = ("vllm", "vllm_ascend", "sglang")
 #: ``off``: a server starts with recording off (``python -m opentelemetry_instrumentation_vllm_ascend
 #: control on`` turns it on); ``on`` (default).
 INITIAL_STATE = "OTEL_VLLM_ASCEND_INITIAL_STATE"
@@ -180,6 +184,12 @@ def metrics_files_dir() -> str | None:
     """Where this process writes its metric files for ``/metrics``: PROMETHEUS_MULTIPROC_DIR when set
     (vLLM's own registry then merges them), else the directory the first instrumented process made."""
     return os.environ.get(PROMETHEUS_MULTIPROC_DIR) or os.environ.get(FILES_DIR) or None
+
+
+def hook_module_roots() -> tuple[str, ...]:
+    """The top-level modules whose code hook files may hook: vLLM's, vllm-ascend's, SGLang's, and those
+    OTEL_VLLM_ASCEND_CONFIG_MODULES names."""
+    return HOOK_MODULE_ROOTS + tuple(n for n in _comma_list(CONFIG_MODULES) if n not in HOOK_MODULE_ROOTS)
 
 
 def otlp_exporter_names() -> list[str]:

@@ -286,6 +286,12 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
         raise _Rejected(f"symbol {symbol!r} is not 'module:Class.method' or 'module:function'")
     if any(p.startswith("__") and p not in _DUNDER_OK for p in (*module.split("."), *qualname.split("."))):
         raise _Rejected(f"symbol {symbol!r}: dunder names other than __init__ / __call__ are not hooked")
+    roots = environment.hook_module_roots()
+    if module.split(".")[0] not in roots:
+        raise _Rejected(
+            f"symbol {symbol!r}: hook files hook the code of {', '.join(roots)} only (name another module root "
+            f"in {environment.CONFIG_MODULES})"
+        )
     if raw.get("type", "wrap") != "wrap":
         raise _Rejected(f"type {raw.get('type')!r}: only the incumbent's default 'wrap' is supported")
     if raw.get("need_locals") not in (None, False):

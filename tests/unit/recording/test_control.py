@@ -323,6 +323,7 @@ def hooked_module(host, monkeypatch):
     hook_file = host / "hooks.yaml"
     hook_file.write_text(f"- symbol: {TARGET_MODULE}:C.add_request\n  metrics: [{{name: t:ctl, type: counter}}]\n")
     monkeypatch.setenv(userfile.OTEL_CONFIG_NAME, str(hook_file))
+    monkeypatch.setenv(environment.CONFIG_MODULES, TARGET_MODULE)
     yield C
     catalogue.EXTRA.pop("t:ctl", None)
 

@@ -11,7 +11,7 @@ import types
 import pytest
 from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue
+from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
 from opentelemetry_instrumentation_vllm_ascend.hooks.handler import Hook
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC_TIMER
@@ -25,6 +25,13 @@ from tests.support.source_archives import incumbent_hook_files, incumbent_sglang
 
 P = catalogue.PREFIX
 V = Version("0.32.0")
+#: The stand-in modules these tests hook, besides vLLM's.
+TEST_MODULES = "m,fake_target_module,otel_userfile_reload_target"
+
+
+@pytest.fixture(autouse=True)
+def _test_modules(monkeypatch):
+    monkeypatch.setenv(environment.CONFIG_MODULES, TEST_MODULES)
 
 
 def write(tmp_path, text, name="hooks.yaml"):
@@ -335,6 +342,25 @@ def test_version_bounds_are_inclusive_and_a_pre_release_bound_keeps_its_pre_rele
     text = f"- symbol: vllm.x:C.f\n  {bounds}\n  metrics: [{{name: t:calls, type: counter}}]\n"
     (entry,) = userfile.load([write(tmp_path, text)], Version(installed), None)
     assert entry.status == status, entry.reason
+
+
+@pytest.mark.parametrize("symbol", ["os:system", "subprocess:run", "builtins:eval", "mm:C.f", "vllmx.y:f"])
+def test_a_symbol_outside_vllm_vllm_ascend_and_sglang_is_rejected(tmp_path, symbol):
+    (entry,) = load(tmp_path, f"- symbol: {symbol}\n  metrics: [{{name: t:calls, type: counter}}]\n")
+    assert entry.status == userfile.REJECTED
+    assert entry.reason == (
+        f"symbol {symbol!r}: hook files hook the code of vllm, vllm_ascend, sglang, m, fake_target_module, "
+        "otel_userfile_reload_target only (name another module root in OTEL_VLLM_ASCEND_CONFIG_MODULES)"
+    )
+
+
+def test_named_module_roots_are_hooked_too(tmp_path, monkeypatch):
+    text = "- symbol: {}:C.f\n  metrics: [{{name: t:calls, type: counter}}]\n"
+    monkeypatch.delenv(environment.CONFIG_MODULES)
+    statuses = [load(tmp_path, text.format(m))[0].status for m in ("vllm.x", "vllm_ascend.x", "sglang.x", "mine.x")]
+    assert statuses == [userfile.LOADED, userfile.LOADED, userfile.LOADED, userfile.REJECTED]
+    monkeypatch.setenv(environment.CONFIG_MODULES, " mine , other")
+    assert load(tmp_path, text.format("mine.x"))[0].status == userfile.LOADED
 
 
 def test_a_built_in_gauge_without_expr_is_mapped_not_rejected(tmp_path):
