@@ -1,6 +1,7 @@
-"""Installs the target table's wrappers: now for modules already imported, otherwise the moment a
-module finishes importing (a post-import hook; nothing imports vLLM early). Version-gated rows are
-skipped; a missing symbol is one clear log line, never an exception."""
+"""Installs the target table's rows and the rows users' hook files compile to: now for modules already
+imported, otherwise the moment a module finishes importing (a post-import hook; nothing imports vLLM early).
+Version-gated rows are skipped; a missing symbol is one clear log line (a rejected entry, for a hook file),
+never an exception."""
 
 from __future__ import annotations
 
@@ -282,9 +283,7 @@ class Installer:
             wanted = {e.key: e for e in entries if e.status == userfile.LOADED}
             for key in list(self.file_patches):
                 if key not in wanted:
-                    patch = self.file_patches.pop(key)
-                    control.unregister(patch.hook)
-                    patch.remove()
+                    _unpatch(self.file_patches.pop(key))
             self.file_pending &= set(wanted)
             for entry in wanted.values():
                 for measure in entry.measures:
@@ -303,8 +302,7 @@ class Installer:
         """Turn off every hook-file hook (the table's stay)."""
         with self._lock:
             for patch in reversed(list(self.file_patches.values())):
-                control.unregister(patch.hook)
-                patch.remove()
+                _unpatch(patch)
             self.file_patches.clear()
             self.file_pending.clear()
 
@@ -446,11 +444,16 @@ class Installer:
         with self._lock:
             self.active = False
             for patch in reversed(self.patches):
-                hook = getattr(patch, "hook", None)
-                if hook is not None:
-                    control.unregister(hook)
-                patch.remove()
+                _unpatch(patch)
             self.patches.clear()
             for symbol, state in self.status.items():
                 if state in (RESOLVED, PENDING):
                     self.status[symbol] = PENDING
+
+
+def _unpatch(patch) -> None:
+    """Take one installed patch off, its hook out of runtime control first (a future class's patches have none)."""
+    hook = getattr(patch, "hook", None)
+    if hook is not None:
+        control.unregister(hook)
+    patch.remove()

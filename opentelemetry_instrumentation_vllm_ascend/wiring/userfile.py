@@ -44,9 +44,7 @@ from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: t
     TIMER,
     Measure,
     argument_names,
-    build_handler,
     expressions_of,
-    spec_of,
 )
 from .expressions import SPECIAL, ExpressionError, compile_expression
 from .versions import vllm_ascend_version, vllm_version
@@ -152,7 +150,6 @@ class Entry:
 
 def _builtin_feeds() -> dict[str, set[str]]:
     """Catalogue seed -> the symbols whose built-in hooks feed it."""
-
     out: dict[str, set[str]] = {}
     for target in TARGETS:
         for seed in target.feeds:
@@ -426,7 +423,7 @@ def load(paths, vllm=None, ascend=None, *, log: bool = True, defined=None) -> li
                 raise ValueError(f"larger than {MAX_FILE_BYTES} bytes")
             items = yaml.safe_load(data)  # safe_load: plain data only, no tags that build objects
         except Exception as exc:
-            entries.append(_log(Entry(path, 0, reason=f"cannot read: {type(exc).__name__}: {_short(exc)}"), log))
+            entries.append(_log(Entry(path, 0, reason=f"cannot read: {type(exc).__name__}: {short(exc)}"), log))
             continue
         if items is None:
             items = []
@@ -448,7 +445,8 @@ def load(paths, vllm=None, ascend=None, *, log: bool = True, defined=None) -> li
     return entries
 
 
-def _short(exc) -> str:
+def short(exc) -> str:
+    """An exception's text on one line, at most 200 characters (what an entry's reason quotes)."""
     text = " ".join(str(exc).split())
     return text if len(text) <= 200 else text[:200] + "…"
 
@@ -560,13 +558,8 @@ def resolve_entries(entries: list[Entry]) -> list[Entry]:
                 raise TypeError("static and class methods are not hooked")
             row_of(entry, function)
         except Exception as exc:
-            entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {_short(exc)}"
+            entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {short(exc)}"
     return entries
-
-
-def short(exc) -> str:
-    """An exception's text on one line, at most 200 characters (what an entry's reason quotes)."""
-    return _short(exc)
 
 
 def reject(entry: Entry, reason: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,9 +28,14 @@ PACKAGE = "opentelemetry_instrumentation_vllm_ascend"
 def installed(tmp_path_factory):
     """(the built wheel, the fresh environment's python) once per module."""
     base = tmp_path_factory.mktemp("install")
+    # What the sdist holds, copied: setuptools builds in the source tree (build/, *.egg-info), never the checkout's.
+    source = base / "source"
+    shutil.copytree(ROOT / PACKAGE, source / PACKAGE, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
     wheels = base / "wheels"
     build = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
-    subprocess.run([*build, "-w", str(wheels), str(ROOT)], check=True, cwd=base, timeout=300)
+    subprocess.run([*build, "-w", str(wheels), str(source)], check=True, cwd=base, timeout=300)
     (wheel,) = wheels.glob(f"{PACKAGE}-{__version__}-*.whl")
     environment = base / "venv"
     venv.EnvBuilder(with_pip=False).create(environment)
