@@ -179,7 +179,7 @@ def test_the_incumbents_dashboard_queries_return_series_with_the_migration_profi
     _, prom = stack
     fed = [(title, expr) for title, expr, why in incumbent_dashboard.QUERIES if why is None]
     unfed = [(title, expr) for title, expr, why in incumbent_dashboard.QUERIES if why is not None]
-    assert len(fed) == 22 and len(unfed) == 4
+    assert len(fed) == 21 and len(unfed) == 5
     # Retries: an instant query at the moment of a failed scrape finds nothing (see last()).
     empty = [(t, e) for t, e in fed if not wait_for(lambda e=e: prom.query(match_all(e)), 2)]
     assert not empty, f"{len(empty)} of {len(fed)} queries of the incumbent's dashboard with no series: {empty}"

@@ -15,6 +15,11 @@ ASCEND_SCOPE = "vllm-ascend's scope name 'prepare input': NPU only"
 #: "mtp_forward" also need speculative decoding (MTP). Empty on a CPU run (and on current vllm-ascend).
 NO_SUCH_SCOPE = "a scope name no current vLLM / vllm-ascend writes (speculative decoding for Draft / mtp_forward)"
 
+#: Async scheduling only: the async model runner output's get_output (docs/metrics.md "By execution path"), which
+#: vLLM's CPU build does not run (its CPU runner returns its output from sample_tokens). Fed on NPU with async
+#: scheduling (vllm-ascend's runner reuses AsyncGPUModelRunnerOutput).
+ASYNC_ONLY = "async scheduling only (AsyncGPUModelRunnerOutput.get_output): not on vLLM's CPU build"
+
 QUERIES = (
     (
         "Second Token Latency",
@@ -39,7 +44,7 @@ QUERIES = (
     (
         "Async CPU时间拆解",
         'rate(vllm_profiling_worker:model_runner_get_output:duration_sum{instance=~"$instance", role=~"$role"}[$__rate_interval]) / rate(vllm_profiling_worker:model_runner_get_output:duration_count{instance=~"$instance", role=~"$role"}[$__rate_interval])',
-        None,
+        ASYNC_ONLY,
     ),
     (
         "Async CPU时间拆解",
