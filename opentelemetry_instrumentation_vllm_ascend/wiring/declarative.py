@@ -97,7 +97,8 @@ def _incumbent_reader(value: Expression, counter: bool):
     """ms-service-metric's value rules (handlers/builtin.py ``_record_metrics_common``, metrics/metrics_manager.py
     ``record_metric``, ms-service-metric 26.0.0 and master): an expression that raises records 1 (here it also
     counts in hook_errors: ``common.RecordOne``); a counter adds its value when > 0, else 1 (NaN included). A
-    value that is not a number is skipped, as there (prometheus_client refuses it)."""
+    value that is not a number is skipped, as there (prometheus_client refuses it); so is a histogram's or gauge's
+    NaN, which there would be written."""
 
     def evaluate(args, values, result, seconds, _evaluate=value.evaluate, _counter=counter):
         try:
