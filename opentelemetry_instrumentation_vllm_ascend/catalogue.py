@@ -137,6 +137,27 @@ OPT_IN = MappingProxyType(
     }
 )
 
+#: Named sets of opt-in families OTEL_VLLM_ASCEND_ENABLED_METRICS accepts besides names and patterns.
+#: ``ms-service-metric``: the migration profile — the opt-in families ms-service-metric records by default, so its
+#: Grafana dashboard and files keep their series: its dashboard (ms_service_metric/example/
+#: MsServiceMetric-grafana-Dashboard.json) queries ``batch_size``, ``waiting_batch_size`` and
+#: ``record_function_or_nullcontext``; its handlers record ``total_tokens`` (meta_handlers ``record``) and
+#: ``scheduler:running_queue_size`` (``scheduler_scheduler_hooker``); its v1_metrics.yaml names
+#: ``engine_core:process_engine_step:duration`` and ``async_llm:record_stats:duration``.
+PROFILES = MappingProxyType(
+    {
+        "ms-service-metric": (
+            "record_function_or_nullcontext",
+            "batch_size",
+            "waiting_batch_size",
+            "total_tokens",
+            "scheduler:running_queue_size",
+            "engine_core:process_engine_step:duration",
+            "async_llm:record_stats:duration",
+        ),
+    }
+)
+
 #: The series budget of the default set (docs/performance.md "Series budget"): our series (``vllm_profiling_*``) on
 #: one engine's /metrics at TP=1, the worker's included; of those, recorded by one worker (each TP/PP worker adds as
 #: many); the time the default set may add to one scrape of a single-engine server. The bench prints all three;

@@ -36,6 +36,12 @@ DISABLED_METRICS = "OTEL_VLLM_ASCEND_DISABLED_METRICS"
 #: series budget's: ``record_function_or_nullcontext``, duplicates of default ones) to record; ``*``: all of them.
 #: Unnamed opt-in metrics are off as if listed in OTEL_VLLM_ASCEND_DISABLED_METRICS (which still wins).
 ENABLED_METRICS = "OTEL_VLLM_ASCEND_ENABLED_METRICS"
+#: How a hook file's metrics record where ms-service-metric records differently (docs/configuration.md "Recording
+#: semantics"): ``default`` (ours: a failing expression skips its sample, a histogram without ``expr`` records the
+#: duration) or ``ms-service-metric`` (the incumbent's: 1 there, a counter's increment <= 0 adds 1, a timer's
+#: ``expr`` unused, a gauge without ``expr`` sets 1).
+HOOK_SEMANTICS = "OTEL_VLLM_ASCEND_HOOK_SEMANTICS"
+DEFAULT_SEMANTICS, INCUMBENT_SEMANTICS = "default", "ms-service-metric"
 #: Comma-separated names or shell-style patterns of vLLM profiling scopes
 #: (``record_function_or_nullcontext(name)``) not to time: such a scope runs exactly as without us.
 #: For the hot ones, e.g. the scheduler's per-request "schedule: allocate_slots".
@@ -227,8 +233,40 @@ def opt_in_off(seed: str) -> bool:
     """Whether ``seed`` is an opt-in metric OTEL_VLLM_ASCEND_ENABLED_METRICS does not name (off by default)."""
     from .catalogue import OPT_IN
 
-    enabled = _comma_list(ENABLED_METRICS)
+    enabled = enabled_metric_patterns()
     return seed in OPT_IN and not (enabled and metric_disabled(seed, enabled))
+
+
+def enabled_metric_patterns() -> tuple[str, ...]:
+    """OTEL_VLLM_ASCEND_ENABLED_METRICS's names and patterns, a profile name (``catalogue.PROFILES``: ``ms-service-
+    metric``, any case) replaced by the families it names."""
+    from .catalogue import PROFILES
+
+    out: list[str] = []
+    for item in _comma_list(ENABLED_METRICS):
+        out.extend(PROFILES.get(item.lower(), (item,)))
+    return tuple(out)
+
+
+def hook_semantics() -> str:
+    """OTEL_VLLM_ASCEND_HOOK_SEMANTICS: ``default`` or ``ms-service-metric`` (any case); unset or anything else:
+    ``default`` (anything else with one warning)."""
+    raw = os.environ.get(HOOK_SEMANTICS)
+    if raw is None:
+        return DEFAULT_SEMANTICS
+    value = raw.strip().lower()
+    if value in (DEFAULT_SEMANTICS, INCUMBENT_SEMANTICS):
+        return value
+    warn_once(
+        (HOOK_SEMANTICS, raw),
+        "opentelemetry-instrumentation-vllm-ascend: %s=%r is neither %s nor %s; using %s",
+        HOOK_SEMANTICS,
+        raw,
+        DEFAULT_SEMANTICS,
+        INCUMBENT_SEMANTICS,
+        DEFAULT_SEMANTICS,
+    )
+    return DEFAULT_SEMANTICS
 
 
 def disabled_scope_patterns() -> tuple[str, ...]:

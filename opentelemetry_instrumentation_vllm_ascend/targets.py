@@ -61,7 +61,10 @@ class Measure:
     and non-numbers skip the sample and count in ``HOOK_ERRORS``. ``phase``: how the phase label is
     chosen (``MEASURE_PHASES``). ``labels``: ``((name, Expression), …)``, labels after dp, role,
     phase (at most ``MAX_LABEL_VALUES`` values each). ``spec``: the metric's definition when it is not
-    the catalogue's (a hook file's own metric)."""
+    the catalogue's (a hook file's own metric). ``incumbent``: values as ms-service-metric records them
+    (OTEL_VLLM_ASCEND_HOOK_SEMANTICS=ms-service-metric, hook files only): 1 where the expression raises (the
+    failure still counts in ``HOOK_ERRORS``) and for a histogram or gauge without a value, a counter's
+    increment <= 0 is 1."""
 
     metric: str
     kind: str
@@ -69,6 +72,7 @@ class Measure:
     phase: str = PHASE_ALL
     labels: tuple[tuple[str, Any], ...] = ()  # (name, Expression)
     spec: c.MetricSpec | None = None
+    incumbent: bool = False
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,11 @@ OTHER = "other"
 HOOK_ERRORS = catalogue.HOOK_ERRORS
 
 
+class RecordOne(Exception):
+    """A measure's expression raised where ms-service-metric's rules apply (``targets.Measure.incumbent``): the
+    handler records 1 for that sample, as ms-service-metric does, and counts the failure in ``HOOK_ERRORS``."""
+
+
 def duration(args, values, result, seconds):
     """The reader of a plain timer: the call's duration."""
     return seconds
@@ -97,8 +102,8 @@ class MeasuresHandler(Handler):
     after each call that returned, every measure's value into its metric, labelled dp / role, phase
     ``all`` or the step's, and the measure's own label expressions. Timer wrapper kinds call
     ``timed``; sync / coroutine kinds ``after`` (no duration then). A measure computed by an expression
-    that fails (or gives no number) skips that sample and counts it in hook_errors; the call and the
-    other measures are unaffected."""
+    that fails (or gives no number) skips that sample (records 1 where it raised under ms-service-metric's
+    rules: ``RecordOne``) and counts it in hook_errors; the call and the other measures are unaffected."""
 
     def __init__(self, measures: tuple, reads_args: int | None, arguments=None, hook: str = "") -> None:
         self.measures: tuple[Measured, ...] = measures
@@ -137,9 +142,14 @@ class MeasuresHandler(Handler):
                     recording.set_gauge(spec, value, row)
                 else:
                     recording.record(spec, value, row)
-            except Exception:
+            except Exception as exc:
                 if not counted:
                     raise
+                if type(exc) is RecordOne:
+                    try:
+                        _put(kind, spec, 1, row)
+                    except Exception:
+                        pass
                 try:
                     ctx = context.PROCESS
                     recording.add(HOOK_ERRORS, 1, (ctx.process, ctx.dp, ctx.role, self.hook, spec.seed))
@@ -159,6 +169,15 @@ class MeasuresHandler(Handler):
                 return OTHER
             seen.add(text)
         return text
+
+
+def _put(kind: str, spec, value, row) -> None:
+    if kind == "counter":
+        recording.add(spec, value, row)
+    elif kind == "gauge":
+        recording.set_gauge(spec, value, row)
+    else:
+        recording.record(spec, value, row)
 
 
 class StreamMeasuresHandler(MeasuresHandler):

@@ -64,9 +64,11 @@ def value_reader(measure: Measure, names: tuple[str, ...]):
     if value is None:
         if measure.kind == TIMER:
             return duration
-        if measure.kind == COUNTER:
-            return _one
+        if measure.kind == COUNTER or measure.incumbent:
+            return _one  # ms-service-metric records 1 for a metric without expr (handlers/builtin.py)
         raise ValueError(f"{measure.metric}: a {measure.kind} measure needs a value")
+    if isinstance(value, Expression) and measure.incumbent:
+        return _incumbent_reader(value, measure.kind == COUNTER)
     if isinstance(value, Expression):
         counter = measure.kind == COUNTER
 
@@ -89,6 +91,28 @@ def value_reader(measure: Measure, names: tuple[str, ...]):
 
 def _one(args, values, result, seconds):
     return 1
+
+
+def _incumbent_reader(value: Expression, counter: bool):
+    """ms-service-metric's value rules (handlers/builtin.py ``_record_metrics_common``, metrics/metrics_manager.py
+    ``record_metric``, ms-service-metric 26.0.0 and master): an expression that raises records 1 (here it also
+    counts in hook_errors: ``common.RecordOne``); a counter adds its value when > 0, else 1 (NaN included). A
+    value that is not a number is skipped, as there (prometheus_client refuses it); so is a histogram's or gauge's
+    NaN, which there would be written."""
+
+    def evaluate(args, values, result, seconds, _evaluate=value.evaluate, _counter=counter):
+        try:
+            raw = _evaluate(values)
+        except Exception as exc:
+            raise common.RecordOne(exc) from exc
+        if _counter:
+            if isinstance(raw, float) and raw != raw:
+                return 1
+            number = _number(raw)
+            return number if number > 0 else 1
+        return _number(raw)
+
+    return evaluate
 
 
 def _number(value):

@@ -207,7 +207,12 @@ def _metric(raw, n: int, seen: dict, defined: dict) -> Measure:
         value = compile_expression(raw["expr"], None) if raw.get("expr") not in (None, "") else None
     except ExpressionError as exc:
         raise _Rejected(f"metric {n} ({name}): expr: {exc}") from None
-    if kind == GAUGE and value is None and seed not in catalogue.BY_SEED:  # a built-in one is mapped, expr or not
+    # OTEL_VLLM_ASCEND_HOOK_SEMANTICS=ms-service-metric: the incumbent's value rules (declarative._incumbent_reader;
+    # a timer records the duration, its expr unused; a histogram or gauge without expr records 1).
+    incumbent = environment.hook_semantics() == environment.INCUMBENT_SEMANTICS
+    if incumbent and kind == TIMER:
+        value = None
+    if kind == GAUGE and value is None and seed not in catalogue.BY_SEED and not incumbent:  # a built-in is mapped
         raise _Rejected(f"metric {n} ({name}): a gauge needs expr")
     buckets = None
     if kind in (TIMER, HISTOGRAM):
@@ -241,7 +246,7 @@ def _metric(raw, n: int, seen: dict, defined: dict) -> Measure:
         else catalogue.COUNTER
         if kind == COUNTER
         else catalogue.GAUGE,
-        "s" if kind == TIMER and value is None else "1",
+        "s" if value is None and (kind == TIMER or (kind == HISTOGRAM and not incumbent)) else "1",  # a duration
         f"User hook metric ({kind}) from {OTEL_CONFIG_NAME}.",
         labels=catalogue.STEP_LABELS + tuple(lname for lname, _ in labels),
         buckets=buckets,
@@ -257,8 +262,8 @@ def _metric(raw, n: int, seen: dict, defined: dict) -> Measure:
             )
         raise _Rejected(f"metric {n} ({name}): declared before with another type, unit, buckets or labels")
     # A histogram without expr records the duration: a timer measure, with a histogram's default buckets.
-    measure_kind = TIMER if kind == HISTOGRAM and value is None else kind
-    return Measure(seed, measure_kind, value, PHASE_STEP, tuple(labels), spec)
+    measure_kind = TIMER if kind == HISTOGRAM and value is None and not incumbent else kind
+    return Measure(seed, measure_kind, value, PHASE_STEP, tuple(labels), spec, incumbent)
 
 
 OTEL_CONFIG_NAME = "OTEL_VLLM_ASCEND_CONFIG"

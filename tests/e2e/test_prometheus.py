@@ -6,7 +6,10 @@ before the load (a load faster than two scrapes would otherwise reach Prometheus
 which rate() cannot see): every dashboard query and every recording rule returns series with the
 dashboard's variables at "All", except the panels the generator documents as Ascend only or empty until a rare
 event; the preemption-storm and worker-RPC alerts fire, and no other; the values Prometheus holds agree with
-vLLM's own counters scraped in the same run. One server and one Prometheus for the whole file."""
+vLLM's own counters scraped in the same run. The server runs with the migration profile
+(OTEL_VLLM_ASCEND_ENABLED_METRICS=ms-service-metric): every query of the incumbent's dashboard returns series, except
+those a CPU run cannot feed (tests/support/incumbent_dashboard.py says why for each). One server and one Prometheus
+for the whole file."""
 
 from __future__ import annotations
 
@@ -21,9 +24,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from opentelemetry_instrumentation_vllm_ascend import environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli import dashboards  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
+from tests.support import incumbent_dashboard  # noqa: E402
 from tests.support.prometheus_tools import Prometheus, tool  # noqa: E402
 from tests.support.waiting import wait_for  # noqa: E402
 
@@ -64,7 +69,12 @@ def stack(tmp_path_factory):
     model = tiny_model.build(str(root / "model"))
     # VLLM_SERVER_DEV_MODE exposes /collective_rpc, to make a worker RPC fail for real. At most 8 running
     # requests: the other 8 wait, so the scheduler is blocked on capacity (and 16 KV blocks still preempt).
-    env = {"OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000", "VLLM_SERVER_DEV_MODE": "1"}
+    # The migration profile, the one switch the incumbent's dashboard needs (instead of the suite's "*").
+    env = {
+        "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000",
+        "VLLM_SERVER_DEV_MODE": "1",
+        environment.ENABLED_METRICS: "ms-service-metric",
+    }
     args = ["--max-num-seqs", "8"]
     with Server(model, env=env, extra_args=args, log_path=str(root / "server.log")) as server:
         prom = Prometheus(root, [f"127.0.0.1:{server.port}"], rule_files=(RULES,))
@@ -161,6 +171,22 @@ def test_every_dashboard_query_returns_series(stack):
     assert not unexplained, f"dashboard queries with no series ({checked} checked): {unexplained}"
     # Ascend-only panels are empty on vLLM without vllm-ascend (nothing there feeds them).
     assert ascend and ascend <= set(empty), (ascend, empty)
+
+
+def test_the_incumbents_dashboard_queries_return_series_with_the_migration_profile(stack):
+    """Every ``vllm_profiling_`` query of ms-service-metric's own Grafana dashboard, its variables at "All": series
+    for each one a CPU run can feed; none for the others (the reason each is NPU-only or unfed still holds)."""
+    _, prom = stack
+    fed = [(title, expr) for title, expr, why in incumbent_dashboard.QUERIES if why is None]
+    unfed = [(title, expr) for title, expr, why in incumbent_dashboard.QUERIES if why is not None]
+    assert len(fed) == 21 and len(unfed) == 5
+    # Retries: an instant query at the moment of a failed scrape finds nothing (see last()).
+    empty = [(t, e) for t, e in fed if not wait_for(lambda e=e: prom.query(match_all(e)), 2)]
+    assert not empty, f"{len(empty)} of {len(fed)} queries of the incumbent's dashboard with no series: {empty}"
+    assert not [(t, e) for t, e in unfed if prom.query(match_all(e))], "a query said to be unfed on CPU has series"
+    for name, selector in incumbent_dashboard.VARIABLES:
+        assert not prom.query(selector), name  # one server: role "mixed"
+        assert prom.query(re.sub(r"\{.*\}", '{role="mixed"}', selector)), name
 
 
 def test_every_recording_rule_returns_series(stack):
