@@ -298,8 +298,8 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     differences: list[str] = []
     row = _handler_row(handler) if handler is not None else None
     handler_note = ""
+    name = handler.rsplit(":", 1)[1] if isinstance(handler, str) else ""
     if row is not None:
-        name = handler.rsplit(":", 1)[1]
         if row.fate in (incumbent.BUILT_IN, incumbent.IDENTITY):
             handler_note = f"handler {name} -> built-in {_plain(row.here)}"
             differences += map(_plain, row.differences)
@@ -353,14 +353,14 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
             mapped_names.append(f"{measure.metric} by {here}{unused}")
             differences += _builtin_differences(raw_metric, measure.metric, entry.symbol, feeds)
             if row is not None and row.phase:
-                differences += _phase_difference(measure.metric, row, handler)
+                differences += _phase_difference(measure.metric, row, name)
             continue
         measures.append(measure)
     seen.update(local)
     entry.measures = tuple(measures)
     if measures and row is not None and row.phase:
         differences.append(
-            f"phase of {', '.join(m.metric for m in measures)}: ms-service-metric's {handler.rsplit(':', 1)[1]} "
+            f"phase of {', '.join(m.metric for m in measures)}: ms-service-metric's {name} "
             f"labels it with {_plain(row.phase)}; here {_plain(incumbent.STEP_PHASE)}"
         )
     entry.differences = tuple(dict.fromkeys(differences))  # each once, in order
@@ -434,13 +434,14 @@ _OUR_PHASE = (
 
 
 def _phase_difference(seed: str, row: incumbent.Handler, handler: str) -> list[str]:
-    """How the ``phase`` label of built-in ``seed`` differs from the one the incumbent's ``handler`` gives it."""
+    """How the ``phase`` label of built-in ``seed`` differs from the one the incumbent's ``handler`` (its function
+    name) gives it."""
     phases = {m.phase for target in TARGETS for m in target.measures if m.metric == seed}
     ours = dict(_OUR_PHASE).get(phases.pop()) if len(phases) == 1 else None
     theirs = _plain(row.phase)
     if ours is None or theirs == ours:
         return []
-    return [f"{seed}: phase: ms-service-metric's {handler.rsplit(':', 1)[1]} labels it with {theirs}; here {ours}"]
+    return [f"{seed}: phase: ms-service-metric's {handler} labels it with {theirs}; here {ours}"]
 
 
 def _opt_in(seed: str) -> list[str]:
@@ -674,14 +675,19 @@ def unresolved(entries: list[Entry]) -> list[Entry]:
 
 def resolve_entries(entries: list[Entry]) -> list[Entry]:
     """For ``check --config``: import each loaded entry's module (never anything the file names
-    besides it) and check the symbol exists and its expressions read only its parameters."""
+    besides it) and check the symbol exists and its expressions read only its parameters (a vllm_ascend symbol
+    where vllm-ascend is not installed: not resolved, as every symbol where vLLM is not)."""
     import importlib
+    import importlib.util
 
     for entry in entries:
         if entry.status != LOADED:
             continue
         if entry.module.split(".")[0] not in ("vllm", "vllm_ascend"):
             entry.reason += " (not resolved: check imports only vllm and vllm_ascend modules)"
+            continue
+        if entry.module.split(".")[0] == "vllm_ascend" and importlib.util.find_spec("vllm_ascend") is None:
+            entry.reason += " (not resolved: vllm-ascend is not installed here)"
             continue
         try:
             module = importlib.import_module(entry.module)
