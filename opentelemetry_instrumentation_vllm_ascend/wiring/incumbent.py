@@ -283,6 +283,7 @@ HANDLERS: tuple[Handler, ...] = (
         (CURRENT,),
         SELECT,
         "gauges of the entry's symbol with the handler's values as expressions",
+        phase='`phase="all"`',
         values=(
             ("engine:memory:torch_reserved_gb", f"round(self.torch_reserved / {GIB}, 2)"),
             ("engine:memory:torch_allocated_gb", f"round(self.torch_allocated / {GIB}, 2)"),
@@ -391,7 +392,10 @@ def render_markdown() -> str:
             here = f"**rejected**: {row.here}"
         differences = list(row.differences)
         if row.phase:
-            differences.append(f"`phase`: ms-service-metric labels the metrics with {row.phase}; here {STEP_PHASE}")
+            differences.append(
+                f"`phase`: ms-service-metric labels the metrics with {row.phase}; here a hook file's own metric "
+                f"carries {STEP_PHASE}, a built-in one its own ([labels.md](labels.md))"
+            )
         lines.append(f"| {names} | {where} | {_cell(here)} | {_cell('; '.join(differences)) or '-'} |")
     lines += [
         "",

@@ -356,6 +356,8 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
                 differences += _phase_difference(measure.metric, row, name)
             continue
         measures.append(measure)
+        if row is None or row.fate != incumbent.SELECT:  # a SELECT handler's values are not the file's expr
+            differences += _user_differences(raw_metric, measure)
     seen.update(local)
     entry.measures = tuple(measures)
     if measures and row is not None and row.phase:
@@ -422,6 +424,28 @@ def _selected(row: incumbent.Handler, name: str, metrics) -> list:
             )
         expr = values[metric_name]
         out.append({**raw_metric, "type": GAUGE, "expr": expr} if expr else raw_metric)
+    return out
+
+
+def _user_differences(raw: dict, measure: Measure) -> list[str]:
+    """How a hook file's own metric records differently from ms-service-metric's recording of the same entry
+    (its builtin.default_handler)."""
+    out = []
+    if raw.get("type") == HISTOGRAM and measure.value is None:
+        out.append(
+            f"{measure.metric}: a histogram without expr records the call's duration here; ms-service-metric "
+            "records 1 per call"
+        )
+    if measure.value is not None:
+        out.append(
+            f"{measure.metric}: where expr fails or is not a number the sample is skipped here (counted in "
+            f"{catalogue.PREFIX}hook_errors_total); ms-service-metric records 1"
+        )
+        if measure.kind == COUNTER:
+            out.append(
+                f"{measure.metric}: an expr value of 0 adds nothing here and a negative one is skipped; "
+                "ms-service-metric adds 1 for any value <= 0"
+            )
     return out
 
 

@@ -333,3 +333,23 @@ def test_check_config_prints_each_entrys_verdict_and_differences_first(offline, 
     out = capsys.readouterr().out
     assert "entries: 3 loaded, 48 mapped, 1 rejected\n" in out
     assert "rejected: handler phase_all_handler records the entry's metrics and the entry has none" in out
+
+
+def test_a_files_own_metrics_say_where_they_record_differently_from_the_incumbent(tmp_path):
+    text = (
+        "- symbol: vllm.x:C.f\n"
+        "  metrics:\n"
+        "    - {name: custom:f:hist, type: histogram}\n"
+        "    - {name: custom:f:n, type: counter, expr: result}\n"
+        "    - {name: custom:f:t}\n"
+    )
+    (entry,) = userfile.load([write(tmp_path, text)], V, None, log=False)
+    assert entry.verdict == "loaded with differences"
+    assert entry.differences == (
+        "custom:f:hist: a histogram without expr records the call's duration here; ms-service-metric records 1 per "
+        "call",
+        "custom:f:n: where expr fails or is not a number the sample is skipped here (counted in "
+        "vllm_profiling_hook_errors_total); ms-service-metric records 1",
+        "custom:f:n: an expr value of 0 adds nothing here and a negative one is skipped; ms-service-metric adds 1 for "
+        "any value <= 0",
+    )
