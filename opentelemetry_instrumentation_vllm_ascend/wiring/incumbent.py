@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import catalogue
+
 #: Where the incumbent's handlers live: its current package, and the older msServiceProfiler's.
 CURRENT = "ms_service_metric.adapters.vllm.handlers."
 OLDER = "ms_service_profiler.patcher.vllm.handlers.v1."
@@ -204,13 +206,7 @@ HANDLERS: tuple[Handler, ...] = (
         (CURRENT,),
         BUILT_IN,
         "`EplbWorker.do_update`",
-        records=(
-            "eplb:expert_hotness:current_mean",
-            "eplb:expert_hotness:current_max",
-            "eplb:expert_hotness:update_mean",
-            "eplb:expert_hotness:update_max",
-            "eplb:expert_hotness:imbalance",
-        ),
+        records=(*catalogue.EPLB_HOTNESS_SEEDS, "eplb:expert_hotness:imbalance"),
     ),
     Handler(
         ("metric_handlers:runner_get_output_hooker",),

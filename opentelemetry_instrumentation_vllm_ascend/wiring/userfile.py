@@ -18,8 +18,11 @@ An entry::
 Every entry ends in one state, logged in one line and shown by ``check --config``: ``loaded`` (its
 hook is installed when its module is imported), ``mapped`` (an incumbent ``handler:``, or a metric a
 built-in hook of ours already records: nothing new is installed), ``gated`` (version range, or
-``enabled: false``) or ``rejected`` (why, and where). A file that cannot be read or parsed is one
-rejected entry; the other files load."""
+``enabled: false``) or ``rejected`` (why, where, and what to write instead). A file that cannot be read or
+parsed is one rejected entry; the other files load. An incumbent ``handler:`` is looked up in
+wiring/incumbent.py (with or without ``metrics:``); a loaded or mapped entry also lists what differs from
+ms-service-metric (``Entry.differences``: type, buckets, expr, labels, hook point, what is timed, opt-in state,
+phase), in its log line and in ``check --config``."""
 
 from __future__ import annotations
 
