@@ -425,8 +425,8 @@ def _selected(row: incumbent.Handler, name: str, metrics) -> list:
                 f"metric {n} ({metric_name}): {name} records only {', '.join(values)} (ms-service-metric skips any "
                 "other name): remove it, or give it an expr in an entry without handler"
             )
-        expr = values[metric_name]
-        out.append({**raw_metric, "type": GAUGE, "expr": expr} if expr else raw_metric)
+        expr = values[metric_name]  # the handler records a gauge whatever the entry's type says
+        out.append({**raw_metric, "type": GAUGE, **({"expr": expr} if expr else {})})
     return out
 
 

@@ -353,3 +353,13 @@ def test_a_files_own_metrics_say_where_they_record_differently_from_the_incumben
         "custom:f:n: an expr value of 0 adds nothing here and a negative one is skipped; ms-service-metric adds 1 for "
         "any value <= 0",
     )
+
+
+def test_the_engine_memory_handler_maps_the_gauges_it_names_whatever_their_type(tmp_path):
+    text = (
+        "- symbol: vllm_ascend.worker.worker:NPUWorker.compile_or_warm_up_model\n"
+        f"  handler: {MSM}metric_handlers:engine_memory_phase_handler\n"
+        "  metrics: [{name: engine:memory:kvcache_gb}, {name: engine:memory:total_gb, type: gauge}]\n"
+    )
+    (entry,) = userfile.load([write(tmp_path, text)], V, None, log=False)
+    assert entry.status == M and not any("type:" in d for d in entry.differences), entry.differences
