@@ -178,11 +178,16 @@ def _print_server(server: dict, as_json: bool) -> None:
 
 
 def print_entries(rows: list[dict]) -> None:
-    """``check --config``: one line per hook-file entry."""
+    """``check --config``: one line per hook-file entry (loaded, mapped, gated, rejected; "with differences" where
+    it differs from ms-service-metric), then one line per difference."""
     print("Hook files:")
     for r in rows:
         where = f"{r['file']}" + (f":{r['entry']}" if r["entry"] else "")
-        print(f"  {where}  {r['symbol'] or '(no symbol)'}  {r['status']}: {r['reason']}")
+        differences = (r.get("differences") or []) if r["status"] != "rejected" else []
+        verdict = r["status"] + (" with differences" if differences else "")
+        print(f"  {where}  {r['symbol'] or '(no symbol)'}  {verdict}: {r['reason']}")
+        for difference in differences:
+            print(f"      differs: {difference}")
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

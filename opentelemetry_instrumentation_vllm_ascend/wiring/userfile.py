@@ -18,8 +18,11 @@ An entry::
 Every entry ends in one state, logged in one line and shown by ``check --config``: ``loaded`` (its
 hook is installed when its module is imported), ``mapped`` (an incumbent ``handler:``, or a metric a
 built-in hook of ours already records: nothing new is installed), ``gated`` (version range, or
-``enabled: false``) or ``rejected`` (why, and where). A file that cannot be read or parsed is one
-rejected entry; the other files load."""
+``enabled: false``) or ``rejected`` (why, where, and what to write instead). A file that cannot be read or
+parsed is one rejected entry; the other files load. An incumbent ``handler:`` is looked up in
+wiring/incumbent.py (with or without ``metrics:``); a loaded or mapped entry also lists what differs from
+ms-service-metric (``Entry.differences``: type, buckets, expr, labels, hook point, what is timed, opt-in state,
+phase), in its log line and in ``check --config``."""
 
 from __future__ import annotations
 
@@ -33,13 +36,16 @@ from packaging.version import InvalidVersion, Version
 from .. import catalogue, environment
 from ..hooks.patches import original_class
 from ..kinds import ASYNC_GENERATOR, COROUTINE, COROUTINE_TIMER, SYNC, SYNC_TIMER
-from ..targets import TARGETS, Target
+from ..targets import TARGETS, Target, all_labels
+from . import incumbent
 from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: the bounds this format documents)
     COUNTER,
     GAUGE,
     HISTOGRAM,
     MAX_LABEL_LENGTH,
     MAX_LABEL_VALUES,
+    PHASE_ALL,
+    PHASE_ENGINE_STEP,
     PHASE_STEP,
     TIMER,
     Measure,
@@ -76,32 +82,8 @@ _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _QUALNAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _DUNDER_OK = frozenset({"__init__", "__call__"})
 
-#: The incumbent's (ms-service-metric 26.0.0) built-in handlers and the built-in hooks of ours that
-#: measure what they did: an entry naming one installs nothing new. Any other ``handler:`` is
-#: rejected (it would name code to import and run).
-_MSM = "ms_service_metric.adapters.vllm.handlers."
-HANDLER_MAP = {
-    _MSM + "meta_handlers:init_data_parallel": "the process identity (dp, role) every hook of ours takes from "
-    "vLLM's config (context.claim)",
-    _MSM + "meta_handlers:init_data_parallel_worker": "the process identity (dp, role, rank) of a worker "
-    "(WorkerBase.__init__ hook)",
-    _MSM + "meta_handlers:record": "the API server's identity and iteration metrics (api:* hooks on "
-    "AsyncLLM / OutputProcessor)",
-    _MSM + "meta_handlers:record_dp_rank": "dp on every series from the process identity (no stats transport)",
-    _MSM + "meta_handlers:make_stats": "scheduler:Schedule (queue, batch and KV cache gauges per step)",
-    _MSM + "metric_handlers:scheduler_scheduler_hooker": "scheduler:Schedule (scheduler:duration, batch sizes, phases)",
-    _MSM + "metric_handlers:runner_get_output_hooker": "model_runner hooks (worker:model_runner_get_output:"
-    "duration, worker:model_inference:duration)",
-    _MSM + "metric_handlers:record_function_timer_hook": "model_runner:RecordFunction (the "
-    "record_function_or_nullcontext scope factory)",
-    _MSM + "metric_handlers:record_function_timer_hook_vllm_ascend": "model_runner:RecordFunction (vllm-ascend "
-    "times the same scopes through record_function_or_nullcontext since v0.13)",
-}
-#: Mapped handlers whose built-in metric is opt-in (catalogue.OPT_IN): the entry's status says when it is off.
-HANDLER_OPT_IN = {
-    _MSM + "metric_handlers:record_function_timer_hook": ("record_function_or_nullcontext",),
-    _MSM + "metric_handlers:record_function_timer_hook_vllm_ascend": ("record_function_or_nullcontext",),
-}
+#: The incumbent's handlers and their fates here: wiring/incumbent.py (one table, docs generated from it).
+_MSM = incumbent.CURRENT
 
 
 @dataclass
@@ -118,6 +100,9 @@ class Entry:
     lock_patch: bool = False
     #: Something in the entry is ignored that its author may rely on: its log line is a warning.
     warning: bool = False
+    #: What differs from ms-service-metric for this entry, each in words (type, buckets, labels, hook point,
+    #: what is timed, opt-in state, phase).
+    differences: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple:
@@ -145,7 +130,13 @@ class Entry:
             "status": self.status,
             "reason": self.reason,
             "metrics": [catalogue.PREFIX + m.metric for m in self.measures],
+            "differences": list(self.differences),
         }
+
+    @property
+    def verdict(self) -> str:
+        """The status as ``check --config`` and the log say it: ``mapped with differences`` where any."""
+        return self.status + (" with differences" if self.differences and self.status != REJECTED else "")
 
 
 def _builtin_feeds() -> dict[str, set[str]]:
@@ -310,28 +301,41 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     if entry.min_version and entry.max_version and Version(entry.min_version) > Version(entry.max_version):
         raise _Rejected(f"min_version {entry.min_version} is above max_version {entry.max_version}")
     handler, metrics = raw.get("handler"), raw.get("metrics")
-    if handler is not None and metrics:
-        raise _Rejected("an entry has a handler or metrics, not both")
     version = ascend if module.split(".")[0] == "vllm_ascend" else vllm
-    if handler is not None:
-        mapped = HANDLER_MAP.get(handler) if isinstance(handler, str) else None
-        if mapped is None:
-            raise _Rejected(
-                f"handler {handler!r} is not one of ms-service-metric's built-in handlers this package maps "
-                "(nothing named in a file is imported or run)"
-            )
-        if not _within(version, entry.min_version, entry.max_version):
-            entry.status, entry.reason = GATED, _outside(version, vllm, entry)
+    lock_note = "; lock_patch ignored (control gates every hook alike)" if lock else ""
+    differences: list[str] = []
+    row = _handler_row(handler) if handler is not None else None
+    handler_note = ""
+    name = handler.rsplit(":", 1)[1] if isinstance(handler, str) else ""
+    if row is not None:
+        if row.fate in (incumbent.BUILT_IN, incumbent.IDENTITY):
+            handler_note = f"handler {name} -> built-in {_plain(row.here)}"
+            differences += map(_plain, row.differences)
+            differences += _recorded_differences(row.records, entry.symbol, feeds)
+            if metrics:
+                differences.append(
+                    f"ms-service-metric calls a handler given with metrics as a factory of the metrics' hook; {name} "
+                    "is not one, so there this entry's hook records nothing; here the built-in and the metrics record"
+                )
+        else:
+            if not metrics:
+                raise _Rejected(
+                    f"handler {name} records the entry's metrics and the entry has none (ms-service-metric's hook "
+                    "would fail to build): add metrics: [{name: <yours>, type: timer}], or drop the entry"
+                )
+            if row.fate == incumbent.SELECT:
+                metrics = _selected(row, name, metrics)
+            handler_note = f"handler {name}: {_plain(row.here)}"
+            differences += map(_plain, row.differences)
+    if row is not None and not metrics:
+        entry.differences = tuple(dict.fromkeys(differences))
+        if raw.get("enabled", True) is False:
+            entry.status, entry.reason = GATED, "enabled: false" + lock_note
             return
-        entry.status = MAPPED
-        entry.reason = f"handler {handler.rsplit(':', 1)[1]} -> built-in {mapped}" + (
-            "; lock_patch ignored (control gates every hook alike)" if lock else ""
-        )
-        off = [seed for seed in HANDLER_OPT_IN.get(handler, ()) if environment.opt_in_off(seed)]
-        if off:
-            entry.reason += (
-                f"; {', '.join(off)} is opt-in and off: name it in {environment.ENABLED_METRICS} to record it"
-            )
+        if not _within(version, entry.min_version, entry.max_version):
+            entry.status, entry.reason = GATED, _outside(version, vllm, entry) + lock_note
+            return
+        entry.status, entry.reason = MAPPED, handler_note + lock_note
         return
     if not isinstance(metrics, list) or not metrics:
         raise _Rejected("an entry needs a non-empty metrics list (or a handler)")
@@ -355,11 +359,23 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
             here = "this symbol" if entry.symbol in by else (", ".join(by) or "a built-in hook")
             unused = " (its expr/labels/buckets are not used)" if set(raw_metric) - {"name", "type"} else ""
             mapped_names.append(f"{measure.metric} by {here}{unused}")
+            differences += _builtin_differences(raw_metric, measure.metric, entry.symbol, feeds)
+            if row is not None and row.phase:
+                differences += _phase_difference(measure.metric, row, name)
             continue
         measures.append(measure)
+        if row is None or row.fate != incumbent.SELECT:  # a SELECT handler's values are not the file's expr
+            differences += _user_differences(raw_metric, measure)
     seen.update(local)
     entry.measures = tuple(measures)
-    ignored = ("; lock_patch ignored (control gates every hook alike)" if lock else "") + notes
+    if measures and row is not None and row.phase:
+        differences.append(
+            f"phase of {', '.join(m.metric for m in measures)}: ms-service-metric's {name} "
+            f"labels it with {_plain(row.phase)}; here {_plain(incumbent.STEP_PHASE)}"
+        )
+    entry.differences = tuple(dict.fromkeys(differences))  # each once, in order
+    ignored = lock_note + notes
+    prefix = handler_note + "; " if handler_note else ""
     if raw.get("enabled", True) is False:
         entry.status, entry.reason = GATED, "enabled: false" + ignored
         return
@@ -368,14 +384,157 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
         return
     if not measures:
         entry.status = MAPPED
-        entry.reason = "built-in metric recorded: " + "; ".join(mapped_names) + ignored
+        entry.reason = prefix + "built-in metric recorded: " + "; ".join(mapped_names) + ignored
         return
     entry.status = LOADED
     entry.reason = (
-        ", ".join(catalogue.PREFIX + m.metric for m in measures)
+        prefix
+        + ", ".join(catalogue.PREFIX + m.metric for m in measures)
         + (f" (built-in: {'; '.join(mapped_names)})" if mapped_names else "")
         + ignored
     )
+
+
+def _plain(text: str) -> str:
+    """Docs text (markdown code spans) as a log line says it."""
+    return text.replace("`", "")
+
+
+def _handler_row(handler) -> incumbent.Handler:
+    """The incumbent table's row for ``handler:`` (wiring/incumbent.py); raises _Rejected for a name it does not
+    know or a handler whose fate is rejected, saying what to write instead."""
+    row = incumbent.find(handler) if isinstance(handler, str) else None
+    if row is None:
+        raise _Rejected(
+            f"handler {handler!r} is not one of ms-service-metric's handlers (docs/configuration.md, Incumbent "
+            "handlers; nothing named in a file is imported or run): write metrics: [{name: <yours>, type: timer}] "
+            "(or counter, or histogram / gauge with expr) on the symbol instead"
+        )
+    if row.fate == incumbent.REJECTED:
+        raise _Rejected(f"handler {handler.rsplit(':', 1)[1]}: {_plain(row.here)}")
+    return row
+
+
+def _selected(row: incumbent.Handler, name: str, metrics) -> list:
+    """The entry's metrics under a handler that records fixed values picked by name: each one it knows, as the
+    built-in metric or a gauge with the handler's value as its expression; any other is rejected (the incumbent
+    skips it silently)."""
+    if not isinstance(metrics, list):
+        raise _Rejected("metrics must be a list")
+    values = dict(row.values)
+    out = []
+    for n, raw_metric in enumerate(metrics, 1):
+        metric_name = raw_metric.get("name") if isinstance(raw_metric, dict) else None
+        if metric_name not in values:
+            raise _Rejected(
+                f"metric {n} ({metric_name}): {name} records only {', '.join(values)} (ms-service-metric skips any "
+                "other name): remove it, or give it an expr in an entry without handler"
+            )
+        expr = values[metric_name]  # the handler records a gauge whatever the entry's type says
+        out.append({**raw_metric, "type": GAUGE, **({"expr": expr} if expr else {})})
+    return out
+
+
+def _user_differences(raw: dict, measure: Measure) -> list[str]:
+    """How a hook file's own metric records differently from ms-service-metric's recording of the same entry
+    (its builtin.default_handler)."""
+    out = []
+    if raw.get("type") == HISTOGRAM and measure.value is None:
+        out.append(
+            f"{measure.metric}: a histogram without expr records the call's duration here; ms-service-metric "
+            "records 1 per call"
+        )
+    if measure.value is not None:
+        out.append(
+            f"{measure.metric}: where expr fails or is not a number the sample is skipped here (counted in "
+            f"{catalogue.PREFIX}hook_errors_total); ms-service-metric records 1"
+        )
+        if measure.kind == COUNTER:
+            out.append(
+                f"{measure.metric}: an expr value of 0 adds nothing here and a negative one is skipped; "
+                "ms-service-metric adds 1 for any value <= 0"
+            )
+    return out
+
+
+#: The phase label a built-in declarative measure carries, in words (targets.MEASURE_PHASES).
+_OUR_PHASE = (
+    (PHASE_ALL, 'phase="all"'),
+    (PHASE_STEP, _plain(incumbent.STEP_PHASE)),
+    (PHASE_ENGINE_STEP, "the phase of the step scheduled during the call (idle where none was)"),
+)
+
+
+def _phase_difference(seed: str, row: incumbent.Handler, handler: str) -> list[str]:
+    """How the ``phase`` label of built-in ``seed`` differs from the one the incumbent's ``handler`` (its function
+    name) gives it."""
+    phases = {m.phase for target in TARGETS for m in target.measures if m.metric == seed}
+    ours = dict(_OUR_PHASE).get(phases.pop()) if len(phases) == 1 else None
+    theirs = _plain(row.phase)
+    if ours is None or theirs == ours:
+        return []
+    return [f"{seed}: phase: ms-service-metric's {handler} labels it with {theirs}; here {ours}"]
+
+
+def _opt_in(seed: str) -> list[str]:
+    if environment.opt_in_off(seed):
+        return [f"{seed} is opt-in and off: name it in {environment.ENABLED_METRICS} to record it"]
+    return []
+
+
+def _hook_point(seed: str, symbol: str, feeds: dict) -> list[str]:
+    by = sorted(feeds.get(seed, ()))
+    if not by or symbol in by:
+        return []
+    shown = ", ".join(by[:3]) + (f" (+{len(by) - 3} more)" if len(by) > 3 else "")
+    return [f"{seed}: hook point: recorded at {shown}, not at {symbol}"]
+
+
+def _recorded_differences(seeds, symbol: str, feeds: dict) -> list[str]:
+    """What differs for the built-in metrics an incumbent handler records (hook point, timing, opt-in)."""
+    out: list[str] = []
+    points = [d for seed in seeds for d in _hook_point(seed, symbol, feeds)]
+    if len(points) > 2:
+        shown = ", ".join(sorted({s for seed in seeds for s in feeds.get(seed, ())})[:3])
+        out.append(f"hook point: these metrics are recorded at {shown}…, not at {symbol}")
+    else:
+        out += points
+    for seed in seeds:
+        timed = incumbent.timed_differently(seed)
+        if timed:
+            out.append(f"{seed}: what is timed: {timed}")
+        out += _opt_in(seed)
+    return out
+
+
+def _builtin_differences(raw: dict, seed: str, symbol: str, feeds: dict) -> list[str]:
+    """What differs between a hook file's metric named like a built-in one and the built-in that records it:
+    type, buckets, expr, labels, hook point, what is timed, opt-in state."""
+    spec = catalogue.BY_SEED[seed]
+    out: list[str] = []
+    kind = raw.get("type", TIMER)
+    declared = {TIMER: catalogue.HISTOGRAM, HISTOGRAM: catalogue.HISTOGRAM, COUNTER: catalogue.COUNTER}.get(
+        kind, catalogue.GAUGE
+    )
+    if declared != spec.kind or (kind == TIMER and spec.unit != "s"):
+        lost = " (no _bucket/_sum/_count series)" if declared == catalogue.HISTOGRAM else ""
+        out.append(f"{seed}: type: declared {kind}, recorded as the built-in {spec.kind} of {spec.unit}{lost}")
+    if raw.get("buckets") is not None:
+        named = next((n for n, b in catalogue.BUCKET_SETS.items() if tuple(b) == tuple(spec.buckets or ())), None)
+        theirs = f"the built-in's {named} buckets" if named else "the built-in's buckets"
+        out.append(f"{seed}: buckets: yours ({len(raw['buckets'])} bounds) are not used; {theirs} apply")
+    if raw.get("expr") not in (None, ""):
+        first = spec.description.split(". ")[0].rstrip(".")
+        out.append(f"{seed}: expr {raw['expr']!r} is not used; the built-in records: {first}")
+    if raw.get("labels"):
+        names = ", ".join(str(label.get("name")) for label in raw["labels"] if isinstance(label, dict))
+        out.append(f"{seed}: labels {names} are not added; the built-in's labels are " + ", ".join(all_labels(spec)))
+    out += _hook_point(seed, symbol, feeds)
+    timed = incumbent.timed_differently(seed)
+    if timed:
+        out.append(f"{seed}: what is timed: {timed}")
+    out += _opt_in(seed)
+    return out
 
 
 def _within(version, min_version: str | None, max_version: str | None) -> bool:
@@ -443,7 +602,7 @@ def load(paths, vllm=None, ascend=None, *, log: bool = True, defined=None) -> li
             try:
                 _entry(raw, entry, seen, defined, feeds, vllm, ascend)
             except _Rejected as exc:
-                entry.status, entry.reason, entry.measures = REJECTED, str(exc), ()
+                entry.status, entry.reason, entry.measures, entry.differences = REJECTED, str(exc), (), ()
             except Exception as exc:  # a defect of ours: the entry, not the host, pays
                 entry.status, entry.reason = REJECTED, f"internal error: {type(exc).__name__}: {exc}"
             entries.append(_log(entry, log))
@@ -461,11 +620,12 @@ def _log(entry: Entry, log: bool) -> Entry:
         level = logging.WARNING if entry.status == REJECTED or entry.warning else logging.INFO
         logger.log(
             level,
-            "opentelemetry-instrumentation-vllm-ascend: %s: %s %s: %s",
+            "opentelemetry-instrumentation-vllm-ascend: %s: %s %s: %s%s",
             entry.where,
             entry.symbol or "(no symbol)",
-            entry.status,
+            entry.verdict,
             entry.reason,
+            "".join(f" | {d}" for d in entry.differences) if entry.status != REJECTED else "",
         )
     return entry
 
@@ -547,14 +707,19 @@ def unresolved(entries: list[Entry]) -> list[Entry]:
 
 def resolve_entries(entries: list[Entry]) -> list[Entry]:
     """For ``check --config``: import each loaded entry's module (never anything the file names
-    besides it) and check the symbol exists and its expressions read only its parameters."""
+    besides it) and check the symbol exists and its expressions read only its parameters (a vllm_ascend symbol
+    where vllm-ascend is not installed: not resolved, as every symbol where vLLM is not)."""
     import importlib
+    import importlib.util
 
     for entry in entries:
         if entry.status != LOADED:
             continue
         if entry.module.split(".")[0] not in ("vllm", "vllm_ascend"):
             entry.reason += " (not resolved: check imports only vllm and vllm_ascend modules)"
+            continue
+        if entry.module.split(".")[0] == "vllm_ascend" and importlib.util.find_spec("vllm_ascend") is None:
+            entry.reason += " (not resolved: vllm-ascend is not installed here)"
             continue
         try:
             module = importlib.import_module(entry.module)

@@ -27,8 +27,6 @@ ALLOWED_CONTAINERS = {
     # Constant tables kept as dicts (read only, as the next test checks).
     ("cli.dashboards", "EVENT_ONLY"): "constant",
     ("wiring.declarative", "CATALOGUE_KIND"): "constant",
-    ("wiring.userfile", "HANDLER_MAP"): "constant",
-    ("wiring.userfile", "HANDLER_OPT_IN"): "constant",
     # A log-once flag kept as a one-element list: it belongs in STATE.warned.
 }
 

@@ -219,9 +219,13 @@ MALFORMED = {
     "min_version a bool": "- symbol: m:C.f\n  min_version: true\n  metrics: [{name: a}]\n",
     "foreign handler": "- symbol: m:C.f\n  handler: os:system\n",
     "handler a list": "- symbol: m:C.f\n  handler: [a]\n",
-    "handler and metrics": "- symbol: m:C.f\n  handler: "
+    "metrics handler without metrics": "- symbol: m:C.f\n  handler: "
     + userfile._MSM
-    + "meta_handlers:make_stats\n  metrics: [{name: a}]\n",
+    + "metric_handlers:phase_all_handler\n",
+    "tracing handler": "- symbol: m:C.f\n  handler: ms_service_profiler.patcher.vllm.handlers.v1.batch_handlers:schedule\n",
+    "memory handler, a name it does not record": "- symbol: m:C.f\n  handler: "
+    + userfile._MSM
+    + "metric_handlers:engine_memory_phase_handler\n  metrics: [{name: engine:memory:free_gb, type: gauge}]\n",
     "no metrics": "- symbol: m:C.f\n",
     "metrics empty": "- symbol: m:C.f\n  metrics: []\n",
     "metrics a mapping": "- symbol: m:C.f\n  metrics: {name: a}\n",
@@ -314,13 +318,13 @@ def test_a_mapped_scope_handler_says_when_its_opt_in_histogram_is_off(tmp_path, 
     )
     monkeypatch.delenv("OTEL_VLLM_ASCEND_ENABLED_METRICS", raising=False)  # the default: scopes off
     (entry,) = load(tmp_path, text)
-    assert entry.status == userfile.MAPPED
-    assert entry.reason.endswith(
-        "; record_function_or_nullcontext is opt-in and off: name it in OTEL_VLLM_ASCEND_ENABLED_METRICS to record it"
+    assert (entry.status, entry.verdict) == (userfile.MAPPED, "mapped with differences")
+    assert entry.differences[-1] == (
+        "record_function_or_nullcontext is opt-in and off: name it in OTEL_VLLM_ASCEND_ENABLED_METRICS to record it"
     )
     monkeypatch.setenv("OTEL_VLLM_ASCEND_ENABLED_METRICS", "record_function_or_nullcontext")
     (entry,) = load(tmp_path, text)
-    assert entry.status == userfile.MAPPED and "opt-in" not in entry.reason
+    assert entry.status == userfile.MAPPED and not any("opt-in" in d for d in entry.differences)
 
 
 @pytest.mark.parametrize(
