@@ -437,8 +437,11 @@ def _selected(row: incumbent.Handler, name: str, metrics) -> list:
 
 def _user_differences(raw: dict, measure: Measure) -> list[str]:
     """How a hook file's own metric records differently from ms-service-metric's recording of the same entry
-    (its builtin.default_handler)."""
-    out = []
+    (its builtin.default_handler). None under OTEL_VLLM_ASCEND_HOOK_SEMANTICS=ms-service-metric, which records as
+    the incumbent does (``Measure.incumbent``)."""
+    out: list[str] = []
+    if measure.incumbent:
+        return out
     if raw.get("type") == HISTOGRAM and measure.value is None:
         out.append(
             f"{measure.metric}: a histogram without expr records the call's duration here; ms-service-metric "

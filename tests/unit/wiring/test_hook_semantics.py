@@ -155,3 +155,18 @@ def test_an_unknown_setting_is_the_default_with_one_warning(semantics, caplog):
         "opentelemetry-instrumentation-vllm-ascend: OTEL_VLLM_ASCEND_HOOK_SEMANTICS='incumbent' is neither default "
         "nor ms-service-metric; using default"
     ) == 1
+
+
+def test_the_differences_said_follow_the_setting(tmp_path, semantics):
+    """``check --config`` says the value-rule differences only where they hold: under the default semantics,
+    not under ms-service-metric's (which records as the incumbent does)."""
+    path = tmp_path / "hooks.yaml"
+    path.write_text(FILE)
+    said = {}
+    for value in (None, environment.INCUMBENT_SEMANTICS):
+        semantics(value)
+        (entry,) = userfile.load([str(path)], Version("0.32.0"), None, log=False)
+        said[value] = [d for d in entry.differences if "ms-service-metric" in d]
+    assert any("s:plain: a histogram without expr records the call's duration" in d for d in said[None])
+    assert any("s:delta: an expr value of 0 adds nothing" in d for d in said[None])
+    assert said[environment.INCUMBENT_SEMANTICS] == []
