@@ -262,7 +262,9 @@ def test_dead_processes_exemplars_files_of_an_earlier_run_are_removed(multiproc_
 def test_vllms_metrics_routes_with_prometheus_multiproc_dir(multiproc_dir):
     """vLLM's own /metrics (its attach_router, vLLM 0.32–0.34: prometheus_fastapi_instrumentator's route at
     ``/metrics``, prometheus_client's ``make_asgi_app`` mounted under it): the exemplars are on ``/metrics/`` when
-    the scraper asks for OpenMetrics; ``/metrics`` answers in the text format whatever the Accept header."""
+    the scraper asks for OpenMetrics; ``/metrics`` answers in the text format whatever the Accept header. On
+    ``/metrics/`` prometheus_client writes ``_`` for the ``:`` of sample names unless the Accept header asks for
+    ``escaping=allow-utf-8`` (as Prometheus 3 does)."""
     pytest.importorskip("vllm")
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
@@ -270,6 +272,7 @@ def test_vllms_metrics_routes_with_prometheus_multiproc_dir(multiproc_dir):
 
     offered = offers()
     record_offers(offered)
+    recording.record(catalogue.BY_SEED["scheduler:duration"], 0.004, ("0", "mixed", "decode"))
     recording.flush()
     app = FastAPI()
     attach_router(app)
@@ -282,3 +285,50 @@ def test_vllms_metrics_routes_with_prometheus_multiproc_dir(multiproc_dir):
         plain = client.get("/metrics", headers={"Accept": accept})
         assert plain.headers["content-type"].startswith("text/plain") and " # {" not in plain.text
         assert "vllm_profiling_fine_grained_ttft_bucket{" in plain.text
+        assert "\nvllm_profiling_scheduler:duration_bucket{" in plain.text
+        colon = "allow-utf-8" in accept
+        assert ("\nvllm_profiling_scheduler:duration_bucket{" in response.text) is colon
+        assert ("\nvllm_profiling_scheduler_duration_bucket{" in response.text) is not colon
+
+
+def test_a_real_prometheus_stores_the_exemplars(files_dir, tmp_path_factory):
+    """Prometheus (Debian's 2.42, ``--enable-feature=exemplar-storage``) scraping our collector through
+    prometheus_client's own HTTP exposition (the Accept header picks OpenMetrics): ``query_exemplars`` returns each
+    exemplar on its bucket series, with its trace id, span id and value."""
+    from prometheus_client import start_http_server
+
+    from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import free_port
+    from tests.support.prometheus_tools import Prometheus, tool
+    from tests.support.waiting import wait_for
+
+    tool("prometheus")
+    offered = offers()
+    record_offers(offered)
+    recording.flush()
+    registry = CollectorRegistry()
+    registry.register(FilesCollector(files_dir))
+    port = free_port()
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    root = tmp_path_factory.mktemp("prometheus-exemplars")
+    prom = Prometheus(root, [f"127.0.0.1:{port}"], flags=("--enable-feature=exemplar-storage",))
+    start = time.time() - 60
+    want = expected(offered)
+
+    def stored():
+        found = {}
+        for family in ("vllm_profiling_fine_grained_ttft", "vllm_profiling_fine_grained_tpot"):
+            data = prom.get("/api/v1/query_exemplars", query=family + "_bucket", start=start, end=time.time() + 60)
+            for series in data:
+                labels = dict(series["seriesLabels"])
+                le = labels.pop("le")
+                items = tuple(sorted((k, v) for k, v in labels.items() if k not in ("job", "instance", "__name__")))
+                for ex in series["exemplars"]:
+                    found[(family, items, le)] = (float(ex["value"]), ex["labels"]["trace_id"], ex["labels"]["span_id"])
+        return found if found == want else None
+
+    try:
+        assert wait_for(stored, 30), (stored.__name__, want)
+    finally:
+        prom.stop()
+        server.shutdown()
+        server.server_close()
