@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from bisect import bisect_left
 
@@ -328,6 +329,19 @@ def test_a_real_prometheus_stores_the_exemplars(files_dir, tmp_path_factory):
 
     try:
         assert wait_for(stored, 30), (stored.__name__, want)
+        # The dashboard's panels that show exemplars: their exemplar query (variables at "All") gets its histogram's.
+        from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
+
+        board = dashboards.dashboard()
+        shown = [(p["title"], t) for p in board["panels"] for t in p.get("targets", []) if t.get("exemplar")]
+        assert [title for title, _ in shown] == ["Time to first token (TTFT)", "Time per output token (TPOT)"]
+        for (_title, target), family in zip(
+            shown, ("vllm_profiling_fine_grained_ttft", "vllm_profiling_fine_grained_tpot")
+        ):
+            expr = re.sub(r"\$(\w+)", ".*", target["expr"].replace("$__rate_interval", "5m"))
+            data = prom.get("/api/v1/query_exemplars", query=expr, start=start, end=time.time() + 60)
+            got = {(ex["labels"]["trace_id"], float(ex["value"])) for series in data for ex in series["exemplars"]}
+            assert got == {(trace, value) for (name, _, _), (value, trace, _) in want.items() if name == family}
     finally:
         prom.stop()
         server.shutdown()
