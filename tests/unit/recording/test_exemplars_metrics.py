@@ -346,3 +346,21 @@ def test_a_real_prometheus_stores_the_exemplars(files_dir, tmp_path_factory):
         prom.stop()
         server.shutdown()
         server.server_close()
+
+
+def test_genai_histograms_on_metrics_carry_theirs(files_dir, monkeypatch):
+    """With OTEL_VLLM_ASCEND_GENAI_PROMETHEUS=true the GenAI histograms reach /metrics under their Prometheus names
+    and sanitised labels (gen_ai_server_request_duration_seconds{gen_ai_operation_name=…}), exemplars included."""
+    monkeypatch.setenv(environment.GENAI_PROMETHEUS, "true")
+    pipeline.reset()
+    duration = catalogue.BY_SEED["gen_ai.server.request.duration"]
+    labels = ("chat", "vllm", "model-a", "")
+    recording.record_exemplar(duration, 1.5, labels, 0xC0FFEE, 0xBEEF)
+    recording.flush()
+    registry = CollectorRegistry()
+    registry.register(FilesCollector(files_dir))
+    found = parsed_exemplars(openmetrics.generate_latest(registry).decode(), prefix="gen_ai_server_")
+    bounds = tuple(float(b) for b in duration.buckets)
+    le = floatToGoString(bounds[bisect_left(bounds, 1.5)])
+    items = tuple(sorted(zip([k.replace(".", "_") for k in duration.labels], labels)))
+    assert found == {(duration.prometheus_name, items, le): (1.5, format(0xC0FFEE, "032x"), format(0xBEEF, "016x"))}
