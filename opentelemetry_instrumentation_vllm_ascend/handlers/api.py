@@ -22,6 +22,7 @@ from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
 from .budget import API_OTHER, API_TO, PROCESS, WAIT_ENGINE
+from .traces import TRACKER, genai_operation
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -284,6 +285,11 @@ class ProcessOutputs(Handler):
 
     def before(self, args, kwargs):
         stats = args[3]
+        if TRACKER.on:  # request traces (handlers/traces.py): the chunk's engine events and timestamps
+            try:
+                TRACKER.outputs(args[1], args[2], stats)
+            except Exception:
+                report(self, "traces")
         start = perf_counter()
         API_TO(PROCESS, start)
         try:  # the chunk's phase only: its duration and length do not depend on it
@@ -336,15 +342,6 @@ def set_served_model(vllm_config) -> None:
         name = name[0] if name else None
     STATE.served_model = name if isinstance(name, str) else None
     STATE.genai_labels.clear()
-
-
-def genai_operation(request_id) -> str:
-    """``gen_ai.operation.name`` of a request, from the prefix vLLM's OpenAI server gives its id."""
-    if isinstance(request_id, str):
-        for prefix, operation in catalogue.GENAI_OPERATIONS:
-            if request_id.startswith(prefix):
-                return operation
-    return catalogue.GENAI_OTHER
 
 
 def _labels_of(operation: str, error, _cache=STATE.genai_labels) -> tuple:
