@@ -99,6 +99,9 @@ METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
 OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+#: The SDK's exemplar filter (``trace_based`` default, ``always_on``, ``always_off``): ``always_off`` keeps
+#: exemplars off histograms (``recording.record_exemplar`` then records the observation only).
+METRICS_EXEMPLAR_FILTER = "OTEL_METRICS_EXEMPLAR_FILTER"
 
 #: Entry-point name under ``opentelemetry_instrumentor``; the name OTEL_PYTHON_DISABLED_INSTRUMENTATIONS matches.
 ENTRY_POINT_NAME = "vllm_ascend"
@@ -218,6 +221,12 @@ def otlp_exporter_names() -> list[str]:
     """Names from OTEL_METRICS_EXPORTER that need a push exporter. ``prometheus`` is served through
     vLLM's /metrics instead (never a second HTTP server per process), ``none`` means nothing."""
     return [n for n in _comma_list(METRICS_EXPORTER) if n not in ("none", "prometheus")]
+
+
+def exemplars_enabled() -> bool:
+    """Whether histograms keep exemplars: unless OTEL_METRICS_EXEMPLAR_FILTER is ``always_off`` (the SDK's
+    ``trace_based`` and ``always_on`` both keep those ``recording.record_exemplar`` offers: its trace is sampled)."""
+    return os.environ.get(METRICS_EXEMPLAR_FILTER, "trace_based").strip().lower() != "always_off"
 
 
 def recorder() -> str:

@@ -15,6 +15,11 @@ Accept header, the package-level ``prometheus_client.generate_latest``, and the 
 ``prometheus_fastapi_instrumentator`` imported (vLLM's own ``/metrics`` route), once that module is imported.
 Anything unexpected — another registry, a failure while rendering ours — falls back to the original encoder
 with our collector in it, as without this module.
+
+A bucket's exemplar (``FilesCollector.families``) is written after its value as the encoder writes it (from a
+one-sample family with that exemplar, cached per encoder and exemplar): by the OpenMetrics encoder; an encoder that
+writes no exemplars (the text format's) is found out once and then never asked again, so its output is what it
+would be without exemplars.
 """
 
 from __future__ import annotations
@@ -70,6 +75,10 @@ class Renderer:
         self.collector = collector
         self._headers: dict[tuple, str] = {}
         self._prefixes: dict[tuple, str] = {}
+        #: Per encoder: whether it writes exemplars (found out at the first exemplar it is given).
+        self._writes_exemplars: dict[tuple, bool] = {}
+        #: Per encoder: {(sample, labels, exemplar): text after the value}, of its previous render.
+        self._exemplar_texts: dict[tuple, dict] = {}
 
     @staticmethod
     def _key(encoder) -> tuple:
@@ -85,27 +94,53 @@ class Renderer:
         headers, prefixes = self._headers, self._prefixes
         out: list[str] = []
         append = out.append
+        writes_exemplars = self._writes_exemplars.get(key)
+        texts = self._exemplar_texts.get(key, {})
+        used: dict = {}
         for name, typ, help_text, rows in self.collector.families():
             header = headers.get((key, name, typ, help_text))
             if header is None:
                 header = self._header(encoder, key, name, typ, help_text)
             append(header)
-            for sample, labels, value in rows:
+            for sample, labels, value, exemplar in rows:
                 prefix = prefixes.get((key, name, sample, labels))
                 if prefix is None:
                     prefix = self._prefix(encoder, key, name, typ, help_text, sample, labels)
                 append(prefix)
                 append(floatToGoString(value))
+                if exemplar is not None and writes_exemplars is not False:
+                    cached = (sample, labels, tuple(exemplar.labels.items()), exemplar.value, exemplar.timestamp)
+                    text = texts.get(cached)
+                    if text is None:
+                        text = self._exemplar(encoder, key, name, typ, help_text, sample, labels, prefix, exemplar)
+                        writes_exemplars = self._writes_exemplars[key] = bool(text)
+                    used[cached] = text
+                    append(text)
                 append("\n")
+        if writes_exemplars:
+            self._exemplar_texts[key] = used  # exemplars replaced since are forgotten
         return "".join(out)
 
-    def _encode(self, encoder, name, typ, help_text, sample=None, labels=()) -> str:
+    def _exemplar(self, encoder, key, name, typ, help_text, sample, labels, prefix, exemplar) -> str:
+        """What ``encoder`` writes after the value of ``sample`` with ``exemplar`` ("" when it writes none)."""
+        header = self._headers[(key, name, typ, help_text)]
+        text = self._encode(encoder, name, typ, help_text, sample, labels, exemplar)
+        line = text[len(header) :]
+        start = prefix + _PROBE_TEXT[1:-1]
+        if not text.startswith(header) or not line.startswith(start) or not line.endswith("\n"):
+            raise ValueError(f"unexpected rendering of {sample} with an exemplar: {line!r}")
+        rest = line[len(start) : -1]
+        if "\n" in rest:
+            raise ValueError(f"unexpected rendering of {sample} with an exemplar: {line!r}")
+        return rest
+
+    def _encode(self, encoder, name, typ, help_text, sample=None, labels=(), exemplar=None) -> str:
         from prometheus_client.metrics_core import Metric
         from prometheus_client.samples import Sample
 
         metric = Metric(name, help_text, typ)
         if sample is not None:
-            metric.samples.append(Sample(sample, dict(labels), _PROBE))
+            metric.samples.append(Sample(sample, dict(labels), _PROBE, None, exemplar))
         text = encoder(_One([metric]))
         if text.endswith(_EOF):
             text = text[: -len(_EOF)]

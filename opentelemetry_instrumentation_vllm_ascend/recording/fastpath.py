@@ -15,17 +15,23 @@ interval). Counts are exact: no sampling. Histogram sums are float sums of the s
 can differ from the SDK's in the last bits because the SDK adds per collection interval and then to
 the running total (and a delta sum here is a difference of cumulative sums). A collection taken
 while another thread records may lag that thread's observation in flight by one export interval.
+
+Exemplars (``record_exemplar``: an observation that names its trace) are kept as the SDK's
+``AlignedHistogramBucketExemplarReservoir`` keeps them: the latest one per bucket and series, each handed
+to every reader once, in its first collection after the observation (then that reader's reservoir is
+empty again, cumulative or delta). ``record`` / ``record_many`` / ``record_n`` never touch them.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from time import time_ns
 from types import MappingProxyType
 
-from opentelemetry.sdk.metrics import Counter
+from opentelemetry.sdk.metrics import Counter, Exemplar
 from opentelemetry.sdk.metrics import Histogram as HistogramInstrument
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -41,7 +47,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from .. import catalogue, targets
+from .. import catalogue, environment, targets
 from ..context import series_attributes as _attributes
 
 try:  # MetricReader keys its temporality table by the SDK's internal instrument classes
@@ -54,6 +60,8 @@ except ImportError:  # pragma: no cover - older/newer SDK layouts
     _COUNTER_KEY, _HISTOGRAM_KEY = Counter, HistogramInstrument
 
 _INF = float("inf")
+#: Orders exemplars across instruments: a reader's collection takes those numbered after its previous one.
+_EXEMPLAR_SEQUENCE = itertools.count(1)
 DELTA = AggregationTemporality.DELTA
 CUMULATIVE = AggregationTemporality.CUMULATIVE
 
@@ -110,12 +118,45 @@ class FastHistogram(_Instrument):
     delta reader. ``record`` / ``record_many`` are closures over this instrument's thread-local and
     bounds (no attribute lookups on the hot path)."""
 
-    __slots__ = ("bounds", "record", "record_many", "record_n")
+    __slots__ = ("bounds", "record", "record_many", "record_n", "exemplars_on", "_exemplars", "_exemplar_lock")
 
-    def __init__(self, spec: catalogue.MetricSpec, windows: bool = False) -> None:
+    def __init__(self, spec: catalogue.MetricSpec, windows: bool = False, exemplars: bool = True) -> None:
         super().__init__(spec)
         self.bounds = tuple(float(b) for b in spec.buckets or ())
         self.record, self.record_many, self.record_n = self._recorders(windows)
+        #: False with OTEL_METRICS_EXEMPLAR_FILTER=always_off: ``record_exemplar`` only records.
+        self.exemplars_on = exemplars
+        #: {label values: {bucket index: (sequence, value, time ns, trace id, span id)}}, the latest per bucket.
+        self._exemplars: dict[tuple, dict[int, tuple]] = {}
+        self._exemplar_lock = threading.Lock()
+
+    def record_exemplar(self, value, labels: tuple, trace_id: int, span_id: int) -> None:
+        """``record(value, labels)``, and the observation becomes its bucket's exemplar (the bucket's previous
+        one, if no reader collected it yet, is replaced, as the SDK's aligned-bucket reservoir does)."""
+        self.record(value, labels)
+        if not self.exemplars_on:
+            return
+        offered = (next(_EXEMPLAR_SEQUENCE), value, time_ns(), trace_id, span_id)
+        index = bisect_left(self.bounds, value)
+        with self._exemplar_lock:
+            per = self._exemplars.get(labels)
+            if per is None:
+                per = self._exemplars[labels] = {}
+            per[index] = offered
+
+    def exemplars(self, after: int, upto: int) -> dict:
+        """{label values: [(value, time ns, trace id, span id), …]} of the exemplars numbered in (after, upto),
+        in bucket order (a reader's collection: those offered since its previous one)."""
+        if not self._exemplars:
+            return {}
+        out: dict = {}
+        with self._exemplar_lock:
+            items = [(labels, sorted(per.items())) for labels, per in self._exemplars.items()]
+        for labels, per in items:
+            chosen = [offered[1:] for _index, offered in per if after < offered[0] < upto]
+            if chosen:
+                out[labels] = chosen
+        return out
 
     def _state(self, labels):
         try:
@@ -273,6 +314,10 @@ class Store:
         self._lock = threading.Lock()
         self._previous: dict[int, tuple[int, dict]] = {}  # per delta reader: (time, {seed: snapshot})
         self._windows = False  # keep per-interval min/max: only when a reader takes delta histograms
+        #: OTEL_METRICS_EXEMPLAR_FILTER, read once as the SDK's MeterProvider reads it.
+        self._exemplars = environment.exemplars_enabled()
+        #: Per reader: the exemplar sequence number its previous collection stopped at.
+        self._exemplars_taken: dict[int, int] = {}
         #: Called at the start of every collection (observable gauges set their values there).
         self.before_collect: list = []
 
@@ -283,7 +328,7 @@ class Store:
                 instrument = self._instruments.get(spec.seed)
                 if instrument is None:
                     if spec.kind == catalogue.HISTOGRAM:
-                        instrument = FastHistogram(spec, windows=self._windows)
+                        instrument = FastHistogram(spec, windows=self._windows, exemplars=self._exemplars)
                     else:
                         instrument = _KINDS[spec.kind](spec)
                     self._instruments[spec.seed] = instrument
@@ -305,6 +350,8 @@ class Store:
         histogram_t = temporalities.get(_HISTOGRAM_KEY, temporalities.get(HistogramInstrument, CUMULATIVE))
         gauge_t = temporalities.get(_GAUGE_KEY, CUMULATIVE)
         now = time_ns()
+        exemplars_after = self._exemplars_taken.get(id(reader), 0)
+        exemplars_upto = self._exemplars_taken[id(reader)] = next(_EXEMPLAR_SEQUENCE)
         delta = DELTA in (counter_t, histogram_t, gauge_t)
         previous_time, previous = self._previous.get(id(reader), (None, {}))
         current: dict = {}
@@ -337,6 +384,7 @@ class Store:
                     previous_time,
                     now,
                     extra,
+                    instrument.exemplars(exemplars_after, exemplars_upto),
                 )
                 if points:
                     metrics.append(
@@ -372,9 +420,12 @@ class Store:
         return points
 
     @staticmethod
-    def _histogram_points(snap, before, labels, temporality, bounds, start_ns, previous_time, now, extra=None):
+    def _histogram_points(
+        snap, before, labels, temporality, bounds, start_ns, previous_time, now, extra=None, exemplars=None
+    ):
         points = []
         for key, (count, sum_, mn, mx, buckets, wmin, wmax) in snap.items():
+            offered = exemplars.get(key) if exemplars else None
             if temporality == DELTA:
                 old = before.get(key)
                 if old is not None:
@@ -386,7 +437,23 @@ class Store:
                 start = previous_time or start_ns
             else:
                 start = start_ns
+            attributes = _attributes(labels, key, extra)
+            # As the SDK's reservoir reports them: the measurement's attributes less the point's (none here).
+            filtered = {} if attributes else None
             points.append(
-                HistogramDataPoint(_attributes(labels, key, extra), start, now, count, sum_, buckets, bounds, mn, mx)
+                HistogramDataPoint(
+                    attributes,
+                    start,
+                    now,
+                    count,
+                    sum_,
+                    buckets,
+                    bounds,
+                    mn,
+                    mx,
+                    [Exemplar(filtered, value, t, span_id, trace_id) for value, t, trace_id, span_id in offered]
+                    if offered
+                    else [],
+                )
             )
         return points

@@ -3,17 +3,24 @@
 :class:`FilesCollector` merges every process's files of one directory (written by ``files_writer``) as
 prometheus_client's MultiProcessCollector would, with parsed keys cached across scrapes; where vLLM merges
 ``PROMETHEUS_MULTIPROC_DIR`` itself, :func:`guard_multiprocess_collector` keeps a file of ours that is not
-whole from taking its ``/metrics`` down. Gauges of processes that no longer run (``identity``) are skipped.
+whole from taking its ``/metrics`` down and adds our exemplars to its histogram buckets. Gauges of processes that
+no longer run (``identity``) are skipped.
+
+Exemplars: each process's ``exemplars_otel-<pid>.json`` (``files_writer``) holds the latest exemplar of each
+bucket it recorded; :class:`ExemplarFiles` merges them (the newest per bucket over processes) and both collectors
+put them on the bucket samples (``Sample.exemplar``). prometheus_client's OpenMetrics encoder writes them; its text
+encoder leaves them out, so a text scrape is what it would be without them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import struct
 import threading
 
-from .identity import FILE_TOKEN, file_pid, file_process_alive, files
+from .identity import EXEMPLARS_FILE, FILE_TOKEN, file_pid, file_process_alive, files
 
 logger = logging.getLogger(__name__)
 
@@ -91,11 +98,122 @@ class _GuardedReadMetrics:
         return self.original.__func__(kept)
 
 
-class MultiprocessGuard:
-    __slots__ = ("replacement",)
+class ExemplarFiles:
+    """The exemplars of every process's ``exemplars_otel-<pid>.json`` in one directory, merged: for each bucket the
+    newest over processes. A file is parsed again only when it changed (size or modification time); one that
+    cannot be read is left out (one warning)."""
 
-    def __init__(self, replacement) -> None:
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._parsed: dict[str, tuple[tuple[int, int], list]] = {}
+        self._skipped: set[str] = set()
+
+    def _rows(self, path: str) -> list:
+        st = os.stat(path)
+        signature = (st.st_mtime_ns, st.st_size)
+        cached = self._parsed.get(path)
+        if cached is not None and cached[0] == signature:
+            return cached[1]
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+        rows = []
+        for name, labels, le, value, timestamp, trace_id, span_id in raw:
+            rest = tuple(sorted((str(k), str(v)) for k, v in labels))
+            rows.append(((str(name) + "_bucket", rest, str(le)), float(value), float(timestamp), trace_id, span_id))
+        self._parsed[path] = (signature, rows)
+        return rows
+
+    def read(self) -> dict:
+        """{(bucket sample name, sorted label items without ``le``, ``le``): prometheus_client ``Exemplar``}"""
+        newest: dict = {}
+        paths = files(self.directory, f"{EXEMPLARS_FILE}_{FILE_TOKEN}*.json")
+        for path in paths:
+            try:
+                rows = self._rows(path)
+            except FileNotFoundError:
+                continue
+            except Exception as exc:
+                _warn_unreadable(self._skipped, path, exc)
+                continue
+            for key, value, timestamp, trace_id, span_id in rows:
+                current = newest.get(key)
+                if current is None or current[1] < timestamp:
+                    newest[key] = (value, timestamp, trace_id, span_id)
+        if len(self._parsed) > len(paths):  # files gone since: forget them
+            kept = set(paths)
+            self._parsed = {path: parsed for path, parsed in self._parsed.items() if path in kept}
+        if not newest:
+            return {}
+        from prometheus_client.samples import Exemplar
+
+        return {
+            key: Exemplar({"trace_id": str(trace_id), "span_id": str(span_id)}, value, timestamp)
+            for key, (value, timestamp, trace_id, span_id) in newest.items()
+        }
+
+
+def attach_exemplars(metrics, exemplars: dict) -> None:
+    """Put ``exemplars`` (``ExemplarFiles.read()``) on the matching bucket samples of ``metrics`` (prometheus_client
+    ``Metric``s, changed in place)."""
+    if not exemplars:
+        return
+    for metric in metrics:
+        if metric.type != "histogram":
+            continue
+        samples = metric.samples
+        for i, sample in enumerate(samples):
+            if sample.exemplar is not None or not sample.name.endswith("_bucket"):
+                continue
+            le = sample.labels.get("le")
+            rest = tuple(sorted(item for item in sample.labels.items() if item[0] != "le"))
+            exemplar = exemplars.get((sample.name, rest, le))
+            if exemplar is not None:
+                samples[i] = sample._replace(exemplar=exemplar)
+
+
+class _ExemplarCollect:
+    """``MultiProcessCollector.collect`` with our exemplars on its buckets (prometheus_client's multiprocess mode
+    has no exemplars: the files hold values only). The merged samples are passed on otherwise untouched."""
+
+    def __init__(self, original) -> None:
+        self.original = original  # the function of MultiProcessCollector
+        self.readers: dict[str, ExemplarFiles] = {}
+        self.failed = False
+
+    def __call__(self, collector):
+        metrics = self.original(collector)
+        try:
+            directory = collector._path
+            reader = self.readers.get(directory)
+            if reader is None:
+                reader = self.readers[directory] = ExemplarFiles(directory)
+            metrics = list(metrics)
+            attach_exemplars(metrics, reader.read())
+        except Exception:  # never /metrics down for an exemplar
+            if not self.failed:
+                self.failed = True
+                logger.warning(
+                    "opentelemetry-instrumentation-vllm-ascend: cannot add exemplars to /metrics", exc_info=True
+                )
+        return metrics
+
+    def __get__(self, instance, owner=None):  # a method of the collector, as the function it replaces
+        return self if instance is None else _bound(self, instance)
+
+
+def _bound(replacement: _ExemplarCollect, instance):
+    def collect():
+        return replacement(instance)
+
+    return collect
+
+
+class MultiprocessGuard:
+    __slots__ = ("replacement", "collect")
+
+    def __init__(self, replacement, collect=None) -> None:
         self.replacement = replacement
+        self.collect = collect
 
     def remove(self) -> None:
         from prometheus_client.multiprocess import MultiProcessCollector
@@ -104,11 +222,13 @@ class MultiprocessGuard:
         current = MultiProcessCollector.__dict__.get("_read_metrics")
         if isinstance(current, staticmethod) and current.__func__ is replacement:
             MultiProcessCollector._read_metrics = replacement.original
+        if self.collect is not None and MultiProcessCollector.__dict__.get("collect") is self.collect:
+            MultiProcessCollector.collect = self.collect.original
 
 
 def guard_multiprocess_collector() -> MultiprocessGuard | None:
-    """Install ``_GuardedReadMetrics`` in this process (where vLLM serves ``/metrics`` from
-    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or it is in place."""
+    """Install ``_GuardedReadMetrics`` and ``_ExemplarCollect`` in this process (where vLLM serves ``/metrics`` from
+    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or they are in place."""
     from prometheus_client.multiprocess import MultiProcessCollector
 
     original = MultiProcessCollector.__dict__.get("_read_metrics")
@@ -116,7 +236,12 @@ def guard_multiprocess_collector() -> MultiprocessGuard | None:
         return None
     replacement = _GuardedReadMetrics(original)
     MultiProcessCollector._read_metrics = staticmethod(replacement)
-    return MultiprocessGuard(replacement)
+    collect = MultiProcessCollector.__dict__.get("collect")
+    exemplar_collect = None
+    if callable(collect) and not isinstance(collect, _ExemplarCollect):
+        exemplar_collect = _ExemplarCollect(collect)
+        MultiProcessCollector.collect = exemplar_collect
+    return MultiprocessGuard(replacement, exemplar_collect)
 
 
 class _Skip(threading.local):
@@ -140,6 +265,7 @@ class FilesCollector:
         #: Set (per thread) while recording/exposition.py renders these families itself: collect() yields none.
         self.skip = _Skip()
         self._skipped: set[str] = set()
+        self.exemplar_files = ExemplarFiles(directory)
 
     def describe(self):
         return []
@@ -170,14 +296,17 @@ class FilesCollector:
         out = []
         for name, typ, help_text, samples in self.families():
             metric = Metric(name, help_text, typ)
-            metric.samples.extend(Sample(sample, dict(labels), value) for sample, labels, value in samples)
+            metric.samples.extend(
+                Sample(sample, dict(labels), value, None, exemplar) for sample, labels, value, exemplar in samples
+            )
             out.append(metric)
         return out
 
     def families(self) -> list:
         """Every family merged over the directory's files: ``[(name, type, help, [(sample name, label items,
-        value)])]``, in exposition order (a histogram's cumulative buckets and ``_count`` per label set, then its
-        ``_sum`` samples)."""
+        value, exemplar or None)])]``, in exposition order (per label set, a histogram's cumulative buckets, ``_count``
+        and ``_sum``: OpenMetrics keeps a label set's samples together); a bucket's exemplar is the newest any
+        process recorded for it."""
         from prometheus_client.utils import floatToGoString
 
         families: dict[str, list] = {}  # name -> [type, help, mode, values {(sample, labels): v}, buckets]
@@ -219,8 +348,14 @@ class FilesCollector:
                     samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
         out = []
         le_of = self._le
+        try:
+            exemplars = self.exemplar_files.read()
+        except Exception as exc:  # never /metrics down for an exemplar
+            self._unreadable(self.directory, exc)
+            exemplars = {}
         for name, (typ, help_text, _mode, samples, buckets) in families.items():
             rows = []
+            bucket_name = name + "_bucket"
             for rest, per in buckets.items():
                 acc = 0.0
                 for bound in sorted(per):
@@ -228,10 +363,14 @@ class FilesCollector:
                     le = le_of.get(bound)
                     if le is None:
                         le = le_of[bound] = floatToGoString(bound)
-                    rows.append((name + "_bucket", rest + (("le", le),), acc))
-                rows.append((name + "_count", rest, acc))
+                    exemplar = exemplars.get((bucket_name, rest, le)) if exemplars else None
+                    rows.append((bucket_name, rest + (("le", le),), acc, exemplar))
+                rows.append((name + "_count", rest, acc, None))
+                total = samples.pop((name + "_sum", rest), None)  # with its label set's buckets (OpenMetrics)
+                if total is not None:
+                    rows.append((name + "_sum", rest, total, None))
             for (sample, labels), value in samples.items():
-                rows.append((sample, labels, value[0] if isinstance(value, tuple) else value))
+                rows.append((sample, labels, value[0] if isinstance(value, tuple) else value, None))
             out.append((name, typ, help_text, rows))
         return out
 

@@ -15,17 +15,24 @@ Counters and histograms of processes that exited stay in the sum (their files re
 gauges of dead processes are dropped (the process removes its gauge file at exit; FilesCollector
 also skips files of pids that no longer run).
 
+Histogram exemplars (``recording.record_exemplar``), which prometheus_client's multiprocess files cannot hold,
+go into a side file per process, ``exemplars_otel-<pid>.json``: the latest exemplar of each bucket of each series,
+rewritten whole (to a temporary file, then renamed) when an export brings new ones. ``files_reader`` attaches
+them to the bucket samples, which the OpenMetrics format shows and the text format leaves out.
+
 This module writes the files; ``files_reader`` reads and merges them, ``identity`` tells whose they are.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import math
 import os
 import re
 import time
+from bisect import bisect_left
 from types import MappingProxyType
 from typing import Any
 
@@ -49,7 +56,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 
 from .. import catalogue, environment
-from .identity import FILE_TOKEN, files, forget_identity, remove_dead_live_gauges, write_identity
+from .identity import EXEMPLARS_FILE, FILE_TOKEN, files, forget_identity, remove_dead_live_gauges, write_identity
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +121,8 @@ class FilesExporter(MetricExporter):
         #: Per series (kind, OTel name, attribute items): its file keys and the values last written.
         #: series key -> a histogram's or counter's [keys, values written] list, a gauge's (key, file type)
         self._series: dict[tuple, Any] = {}
+        #: Per histogram series (family name, sorted label items): {le: [value, time s, trace id hex, span id hex]}.
+        self._exemplars: dict[tuple, dict[str, list]] = {}
         self._closed = False
         self._failed_once = False
 
@@ -174,6 +183,7 @@ class FilesExporter(MetricExporter):
         and only the buckets that changed are rewritten. Gauges are always written (their timestamp
         decides between processes). File keys are built once per series."""
         now = time.time()
+        exemplars_changed = False
         series_of = self._series
         skip = self._skip
         for resource_metrics in metrics_data.resource_metrics:
@@ -198,7 +208,9 @@ class FilesExporter(MetricExporter):
                             counts = tuple(point.bucket_counts)
                             if series is None or series[2] != tuple(point.explicit_bounds):
                                 series = series_of[series_key] = self._new_histogram(metric, point)
-                            elif series[3] == counts and series[4] == point.sum:
+                            if point.exemplars:
+                                exemplars_changed = self._take_exemplars(series, point) or exemplars_changed
+                            if series[3] == counts and series[4] == point.sum:
                                 continue
                             self._write_histogram(series, counts, float(point.sum))
                         elif kind == "c":
@@ -212,19 +224,56 @@ class FilesExporter(MetricExporter):
                             if series is None:
                                 series = series_of[series_key] = self._new_gauge(metric, point)
                             self._write(series[1], series[0], float(point.value), now)
+        if exemplars_changed:
+            self._write_exemplars()
 
     def _new_histogram(self, metric, point) -> list:
-        """[bucket keys, sum key, bounds, counts written, sum written]"""
+        """[bucket keys, sum key, bounds, counts written, sum written, (family name, label items), le per bucket]"""
         from prometheus_client.mmap_dict import mmap_key
 
         name, help_text = self._name(metric.name), _help(metric.description or "", metric.unit or "")
         keys, values = self._labels(point.attributes)
         bounds = tuple(point.explicit_bounds)
-        bucket_keys = [
-            mmap_key(name, name + "_bucket", keys + ["le"], values + [_go_float(bound)], help_text)
-            for bound in bounds + (math.inf,)
+        les = [_go_float(bound) for bound in bounds + (math.inf,)]
+        bucket_keys = [mmap_key(name, name + "_bucket", keys + ["le"], values + [le], help_text) for le in les]
+        sum_key = mmap_key(name, name + "_sum", keys, values, help_text)
+        return [bucket_keys, sum_key, bounds, None, None, (name, tuple(zip(keys, values))), les]
+
+    def _take_exemplars(self, series: list, point) -> bool:
+        """Keep each exemplar of ``point`` as its bucket's latest; whether any was new."""
+        bounds, les = series[2], series[6]
+        per = self._exemplars.get(series[5])
+        if per is None:
+            per = self._exemplars[series[5]] = {}
+        changed = False
+        for exemplar in point.exemplars:
+            if exemplar.trace_id is None or exemplar.span_id is None:
+                continue
+            entry = [
+                float(exemplar.value),
+                exemplar.time_unix_nano / 1e9,
+                format(exemplar.trace_id, "032x"),
+                format(exemplar.span_id, "016x"),
+            ]
+            le = les[bisect_left(bounds, exemplar.value)]
+            if per.get(le) != entry:
+                per[le] = entry
+                changed = True
+        return changed
+
+    def _write_exemplars(self) -> None:
+        """This process's exemplars file, whole: ``[[family, [[label, value], …], le, value, time s, trace id,
+        span id], …]``, written aside and renamed over the previous one (a reader never sees half of it)."""
+        rows = [
+            [name, [list(item) for item in labels], le, *entry]
+            for (name, labels), per in self._exemplars.items()
+            for le, entry in per.items()
         ]
-        return [bucket_keys, mmap_key(name, name + "_sum", keys, values, help_text), bounds, None, None]
+        path = os.path.join(self._dir, f"{EXEMPLARS_FILE}_{FILE_TOKEN}{self._pid}.json")
+        temporary = path + ".tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            json.dump(rows, f, separators=(",", ":"))
+        os.replace(temporary, path)
 
     def _write_histogram(self, series: list, counts: tuple, sum_: float) -> None:
         write = self._write

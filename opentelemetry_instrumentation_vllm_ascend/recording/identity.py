@@ -18,7 +18,10 @@ from ..context import BOOT_ID
 
 #: The token in our file names that keeps them apart from prometheus_client's own per-pid files.
 FILE_TOKEN = "otel-"
-_PID_RE = re.compile(r"_otel-(\d+)\.(?:db|id)$")
+#: The type of a process's exemplars file, ``exemplars_otel-<pid>.json`` (``files_writer``): not a ``*.db`` file,
+#: so prometheus_client's MultiProcessCollector never reads it.
+EXEMPLARS_FILE = "exemplars"
+_PID_RE = re.compile(r"_otel-(\d+)\.(?:db|id|json)$")
 
 
 def proc_stat(pid: int) -> list[bytes]:
@@ -146,6 +149,7 @@ def _remove_files_of_dead(directory: str, pattern: str) -> None:
 def remove_dead_files(directory: str) -> None:
     """Drop our files left by processes of an earlier run (PROMETHEUS_MULTIPROC_DIR reused): those
     of pids that no longer run, or run as another process (a pid reused after a container restart)."""
+    _remove_files_of_dead(directory, f"{EXEMPLARS_FILE}_{FILE_TOKEN}*.json")
     _remove_files_of_dead(directory, f"*_{FILE_TOKEN}*.db")
 
 

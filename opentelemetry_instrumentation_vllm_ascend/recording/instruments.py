@@ -47,6 +47,9 @@ class _Disabled:
     def record_n(self, value, n, labels) -> None:
         pass
 
+    def record_exemplar(self, value, labels, trace_id, span_id) -> None:
+        pass
+
 
 def _instrument(spec: catalogue.MetricSpec):
     instrument = _instruments.get(spec.seed)
@@ -93,6 +96,18 @@ def record_n(spec: catalogue.MetricSpec, value: float, n: int, labels: tuple, _g
     if instrument is None:
         instrument = _instrument(spec)
     instrument.record_n(value, n, labels)
+
+
+def record_exemplar(spec: catalogue.MetricSpec, value: float, labels: tuple, trace_id: int, span_id: int) -> None:
+    """One histogram observation, counted exactly as ``record`` counts it, that is also offered as its bucket's
+    exemplar: ``trace_id`` (128-bit) and ``span_id`` (64-bit) of an exported trace, the value and the time. Each
+    bucket of a series keeps its latest exemplar; they reach OTLP (``HistogramDataPoint.exemplars``) and the
+    OpenMetrics format of ``/metrics``. With OTEL_METRICS_EXEMPLAR_FILTER=always_off only the observation is
+    recorded. For a request's histograms (once per request): ``record`` stays the hot path's call."""
+    instrument = _instruments.get(spec.seed)
+    if instrument is None:
+        instrument = _instrument(spec)
+    instrument.record_exemplar(value, labels, trace_id, span_id)
 
 
 def set_gauge(spec: catalogue.MetricSpec, value: float, labels: tuple) -> None:

@@ -59,6 +59,11 @@ class _SdkInstrument:
     def record(self, value, labels: tuple) -> None:
         self._instrument.record(value, self._attributes(labels))
 
+    def record_exemplar(self, value, labels: tuple, trace_id: int, span_id: int) -> None:
+        """One observation in the context of a sampled span of that trace: the SDK's exemplar filter and
+        reservoir (``OTEL_METRICS_EXEMPLAR_FILTER``) make it its bucket's exemplar."""
+        self._instrument.record(value, self._attributes(labels), context=exemplar_context(trace_id, span_id))
+
     def set(self, value, labels: tuple) -> None:
         self._instrument.set(value, self._attributes(labels))
 
@@ -71,6 +76,15 @@ class _SdkInstrument:
         attributes = self._attributes(labels)
         for _ in range(n):
             self._instrument.record(value, attributes)
+
+
+def exemplar_context(trace_id: int, span_id: int):
+    """A context whose current span is a non-recording span of a sampled ``trace_id`` / ``span_id`` (what the
+    SDK's trace-based exemplar filter and reservoirs read; nothing is started or exported)."""
+    from opentelemetry import trace
+
+    span_context = trace.SpanContext(trace_id, span_id, is_remote=False, trace_flags=trace.TraceFlags(1))
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
 
 
 class Pipeline:

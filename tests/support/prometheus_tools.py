@@ -69,9 +69,11 @@ def promtool(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
 
 class Prometheus:
     """A real Prometheus on a free local port scraping ``targets`` (host:port) every second, its data and log
-    under ``root``; ``stop()`` ends it."""
+    under ``root``; ``stop()`` ends it. ``flags``: further command-line flags (``--enable-feature=…``)."""
 
-    def __init__(self, root, targets: list[str], job: str = "vllm", rule_files: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, root, targets: list[str], job: str = "vllm", rule_files: tuple[str, ...] = (), flags: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         config = root / "prometheus.yml"
         config.write_text(
@@ -88,6 +90,7 @@ class Prometheus:
                 f"--config.file={config}",
                 f"--storage.tsdb.path={root / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                *flags,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
