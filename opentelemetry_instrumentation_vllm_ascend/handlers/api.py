@@ -363,7 +363,11 @@ class FinishedRequest(Handler):
       finish reason when it is ``abort`` or ``error``;
     - for a request that did not fail: ``gen_ai.server.time_to_first_token`` = ``req_stats.first_token_latency``
       (the value vLLM put into its TTFT histogram for it; none if it produced no token) and, with at least two
-      generated tokens, ``gen_ai.server.time_per_output_token`` = decode_time / (tokens - 1)."""
+      generated tokens, ``gen_ai.server.time_per_output_token`` = decode_time / (tokens - 1).
+
+    When the request's trace is exported (OTEL_VLLM_ASCEND_TRACES, docs/traces.md), each of these values carries
+    it as an exemplar: vLLM finishes the request (``OutputProcessor._finish_request``, where the trace is decided)
+    just before it records these stats, and the trace's request span lasts exactly ``e2e_latency``."""
 
     params = ("finish_reason", "request_id", "num_prompt_tokens", "max_tokens_param", "req_stats")
 
@@ -375,6 +379,14 @@ class FinishedRequest(Handler):
         reason = str(args[1])  # FinishReason.__str__: stop, length, abort, error, repetition
         error = reason if reason in _GENAI_ERRORS else None
         labels, short = _labels_of(genai_operation(args[2]), error)
+        # The request's trace, when it is exported (handlers/traces.py): each value carries it as an exemplar.
+        ids = TRACKER.exported_ids(args[5]) if TRACKER.on else None
+        if ids is not None:
+            trace_id, span_id = ids
+
+            def _record(spec, value, labels, _exemplar=recording.record_exemplar):
+                _exemplar(spec, value, labels, trace_id, span_id)
+
         try:  # three independent reads: one that moved costs only its metric (reported, hook_errors)
             e2e = finished.e2e_latency
         except Exception:

@@ -11,7 +11,7 @@ journey is dropped and counted in ``traces_dropped``). The export thread turns q
 chooses them), every ``OTEL_BSP_SCHEDULE_DELAY`` ms or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` wait.
 
 Clock: engine events carry the EngineCore's ``time.monotonic()``; the API server (same host, the same
-CLOCK_MONOTONIC) maps them to wall time with ``time.time() - time.monotonic()`` read when the batch is built. Intervals
+CLOCK_MONOTONIC) maps them to wall time with ``time.time_ns() - time.monotonic_ns()`` read when the batch is built. Intervals
 between engine events are exact; their placement against the request's arrival (the API server's wall clock) is off
 by how much the wall clock was adjusted between the event and the batch (NTP slew: at most 0.5 ms per second).
 """
@@ -275,7 +275,7 @@ class Tracing:
                 batch: list = []
                 while queue and len(batch) < self.batch_size:
                     batch.append(queue.popleft())
-                offset = time.time() - time.monotonic()
+                offset = time.time_ns() - time.monotonic_ns()
                 spans = []
                 for journey in batch:
                     try:
@@ -315,8 +315,9 @@ class Tracing:
                 logger.debug("span exporter shutdown failed", exc_info=True)
 
     # -- spans ---------------------------------------------------------------------------------------------------
-    def spans(self, journey: Journey, offset: float) -> list:
-        """The ReadableSpans of a kept journey: the request span and its children (docs/traces.md)."""
+    def spans(self, journey: Journey, offset: int) -> list:
+        """The ReadableSpans of a kept journey: the request span and its children (docs/traces.md). ``offset``: wall
+        minus monotonic clock, in nanoseconds."""
         from opentelemetry import trace as trace_api
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -331,7 +332,7 @@ class Tracing:
         end = start + _ns(journey.e2e or 0.0)
 
         def wall(ts: float) -> int:
-            return _ns(ts + offset)
+            return _ns(ts) + offset
 
         children = []
 
