@@ -11,9 +11,10 @@ journey is dropped and counted in ``traces_dropped``). The export thread turns q
 chooses them), every ``OTEL_BSP_SCHEDULE_DELAY`` ms or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` wait.
 
 Clock: engine events carry the EngineCore's ``time.monotonic()``; the API server (same host, the same
-CLOCK_MONOTONIC) maps them to wall time with ``time.time_ns() - time.monotonic_ns()`` read when the batch is built. Intervals
-between engine events are exact; their placement against the request's arrival (the API server's wall clock) is off
-by how much the wall clock was adjusted between the event and the batch (NTP slew: at most 0.5 ms per second).
+CLOCK_MONOTONIC) maps them to wall time with ``time.time_ns() - time.monotonic_ns()`` read when the batch is built.
+Intervals between engine events are exact (to the nanosecond); their placement against the request's arrival (the
+API server's wall clock) is off by how much the wall clock was adjusted between the event and the batch (NTP slew:
+at most 0.5 ms per second).
 """
 
 from __future__ import annotations
