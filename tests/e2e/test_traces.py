@@ -211,3 +211,49 @@ def test_every_exemplar_is_an_exported_trace_whose_duration_it_is(served):
                 assert abs(exemplar.as_double - root.duration / 1e9) < 1e-6
                 seen += 1
     assert seen > 0
+
+
+# -- data parallel: two engines, two API servers; vLLM's own tracing on too -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dp2(tmp_path_factory):
+    from tests.e2e.test_topologies import ONE_CORE_EACH, concurrently, started, value, vllm_command_env
+
+    root = tmp_path_factory.mktemp("traces-dp2")
+    model = tiny_model.build(str(root / "model"))
+    with TraceReceiver() as traces:
+        env = {
+            **vllm_command_env(root / "vllm-command"),
+            **ONE_CORE_EACH,
+            "OTEL_VLLM_ASCEND_TRACES": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        # vLLM's own llm_request spans would go to the same receiver: there must be one request span per request.
+        args = ["--data-parallel-size", "2", "--otlp-traces-endpoint", traces.endpoint]
+        server = Server(model, cli=True, extra_args=args, env=env, log_path=str(root / "server.log"))
+        with started(server):
+            prompts = [[tiny_model.prompt(8 * k + i) for i in range(8)] for k in range(4)]
+            responses: list = []
+            concurrently([lambda p=p: responses.append(server.batch(p, max_tokens=24)) for p in prompts])
+            wait_for(lambda: len(traces.traces()) >= 32)
+            time.sleep(1.0)
+            text = server.scrape()
+            per_engine = {d: value(text, "vllm:request_success_total", engine=d) for d in ("0", "1")}
+            yield {"traces": traces.traces(), "responses": responses, "per_engine": per_engine}
+
+
+def test_dp2_every_request_has_one_trace_with_its_engine(dp2):
+    ids = {f"{r['id']}-{i}" for r in dp2["responses"] for i in range(len(r["choices"]))}
+    assert len(ids) == 32
+    got = dp2["traces"]  # traces() asserts one request span per request id, vLLM's own llm_request included
+    assert set(got) == ids
+    by_dp: dict = {}
+    for root, _ in got.values():
+        assert root.resource["vllm.process.role"] == "api_server"
+        by_dp[root.attributes["vllm.dp_rank"]] = by_dp.get(root.attributes["vllm.dp_rank"], 0) + 1
+    assert by_dp == {d: n for d, n in dp2["per_engine"].items() if n}
+    assert all(root.name == "text_completion tiny" for root, _ in got.values())
