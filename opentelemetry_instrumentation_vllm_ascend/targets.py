@@ -101,6 +101,9 @@ class Target:
     path: str = ""
     #: A request-trace hook (handlers/traces.py): installed only when OTEL_VLLM_ASCEND_TRACES is true.
     traces: bool = False
+    #: A metrics hook request traces also read from (the output loop's): installed while traces are on, even when
+    #: every metric it feeds is disabled.
+    feeds_traces: bool = False
 
     def __post_init__(self) -> None:
         if self.measures and not self.feeds:
@@ -580,6 +583,7 @@ TARGETS: tuple[Target, ...] = (
         "api:ProcessOutputs",
         feeds=("output_processor_duration", "engine_core_outputs_len", "api_server:output_loop_stage_seconds"),
         process=API_SERVER,
+        feeds_traces=True,  # each request's engine events and output timestamps (handlers/traces.py)
     ),
     # -- request traces (docs/traces.md): installed only when OTEL_VLLM_ASCEND_TRACES is true; the journey's
     # outputs come through OutputProcessor.process_outputs above.

@@ -14,6 +14,7 @@ from packaging.version import Version
 
 from .. import catalogue, neighbours
 from .. import targets as targets_module
+from ..environment import traces_enabled
 from ..hooks.handler import Handler
 from ..hooks.patches import hook_future_class, original_class, patch_method
 from ..kinds import FUTURE_CLASS, SCOPE_FACTORY, SYNC
@@ -45,6 +46,7 @@ def gate_of(target, vllm: Version | None, ascend: Version | None, checking: bool
         patterns
         and target.feeds
         and not target.provides_context
+        and not (target.feeds_traces and traces_enabled())
         and all(metric_disabled(seed, patterns) for seed in target.feeds)
     ):
         return DISABLED
@@ -412,7 +414,8 @@ class Installer:
                         handler = load_handler(target)
                         patch = patch_method(owner, target.attribute, handler, target.kind)
                         self.patches.append(patch)
-                        control.register(patch.hook, target.feeds, target.provides_context)
+                        keep = target.provides_context or (target.feeds_traces and traces_enabled())
+                        control.register(patch.hook, target.feeds, keep)
                     self.status[target.symbol] = RESOLVED
                 except Exception as exc:  # never break the host
                     self.status[target.symbol] = MISSING

@@ -243,13 +243,15 @@ def dp2(tmp_path_factory):
             time.sleep(1.0)
             text = server.scrape()
             per_engine = {d: value(text, "vllm:request_success_total", engine=d) for d in ("0", "1")}
-            yield {"traces": traces.traces(), "responses": responses, "per_engine": per_engine}
+            names = {span.name for span in traces.spans()}
+            yield {"traces": traces.traces(), "responses": responses, "per_engine": per_engine, "names": names}
 
 
 def test_dp2_every_request_has_one_trace_with_its_engine(dp2):
     ids = {f"{r['id']}-{i}" for r in dp2["responses"] for i in range(len(r["choices"]))}
     assert len(ids) == 32
-    got = dp2["traces"]  # traces() asserts one request span per request id, vLLM's own llm_request included
+    assert "llm_request" not in dp2["names"]  # vLLM's own request span (its tracing is on) is replaced by ours
+    got = dp2["traces"]  # traces() asserts one request span per request id
     assert set(got) == ids
     by_dp: dict = {}
     for root, _ in got.values():

@@ -407,3 +407,27 @@ def test_the_trace_exporter_follows_the_traces_protocol(monkeypatch):
 def test_the_drop_metric_is_in_the_catalogue():
     spec = catalogue.TRACES_DROPPED
     assert spec.kind == catalogue.COUNTER and spec.labels == ("dp", "role", "reason")
+
+
+def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_hook(monkeypatch):
+    from opentelemetry_instrumentation_vllm_ascend import targets
+    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import DISABLED, TRACES_OFF, gate_of, vllm_version
+
+    version = vllm_version()
+    rows = [t for t in targets.TARGETS if t.traces]
+    assert {t.qualname for t in rows} == {
+        "BaseServing._get_trace_headers",
+        "OutputProcessor.add_request",
+        "OutputProcessor._finish_request",
+        "OutputProcessor.abort_requests",
+    }
+    (loop,) = [t for t in targets.TARGETS if t.feeds_traces]
+    assert loop.qualname == "OutputProcessor.process_outputs"
+    monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(loop.feeds))
+    monkeypatch.delenv(environment.TRACES, raising=False)
+    assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 4
+    assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 4  # `check` resolves them
+    assert gate_of(loop, version, None) == DISABLED
+    monkeypatch.setenv(environment.TRACES, "true")
+    assert [gate_of(t, version, None) for t in rows] == [None] * 4
+    assert gate_of(loop, version, None) is None  # its metrics are off, the traces still need it
