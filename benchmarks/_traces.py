@@ -1,4 +1,4 @@
-"""H. Request traces: what following a request costs the API server (µs per request), beside an OTel SDK span.
+"""T. Request traces: what following a request costs the API server (µs per request), beside an OTel SDK span.
 
 A request here: added, 16 outputs (the first with QUEUED and SCHEDULED events), finished, among 64 requests that
 share every process_outputs call, as vLLM's output loop hands them over. Plain stand-ins of vLLM's objects (the

@@ -11,7 +11,7 @@ Prints, in one run, side by side on the same synthetic target:
   F. every hook one engine step passes through, per process (benchmarks/_step.py);
   A2. what the other features add per call: a hook switched off, hook-file timers and expressions, a
      time-budget stage boundary, a KV transfer hook, each beside its own bare call;
-  H. request traces: the API server's cost per request (sampled out, kept, its spans built), beside an
+  T. request traces: the API server's cost per request (sampled out, kept, its spans built), beside an
      OTel SDK span's (benchmarks/_traces.py).
 Speed claims in docs/performance.md come from this output, never from timed tests.
 """
@@ -807,7 +807,7 @@ def main(argv=None) -> int:
     from benchmarks import _traces
 
     table(
-        f"H. Request traces, per request ({_traces.OUTPUTS} outputs, {_traces.BATCH} requests an output batch), µs",
+        f"T. Request traces, per request ({_traces.OUTPUTS} outputs, {_traces.BATCH} requests an output batch), µs",
         _traces.trace_rows(args.repeat),
         "µs",
     )
