@@ -259,3 +259,41 @@ def test_dp2_every_request_has_one_trace_with_its_engine(dp2):
         by_dp[root.attributes["vllm.dp_rank"]] = by_dp.get(root.attributes["vllm.dp_rank"], 0) + 1
     assert by_dp == {d: n for d, n in dp2["per_engine"].items() if n}
     assert all(root.name == "text_completion tiny" for root, _ in got.values())
+
+
+# -- --disable-log-stats, vLLM's own tracing on: vLLM alone would trip its assert at the first finished request ----
+
+
+@pytest.fixture(scope="module")
+def no_stats(model, tmp_path_factory):
+    log = str(tmp_path_factory.mktemp("logs") / "no-stats.log")
+    with TraceReceiver() as traces:
+        env = {
+            "OTEL_VLLM_ASCEND_TRACES": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        args = ("--disable-log-stats", "--otlp-traces-endpoint", traces.endpoint)
+        with Server(model, env=env, log_path=log, extra_args=args) as server:
+            responses = [post(server, completion(tiny_model.prompt(400 + i), max_tokens=8)) for i in range(3)]
+            aborted = aborted_stream(server)
+            wait_for(lambda: len(traces.traces()) >= 4)
+            time.sleep(1.0)
+            yield {"responses": responses, "aborted": aborted, "traces": traces.traces(), "log": log}
+
+
+def test_without_log_stats_each_request_still_has_its_trace(no_stats):
+    got = no_stats["traces"]
+    for response in no_stats["responses"]:
+        root, kids = got[f"{response['id']}-0"]
+        assert root.attributes["gen_ai.usage.output_tokens"] == response["usage"]["completion_tokens"] == 8
+        assert root.attributes["gen_ai.response.finish_reasons"] == ("length",)
+        assert [s.name for s in kids] == ["decode"]  # no engine events without stats: the outputs' times only
+        assert "gen_ai.latency.time_to_first_token" in root.attributes
+    root, _ = got[f"{no_stats['aborted']}-0"]
+    assert root.attributes["error.type"] == "abort"
+    assert len(got) == 4
+    with open(no_stats["log"]) as f:
+        assert "AssertionError" not in f.read()
