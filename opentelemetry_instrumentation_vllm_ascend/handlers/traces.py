@@ -81,7 +81,7 @@ class Tracker:
         inflight = self.inflight
         if request_id in inflight:  # a streaming-input update of a request already followed
             return
-        if len(inflight) >= self.limit:
+        if len(inflight) >= self.limit and not self._forget_gone(processor):
             self.tracing().drop("inflight_full")
             return
         if getattr(processor, "tracing_enabled", False):
@@ -117,6 +117,17 @@ class Tracker:
         state = states.get(request_id) if states is not None else None
         journey.stats = getattr(state, "stats", None)
         inflight[request_id] = journey
+
+    def _forget_gone(self, processor) -> bool:
+        """At the limit: forget the journeys of requests vLLM no longer has (their end was not seen: hooks switched
+        off by runtime control meanwhile); True when that made room."""
+        states = getattr(processor, "request_states", None)
+        if states is None:
+            return False
+        gone = [request_id for request_id in self.inflight if request_id not in states]
+        for request_id in gone:
+            del self.inflight[request_id]
+        return len(self.inflight) < self.limit
 
     def _parent(self, headers):
         from opentelemetry import trace as trace_api

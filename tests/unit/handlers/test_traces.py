@@ -378,6 +378,10 @@ def test_at_most_the_inflight_limit_is_followed(tracked):
     for i in range(4):
         processor.add_request(request(f"cmpl-{i}"), None)
     assert len(traces.TRACKER.inflight) == 2 and tracing.dropped == {"inflight_full": 2}
+    # Requests whose end was never seen (runtime control switched the hooks off meanwhile) give their room back.
+    processor.request_states.clear()
+    processor.add_request(request("cmpl-next"), None)
+    assert list(traces.TRACKER.inflight) == ["cmpl-next-0a1b2c3d"]
 
 
 def test_off_follows_nothing(tracked):
