@@ -58,6 +58,11 @@ VARIABLES = (
     ("role", "role", 'label_values(vllm_profiling_instrumented_processes{job=~"$job", instance=~"$instance"}, role)'),
     ("phase", "phase", 'label_values(vllm_profiling_engine_core:engine_core_step:duration_count{job=~"$job"}, phase)'),
 )
+#: The trace data source variable (``${traces}``) the latency panels with exemplars link to: a data source variable
+#: of this plugin type (Grafana's ``tempo``; set it to ``jaeger`` or ``zipkin`` in the dashboard's settings). The
+#: exemplars' own links to their traces come from the Prometheus data source's exemplar setting (docs/deploy.md).
+TRACES_VARIABLE = "traces"
+TRACES_PLUGIN = "tempo"
 #: Labels every query filters on: the scrape's (job, instance, model) and the catalogue's step labels a metric has.
 SCRAPE_LABELS = ("job", "instance", "model")
 FILTER_LABELS = ("dp", "role", "phase")
@@ -187,15 +192,21 @@ class PanelSpec:
     queries: tuple[Query, ...]
     description: str | None = None
     note: str = ""
+    #: The histogram carries exemplars (``recording.record_exemplar``): its last query shows them, linked to traces.
+    exemplars: bool = False
 
 
-def panel(title: str, unit: str, *queries: Query, description: str | None = None, note: str = "") -> PanelSpec:
-    return PanelSpec(title, unit, queries, description, note)
+def panel(
+    title: str, unit: str, *queries: Query, description: str | None = None, note: str = "", exemplars: bool = False
+) -> PanelSpec:
+    return PanelSpec(title, unit, queries, description, note, exemplars)
 
 
-def quantiles(title: str, seed: str, by: tuple[str, ...] = BY_PHASE, legend: str = _LEG_PHASE) -> PanelSpec:
+def quantiles(
+    title: str, seed: str, by: tuple[str, ...] = BY_PHASE, legend: str = _LEG_PHASE, exemplars: bool = False
+) -> PanelSpec:
     """p50, p90 and p99 of one histogram (in seconds)."""
-    return panel(title, "s", query(legend, "quantiles", seed, by=by))
+    return panel(title, "s", query(legend, "quantiles", seed, by=by), exemplars=exemplars)
 
 
 _EPLB_TRANSFERS = (
@@ -215,8 +226,8 @@ OVERVIEW = (
         " (input + output: what the opt-in total_tokens records).",
     ),
     panel("Input tokens per second", "short", query(_LEG, "rate", "input")),
-    quantiles("Time to first token (TTFT)", "fine_grained_ttft", BY_DP, _LEG),
-    quantiles("Time per output token (TPOT)", "fine_grained_tpot", BY_DP, _LEG),
+    quantiles("Time to first token (TTFT)", "fine_grained_ttft", BY_DP, _LEG, exemplars=True),
+    quantiles("Time per output token (TPOT)", "fine_grained_tpot", BY_DP, _LEG, exemplars=True),
     quantiles("Second-token latency", "second_token_latency", BY_DP, _LEG),
     panel(
         "Sequence length per step (mean context)",
@@ -447,6 +458,7 @@ class Panel:
     description: str = ""
     kind: str = "timeseries"
     extra: dict = field(default_factory=dict)
+    exemplars: bool = False
 
     @property
     def ascend_only(self) -> bool:
@@ -458,7 +470,7 @@ def build_panel(p: PanelSpec) -> Panel:
     seeds = tuple(dict.fromkeys(seed for q in p.queries for seed in query_seeds(q)))
     description = spec(seeds[0]).description if p.description is None else p.description
     targets = [target for q in p.queries for target in BUILDERS[q.how](q)]
-    return Panel(p.title, p.unit, targets, seeds, p.note + description)
+    return Panel(p.title, p.unit, targets, seeds, p.note + description, exemplars=p.exemplars)
 
 
 def sections() -> list[tuple[str, list[Panel]]]:
@@ -489,7 +501,23 @@ def _template(name: str, label: str, query: str) -> dict:
 
 def _templating() -> dict:
     source = {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}}
-    return {"list": [source] + [_template(*v) for v in VARIABLES]}
+    traces = {
+        "name": TRACES_VARIABLE,
+        "label": "Traces data source",
+        "type": "datasource",
+        "query": TRACES_PLUGIN,
+        "current": {},
+        "description": "Where the traces of the latency panels' exemplars are (Tempo, Jaeger, …: edit the variable's "
+        "type to match).",
+    }
+    return {"list": [source] + [_template(*v) for v in VARIABLES] + [traces]}
+
+
+def _traces_link() -> dict:
+    """The panel link to the ``${traces}`` data source in Explore over the panel's time range."""
+    source = "${" + TRACES_VARIABLE + "}"
+    left = json.dumps({"datasource": source, "range": {"from": "${__from}", "to": "${__to}"}}, separators=(",", ":"))
+    return {"title": f"Traces ({source})", "url": "/explore?left=" + left, "targetBlank": True}
 
 
 def _description(p: Panel) -> str:
@@ -498,10 +526,23 @@ def _description(p: Panel) -> str:
         description = "Ascend only (vllm-ascend's EPLB). " + description
     if p.title in EVENT_ONLY:
         description = f"Empty until it happens: {EVENT_ONLY[p.title]}. " + description
+    if p.exemplars:
+        description += (
+            " Exemplars (the dots; Prometheus with --enable-feature=exemplar-storage) are requests of exported "
+            "traces: a dot's trace_id opens its trace in the traces data source."
+        )
     return description
 
 
 def _panel_json(p: Panel, pid: int, grid: dict) -> dict:
+    targets: list[dict] = [
+        {"datasource": _datasource(), "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + k)}
+        for k, (legend, expr) in enumerate(p.targets)
+    ]
+    extra: dict = {}
+    if p.exemplars:
+        targets[-1]["exemplar"] = True  # one query's (the p99's): they all select the same series
+        extra["links"] = [_traces_link()]
     return {
         "id": pid,
         "type": p.kind,
@@ -511,10 +552,8 @@ def _panel_json(p: Panel, pid: int, grid: dict) -> dict:
         "gridPos": grid,
         "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},
         "options": {"legend": {"displayMode": "list", "placement": "bottom"}},
-        "targets": [
-            {"datasource": _datasource(), "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + k)}
-            for k, (legend, expr) in enumerate(p.targets)
-        ],
+        "targets": targets,
+        **extra,
     }
 
 

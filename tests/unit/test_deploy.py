@@ -130,6 +130,9 @@ def test_collector_pipelines_use_defined_components(which):
     config = collector_configs()[which]
     pipelines = config["service"]["pipelines"]
     assert any(name.split("/")[0] == "metrics" for name in pipelines)
+    # Traces (issue 40): OTLP in, on to the trace store.
+    traces = [name for name in pipelines if name.split("/")[0] == "traces"]
+    assert traces and all(pipelines[name]["receivers"] == ["otlp"] for name in traces)
     for name, pipeline in pipelines.items():
         assert pipeline.get("receivers") and pipeline.get("exporters"), name
         for section in ("receivers", "processors", "exporters"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from bisect import bisect_left
 
@@ -328,7 +329,38 @@ def test_a_real_prometheus_stores_the_exemplars(files_dir, tmp_path_factory):
 
     try:
         assert wait_for(stored, 30), (stored.__name__, want)
+        # The dashboard's panels that show exemplars: their exemplar query (variables at "All") gets its histogram's.
+        from opentelemetry_instrumentation_vllm_ascend.cli import dashboards
+
+        board = dashboards.dashboard()
+        shown = [(p["title"], t) for p in board["panels"] for t in p.get("targets", []) if t.get("exemplar")]
+        assert [title for title, _ in shown] == ["Time to first token (TTFT)", "Time per output token (TPOT)"]
+        for (_title, target), family in zip(
+            shown, ("vllm_profiling_fine_grained_ttft", "vllm_profiling_fine_grained_tpot")
+        ):
+            expr = re.sub(r"\$(\w+)", ".*", target["expr"].replace("$__rate_interval", "5m"))
+            data = prom.get("/api/v1/query_exemplars", query=expr, start=start, end=time.time() + 60)
+            got = {(ex["labels"]["trace_id"], float(ex["value"])) for series in data for ex in series["exemplars"]}
+            assert got == {(trace, value) for (name, _, _), (value, trace, _) in want.items() if name == family}
     finally:
         prom.stop()
         server.shutdown()
         server.server_close()
+
+
+def test_genai_histograms_on_metrics_carry_theirs(files_dir, monkeypatch):
+    """With OTEL_VLLM_ASCEND_GENAI_PROMETHEUS=true the GenAI histograms reach /metrics under their Prometheus names
+    and sanitised labels (gen_ai_server_request_duration_seconds{gen_ai_operation_name=…}), exemplars included."""
+    monkeypatch.setenv(environment.GENAI_PROMETHEUS, "true")
+    pipeline.reset()
+    duration = catalogue.BY_SEED["gen_ai.server.request.duration"]
+    labels = ("chat", "vllm", "model-a", "")
+    recording.record_exemplar(duration, 1.5, labels, 0xC0FFEE, 0xBEEF)
+    recording.flush()
+    registry = CollectorRegistry()
+    registry.register(FilesCollector(files_dir))
+    found = parsed_exemplars(openmetrics.generate_latest(registry).decode(), prefix="gen_ai_server_")
+    bounds = tuple(float(b) for b in duration.buckets)
+    le = floatToGoString(bounds[bisect_left(bounds, 1.5)])
+    items = tuple(sorted(zip([k.replace(".", "_") for k in duration.labels], labels)))
+    assert found == {(duration.prometheus_name, items, le): (1.5, format(0xC0FFEE, "032x"), format(0xBEEF, "016x"))}
