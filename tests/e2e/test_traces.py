@@ -100,6 +100,7 @@ def served(model, tmp_path_factory):
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.endpoint,
             "OTEL_BSP_SCHEDULE_DELAY": "200",
             "OTEL_VLLM_ASCEND_TRACES_TTFT_THRESHOLD_MS": "1",
+            "OTEL_VLLM_ASCEND_GENAI_PROMETHEUS": "true",  # the GenAI histograms on /metrics too, with exemplars
         }
         with Server(model, env=env, log_path=log, extra_args=("--enable-per-request-metrics",)) as server:
             out: dict = {"log": log}
@@ -136,7 +137,20 @@ def served(model, tmp_path_factory):
             time.sleep(2.5)  # one more metrics export after the last request
             out["traces"] = traces.traces()
             out["metrics"] = metrics
+            out["openmetrics"] = openmetrics(server)
+            out["text"] = server.scrape()
             yield out
+
+
+def openmetrics(server) -> str:
+    """``GET /metrics/`` in the OpenMetrics format (the route that can carry exemplars, docs/deploy.md)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/metrics/", headers={"Accept": "application/openmetrics-text; version=1.0.0; charset=utf-8"})
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    assert response.status == 200 and "openmetrics" in response.getheader("Content-Type", "")
+    return text
 
 
 def trace_of(served, response_id, index=0):
@@ -297,3 +311,31 @@ def test_without_log_stats_each_request_still_has_its_trace(no_stats):
     assert len(got) == 4
     with open(no_stats["log"]) as f:
         assert "AssertionError" not in f.read()
+
+
+def test_every_openmetrics_exemplar_is_an_exported_trace_whose_duration_it_is(served):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    roots = {root.trace_id: root for root, _ in served["traces"].values()}
+    name = "gen_ai_server_request_duration_seconds"
+    # Only that family: the whole page does not parse (vLLM's own names clash once OpenMetrics escapes their ':').
+    lines = [
+        line
+        for line in served["openmetrics"].splitlines()
+        if line.startswith(name) or line.split(" ")[2:3] == [name] and line.startswith("# ")
+    ]
+    seen = 0
+    for family in text_string_to_metric_families("\n".join(lines) + "\n# EOF\n"):
+        if family.name != "gen_ai_server_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.exemplar is None:
+                continue
+            trace_id = int(sample.exemplar.labels["trace_id"], 16)
+            assert trace_id in roots, "an exemplar of a trace the receiver never got"
+            root = roots[trace_id]
+            assert int(sample.exemplar.labels["span_id"], 16) == root.span_id
+            assert abs(sample.exemplar.value - root.duration / 1e9) < 1e-6
+            seen += 1
+    assert seen > 0
+    assert "trace_id" not in served["text"]  # the text format carries none
