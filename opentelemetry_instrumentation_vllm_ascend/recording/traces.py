@@ -301,19 +301,27 @@ class Tracing:
             self.export_queued()
 
     def shutdown(self) -> None:
+        """The final export (at exit), waiting at most OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS for it: an unreachable
+        collector never holds the process up longer (what was not exported by then is lost)."""
         if os.getpid() != self.pid or self._stopping:
             return
         self._stopping = True
         self._wake.set()
-        try:
-            self.export_queued()
-        except Exception:
-            logger.debug("final trace export failed", exc_info=True)
-        for exporter in self.exporters:
+
+        def final():
             try:
-                exporter.shutdown()
+                self.export_queued()
             except Exception:
-                logger.debug("span exporter shutdown failed", exc_info=True)
+                logger.debug("final trace export failed", exc_info=True)
+            for exporter in self.exporters:
+                try:
+                    exporter.shutdown()
+                except Exception:
+                    logger.debug("span exporter shutdown failed", exc_info=True)
+
+        worker = threading.Thread(target=final, name="otel-vllm-ascend-traces-final", daemon=True)
+        worker.start()
+        worker.join(environment.shutdown_timeout_ms() / 1000.0)
 
     # -- spans ---------------------------------------------------------------------------------------------------
     def spans(self, journey: Journey, offset: int) -> list:

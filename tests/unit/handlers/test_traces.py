@@ -435,3 +435,25 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
     monkeypatch.setenv(environment.TRACES, "true")
     assert [gate_of(t, version, None) for t in rows] == [None] * 4
     assert gate_of(loop, version, None) is None  # its metrics are off, the traces still need it
+
+
+def test_the_final_export_waits_at_most_the_shutdown_timeout(monkeypatch):
+    import threading
+
+    release = threading.Event()
+
+    class Stuck(InMemorySpanExporter):  # a collector that never answers
+        def export(self, spans):
+            release.wait(30)
+            return super().export(spans)
+
+    monkeypatch.setenv(environment.SHUTDOWN_TIMEOUT_MS, "200")
+    tracing = recording_traces.Tracing(exporters=[Stuck()], resource=Resource.create({}))
+    journey = recording_traces.Journey("r-1", "cmpl-1", "text_completion", "tiny", time.time())
+    journey.e2e = 0.5
+    assert tracing.decide(journey)
+    tracing.submit(journey)
+    start = time.monotonic()
+    tracing.shutdown()
+    assert time.monotonic() - start < 2.0
+    release.set()
