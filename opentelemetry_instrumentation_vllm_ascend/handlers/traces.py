@@ -12,8 +12,8 @@ when it ends. Nothing here runs on the EngineCore, and no span object exists whi
 - ``OutputProcessor._finish_request``: the request finished (by the engine, or by a stop string the API server
   found); ``OutputProcessor.abort_requests``: it was aborted (a client that went away, a failed add).
 
-Labels nothing: traces carry ``vllm.dp_rank`` (the engine whose outputs brought the request's first token) and
-``vllm.pd_role``. Nothing here imports vLLM (plain attribute reads with defaults)."""
+No metric label comes from here: traces carry ``vllm.dp_rank`` (the engine whose outputs brought the request's first
+token) and ``vllm.pd_role``. Nothing here imports vLLM (plain attribute reads with defaults)."""
 
 from __future__ import annotations
 

@@ -141,10 +141,10 @@ class Tracing:
         self.queue: deque = deque()
         self.dropped: dict[str, int] = {}
         self._dropped_lock = threading.Lock()
-        self.exported = 0
         self._lock = threading.Lock()  # one export at a time (the thread's, a flush's)
         self._wake = threading.Event()
         self._stopping = False
+        self._build_failed = False
         self._thread = None
         if self.exporters:
             self._thread = threading.Thread(target=self._run, name="otel-vllm-ascend-traces", daemon=True)
@@ -282,7 +282,9 @@ class Tracing:
                     try:
                         spans.extend(self.spans(journey, offset))
                     except Exception:
-                        logger.exception("could not build the spans of request %s", journey.request_id)
+                        if not self._build_failed:  # once: the count says how often
+                            self._build_failed = True
+                            logger.exception("could not build the spans of request %s", journey.request_id)
                         self.drop("export_failed")
                 if not spans:
                     continue
@@ -294,7 +296,6 @@ class Tracing:
                         result = None
                     if getattr(result, "name", None) != "SUCCESS":
                         self.drop("export_failed", len(batch))
-                self.exported += len(batch)
 
     def flush(self) -> None:
         if os.getpid() == self.pid:
