@@ -10,7 +10,9 @@ Prints, in one run, side by side on the same synthetic target:
   E. RSS and series count after 10k simulated engine steps;
   F. every hook one engine step passes through, per process (benchmarks/_step.py);
   A2. what the other features add per call: a hook switched off, hook-file timers and expressions, a
-     time-budget stage boundary, a KV transfer hook, each beside its own bare call.
+     time-budget stage boundary, a KV transfer hook, each beside its own bare call;
+  T. request traces: the API server's cost per request (sampled out, kept, its spans built), beside an
+     OTel SDK span's (benchmarks/_traces.py).
 Speed claims in docs/performance.md come from this output, never from timed tests.
 """
 
@@ -802,6 +804,13 @@ def main(argv=None) -> int:
     print("|---|---:|---:|---:|---:|")
     for label, python, c_calls, every, distinct in _step.call_count_rows():
         print(f"| {label} | {python:.1f} | {c_calls:.1f} | {every} | {distinct} |")
+    from benchmarks import _traces
+
+    table(
+        f"T. Request traces, per request ({_traces.OUTPUTS} outputs, {_traces.BATCH} requests an output batch), µs",
+        _traces.trace_rows(args.repeat),
+        "µs",
+    )
     export_rows, scrape_rows = export_and_scrape_rows(args.repeat)
     table("C. Export cost per process", export_rows, "ms")
     table("D. /metrics scrape time", scrape_rows, "ms")

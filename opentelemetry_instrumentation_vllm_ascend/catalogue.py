@@ -970,6 +970,8 @@ KV_CONNECTOR_CATALOGUE += (
 #: the target table or a hook file names it; bounded by them) and the place in its handler that failed (a fixed
 #: string in the handler's code: ``before``, ``after``, ``error``, … or the name of the read that failed).
 HOOK_ERROR_LABELS = ("process", "dp", "role", "hook", "where")
+#: Labels of ``traces_dropped``: the API server's dp and role, and why the traces were lost.
+TRACES_DROPPED_LABELS = ("dp", "role", "reason")
 SELF_CATALOGUE: tuple[MetricSpec, ...] = (
     _counter(
         "hook_errors",
@@ -982,9 +984,21 @@ SELF_CATALOGUE: tuple[MetricSpec, ...] = (
         labels=HOOK_ERROR_LABELS,
     ),
 )
+#: The request traces' own health (recording/traces.py; docs/traces.md).
+TRACES_CATALOGUE: tuple[MetricSpec, ...] = (
+    _counter(
+        "traces_dropped",
+        "{request}",
+        "Requests whose trace was lost (OTEL_VLLM_ASCEND_TRACES=true, docs/traces.md): reason inflight_full (more "
+        "requests in flight than OTEL_VLLM_ASCEND_TRACES_MAX_INFLIGHT: the request was not followed), queue_full "
+        "(more finished traces waiting for export than OTEL_BSP_MAX_QUEUE_SIZE) or export_failed (the exporter "
+        "reported a failure). Requests that sampling did not keep are not counted. Absent while none is lost.",
+        labels=TRACES_DROPPED_LABELS,
+    ),
+)
 #: Every metric of the catalogue: its parts, in this order.
 CATALOGUE: tuple[MetricSpec, ...] = (
-    CORE_CATALOGUE + KV_TRANSFER_CATALOGUE + GENAI_SERVER + KV_CONNECTOR_CATALOGUE + SELF_CATALOGUE
+    CORE_CATALOGUE + KV_TRANSFER_CATALOGUE + GENAI_SERVER + KV_CONNECTOR_CATALOGUE + TRACES_CATALOGUE + SELF_CATALOGUE
 )
 #: Metrics about the package itself, fed by no row of the target table: every process that runs hooks records
 #: them (``targets.recorded_in``), and a worker's carry its rank.
@@ -1005,6 +1019,7 @@ BLOCK_ALLOCATE_FAILURES = BY_SEED["block_allocate_failures"]
 RPC_ERRORS = BY_SEED["rpc_errors"]
 INSTRUMENTED_PROCESSES = BY_SEED["instrumented_processes"]
 HOOK_ERRORS = BY_SEED["hook_errors"]
+TRACES_DROPPED = BY_SEED["traces_dropped"]
 #: Every catalogue entry by its seed, a short alias of ``BY_SEED``: ``catalogue.M["scheduler:duration"]``.
 M = BY_SEED
 

@@ -75,6 +75,28 @@ SHUTDOWN_TIMEOUT_MS = "OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS"
 DEFAULT_SHUTDOWN_TIMEOUT_MS = 1000
 MAX_SHUTDOWN_TIMEOUT_MS = 60_000
 
+#: ``true`` builds a trace per request in the API server from what vLLM already sends it (docs/traces.md); default
+#: ``false``: no trace hook is installed. Not OTEL_TRACES_EXPORTER: opentelemetry-instrument's distro sets that to
+#: ``otlp`` for every program it runs.
+TRACES = "OTEL_VLLM_ASCEND_TRACES"
+#: Tail rules: a request whose head sampling decision was "drop" is still exported (as a new root linked to its
+#: parent) when it crossed one of these thresholds (milliseconds; unset: no such rule) ...
+TRACES_TTFT_THRESHOLD_MS = "OTEL_VLLM_ASCEND_TRACES_TTFT_THRESHOLD_MS"
+TRACES_E2E_THRESHOLD_MS = "OTEL_VLLM_ASCEND_TRACES_E2E_THRESHOLD_MS"
+#: ... or ended in one of these outcomes (comma-separated from ``error``, ``abort``, ``preempted``; default all
+#: three; ``none``: no outcome rule).
+TRACES_KEEP = "OTEL_VLLM_ASCEND_TRACES_KEEP"
+TRACES_KEEP_CHOICES = ("error", "abort", "preempted")
+#: At most this many requests followed at once (default 65536); a request beyond it gets no trace (counted).
+TRACES_MAX_INFLIGHT = "OTEL_VLLM_ASCEND_TRACES_MAX_INFLIGHT"
+DEFAULT_TRACES_MAX_INFLIGHT = 65_536
+TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+#: The standard batch span processor settings, applied to finished requests waiting for export.
+BSP_MAX_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
+BSP_SCHEDULE_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
+BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+
 #: Standard variables we honour.
 DISABLED_INSTRUMENTATIONS = "OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"
 PROMETHEUS_MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
@@ -294,3 +316,74 @@ def metric_disabled(seed: str, patterns: tuple[str, ...] | None = None) -> bool:
         if fnmatch.fnmatchcase(seed, pattern):
             return True
     return False
+
+
+def traces_enabled() -> bool:
+    """OTEL_VLLM_ASCEND_TRACES is true (default false)."""
+    return flag(TRACES) is True
+
+
+def positive_int(name: str, default: int) -> int:
+    """A positive integer from ``name``: ``default`` when unset or (with one warning) not a positive integer."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value > 0:
+        return value
+    warn_once(
+        (name, raw),
+        "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a positive integer; using %d",
+        name,
+        raw,
+        default,
+    )
+    return default
+
+
+def threshold_seconds(name: str) -> float | None:
+    """A threshold in milliseconds from ``name``, in seconds; None when unset or (one warning) not a number >= 0."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value >= 0 and value == value:
+        return value / 1000.0
+    warn_once(
+        (name, raw),
+        "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a number of milliseconds; ignored",
+        name,
+        raw,
+    )
+    return None
+
+
+def traces_keep() -> frozenset:
+    """OTEL_VLLM_ASCEND_TRACES_KEEP: the outcomes kept whatever head sampling said (default all of them)."""
+    raw = os.environ.get(TRACES_KEEP)
+    if raw is None:
+        return frozenset(TRACES_KEEP_CHOICES)
+    names = {n.strip().lower() for n in raw.split(",") if n.strip()}
+    unknown = names - set(TRACES_KEEP_CHOICES) - {"none"}
+    if unknown:
+        warn_once(
+            (TRACES_KEEP, raw),
+            "opentelemetry-instrumentation-vllm-ascend: %s=%r: unknown %s ignored (known: %s)",
+            TRACES_KEEP,
+            raw,
+            ", ".join(sorted(unknown)),
+            ", ".join(TRACES_KEEP_CHOICES),
+        )
+    return frozenset(names & set(TRACES_KEEP_CHOICES))
+
+
+def trace_exporter_names() -> list[str]:
+    """Names from OTEL_TRACES_EXPORTER (default ``otlp``, the SDK's); ``none`` means nothing."""
+    names = _comma_list(TRACES_EXPORTER) if os.environ.get(TRACES_EXPORTER) is not None else ("otlp",)
+    return [n for n in names if n != "none"]

@@ -58,6 +58,7 @@ class State:
         "input_in_step",
         "current_engine",
         "served_model",
+        "tracing",
         "genai_labels",
         "memory_captured",
         "blocked",
@@ -142,6 +143,8 @@ class State:
         self.current_engine: str | None = None
         #: The API server's served model name (``gen_ai.request.model``, handlers.api), None: not known.
         self.served_model: str | None = None
+        #: The request traces' pipeline (recording.traces.Tracing) of this process, None: not built.
+        self.tracing: Any = None
         #: (operation, error type) -> the gen_ai.server.* label tuples (handlers.api).
         self.genai_labels: dict[tuple, tuple] = {}
         #: ids of workers whose memory was recorded (handlers.memory).

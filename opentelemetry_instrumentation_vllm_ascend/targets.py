@@ -103,6 +103,11 @@ class Target:
     #: expected to resolve; "" for every path. A target the detected path expects that never resolves is
     #: reported (``check``, and once at runtime).
     path: str = ""
+    #: A request-trace hook (handlers/traces.py): installed only when OTEL_VLLM_ASCEND_TRACES is true.
+    traces: bool = False
+    #: A metrics hook request traces also read from (the output loop's): installed while traces are on, even when
+    #: every metric it feeds is disabled.
+    feeds_traces: bool = False
 
     def __post_init__(self) -> None:
         if self.measures and not self.feeds:
@@ -582,6 +587,38 @@ TARGETS: tuple[Target, ...] = (
         "api:ProcessOutputs",
         feeds=("output_processor_duration", "engine_core_outputs_len", "api_server:output_loop_stage_seconds"),
         process=API_SERVER,
+        feeds_traces=True,  # each request's engine events and output timestamps (handlers/traces.py)
+    ),
+    # -- request traces (docs/traces.md): installed only when OTEL_VLLM_ASCEND_TRACES is true; the journey's
+    # outputs come through OutputProcessor.process_outputs above.
+    Target(
+        "vllm.entrypoints.serve.engine.serving",
+        "BaseServing._get_trace_headers",
+        COROUTINE,
+        "traces:TraceHeaders",
+        vllm=">=0.32.0",
+        feeds=("traces_dropped",),
+        provides_context=True,
+        process=API_SERVER,
+        traces=True,
+    ),
+    *(
+        Target(
+            "vllm.v1.engine.output_processor",
+            f"OutputProcessor.{method}",
+            SYNC,
+            f"traces:{handler}",
+            vllm=">=0.32.0",
+            feeds=("traces_dropped",),
+            provides_context=True,
+            process=API_SERVER,
+            traces=True,
+        )
+        for method, handler in (
+            ("add_request", "AddRequest"),
+            ("_finish_request", "FinishRequest"),
+            ("abort_requests", "AbortRequests"),
+        )
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
     # Runs in the EPLB process forked from each NPU worker; EP rank 0 records hotness and imbalance.

@@ -22,6 +22,7 @@ from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
 from .budget import API_OTHER, API_TO, PROCESS, WAIT_ENGINE
+from .traces import TRACKER, genai_operation
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -284,6 +285,11 @@ class ProcessOutputs(Handler):
 
     def before(self, args, kwargs):
         stats = args[3]
+        if TRACKER.on:  # request traces (handlers/traces.py): the chunk's engine events and timestamps
+            try:
+                TRACKER.outputs(args[1], args[2], stats)
+            except Exception:
+                report(self, "traces")
         start = perf_counter()
         API_TO(PROCESS, start)
         try:  # the chunk's phase only: its duration and length do not depend on it
@@ -338,15 +344,6 @@ def set_served_model(vllm_config) -> None:
     STATE.genai_labels.clear()
 
 
-def genai_operation(request_id) -> str:
-    """``gen_ai.operation.name`` of a request, from the prefix vLLM's OpenAI server gives its id."""
-    if isinstance(request_id, str):
-        for prefix, operation in catalogue.GENAI_OPERATIONS:
-            if request_id.startswith(prefix):
-                return operation
-    return catalogue.GENAI_OTHER
-
-
 def _labels_of(operation: str, error, _cache=STATE.genai_labels) -> tuple:
     """(request.duration's label values, the other two's) of a request."""
     labels = _cache.get((operation, error))
@@ -366,7 +363,11 @@ class FinishedRequest(Handler):
       finish reason when it is ``abort`` or ``error``;
     - for a request that did not fail: ``gen_ai.server.time_to_first_token`` = ``req_stats.first_token_latency``
       (the value vLLM put into its TTFT histogram for it; none if it produced no token) and, with at least two
-      generated tokens, ``gen_ai.server.time_per_output_token`` = decode_time / (tokens - 1)."""
+      generated tokens, ``gen_ai.server.time_per_output_token`` = decode_time / (tokens - 1).
+
+    When the request's trace is exported (OTEL_VLLM_ASCEND_TRACES, docs/traces.md), each of these values carries
+    it as an exemplar: vLLM finishes the request (``OutputProcessor._finish_request``, where the trace is decided)
+    just before it records these stats, and the trace's request span lasts exactly ``e2e_latency``."""
 
     params = ("finish_reason", "request_id", "num_prompt_tokens", "max_tokens_param", "req_stats")
 
@@ -378,6 +379,14 @@ class FinishedRequest(Handler):
         reason = str(args[1])  # FinishReason.__str__: stop, length, abort, error, repetition
         error = reason if reason in _GENAI_ERRORS else None
         labels, short = _labels_of(genai_operation(args[2]), error)
+        # The request's trace, when it is exported (handlers/traces.py): each value carries it as an exemplar.
+        ids = TRACKER.exported_ids(args[5]) if TRACKER.on else None
+        if ids is not None:
+            trace_id, span_id = ids
+
+            def _record(spec, value, labels, _exemplar=recording.record_exemplar):
+                _exemplar(spec, value, labels, trace_id, span_id)
+
         try:  # three independent reads: one that moved costs only its metric (reported, hook_errors)
             e2e = finished.e2e_latency
         except Exception:

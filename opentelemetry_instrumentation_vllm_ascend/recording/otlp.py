@@ -47,14 +47,15 @@ BY_PROTOCOL = MappingProxyType({"grpc": "otlp_proto_grpc", "http/protobuf": "otl
 OTLP = "otlp"
 
 
-def entry_point_name(name: str) -> str:
-    """The entry point OTEL_METRICS_EXPORTER's ``name`` loads, by the SDK configurator's rule: ``otlp`` follows
-    OTEL_EXPORTER_OTLP_METRICS_PROTOCOL, else OTEL_EXPORTER_OTLP_PROTOCOL (gRPC when neither is set); an explicit
-    ``otlp_proto_grpc`` / ``otlp_proto_http`` is kept even where the protocol disagrees (with a warning). Raises
-    ValueError for a protocol the SDK does not know."""
+def entry_point_name(name: str, signal: str = "metrics") -> str:
+    """The entry point OTEL_METRICS_EXPORTER's (``signal="traces"``: OTEL_TRACES_EXPORTER's) ``name`` loads, by the
+    SDK configurator's rule: ``otlp`` follows OTEL_EXPORTER_OTLP_METRICS_PROTOCOL (…_TRACES_PROTOCOL), else
+    OTEL_EXPORTER_OTLP_PROTOCOL (gRPC when neither is set); an explicit ``otlp_proto_grpc`` / ``otlp_proto_http`` is
+    kept even where the protocol disagrees (with a warning). Raises ValueError for a protocol the SDK does not know."""
     if name not in (OTLP, *BY_PROTOCOL.values()):
         return name
-    protocol = os.environ.get(environment.OTLP_METRICS_PROTOCOL) or os.environ.get(environment.OTLP_PROTOCOL)
+    own = environment.OTLP_TRACES_PROTOCOL if signal == "traces" else environment.OTLP_METRICS_PROTOCOL
+    protocol = os.environ.get(own) or os.environ.get(environment.OTLP_PROTOCOL)
     if not protocol:
         return BY_PROTOCOL["grpc"] if name == OTLP else name
     protocol = protocol.strip()
@@ -64,8 +65,9 @@ def entry_point_name(name: str) -> str:
         return BY_PROTOCOL[protocol]
     if BY_PROTOCOL.get(protocol, name) != name:
         environment.warn_once(
-            ("otlp protocol", name, protocol),
-            "OTEL_METRICS_EXPORTER names %s, the OTLP protocol setting says %r: using %s",
+            ("otlp protocol", signal, name, protocol),
+            "OTEL_%s_EXPORTER names %s, the OTLP protocol setting says %r: using %s",
+            signal.upper(),
             name,
             protocol,
             name,

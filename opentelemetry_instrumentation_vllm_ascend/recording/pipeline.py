@@ -112,7 +112,7 @@ class Pipeline:
         env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
         if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
             attributes["service.name"] = "vllm"
-        resource = Resource.create(attributes)
+        resource = self.resource = Resource.create(attributes)
         self.provider: MeterProvider | None = None
         self.meter: Meter | None = None  # the SDK recorder's
         self.store: Store | None = None  # the fast recorder's

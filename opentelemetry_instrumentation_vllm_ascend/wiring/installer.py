@@ -14,6 +14,7 @@ from packaging.version import Version
 
 from .. import catalogue, neighbours
 from .. import targets as targets_module
+from ..environment import traces_enabled
 from ..hooks.handler import Handler
 from ..hooks.patches import hook_future_class, original_class, patch_method
 from ..kinds import FUTURE_CLASS, SCOPE_FACTORY, SYNC
@@ -29,18 +30,23 @@ GATED = "gated off by version"
 NOT_INSTALLED = "dormant: vllm-ascend not installed"
 MISSING = "missing"
 DISABLED = "disabled by configuration (OTEL_VLLM_ASCEND_DISABLED_METRICS, or opt-in)"
+TRACES_OFF = "request traces off (OTEL_VLLM_ASCEND_TRACES)"
 PENDING = "waiting for import"
 
 
-def gate_of(target, vllm: Version | None, ascend: Version | None) -> str | None:
-    """Why a target is not to be hooked with these installed versions and this configuration, or None."""
-    from ..environment import disabled_metric_patterns, metric_disabled
+def gate_of(target, vllm: Version | None, ascend: Version | None, checking: bool = False) -> str | None:
+    """Why a target is not to be hooked with these installed versions and this configuration, or None.
+    ``checking`` (the ``check`` command): request-trace rows are resolved whether traces are on or not."""
+    from ..environment import disabled_metric_patterns, metric_disabled, traces_enabled
 
+    if target.traces and not checking and not traces_enabled():
+        return TRACES_OFF
     patterns = disabled_metric_patterns()
     if (
         patterns
         and target.feeds
         and not target.provides_context
+        and not (target.feeds_traces and traces_enabled())
         and all(metric_disabled(seed, patterns) for seed in target.feeds)
     ):
         return DISABLED
@@ -80,7 +86,7 @@ def check(table=None) -> list[dict]:
     vllm, ascend = vllm_version(), vllm_ascend_version()
     rows = []
     for target in table if table is not None else targets_module.TARGETS:
-        gate = gate_of(target, vllm, ascend)
+        gate = gate_of(target, vllm, ascend, checking=True)
         status, detail = (gate, "") if gate is not None else resolve(target)
         rows.append(target_row(target, status, detail))
     return rows
@@ -408,7 +414,8 @@ class Installer:
                         handler = load_handler(target)
                         patch = patch_method(owner, target.attribute, handler, target.kind)
                         self.patches.append(patch)
-                        control.register(patch.hook, target.feeds, target.provides_context)
+                        keep = target.provides_context or (target.feeds_traces and traces_enabled())
+                        control.register(patch.hook, target.feeds, keep)
                     self.status[target.symbol] = RESOLVED
                 except Exception as exc:  # never break the host
                     self.status[target.symbol] = MISSING

@@ -1,0 +1,278 @@
+"""Request traces, the API server's side (docs/traces.md): each request's journey, kept compactly while it runs from
+what vLLM already sends the API server, handed to the recording layer's trace pipeline (``recording/traces.py``)
+when it ends. Nothing here runs on the EngineCore, and no span object exists while a request runs.
+
+- ``BaseServing._get_trace_headers``: the request's inbound ``traceparent`` / ``tracestate`` (vLLM drops them in
+  ``AsyncLLM.add_request`` unless its own tracing is on), kept in a context variable of the request's task;
+- ``OutputProcessor.add_request``: a :class:`Journey` starts (arrival time, parameters, prompt length, parent: the
+  inbound headers, else the OpenTelemetry context current there);
+- ``OutputProcessor.process_outputs`` (``handlers/api.py:ProcessOutputs``, one flag check when tracing is off):
+  per output of a followed request, its engine events (QUEUED / SCHEDULED / PREEMPTED, the EngineCore's monotonic
+  clock), the batch timestamp of its first and last output, its token count and finish reason;
+- ``OutputProcessor._finish_request``: the request finished (by the engine, or by a stop string the API server
+  found); ``OutputProcessor.abort_requests``: it was aborted (a client that went away, a failed add).
+
+No metric label comes from here: traces carry ``vllm.dp_rank`` (the engine whose outputs brought the request's first
+token) and ``vllm.pd_role``. Nothing here imports vLLM (plain attribute reads with defaults)."""
+
+from __future__ import annotations
+
+import logging
+from contextvars import ContextVar
+from time import time
+from types import MappingProxyType
+
+from .. import catalogue, environment
+from ..hooks.handler import Handler, report
+from ..recording import traces as pipeline
+from ..recording.traces import PREEMPTED, QUEUED, SCHEDULED, Journey
+from ..state import STATE
+
+logger = logging.getLogger(__name__)
+
+#: The inbound trace headers of the request the current task serves (set by ``TraceHeaders``).
+INBOUND: ContextVar = ContextVar("otel_vllm_ascend_trace_headers", default=None)
+_KINDS = MappingProxyType({"QUEUED": QUEUED, "SCHEDULED": SCHEDULED, "PREEMPTED": PREEMPTED})
+#: Finish reasons that are an ``error.type``.
+_ERRORS = frozenset(catalogue.GENAI_ERROR_TYPES)
+
+
+def genai_operation(request_id) -> str:
+    """``gen_ai.operation.name`` of a request, from the prefix vLLM's OpenAI server gives its id."""
+    if isinstance(request_id, str):
+        for prefix, operation in catalogue.GENAI_OPERATIONS:
+            if request_id.startswith(prefix):
+                return operation
+    return catalogue.GENAI_OTHER
+
+
+def _event_names(sample) -> dict:
+    """EngineCoreEventType member -> journey kind (by member name), for the enum ``sample`` belongs to."""
+    members = getattr(type(sample), "__members__", None)
+    if not members:  # plain ints: vLLM's values
+        return {1: QUEUED, 2: SCHEDULED, 3: PREEMPTED}
+    return {member: _KINDS[name] for name, member in members.items() if name in _KINDS}
+
+
+class Tracker:
+    """The requests this API server follows, by vLLM's internal request id (at most ``limit``)."""
+
+    def __init__(self, on: bool | None = None, limit: int | None = None, tracing=None) -> None:
+        self.on = environment.traces_enabled() if on is None else on
+        self.limit = limit or environment.positive_int(
+            environment.TRACES_MAX_INFLIGHT, environment.DEFAULT_TRACES_MAX_INFLIGHT
+        )
+        self.inflight: dict[str, Journey] = {}
+        self.names: dict | None = None
+        #: The IterationStats of the process_outputs call under way (its timestamp ends the requests it finishes).
+        self.iteration = None
+        #: (RequestStateStats, Journey) of the request finished last: vLLM records its stats right after.
+        self.last_finished: tuple = (None, None)
+        self._tracing = tracing
+        self._propagator = None
+        self._warned_vllm = False
+
+    def tracing(self):
+        return self._tracing if self._tracing is not None else pipeline.tracing()
+
+    # -- start ------------------------------------------------------------------------------------------------
+    def start(self, processor, request) -> None:
+        request_id = request.request_id
+        inflight = self.inflight
+        if request_id in inflight:  # a streaming-input update of a request already followed
+            return
+        if len(inflight) >= self.limit and not self._forget_gone(processor):
+            self.tracing().drop("inflight_full")
+            return
+        if getattr(processor, "tracing_enabled", False):
+            # vLLM's own tracing (--otlp-traces-endpoint) would build a second request span: ours replaces it.
+            processor.tracing_enabled = False
+            if not self._warned_vllm:
+                self._warned_vllm = True
+                logger.info(
+                    "opentelemetry-instrumentation-vllm-ascend: OTEL_VLLM_ASCEND_TRACES is on: vLLM's own llm_request "
+                    "spans are replaced by this package's request traces (one request span per request)"
+                )
+        headers = getattr(request, "trace_headers", None) or INBOUND.get()
+        parent = self._parent(headers)
+        external = getattr(request, "external_req_id", None) or request_id
+        attributes = {}
+        params = getattr(request, "sampling_params", None)
+        if params is not None:
+            for name, attribute in _PARAMS:
+                value = getattr(params, name, None)
+                if value is not None:
+                    attributes[attribute] = value
+            n = getattr(params, "n", 1)
+            if isinstance(n, int) and n != 1:
+                attributes["gen_ai.request.choice.count"] = n
+        prompt = getattr(request, "prompt_token_ids", None)
+        if prompt is not None:
+            attributes["gen_ai.usage.input_tokens"] = len(prompt)
+        arrival = getattr(request, "arrival_time", None) or time()
+        journey = Journey(
+            request_id, external, genai_operation(external), STATE.served_model, arrival, parent, attributes
+        )
+        states = getattr(processor, "request_states", None)
+        state = states.get(request_id) if states is not None else None
+        journey.stats = getattr(state, "stats", None)
+        inflight[request_id] = journey
+
+    def _forget_gone(self, processor) -> bool:
+        """At the limit: forget the journeys of requests vLLM no longer has (their end was not seen: hooks switched
+        off by runtime control meanwhile); True when that made room."""
+        states = getattr(processor, "request_states", None)
+        if states is None:
+            return False
+        gone = [request_id for request_id in self.inflight if request_id not in states]
+        for request_id in gone:
+            del self.inflight[request_id]
+        return len(self.inflight) < self.limit
+
+    def _parent(self, headers):
+        from opentelemetry import trace as trace_api
+
+        if headers:
+            if self._propagator is None:
+                from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+                self._propagator = TraceContextTextMapPropagator()
+            found = trace_api.get_current_span(self._propagator.extract(headers)).get_span_context()
+            if found.is_valid:
+                return found
+        current = trace_api.get_current_span().get_span_context()
+        return current if current.is_valid else None
+
+    # -- outputs ----------------------------------------------------------------------------------------------
+    def outputs(self, outputs, timestamp, iteration_stats) -> None:
+        """One process_outputs chunk, before vLLM processes it."""
+        self.iteration = iteration_stats
+        inflight = self.inflight
+        if not inflight or not outputs:
+            return
+        engine = STATE.current_engine
+        for output in outputs:
+            journey = inflight.get(output.request_id)
+            if journey is None:
+                continue
+            if journey.first_ts is None:
+                journey.first_ts = timestamp
+                journey.dp = engine
+                if iteration_stats is None:
+                    journey.first_latency = time() - journey.arrival
+                prefill = getattr(output, "prefill_stats", None)
+                cached = getattr(prefill, "num_cached_tokens", None) if prefill is not None else None
+                if cached is None:
+                    cached = getattr(output, "num_cached_tokens", None)
+                if isinstance(cached, int):
+                    journey.cached_tokens = cached
+            journey.last_ts = timestamp
+            journey.tokens += len(output.new_token_ids or ())
+            events = output.events
+            if events:
+                names = self.names
+                if names is None:
+                    names = self.names = _event_names(events[0].type)
+                journey.add_events(events, names)
+            reason = output.finish_reason
+            if reason is not None:
+                journey.reason = str(reason)
+
+    # -- end ----------------------------------------------------------------------------------------------------
+    def finished(self, req_state) -> None:
+        """``OutputProcessor._finish_request``: the request finished, with the reason the engine gave (or stop: a
+        stop string the API server found)."""
+        journey = self.inflight.pop(getattr(req_state, "request_id", ""), None)
+        if journey is None:
+            return
+        stats = journey.stats
+        self._end(journey, journey.reason or "stop", self.iteration)
+        self.last_finished = (stats, journey)
+
+    def aborted(self, request_ids) -> None:
+        """``OutputProcessor.abort_requests`` returned the internal ids it aborted."""
+        inflight = self.inflight
+        for request_id in request_ids or ():
+            journey = inflight.pop(request_id, None)
+            if journey is not None:
+                self._end(journey, "abort", None)
+
+    def _end(self, journey: Journey, reason: str, iteration) -> None:
+        now = getattr(iteration, "iteration_timestamp", None) if iteration is not None else None
+        journey.e2e = (now if now is not None else time()) - journey.arrival
+        journey.reason = reason
+        if reason in _ERRORS:
+            journey.error = reason
+        stats = journey.stats
+        journey.stats = None
+        if stats is not None:
+            latency = getattr(stats, "first_token_latency", 0.0)
+            if latency:
+                journey.first_latency = latency
+        tracing = self.tracing()
+        if tracing.decide(journey):
+            tracing.submit(journey)
+
+    def exported_ids(self, req_stats) -> tuple[int, int] | None:
+        """(trace id, root span id) of the request whose stats vLLM records now, when its trace is exported."""
+        stats, journey = self.last_finished
+        if stats is None or stats is not req_stats or not journey.decided:
+            return None
+        return journey.trace_id, journey.span_id
+
+
+#: SamplingParams attribute -> span attribute.
+_PARAMS = (
+    ("max_tokens", "gen_ai.request.max_tokens"),
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+    ("top_k", "gen_ai.request.top_k"),
+    ("seed", "gen_ai.request.seed"),
+    ("presence_penalty", "gen_ai.request.presence_penalty"),
+    ("frequency_penalty", "gen_ai.request.frequency_penalty"),
+)
+
+TRACKER = Tracker()
+
+
+class TraceHeaders(Handler):
+    """``BaseServing._get_trace_headers(self, headers)`` (COROUTINE): the request's inbound trace headers (or None),
+    kept for the rest of the request's task."""
+
+    params = ("headers",)
+
+    def after(self, state, args, kwargs, result):
+        INBOUND.set(result)
+
+
+class AddRequest(Handler):
+    """``OutputProcessor.add_request(self, request, …)``: a journey starts."""
+
+    params = ("request",)
+
+    def after(self, state, args, kwargs, result):
+        if TRACKER.on:
+            TRACKER.start(args[0], args[1])
+
+
+class FinishRequest(Handler):
+    """``OutputProcessor._finish_request(self, req_state)``: a request finished (not an abort)."""
+
+    params = ("req_state",)
+
+    def after(self, state, args, kwargs, result):
+        if TRACKER.inflight:
+            TRACKER.finished(args[1])
+
+
+class AbortRequests(Handler):
+    """``OutputProcessor.abort_requests(self, request_ids, internal)``: the requests it aborted (its result)."""
+
+    params = ("request_ids",)
+
+    def after(self, state, args, kwargs, result):
+        if TRACKER.inflight and result:
+            try:
+                TRACKER.aborted(list(result))
+            except Exception:
+                report(self, "aborted")

@@ -1,0 +1,497 @@
+"""Request traces (docs/traces.md): the sampling decision for a finished request's journey, and the export of its
+spans from a thread of this module's own.
+
+The API server's handlers (``handlers/traces.py``) follow each request in a :class:`Journey`: plain numbers and
+short lists, appended in vLLM's output loop; no OpenTelemetry object exists for a request while it runs. When it
+finishes, :meth:`Tracing.decide` makes the head sampling decision (``OTEL_TRACES_SAMPLER``, the SDK's own sampler,
+given the parent the request arrived with) and, where that says drop, the tail rules (error, abort, preempted, TTFT
+or end-to-end over a threshold); a kept journey goes into a bounded queue (``OTEL_BSP_MAX_QUEUE_SIZE``, full: the
+journey is dropped and counted in ``traces_dropped``). The export thread turns queued journeys into SDK
+``ReadableSpan`` objects and hands them to the exporters OTEL_TRACES_EXPORTER names (chosen as the SDK's configurator
+chooses them), every ``OTEL_BSP_SCHEDULE_DELAY`` ms or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` wait.
+
+Clock: engine events carry the EngineCore's ``time.monotonic()``; the API server (same host, the same
+CLOCK_MONOTONIC) maps them to wall time with ``time.time_ns() - time.monotonic_ns()`` read when the batch is built.
+Intervals between engine events are exact (to the nanosecond); their placement against the request's arrival (the
+API server's wall clock) is off by how much the wall clock was adjusted between the event and the batch (NTP slew:
+at most 0.5 ms per second).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from .. import catalogue, context, environment
+from ..state import STATE
+from ..version import __version__
+from . import otlp
+
+logger = logging.getLogger(__name__)
+
+#: Journey event kinds (the EngineCore's QUEUED / SCHEDULED / PREEMPTED).
+QUEUED, SCHEDULED, PREEMPTED = "queued", "scheduled", "preempted"
+#: Why a journey that head sampling dropped was kept (``vllm.trace.kept_by``).
+ERROR, ABORT, PREEMPT, TTFT, E2E = "error", "abort", "preempted", "ttft", "e2e"
+#: At most this many engine events kept per request (a request preempted over and over): the rest is counted.
+MAX_EVENTS = 120
+
+
+class Journey:
+    """One request as the API server saw it. Times: ``arrival`` and ``end`` wall-clock seconds (the API server's),
+    ``events`` / ``first_ts`` / ``last_ts`` the EngineCore's monotonic clock."""
+
+    __slots__ = (
+        "request_id",
+        "external_id",
+        "operation",
+        "model",
+        "arrival",
+        "parent",
+        "attributes",
+        "events",
+        "lost_events",
+        "first_ts",
+        "last_ts",
+        "tokens",
+        "cached_tokens",
+        "dp",
+        "reason",
+        "error",
+        "first_latency",
+        "e2e",
+        "preemptions",
+        "trace_id",
+        "span_id",
+        "parent_span",
+        "kept_by",
+        "decided",
+        "stats",
+    )
+
+    def __init__(self, request_id, external_id, operation, model, arrival, parent=None, attributes=None) -> None:
+        self.request_id = request_id
+        self.external_id = external_id
+        self.operation = operation
+        self.model = model
+        self.arrival = arrival
+        #: The SpanContext the request arrived with (traceparent, or the context current when it was added).
+        self.parent = parent
+        #: Request attributes known at arrival (semantic-convention names).
+        self.attributes = attributes or {}
+        self.events: list = []  # [(kind, monotonic ts)]
+        self.lost_events = 0
+        self.first_ts: Any = None
+        self.last_ts: Any = None
+        self.tokens = 0
+        self.cached_tokens: int | None = None
+        self.dp: str | None = None
+        self.reason: str | None = None  # finish reason: stop, length, abort, error, …
+        self.error: str | None = None  # error.type
+        self.first_latency: float | None = None  # seconds from arrival to the first token (vLLM's first_token_latency)
+        self.e2e: float | None = None  # seconds from arrival to finish
+        self.preemptions = 0
+        self.trace_id = 0
+        self.span_id = 0
+        self.parent_span: Any = None
+        self.kept_by: str | None = None
+        self.decided: bool | None = None  # None: not yet; True: exported; False: not kept
+        self.stats: Any = None  # vLLM's RequestStateStats of the request, while it runs (None without log stats)
+
+    def add_events(self, events, names) -> None:
+        """Append vLLM EngineCoreEvents (``names``: event type -> kind, unknown types skipped)."""
+        for event in events:
+            kind = names.get(event.type)
+            if kind is None:
+                continue
+            if kind is PREEMPTED:
+                self.preemptions += 1
+            if len(self.events) < MAX_EVENTS:
+                self.events.append((kind, event.timestamp))
+            else:
+                self.lost_events += 1
+
+
+def _ns(seconds: float) -> int:
+    return int(round(seconds * 1e9))
+
+
+class Tracing:
+    """This process's trace pipeline: sampler, tail rules, bounded queue, export thread, exporters."""
+
+    def __init__(self, exporters=None, resource=None, sampler=None) -> None:
+        from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+        self.pid = os.getpid()
+        self.exporters = list(self._exporters() if exporters is None else exporters)
+        self.resource = resource
+        self.sampler = sampler if sampler is not None else self._sampler()
+        self.ids = RandomIdGenerator()
+        self.ttft_threshold = environment.threshold_seconds(environment.TRACES_TTFT_THRESHOLD_MS)
+        self.e2e_threshold = environment.threshold_seconds(environment.TRACES_E2E_THRESHOLD_MS)
+        self.keep = environment.traces_keep()
+        self.max_queue = environment.positive_int(environment.BSP_MAX_QUEUE_SIZE, 2048)
+        self.batch_size = min(environment.positive_int(environment.BSP_MAX_EXPORT_BATCH_SIZE, 512), self.max_queue)
+        self.delay = environment.positive_int(environment.BSP_SCHEDULE_DELAY, 5000) / 1000.0
+        self.queue: deque = deque()
+        self.dropped: dict[str, int] = {}
+        self._dropped_lock = threading.Lock()
+        self._lock = threading.Lock()  # one export at a time (the thread's, a flush's)
+        self._wake = threading.Event()
+        self._stopping = False
+        self._build_failed = False
+        self._thread = None
+        if self.exporters:
+            self._thread = threading.Thread(target=self._run, name="otel-vllm-ascend-traces", daemon=True)
+            self._thread.start()
+        atexit.register(self.shutdown)
+
+    # -- configuration ------------------------------------------------------------------------------------------
+    @staticmethod
+    def _sampler():
+        from opentelemetry.sdk.trace import sampling
+
+        # The SDK's own reading of OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG (TracerProvider does the same).
+        return sampling._get_from_env_or_default()
+
+    @staticmethod
+    def _exporters() -> list:
+        from opentelemetry.util._importlib_metadata import entry_points
+
+        found = []
+        for name in environment.trace_exporter_names():
+            try:
+                try:
+                    chosen = otlp.entry_point_name(name, "traces")
+                except ValueError as exc:
+                    environment.warn_once(
+                        ("trace exporter", name, str(exc)),
+                        "OTEL_TRACES_EXPORTER=%s: %s; not exporting there",
+                        name,
+                        exc,
+                    )
+                    continue
+                points = list(entry_points(group="opentelemetry_traces_exporter", name=chosen))
+                if not points:
+                    environment.warn_once(
+                        ("trace exporter", name),
+                        "OTEL_TRACES_EXPORTER names %r (exporter %r), which is not installed: no traces there",
+                        name,
+                        chosen,
+                    )
+                    continue
+                found.append(points[0].load()())
+            except Exception:
+                logger.exception("could not create the %r span exporter; continuing without it", name)
+        return found
+
+    # -- the output loop's side ------------------------------------------------------------------------------
+    def drop(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` lost traces (``traces_dropped``, exported at the next collection)."""
+        with self._dropped_lock:
+            self.dropped[reason] = self.dropped.get(reason, 0) + count
+
+    def decide(self, journey: Journey) -> bool:
+        """Head sampling, then the tail rules, for a finished journey (once: later calls return the first answer).
+        A kept journey gets its trace id, root span id and parent (None for a tail-kept one under a dropped parent,
+        which is linked instead)."""
+        if journey.decided is not None:
+            return journey.decided
+        parent = journey.parent
+        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
+        if self._head(parent, trace_id, journey):
+            journey.trace_id, journey.parent_span = trace_id, parent
+        else:
+            reason = self._tail(journey)
+            if reason is None:
+                journey.decided = False
+                return False
+            journey.kept_by = reason
+            journey.trace_id = self.ids.generate_trace_id() if parent is not None else trace_id
+        journey.span_id = self.ids.generate_span_id()
+        journey.decided = True
+        return True
+
+    def _head(self, parent, trace_id, journey) -> bool:
+        from opentelemetry import trace as trace_api
+        from opentelemetry.context import Context
+
+        if parent is not None:
+            parent_context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent), Context())
+        else:
+            parent_context = Context()
+        result = self.sampler.should_sample(parent_context, trace_id, journey.operation, trace_api.SpanKind.SERVER)
+        return result.decision.is_sampled()
+
+    def _tail(self, journey: Journey) -> str | None:
+        keep = self.keep
+        if journey.error is not None:
+            if journey.error == ABORT and ABORT in keep:
+                return ABORT
+            if journey.error != ABORT and ERROR in keep:
+                return ERROR
+        if journey.preemptions and PREEMPT in keep:
+            return PREEMPT
+        if self.ttft_threshold is not None and journey.first_latency is not None:
+            if journey.first_latency > self.ttft_threshold:
+                return TTFT
+        if self.e2e_threshold is not None and journey.e2e is not None and journey.e2e > self.e2e_threshold:
+            return E2E
+        return None
+
+    def submit(self, journey: Journey) -> None:
+        """Queue a kept journey for export (dropped and counted when the queue is full)."""
+        if not self.exporters:
+            return
+        queue = self.queue
+        if len(queue) >= self.max_queue:
+            self.drop("queue_full")
+            return
+        queue.append(journey)
+        if len(queue) >= self.batch_size:
+            self._wake.set()
+
+    # -- the export thread ---------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self.delay)
+            self._wake.clear()
+            if os.getpid() != self.pid:  # an inherited copy (fork): the child builds its own
+                return
+            try:
+                self.export_queued()
+            except Exception:
+                logger.exception("trace export failed")
+
+    def export_queued(self) -> None:
+        """Build and export everything queued now, in batches."""
+        with self._lock:
+            queue = self.queue
+            while queue:
+                batch: list = []
+                while queue and len(batch) < self.batch_size:
+                    batch.append(queue.popleft())
+                offset = time.time_ns() - time.monotonic_ns()
+                spans = []
+                for journey in batch:
+                    try:
+                        spans.extend(self.spans(journey, offset))
+                    except Exception:
+                        if not self._build_failed:  # once: the count says how often
+                            self._build_failed = True
+                            logger.exception("could not build the spans of request %s", journey.request_id)
+                        self.drop("export_failed")
+                if not spans:
+                    continue
+                for exporter in self.exporters:
+                    try:
+                        result = exporter.export(spans)
+                    except Exception:
+                        logger.debug("span export raised", exc_info=True)
+                        result = None
+                    if getattr(result, "name", None) != "SUCCESS":
+                        self.drop("export_failed", len(batch))
+
+    def flush(self) -> None:
+        if os.getpid() == self.pid:
+            self.export_queued()
+
+    def shutdown(self) -> None:
+        """The final export (at exit), waiting at most OTEL_VLLM_ASCEND_SHUTDOWN_TIMEOUT_MS for it: an unreachable
+        collector never holds the process up longer (what was not exported by then is lost)."""
+        if os.getpid() != self.pid or self._stopping:
+            return
+        self._stopping = True
+        self._wake.set()
+
+        def final():
+            try:
+                self.export_queued()
+            except Exception:
+                logger.debug("final trace export failed", exc_info=True)
+            for exporter in self.exporters:
+                try:
+                    exporter.shutdown()
+                except Exception:
+                    logger.debug("span exporter shutdown failed", exc_info=True)
+
+        worker = threading.Thread(target=final, name="otel-vllm-ascend-traces-final", daemon=True)
+        worker.start()
+        worker.join(environment.shutdown_timeout_ms() / 1000.0)
+
+    # -- spans ---------------------------------------------------------------------------------------------------
+    def spans(self, journey: Journey, offset: int) -> list:
+        """The ReadableSpans of a kept journey: the request span and its children (docs/traces.md). ``offset``: wall
+        minus monotonic clock, in nanoseconds."""
+        from opentelemetry import trace as trace_api
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+        from opentelemetry.trace import Link, SpanContext, TraceFlags
+        from opentelemetry.trace.status import Status, StatusCode
+
+        sampled = TraceFlags(TraceFlags.SAMPLED)
+        scope = InstrumentationScope(catalogue.SCOPE_NAME, __version__)
+        trace_id = journey.trace_id
+        root_ctx = SpanContext(trace_id, journey.span_id, is_remote=False, trace_flags=sampled)
+        start = _ns(journey.arrival)
+        end = start + _ns(journey.e2e or 0.0)
+
+        def wall(ts: float) -> int:
+            return _ns(ts) + offset
+
+        children = []
+
+        def child(name, begin, finish, attributes=None):
+            ctx = SpanContext(trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=sampled)
+            children.append(
+                ReadableSpan(
+                    name=name,
+                    context=ctx,
+                    parent=root_ctx,
+                    resource=self.resource,
+                    attributes=attributes or {},
+                    kind=trace_api.SpanKind.INTERNAL,
+                    instrumentation_scope=scope,
+                    start_time=begin,
+                    end_time=max(begin, finish),
+                )
+            )
+
+        events = []
+        queued: Any = None
+        scheduled: Any = None
+        preempted_at: Any = None
+        for kind, ts in journey.events:
+            if kind is QUEUED:
+                queued = ts
+                events.append(Event("queued", {}, wall(ts)))
+            elif kind is SCHEDULED:
+                resumed = preempted_at is not None
+                events.append(Event("scheduled", {"vllm.resumed": resumed}, wall(ts)))
+                if scheduled is None:
+                    scheduled = ts
+                if resumed:
+                    child("preempted", wall(preempted_at), wall(ts), {"vllm.resumed": True})
+                    preempted_at = None
+            elif kind is PREEMPTED:
+                if preempted_at is not None:  # preempted again before a resume we saw: close the first
+                    child("preempted", wall(preempted_at), wall(ts), {"vllm.resumed": False})
+                preempted_at = ts
+                events.append(Event("preempted", {}, wall(ts)))
+        if preempted_at is not None:
+            child("preempted", wall(preempted_at), end, {"vllm.resumed": False})
+
+        first, last = journey.first_ts, journey.last_ts
+        latency = {}
+        if queued is not None:
+            child("queued", wall(queued), wall(scheduled) if scheduled is not None else end)
+            if scheduled is not None:
+                latency["gen_ai.latency.time_in_queue"] = scheduled - queued
+        if scheduled is not None and first is not None:
+            child("prefill", wall(scheduled), wall(first))
+            latency["gen_ai.latency.time_in_model_prefill"] = first - scheduled
+        if first is not None and last is not None:
+            child("decode", wall(first), wall(last))
+            latency["gen_ai.latency.time_in_model_decode"] = last - first
+            events.append(Event("first_token", {}, wall(first)))
+            if scheduled is not None:
+                latency["gen_ai.latency.time_in_model_inference"] = last - scheduled
+        if journey.first_latency is not None:
+            latency["gen_ai.latency.time_to_first_token"] = journey.first_latency
+        if journey.e2e is not None:
+            latency["gen_ai.latency.e2e"] = journey.e2e
+        finish: dict = {"gen_ai.response.finish_reasons": (journey.reason,)} if journey.reason else {}
+        events.append(Event("finish", finish, end))
+        events.sort(key=lambda event: event.timestamp)
+
+        attributes = {
+            "gen_ai.operation.name": journey.operation,
+            "gen_ai.provider.name": catalogue.GENAI_PROVIDER,
+            "gen_ai.request.id": journey.external_id,  # vLLM's own llm_request span's name for it
+            "gen_ai.response.id": journey.external_id,
+            "vllm.request.id": journey.request_id,
+            "vllm.dp_rank": journey.dp if journey.dp is not None else context.PROCESS.dp,
+            "vllm.pd_role": context.PROCESS.role,
+            "vllm.request.preemptions": journey.preemptions,
+            "gen_ai.usage.output_tokens": journey.tokens,
+        }
+        if journey.model:
+            attributes["gen_ai.request.model"] = journey.model
+            attributes["gen_ai.response.model"] = journey.model
+        attributes.update(journey.attributes)
+        if journey.cached_tokens is not None:
+            attributes["gen_ai.usage.cache_read.input_tokens"] = journey.cached_tokens
+        if journey.reason:
+            attributes["gen_ai.response.finish_reasons"] = (journey.reason,)
+        if journey.lost_events:
+            attributes["vllm.request.events_dropped"] = journey.lost_events
+        attributes.update(latency)
+        links: tuple = ()
+        if journey.kept_by is not None:
+            attributes["vllm.trace.kept_by"] = journey.kept_by
+            if journey.parent is not None:
+                links = (Link(journey.parent, {"vllm.trace.link": "unsampled parent"}),)
+        status = Status(StatusCode.UNSET)
+        if journey.error is not None:
+            attributes["error.type"] = journey.error
+            status = Status(StatusCode.ERROR, journey.error)
+        name = f"{journey.operation} {journey.model}" if journey.model else journey.operation
+        root = ReadableSpan(
+            name=name,
+            context=root_ctx,
+            parent=journey.parent_span,
+            resource=self.resource,
+            attributes=attributes,
+            events=events,
+            links=links,
+            kind=trace_api.SpanKind.SERVER,
+            instrumentation_scope=scope,
+            status=status,
+            start_time=start,
+            end_time=end,
+        )
+        return [root, *children]
+
+
+_LOCK = threading.Lock()
+
+
+def tracing() -> Tracing:
+    """This process's trace pipeline (built at the first call; a forked child builds its own)."""
+    current = STATE.tracing
+    if current is not None and current.pid == os.getpid():
+        return current
+    with _LOCK:
+        current = STATE.tracing
+        if current is None or current.pid != os.getpid():
+            from . import pipeline
+
+            current = STATE.tracing = Tracing(resource=pipeline.get().resource)
+        return current
+
+
+def install(instance: Tracing | None) -> None:
+    """Use ``instance`` as this process's trace pipeline (tests), or forget it (None)."""
+    with _LOCK:
+        old, STATE.tracing = STATE.tracing, instance
+    if old is not None and old is not instance:
+        old.shutdown()
+
+
+def export_drops() -> None:
+    """Add the traces lost since the last collection to ``traces_dropped`` (a pre-collection step)."""
+    current = STATE.tracing
+    if current is None or current.pid != os.getpid() or not current.dropped:
+        return
+    from .instruments import add
+
+    with current._dropped_lock:
+        dropped, current.dropped = current.dropped, {}
+    ctx = context.PROCESS
+    for reason, count in dropped.items():
+        add(catalogue.TRACES_DROPPED, count, (ctx.dp, ctx.role, reason))

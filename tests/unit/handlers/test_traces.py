@@ -1,0 +1,459 @@
+"""Request traces (handlers/traces.py, recording/traces.py) on a real vLLM OutputProcessor fed real EngineCoreRequests
+and EngineCoreOutputs (with real EngineCoreEvents), through the real wrappers, into the real OTel SDK's
+InMemorySpanExporter. The oracle is vLLM's own accounting of the same requests: its RequestStateStats, its
+FinishedRequestStats and the per-request metrics it would return (``build_per_request_timing_metrics``)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace as NS
+
+import pytest
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.trace import SpanKind, StatusCode
+
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment
+from opentelemetry_instrumentation_vllm_ascend.handlers import api, traces
+from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
+from opentelemetry_instrumentation_vllm_ascend.kinds import SYNC
+from opentelemetry_instrumentation_vllm_ascend.recording import otlp, pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording import traces as recording_traces
+from opentelemetry_instrumentation_vllm_ascend.state import STATE
+from tests.conftest import Metrics
+from tests.support.process import set_process
+
+pytest.importorskip("vllm")
+
+from vllm.entrypoints.generate.base.serving import build_per_request_timing_metrics  # noqa: E402
+from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+from vllm.v1.engine import (  # noqa: E402
+    EngineCoreEvent,
+    EngineCoreEventType,
+    EngineCoreOutput,
+    EngineCoreRequest,
+    FinishReason,
+)
+from vllm.v1.engine.output_processor import OutputProcessor  # noqa: E402
+from vllm.v1.metrics.stats import IterationStats  # noqa: E402
+
+Q, S, P = EngineCoreEventType.QUEUED, EngineCoreEventType.SCHEDULED, EngineCoreEventType.PREEMPTED
+TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
+PARENT_SPAN = 0xB7AD6B7169203331
+
+
+@pytest.fixture
+def hooks():
+    """The trace rows' handlers, ProcessOutputs and FinishedRequest wrapped around the real vLLM methods."""
+    patches = [
+        patch_method(OutputProcessor, "process_outputs", api.ProcessOutputs(), SYNC),
+        patch_method(OutputProcessor, "add_request", traces.AddRequest(), SYNC),
+        patch_method(OutputProcessor, "_finish_request", traces.FinishRequest(), SYNC),
+        patch_method(OutputProcessor, "abort_requests", traces.AbortRequests(), SYNC),
+        patch_method(IterationStats, "update_from_finished_request", api.FinishedRequest(), SYNC),
+    ]
+    yield
+    for patch in reversed(patches):
+        setattr(patch.owner, patch.attribute, patch.original)
+
+
+@pytest.fixture
+def metrics(monkeypatch):
+    for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(environment.RECORDER, "fast")
+    reader = InMemoryMetricReader()
+    pipeline.reset(extra_readers=[reader])
+    saved = (context.PROCESS.process, context.PROCESS.dp, context.PROCESS.role)
+    set_process("api_server", "0", "mixed")
+    api.set_served_model(NS(model_config=NS(served_model_name="tiny")))
+    yield reader
+    pipeline.reset()
+    set_process(*saved)
+    api.set_served_model(None)
+
+
+def make_tracing(monkeypatch, sampler=None, **env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    exporter = InMemorySpanExporter()
+    tracing = recording_traces.Tracing(
+        exporters=[exporter], resource=Resource.create({"service.name": "t"}), sampler=sampler
+    )
+    return tracing, exporter
+
+
+@pytest.fixture
+def tracked(monkeypatch, metrics, hooks):
+    """TRACKER on, exporting into an in-memory exporter; returns a function (re)building the pipeline."""
+    tracker = traces.TRACKER
+    saved = (tracker.on, tracker._tracing, tracker.limit)
+    tracker.on, tracker.limit = True, 1000
+    tracker.inflight.clear()
+
+    def build(sampler=None, **env):
+        tracing, exporter = make_tracing(monkeypatch, sampler, **env)
+        tracker._tracing = tracing
+        return tracing, exporter
+
+    yield build
+    tracker.on, tracker._tracing, tracker.limit = saved
+    tracker.inflight.clear()
+    tracker.last_finished = (None, None)
+    traces.INBOUND.set(None)
+
+
+def request(request_id="cmpl-7", arrival=None, headers=None, max_tokens=8):
+    params = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.5,
+        top_p=0.875,
+        detokenize=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+    req = EngineCoreRequest(
+        request_id=f"{request_id}-0a1b2c3d",
+        prompt_token_ids=[1, 2, 3, 4, 5],
+        mm_features=None,
+        sampling_params=params,
+        pooling_params=None,
+        arrival_time=time.time() if arrival is None else arrival,
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        trace_headers=headers,
+    )
+    req.external_req_id = request_id
+    return req
+
+
+def run(processor, req, steps, log_stats=True):
+    """Feed ``steps``: [(engine timestamp, new tokens, events, finish reason)] as one output per step. Returns
+    vLLM's RequestStateStats of the request (before it finished) and the finishing IterationStats."""
+    processor.add_request(req, None)
+    stats = processor.request_states[req.request_id].stats
+    iteration = None
+    for timestamp, tokens, events, reason in steps:
+        output = EngineCoreOutput(
+            request_id=req.request_id,
+            new_token_ids=list(range(tokens)),
+            events=[EngineCoreEvent(kind, ts) for kind, ts in events] or None,
+            finish_reason=reason,
+        )
+        iteration = IterationStats() if log_stats else None
+        processor.process_outputs([output], timestamp, iteration)
+    return stats, iteration
+
+
+def spans_by_name(exporter):
+    out: dict = {}
+    for span in exporter.get_finished_spans():
+        out.setdefault(span.name, []).append(span)
+    return out
+
+
+def ns(seconds):
+    return seconds * 1e9
+
+
+def test_spans_agree_with_vllms_own_per_request_numbers(tracked):
+    tracing, exporter = tracked(sampler=ParentBased(TraceIdRatioBased(1.0)))
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    req = request()
+    stats, iteration = run(
+        processor,
+        req,
+        [
+            (t + 0.125, 1, [(Q, t), (S, t + 0.0625)], None),
+            (t + 0.25, 2, [], None),
+            (t + 0.5, 1, [], FinishReason.LENGTH),
+        ],
+    )
+    tracing.flush()
+    by_name = spans_by_name(exporter)
+    (root,) = by_name["text_completion tiny"]
+    (queued,), (prefill,), (decode,) = by_name["queued"], by_name["prefill"], by_name["decode"]
+    oracle = build_per_request_timing_metrics(stats, stats.num_generation_tokens)
+    assert abs((queued.end_time - queued.start_time) / 1e6 - oracle.queue_time_ms) < 1e-3
+    assert abs((prefill.end_time - prefill.start_time) / 1e6 - oracle.time_to_first_token_ms) < 1e-3
+    assert abs((decode.end_time - decode.start_time) / 1e6 - oracle.generation_time_ms) < 1e-3
+    (finished,) = iteration.finished_requests
+    assert root.end_time - root.start_time == round(ns(finished.e2e_latency))
+    assert root.start_time == round(ns(req.arrival_time))
+    assert root.kind is SpanKind.SERVER and root.parent is None
+    assert all(s.parent.span_id == root.context.span_id for s in (queued, prefill, decode))
+    assert {s.context.trace_id for s in exporter.get_finished_spans()} == {root.context.trace_id}
+    a = root.attributes
+    assert a["gen_ai.operation.name"] == "text_completion" and a["gen_ai.provider.name"] == "vllm"
+    assert a["gen_ai.request.model"] == "tiny" and a["gen_ai.request.id"] == "cmpl-7"
+    assert a["gen_ai.response.finish_reasons"] == ("length",)
+    assert (
+        a["gen_ai.usage.input_tokens"] == 5 and a["gen_ai.usage.output_tokens"] == finished.num_generation_tokens == 4
+    )
+    assert (a["gen_ai.request.max_tokens"], a["gen_ai.request.temperature"], a["gen_ai.request.top_p"]) == (
+        8,
+        0.5,
+        0.875,
+    )
+    assert a["gen_ai.latency.time_in_queue"] == finished.queued_time
+    assert a["gen_ai.latency.time_in_model_prefill"] == finished.prefill_time
+    assert a["gen_ai.latency.time_in_model_decode"] == finished.decode_time
+    assert a["gen_ai.latency.time_to_first_token"] == stats.first_token_latency
+    assert a["gen_ai.latency.e2e"] == finished.e2e_latency
+    assert a["vllm.request.preemptions"] == 0 and "error.type" not in a
+    assert [e.name for e in root.events] == ["queued", "scheduled", "first_token", "finish"]
+    assert root.events[-1].attributes["gen_ai.response.finish_reasons"] == ("length",)
+    assert not any("prompt" in key or "completion" in key for key in a)  # never text, never its names
+    assert not traces.TRACKER.inflight
+
+
+def test_each_preemption_is_a_span_ending_at_its_resume(tracked):
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    stats, iteration = run(
+        processor,
+        request(),
+        [
+            (t + 0.25, 1, [(Q, t), (S, t + 0.125), (P, t + 0.1875), (S, t + 0.21875)], None),
+            (t + 0.5, 1, [(P, t + 0.3125), (S, t + 0.375)], None),
+            (t + 0.625, 1, [], FinishReason.STOP),
+        ],
+    )
+    tracing.flush()
+    by_name = spans_by_name(exporter)
+    preempted = sorted(by_name["preempted"], key=lambda s: s.start_time)
+    (finished,) = iteration.finished_requests
+    assert len(preempted) == finished.num_preemptions == 2
+    assert all(s.attributes["vllm.resumed"] is True for s in preempted)
+    offset = preempted[0].start_time - round(ns(t + 0.1875))
+    got = [t for s in preempted for t in (s.start_time - offset, s.end_time - offset)]
+    want = [round(ns(t + x)) for x in (0.1875, 0.21875, 0.3125, 0.375)]
+    assert all(abs(a - b) <= 1 for a, b in zip(got, want))
+    (root,) = by_name["text_completion tiny"]
+    assert root.attributes["vllm.request.preemptions"] == 2
+    resumes = [e.attributes["vllm.resumed"] for e in root.events if e.name == "scheduled"]
+    assert resumes == [False, True, True]
+    # The prefill span runs from the first scheduling, as vLLM's prefill_time does.
+    (prefill,) = by_name["prefill"]
+    assert abs((prefill.end_time - prefill.start_time) / 1e9 - finished.prefill_time) < 1e-6
+
+
+def test_an_inbound_traceparent_is_continued(tracked):
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=True)
+    header = {"traceparent": f"00-{TRACE_ID:032x}-{PARENT_SPAN:016x}-01"}
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    run(processor, request(headers=header), [(t, 1, [(Q, t)], FinishReason.STOP)])
+    # vLLM dropped the headers (its own tracing off): the request's task kept them (BaseServing._get_trace_headers).
+    traces.INBOUND.set(header)
+    run(processor, request("chatcmpl-2"), [(t, 1, [(Q, t)], FinishReason.STOP)])
+    tracing.flush()
+    roots = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert len(roots) == 2
+    for root in roots:
+        assert root.context.trace_id == TRACE_ID and root.parent.span_id == PARENT_SPAN
+        assert root.parent.is_remote
+
+
+def test_an_unsampled_parent_is_dropped_unless_a_tail_rule_keeps_it_as_a_linked_root(tracked):
+    unsampled = {"traceparent": f"00-{TRACE_ID:032x}-{PARENT_SPAN:016x}-00"}
+    tracing, exporter = tracked(**{environment.TRACES_TTFT_THRESHOLD_MS: "100"})
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    now = time.time()
+    run(processor, request("cmpl-fast", arrival=now, headers=unsampled), [(t, 1, [(Q, t)], FinishReason.STOP)])
+    run(processor, request("cmpl-slow", arrival=now - 0.5, headers=unsampled), [(t, 1, [(Q, t)], FinishReason.STOP)])
+    tracing.flush()
+    (root,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert root.attributes["gen_ai.request.id"] == "cmpl-slow"
+    assert root.attributes["vllm.trace.kept_by"] == "ttft"
+    assert root.attributes["gen_ai.latency.time_to_first_token"] > 0.1
+    assert root.parent is None and root.context.trace_id != TRACE_ID
+    (link,) = root.links
+    assert (link.context.trace_id, link.context.span_id) == (TRACE_ID, PARENT_SPAN)
+
+
+def test_head_sampling_off_keeps_errors_aborts_and_preemptions(tracked):
+    tracing, exporter = tracked(sampler=ALWAYS_OFF)
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    run(processor, request("cmpl-ok"), [(t, 1, [(Q, t), (S, t)], FinishReason.STOP)])
+    run(processor, request("cmpl-err"), [(t, 0, [(Q, t)], FinishReason.ERROR)])
+    run(processor, request("cmpl-pre"), [(t, 1, [(Q, t), (S, t), (P, t), (S, t)], FinishReason.STOP)])
+    aborted = request("cmpl-gone")
+    processor.add_request(aborted, None)
+    assert processor.abort_requests([aborted.request_id], internal=True) == [aborted.request_id]
+    tracing.flush()
+    roots = {s.attributes["gen_ai.request.id"]: s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER}
+    assert sorted(roots) == ["cmpl-err", "cmpl-gone", "cmpl-pre"]
+    assert roots["cmpl-err"].attributes["error.type"] == "error"
+    assert roots["cmpl-err"].status.status_code is StatusCode.ERROR
+    gone = roots["cmpl-gone"]
+    assert (gone.attributes["error.type"], gone.attributes["vllm.trace.kept_by"]) == ("abort", "abort")
+    assert gone.attributes["gen_ai.response.finish_reasons"] == ("abort",)
+    assert roots["cmpl-pre"].attributes["vllm.trace.kept_by"] == "preempted"
+    # Only the requests' own spans: an aborted request that never ran has no child.
+    assert [
+        s.name for s in exporter.get_finished_spans() if s.parent and s.parent.span_id == gone.context.span_id
+    ] == []
+
+
+def test_without_log_stats_it_degrades_to_what_the_outputs_tell(tracked):
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=False)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    stats, _ = run(processor, request(), [(t, 1, [], None), (t + 0.25, 2, [], FinishReason.STOP)], log_stats=False)
+    assert stats is None
+    tracing.flush()
+    by_name = spans_by_name(exporter)
+    assert sorted(by_name) == ["decode", "text_completion tiny"]
+    (decode,) = by_name["decode"]
+    assert abs(decode.end_time - decode.start_time - ns(0.25)) < 1000
+    (root,) = by_name["text_completion tiny"]
+    assert root.attributes["gen_ai.usage.output_tokens"] == 3
+    assert root.end_time > root.start_time
+
+
+def test_vllms_own_request_span_is_replaced_by_ours(tracked):
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=True, tracing_enabled=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    run(processor, request(), [(t, 1, [(Q, t), (S, t)], FinishReason.STOP)])
+    assert processor.tracing_enabled is False  # vLLM's do_tracing (llm_request) no longer runs
+    tracing.flush()
+    assert len([s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]) == 1
+
+
+def test_request_duration_carries_the_exported_traces_exemplar(tracked, metrics):
+    tracing, exporter = tracked(sampler=ParentBased(ALWAYS_OFF), **{environment.TRACES_E2E_THRESHOLD_MS: "200"})
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    now = time.time()
+    run(processor, request("cmpl-slow", arrival=now - 0.5), [(t, 1, [(Q, t), (S, t)], FinishReason.STOP)])
+    run(processor, request("cmpl-fast", arrival=now), [(t, 1, [(Q, t), (S, t)], FinishReason.STOP)])
+    tracing.flush()
+    (root,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    data = metrics.get_metrics_data()
+    points = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "gen_ai.server.request.duration"
+        for p in m.data.data_points
+    ]
+    assert sum(p.count for p in points) == 2
+    exemplars = [e for p in points for e in p.exemplars]
+    (exemplar,) = exemplars  # the kept (slow) request only: the other trace was not exported
+    assert (exemplar.trace_id, exemplar.span_id) == (root.context.trace_id, root.context.span_id)
+    assert exemplar.value == pytest.approx((root.end_time - root.start_time) / 1e9, abs=1e-9)
+
+
+def test_a_full_queue_drops_and_counts(tracked, metrics):
+    tracing, exporter = tracked(**{environment.BSP_MAX_QUEUE_SIZE: "2", environment.BSP_SCHEDULE_DELAY: "100000"})
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    for i in range(5):
+        run(processor, request(f"cmpl-{i}"), [(t, 1, [(Q, t)], FinishReason.STOP)])
+    assert tracing.dropped == {"queue_full": 3}
+    STATE.tracing, saved = tracing, STATE.tracing
+    try:
+        recording_traces.export_drops()
+    finally:
+        STATE.tracing = saved
+    tracing.flush()
+    assert len([s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]) == 2
+    values = Metrics(metrics).points()["vllm_profiling_traces_dropped"]
+    assert values == {(("dp", "0"), ("reason", "queue_full"), ("role", "mixed")): 3}
+
+
+def test_at_most_the_inflight_limit_is_followed(tracked):
+    tracing, exporter = tracked()
+    traces.TRACKER.limit = 2
+    processor = OutputProcessor(None, log_stats=True)
+    for i in range(4):
+        processor.add_request(request(f"cmpl-{i}"), None)
+    assert len(traces.TRACKER.inflight) == 2 and tracing.dropped == {"inflight_full": 2}
+    # Requests whose end was never seen (runtime control switched the hooks off meanwhile) give their room back.
+    processor.request_states.clear()
+    processor.add_request(request("cmpl-next"), None)
+    assert list(traces.TRACKER.inflight) == ["cmpl-next-0a1b2c3d"]
+
+
+def test_off_follows_nothing(tracked):
+    tracing, exporter = tracked()
+    traces.TRACKER.on = False
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0  # engine times in the past, as real ones are when the request ends
+    run(processor, request(), [(t, 1, [(Q, t)], FinishReason.STOP)])
+    tracing.flush()
+    assert not traces.TRACKER.inflight and exporter.get_finished_spans() == ()
+
+
+def test_the_trace_exporter_follows_the_traces_protocol(monkeypatch):
+    monkeypatch.setenv(environment.OTLP_PROTOCOL, "grpc")
+    monkeypatch.setenv(environment.OTLP_TRACES_PROTOCOL, "http/protobuf")
+    monkeypatch.setenv(environment.OTLP_METRICS_PROTOCOL, "grpc")
+    assert otlp.entry_point_name("otlp", "traces") == "otlp_proto_http"
+    assert otlp.entry_point_name("otlp") == "otlp_proto_grpc"
+    monkeypatch.setenv(environment.TRACES_EXPORTER, "otlp")
+    (exporter,) = recording_traces.Tracing._exporters()
+    assert type(exporter).__module__.startswith("opentelemetry.exporter.otlp.proto.http")
+    exporter.shutdown()
+    monkeypatch.setenv(environment.TRACES_EXPORTER, "none")
+    assert recording_traces.Tracing._exporters() == []
+
+
+def test_the_drop_metric_is_in_the_catalogue():
+    spec = catalogue.TRACES_DROPPED
+    assert spec.kind == catalogue.COUNTER and spec.labels == ("dp", "role", "reason")
+
+
+def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_hook(monkeypatch):
+    from opentelemetry_instrumentation_vllm_ascend import targets
+    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import DISABLED, TRACES_OFF, gate_of, vllm_version
+
+    version = vllm_version()
+    rows = [t for t in targets.TARGETS if t.traces]
+    assert {t.qualname for t in rows} == {
+        "BaseServing._get_trace_headers",
+        "OutputProcessor.add_request",
+        "OutputProcessor._finish_request",
+        "OutputProcessor.abort_requests",
+    }
+    (loop,) = [t for t in targets.TARGETS if t.feeds_traces]
+    assert loop.qualname == "OutputProcessor.process_outputs"
+    monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(loop.feeds))
+    monkeypatch.delenv(environment.TRACES, raising=False)
+    assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 4
+    assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 4  # `check` resolves them
+    assert gate_of(loop, version, None) == DISABLED
+    monkeypatch.setenv(environment.TRACES, "true")
+    assert [gate_of(t, version, None) for t in rows] == [None] * 4
+    assert gate_of(loop, version, None) is None  # its metrics are off, the traces still need it
+
+
+def test_the_final_export_waits_at_most_the_shutdown_timeout(monkeypatch):
+    import threading
+
+    release = threading.Event()
+
+    class Stuck(InMemorySpanExporter):  # a collector that never answers
+        def export(self, spans):
+            release.wait(30)
+            return super().export(spans)
+
+    monkeypatch.setenv(environment.SHUTDOWN_TIMEOUT_MS, "200")
+    tracing = recording_traces.Tracing(exporters=[Stuck()], resource=Resource.create({}))
+    journey = recording_traces.Journey("r-1", "cmpl-1", "text_completion", "tiny", time.time())
+    journey.e2e = 0.5
+    assert tracing.decide(journey)
+    tracing.submit(journey)
+    start = time.monotonic()
+    tracing.shutdown()
+    assert time.monotonic() - start < 2.0
+    release.set()
