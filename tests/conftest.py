@@ -76,6 +76,18 @@ def metrics(monkeypatch):
 
 
 @pytest.fixture
+def enabled(monkeypatch):
+    """``enabled(value)`` sets OTEL_VLLM_ASCEND_ENABLED_METRICS (neither it nor the disabled list is set before)."""
+    monkeypatch.delenv(environment.ENABLED_METRICS, raising=False)
+    monkeypatch.delenv(environment.DISABLED_METRICS, raising=False)
+
+    def set_(value):
+        monkeypatch.setenv(environment.ENABLED_METRICS, value)
+
+    return set_
+
+
+@pytest.fixture
 def files_dir(tmp_path, monkeypatch):
     """This process as an EngineCore (dp 0, role decode) writing its /metrics files into ``tmp_path`` only when a
     test flushes (the export interval is an hour); no OTLP."""

@@ -16,9 +16,16 @@ def _value(v):
     return getattr(v, v.WhichOneof("value")) if v.WhichOneof("value") else None
 
 
-class Receiver:
+class HttpReceiver:
+    """A real OTLP/HTTP receiver on a free local port: decodes each POST as ``REQUEST`` (a protobuf message class)
+    and answers ``RESPONSE``; ``PATH`` is the signal's path (``/v1/metrics``, ``/v1/traces``)."""
+
+    REQUEST = ExportMetricsServiceRequest
+    RESPONSE = ExportMetricsServiceResponse
+    PATH = "/v1/metrics"
+
     def __init__(self):
-        self.requests: list[ExportMetricsServiceRequest] = []
+        self.requests: list = []
         #: Each request's HTTP headers (lower-case names), in arrival order.
         self.headers: list[dict[str, str]] = []
         self.lock = threading.Lock()
@@ -29,12 +36,12 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
-                request = ExportMetricsServiceRequest()
+                request = receiver.REQUEST()
                 request.ParseFromString(body)
                 with receiver.lock:
                     receiver.requests.append(request)
                     receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
-                payload = ExportMetricsServiceResponse().SerializeToString()
+                payload = receiver.RESPONSE().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(payload)))
@@ -49,7 +56,7 @@ class Receiver:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/metrics"
+        return f"http://127.0.0.1:{self.server.server_address[1]}{self.PATH}"
 
     def __enter__(self):
         self.thread.start()
@@ -58,6 +65,10 @@ class Receiver:
     def __exit__(self, *exc):
         self.server.shutdown()
         self.server.server_close()
+
+
+class Receiver(HttpReceiver):
+    """OTLP/HTTP metrics: ExportMetricsServiceRequest protobufs."""
 
     def env(self, interval_ms: int) -> dict:
         """A server's environment settings that make each of its processes push to this receiver, and write

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import gzip
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
+
+from tests.support.otlp_receiver import HttpReceiver
 
 
 def _value(v):
@@ -44,45 +43,12 @@ class Span:
         return self.end - self.start
 
 
-class TraceReceiver:
-    def __init__(self):
-        self.requests: list[ExportTraceServiceRequest] = []
-        self.lock = threading.Lock()
-        receiver = self
+class TraceReceiver(HttpReceiver):
+    """OTLP/HTTP traces: ExportTraceServiceRequest protobufs, read back as :class:`Span`."""
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                if self.headers.get("Content-Encoding") == "gzip":
-                    body = gzip.decompress(body)
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                with receiver.lock:
-                    receiver.requests.append(request)
-                payload = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
+    REQUEST = ExportTraceServiceRequest
+    RESPONSE = ExportTraceServiceResponse
+    PATH = "/v1/traces"
 
     def spans(self) -> list[Span]:
         with self.lock:

@@ -4,23 +4,10 @@ tests/e2e/test_prometheus.py::test_the_incumbents_dashboard_queries_return_serie
 
 import re
 
-import pytest
-
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
 from tests.support import incumbent_dashboard
 
 PROFILE = catalogue.PROFILES["ms-service-metric"]
-
-
-@pytest.fixture
-def enabled(monkeypatch):
-    monkeypatch.delenv(environment.ENABLED_METRICS, raising=False)
-    monkeypatch.delenv(environment.DISABLED_METRICS, raising=False)
-
-    def set_(value):
-        monkeypatch.setenv(environment.ENABLED_METRICS, value)
-
-    return set_
 
 
 def test_the_profile_names_opt_in_families_and_every_one_the_incumbents_dashboard_queries():

@@ -3,24 +3,11 @@ OTEL_VLLM_ASCEND_DISABLED_METRICS, on where OTEL_VLLM_ASCEND_ENABLED_METRICS nam
 (The suite's conftest enables them all; these tests unset the variable.) The budget itself is counted on a real
 scrape: tests/e2e/test_catalogue.py::test_default_set_fits_the_series_budget."""
 
-import pytest
-
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen
 from opentelemetry_instrumentation_vllm_ascend.handlers import scopes
 from tests.support.fakes import fake_utils
 from tests.support.scrape import series_counts
-
-
-@pytest.fixture
-def enabled(monkeypatch):
-    monkeypatch.delenv(environment.ENABLED_METRICS, raising=False)
-    monkeypatch.delenv(environment.DISABLED_METRICS, raising=False)
-
-    def set_(value):
-        monkeypatch.setenv(environment.ENABLED_METRICS, value)
-
-    return set_
 
 
 def test_opt_in_families_are_catalogue_histograms_with_a_reason():
