@@ -326,7 +326,7 @@ class ProfilerScopes:
         factory._otel_vllm_ascend_factory = True
         replacement = factory
         if table is not None:
-            type(table).__missing__ = staticmethod(factory)  # type: ignore[attr-defined]  # called with the name
+            type(table).__missing__ = staticmethod(factory)  # called with the name
             replacement = table.__getitem__
         setattr(module, attribute, replacement)
         return _ModuleGlobalPatch(module, attribute, inner, replacement)
