@@ -10,6 +10,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler, report
+from ..recording.deferred import MAX_VALUES
 from ..state import STATE, UNKNOWN
 from . import budget
 from .budget import ENGINE_TO
@@ -40,6 +41,10 @@ _FREE_BLOCKS = M["free_kvcache_blocks"]
 _ALLOCATED_BLOCKS = M["allocated_kvcache_blocks"]
 _PENDING = M["request_prefill_pending_nums"]
 _SCOPES = M["record_function_or_nullcontext"]
+#: The engine budget's stages the scheduler hooks open (module constants: no attribute read per step).
+_SCHEDULE, _DISPATCH, _UPDATE, _OUTPUT = budget.SCHEDULE, budget.DISPATCH, budget.UPDATE, budget.OUTPUT
+#: Observations left for later (``recording.record_later``) after which one more runs them at once.
+_FULL = MAX_VALUES - 1
 
 
 def flush_step(step: Step, phase: str) -> None:
@@ -405,14 +410,14 @@ class Schedule(Handler):
         _state.schedule_calls += 1
         step = Step()
         start = perf_counter()
-        ENGINE_TO(budget.SCHEDULE, start)
+        ENGINE_TO(_SCHEDULE, start)
         return step, CURRENT_STEP.set(step), start
 
-    def after(self, state, args, kwargs, result):
+    def after(self, state, args, kwargs, result, _pending=STATE.deferred, _state=STATE):
         end = perf_counter()
         if state is None:
             return
-        ENGINE_TO(budget.DISPATCH, end)
+        ENGINE_TO(_DISPATCH, end)
         step, token, start = state
         CURRENT_STEP.reset(token)
         scheduler = args[0]
@@ -457,14 +462,19 @@ class Schedule(Handler):
         except Exception:
             sizes = None
             report(self, "_step_sizes")
-        step.timers = None  # the step's shared scope timers are done with
-        recording.defer(_record_schedule, id(scheduler), step, phase, end - start, sizes, step_class, queues, blocks)
+        if step.timers is not None:
+            step.timers = None  # the step's shared scope timers are done with
+        records = (id(scheduler), step, phase, end - start, sizes, step_class, queues, blocks)
+        if _state.pipeline is None:
+            recording.defer(_record_schedule, *records)  # (makes the pipeline, whose collections run them)
+        else:
+            _pending.append((_record_schedule, records))  # recording.defer, inline
 
     def error(self, state, args, kwargs, exc):
         if state is None:
             return
         step, token, _start = state
-        ENGINE_TO(budget.DISPATCH, perf_counter())
+        ENGINE_TO(_DISPATCH, perf_counter())
         CURRENT_STEP.reset(token)
         STATE.last_step_phase = UNKNOWN
         flush_step(step, UNKNOWN)
@@ -553,12 +563,17 @@ class UpdateFromOutput(Handler):
 
     def before(self, args, kwargs):
         start = perf_counter()
-        ENGINE_TO(budget.UPDATE, start)
+        ENGINE_TO(_UPDATE, start)
         return start
 
-    def after(self, state, args, kwargs, result, _labels=context.STEP_LABELS):
+    def after(self, state, args, kwargs, result, _labels=context.STEP_LABELS, _values=STATE.deferred_values):
         end = perf_counter()
-        ENGINE_TO(budget.OUTPUT, end)
+        ENGINE_TO(_OUTPUT, end)
         phase = (getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None) or STATE.last_step_phase
-        # Recorded with the scheduler hook's records (the step scheduled: they run soon).
-        recording.record_later(self.spec, end - state, _labels.get(phase) or context.step_labels(phase))
+        labels = _labels.get(phase) or context.step_labels(phase)
+        # Recorded with the scheduler hook's records (the step scheduled: they run soon): recording.record_later,
+        # inline while the pipeline exists and this observation does not fill the queue.
+        if STATE.pipeline is None or len(_values) >= _FULL:
+            recording.record_later(self.spec, end - state, labels)
+        else:
+            _values.append((self.spec, end - state, labels))

@@ -234,6 +234,24 @@ def untimed_scopes(patterns: tuple[str, ...], only=None):
     return untimed
 
 
+class _ScopeTable(dict):
+    """The scope factory where vLLM's choice is nullcontext and the scope histogram is off (the default set): the
+    names decided untimed map to the shared nullcontext, and ``record_function_or_nullcontext`` gets the table's
+    bound ``__getitem__`` — a C call, no Python frame, for vLLM's per-request "schedule: allocate_slots" — while
+    any other name falls through to ``__missing__``, the Python factory (each ``install`` makes its own subclass
+    with it). Bounded: at most ``4 * MAX_SCOPE_NAMES`` names are remembered; later untimed ones are decided each
+    time, as ``untimed_scopes`` decides them."""
+
+    __slots__ = ()
+
+
+def is_factory(obj) -> bool:
+    """Whether ``obj`` is a scope factory this package installed (a function, or a ``_ScopeTable``'s lookup)."""
+    return bool(getattr(obj, "_otel_vllm_ascend_factory", False)) or isinstance(
+        getattr(obj, "__self__", None), _ScopeTable
+    )
+
+
 class ProfilerScopes:
     """Installs the scope factory as ``vllm.v1.utils._PROFILER_FUNC`` (target kind SCOPE_FACTORY).
     Scopes named in OTEL_VLLM_ASCEND_DISABLED_SCOPES, and with record_function_or_nullcontext off every scope but
@@ -249,7 +267,7 @@ class ProfilerScopes:
             # What vLLM would choose on its first call (nullcontext, torch record_function, nvtx).
             module.record_function_or_nullcontext("")
             inner = getattr(module, attribute)
-        if inner is None or getattr(inner, "_otel_vllm_ascend_factory", False):
+        if inner is None or is_factory(inner):
             raise RuntimeError(f"{module.__name__}.{attribute} is not a scope factory ({inner!r})")
         plain = inner is contextlib.nullcontext
         # With the scope histogram off (opt-in, catalogue.OPT_IN) only the scopes the worker's forward, non-forward
@@ -262,6 +280,9 @@ class ProfilerScopes:
         decided = untimed.decided.get if untimed is not None else None
         # With the scope histogram off the timed scopes only mark the worker step's timeline.
         cls = _TimelineScope if only is not None else _Scope
+        # Then, with vLLM's nullcontext, the factory is a table's lookup (``_ScopeTable``): an untimed name costs
+        # no Python call.
+        table = type("_ScopeTable", (_ScopeTable,), {"__slots__": ()})() if only is not None and plain else None
 
         def factory(
             name,
@@ -273,10 +294,13 @@ class ProfilerScopes:
             _untimed=untimed,
             _decided=decided,
             _shared=_UNTIMED,
+            _table=table,
         ):
             if _decided is not None:
                 off = _decided(name)
                 if off:  # untimed (decided before), in a scheduling step or not: vLLM's own choice;
+                    if _table is not None and len(_table) < 4 * MAX_SCOPE_NAMES:
+                        _table[name] = _shared  # looked up in C from now on
                     return _shared if _plain else _inner(name)  # its nullcontext is reusable: one shared instance
             else:
                 off = False
@@ -300,8 +324,12 @@ class ProfilerScopes:
             return scope
 
         factory._otel_vllm_ascend_factory = True
-        setattr(module, attribute, factory)
-        return _ModuleGlobalPatch(module, attribute, inner, factory)
+        replacement = factory
+        if table is not None:
+            type(table).__missing__ = staticmethod(factory)  # called with the name
+            replacement = table.__getitem__
+        setattr(module, attribute, replacement)
+        return _ModuleGlobalPatch(module, attribute, inner, replacement)
 
 
 class _ModuleGlobalPatch:

@@ -120,7 +120,8 @@ def classify_step(scheduler, scheduler_output) -> tuple:
         recomputing = True  # unknown (no instance dict to note preemptions in): be exact
     if not recomputing and not resumed:
         outputs = cached.num_output_tokens
-        zeros = outputs.count(0)
+        # (all() is the cheaper scan where every request has outputs, a decode step's case: no count to make)
+        zeros = 0 if all(outputs) else outputs.count(0)
         if not zeros:
             if not new:
                 return ("decode", 0, 0, len(ids), total)

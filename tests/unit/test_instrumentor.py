@@ -12,6 +12,7 @@ from importlib import metadata
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment, plugin, targets
+from opentelemetry_instrumentation_vllm_ascend.handlers.scopes import is_factory
 from opentelemetry_instrumentation_vllm_ascend.wiring.installer import (
     GATED,
     MISSING,
@@ -105,7 +106,7 @@ def test_instrument_patches_every_target_and_uninstrument_restores_exactly(clean
     for t in FUTURE_CLASSES:
         assert {"set_result", "set_exception"} <= set(owner_of(t).__dict__) - set(class_dicts[t.symbol])
     for t in SCOPE_FACTORIES:
-        assert getattr(importlib.import_module(t.module), t.attribute)._otel_vllm_ascend_factory
+        assert is_factory(getattr(importlib.import_module(t.module), t.attribute))
     inst.instrument()  # idempotent: warns, wraps nothing twice
     for t in METHOD_TARGETS:
         assert owner_of(t).__dict__[t.attribute].__wrapped__ is originals[t.symbol]

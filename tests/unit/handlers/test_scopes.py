@@ -168,7 +168,7 @@ def test_install_lets_vllm_choose_its_factory_and_remove_restores_it():
     assert module._PROFILER_FUNC is None
     patch = scopes.ProfilerScopes().install(module)
     factory = module._PROFILER_FUNC
-    assert factory._otel_vllm_ascend_factory is True
+    assert scopes.is_factory(factory)
     scope = module.record_function_or_nullcontext("x")
     assert isinstance(scope, scopes._Scope) and scope.inner is None  # nullcontext: nothing to wrap
     with pytest.raises(RuntimeError):
