@@ -385,7 +385,16 @@ def feature_rows(number, repeat):
     path = os.path.join(tempfile.mkdtemp(prefix="otel_vllm_bench_"), "hooks.yaml")
     with open(path, "w") as f:
         f.write(USER_FILE)
-    entries = {e.qualname: e for e in userfile.load([path], None, None, log=False)}
+    # The file names the benchmark's own module, which hook files may name only as an allowed root.
+    saved = os.environ.get(environment.CONFIG_MODULES)
+    os.environ[environment.CONFIG_MODULES] = "_targets"
+    try:
+        entries = {e.qualname: e for e in userfile.load([path], None, None, log=False)}
+    finally:
+        if saved is None:
+            del os.environ[environment.CONFIG_MODULES]
+        else:
+            os.environ[environment.CONFIG_MODULES] = saved
     user = {}
     for qualname, function in (("Target.step", bare_step), ("Target.tick", bare_tick)):
         entry = entries[qualname]
