@@ -210,8 +210,8 @@ class Tracker:
             if latency:
                 journey.first_latency = latency
         tracing = self.tracing()
-        if tracing.decide(journey):
-            tracing.submit(journey)
+        if tracing.decide(journey) and not tracing.submit(journey):
+            journey.decided = False  # not sent: no exemplar may name it
 
     def exported_ids(self, req_stats) -> tuple[int, int] | None:
         """(trace id, root span id) of the request whose stats vLLM records now, when its trace is exported."""

@@ -244,17 +244,19 @@ class Tracing:
             return E2E
         return None
 
-    def submit(self, journey: Journey) -> None:
-        """Queue a kept journey for export (dropped and counted when the queue is full)."""
+    def submit(self, journey: Journey) -> bool:
+        """Queue a kept journey for export; False where it is not queued (no exporter; the queue full: dropped and
+        counted), so that no exemplar names a trace that will not be sent."""
         if not self.exporters:
-            return
+            return False
         queue = self.queue
         if len(queue) >= self.max_queue:
             self.drop("queue_full")
-            return
+            return False
         queue.append(journey)
         if len(queue) >= self.batch_size:
             self._wake.set()
+        return True
 
     # -- the export thread ---------------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -367,6 +367,19 @@ def test_a_full_queue_drops_and_counts(tracked, metrics):
         STATE.tracing = saved
     tracing.flush()
     assert len([s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]) == 2
+    # Exemplars (one per bucket: the latest observation's) name traces sent, never one of the three dropped, which
+    # came last (read first: a reader gets each exemplar once).
+    sent = {s.context.trace_id for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER}
+    exemplars = [
+        e
+        for rm in metrics.get_metrics_data().resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "gen_ai.server.request.duration"
+        for p in m.data.data_points
+        for e in p.exemplars
+    ]
+    assert exemplars and {e.trace_id for e in exemplars} <= sent
     values = Metrics(metrics).points()["vllm_profiling_traces_dropped"]
     assert values == {(("dp", "0"), ("reason", "queue_full"), ("role", "mixed")): 3}
 
