@@ -222,7 +222,11 @@ READS = tuple(
                 ">=0.32.0",
             )
             for module, cls, extra in (
-                ("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest", ("max_completion_tokens",)),
+                (
+                    "vllm.entrypoints.openai.chat_completion.protocol",
+                    "ChatCompletionRequest",
+                    ("max_completion_tokens",),
+                ),
                 ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest", ()),
             )
         ),
