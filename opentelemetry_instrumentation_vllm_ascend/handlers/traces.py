@@ -362,6 +362,9 @@ class Rejections(Handler):
         info = getattr(result, "error", None)  # ErrorResponse.error: ErrorInfo(message, type, param, code)
         if info is None or type(result).__name__ != "ErrorResponse":
             return
+        if _cancelling():  # vLLM answered "Client disconnected" to the cancellation of a client that went away
+            TRACKER.rejected(state, args[2], args[3], "abort", None)
+            return
         code = getattr(info, "code", None)
         TRACKER.rejected(state, args[2], args[3], str(getattr(info, "type", None) or code), _status(code))
 
@@ -374,6 +377,18 @@ class Rejections(Handler):
             return
         error, status = _response_of(args[0], exc)
         TRACKER.rejected(state, args[2], args[3], error, status)
+
+
+def _cancelling() -> bool:
+    """The current task is being cancelled (vLLM's ``with_cancellation``: the client went away), even when the code
+    it cancelled caught the CancelledError and returned."""
+    try:
+        from asyncio import current_task
+
+        task = current_task()
+        return task is not None and task.cancelling() > 0
+    except Exception:  # no running loop, or a task type without cancelling()
+        return False
 
 
 def _status(code) -> int | None:

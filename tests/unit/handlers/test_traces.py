@@ -599,6 +599,36 @@ def test_a_server_error_or_a_cancelled_call_before_registration_is_an_error_span
     assert all(s.attributes["gen_ai.request.model"] == "tiny" for s in got.values())  # no model given: the served one
 
 
+def test_a_client_gone_before_registration_is_an_abort_whatever_vllm_answered(tracked, serving):
+    """vLLM's with_cancellation cancels the handler's task when the client goes away; the completion handler catches
+    the CancelledError and answers "Client disconnected" (a 400 nobody receives): that request was aborted."""
+    import asyncio
+
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    tracing, exporter = tracked()
+
+    async def tokenizing(request, raw_request):
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return obj.create_error_response("Client disconnected")
+
+    obj = serving("completion", tokenizing)
+
+    async def go():
+        task = asyncio.ensure_future(obj.create_completion(CompletionRequest(prompt="p", model="tiny"), http_request()))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        return await task
+
+    assert asyncio.run(go()).error.message == "Client disconnected"
+    tracing.flush()
+    (root,) = exporter.get_finished_spans()
+    assert root.attributes["error.type"] == "abort" and "http.response.status_code" not in root.attributes
+    assert root.status.status_code is StatusCode.ERROR
+
+
 def test_an_error_after_registration_or_a_success_gives_no_rejection_span(tracked, serving):
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
