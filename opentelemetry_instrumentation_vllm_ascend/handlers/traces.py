@@ -385,9 +385,9 @@ def _cancelling() -> bool:
     try:
         from asyncio import current_task
 
-        task = current_task()
-        return task is not None and task.cancelling() > 0
-    except Exception:  # no running loop, or a task type without cancelling()
+        cancelling = getattr(current_task(), "cancelling", None)  # Python 3.11+
+        return cancelling is not None and cancelling() > 0
+    except Exception:  # no running loop
         return False
 
 
