@@ -359,9 +359,9 @@ class Rejections(Handler):
     def after(self, state, args, kwargs, result):
         if state.registered or not TRACKER.on:
             return
-        info = getattr(result, "error", None)  # ErrorResponse.error: ErrorInfo(message, type, param, code)
-        if info is None or type(result).__name__ != "ErrorResponse":
+        if type(result).__name__ != "ErrorResponse":  # a response, or a stream (whose errors are chunks of it)
             return
+        info = result.error  # ErrorInfo(message, type, param, code)
         if _cancelling():  # vLLM answered "Client disconnected" to the cancellation of a client that went away
             TRACKER.rejected(state, args[2], args[3], "abort", None)
             return
