@@ -602,6 +602,19 @@ TARGETS: tuple[Target, ...] = (
         process=API_SERVER,
         traces=True,
     ),
+    # A request an OpenAI handler (create_chat_completion, create_completion, create_responses: each awaits its work
+    # through this helper) answers with an error before registering it: one span (handlers/traces.py:Rejections).
+    Target(
+        "vllm.entrypoints.generate.base.serving",
+        "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
+        COROUTINE,
+        "traces:Rejections",
+        vllm=">=0.32.0",
+        feeds=("traces_dropped",),
+        provides_context=True,
+        process=API_SERVER,
+        traces=True,
+    ),
     *(
         Target(
             "vllm.v1.engine.output_processor",

@@ -10,7 +10,12 @@ when it ends. Nothing here runs on the EngineCore, and no span object exists whi
   per output of a followed request, its engine events (QUEUED / SCHEDULED / PREEMPTED, the EngineCore's monotonic
   clock), the batch timestamp of its first and last output, its token count and finish reason;
 - ``OutputProcessor._finish_request``: the request finished (by the engine, or by a stop string the API server
-  found); ``OutputProcessor.abort_requests``: it was aborted (a client that went away, a failed add).
+  found); ``OutputProcessor.abort_requests``: it was aborted (a client that went away, a failed add);
+- ``GenerateBaseServing._with_kv_transfer_rejection_cleanup``, the coroutine each OpenAI handler
+  (``create_chat_completion``, ``create_completion``, ``create_responses``) awaits its work through: a request it
+  answers with an error (or that ends by raising) before ``OutputProcessor.add_request`` registered anything in the
+  request's task was rejected: a journey of its own (entry to return, ``error.type``, the HTTP status) goes to the
+  pipeline.
 
 No metric label comes from here: traces carry ``vllm.dp_rank`` (the engine whose outputs brought the request's first
 token) and ``vllm.pd_role``. Nothing here imports vLLM (plain attribute reads with defaults)."""
@@ -18,6 +23,7 @@ token) and ``vllm.pd_role``. Nothing here imports vLLM (plain attribute reads wi
 from __future__ import annotations
 
 import logging
+from asyncio import CancelledError
 from contextvars import ContextVar
 from time import time
 from types import MappingProxyType
@@ -32,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 #: The inbound trace headers of the request the current task serves (set by ``TraceHeaders``).
 INBOUND: ContextVar = ContextVar("otel_vllm_ascend_trace_headers", default=None)
+#: The OpenAI handler call the current task is in (a :class:`Handling`, set by ``Rejections``).
+HANDLING: ContextVar = ContextVar("otel_vllm_ascend_handling", default=None)
 _KINDS = MappingProxyType({"QUEUED": QUEUED, "SCHEDULED": SCHEDULED, "PREEMPTED": PREEMPTED})
 #: Finish reasons that are an ``error.type``.
 _ERRORS = frozenset(catalogue.GENAI_ERROR_TYPES)
@@ -52,6 +60,34 @@ def _event_names(sample) -> dict:
     if not members:  # plain ints: vLLM's values
         return {1: QUEUED, 2: SCHEDULED, 3: PREEMPTED}
     return {member: _KINDS[name] for name, member in members.items() if name in _KINDS}
+
+
+class Handling:
+    """One OpenAI handler call: when it was entered (wall-clock seconds) and whether a request was registered
+    (``OutputProcessor.add_request``) in its task since."""
+
+    __slots__ = ("entered", "registered")
+
+    def __init__(self, entered: float) -> None:
+        self.entered = entered
+        self.registered = False
+
+
+#: vLLM's request class -> ``gen_ai.operation.name`` of a rejected request (others: ``_OTHER``, as their ids give).
+_OPERATIONS = MappingProxyType({"ChatCompletionRequest": "chat", "CompletionRequest": "text_completion"})
+#: Client-given request fields -> span attributes of a rejected request (chat's max_completion_tokens first).
+_REQUEST_FIELDS = (
+    ("max_completion_tokens", "gen_ai.request.max_tokens"),
+    ("max_tokens", "gen_ai.request.max_tokens"),
+    ("temperature", "gen_ai.request.temperature"),
+    ("top_p", "gen_ai.request.top_p"),
+    ("top_k", "gen_ai.request.top_k"),
+    ("seed", "gen_ai.request.seed"),
+    ("presence_penalty", "gen_ai.request.presence_penalty"),
+    ("frequency_penalty", "gen_ai.request.frequency_penalty"),
+)
+#: A client-given model name longer than this is cut (it names the span).
+_MAX_MODEL_CHARS = 256
 
 
 class Tracker:
@@ -213,6 +249,31 @@ class Tracker:
         if tracing.decide(journey) and not tracing.submit(journey):
             journey.decided = False  # not sent: no exemplar may name it
 
+    def rejected(self, handling: Handling, request, raw_request, error: str, status: int | None) -> None:
+        """A request its OpenAI handler answered with an error (``status``: the HTTP status, None when no
+        response was sent) before any request was registered in its task."""
+        headers = getattr(raw_request, "headers", None) if raw_request is not None else None
+        parent = self._parent(headers or INBOUND.get())
+        model = getattr(request, "model", None)
+        model = model[:_MAX_MODEL_CHARS] if isinstance(model, str) and model else STATE.served_model
+        attributes: dict = {}
+        fields = getattr(request, "__dict__", None) or {}  # a pydantic model's values (no deprecated-field warning)
+        for name, attribute in _REQUEST_FIELDS:
+            value = fields.get(name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and attribute not in attributes:
+                attributes[attribute] = value
+        n = fields.get("n", 1)
+        if isinstance(n, int) and not isinstance(n, bool) and n != 1:
+            attributes["gen_ai.request.choice.count"] = n
+        operation = _OPERATIONS.get(type(request).__name__, catalogue.GENAI_OTHER)
+        journey = Journey(None, None, operation, model, handling.entered, parent, attributes)
+        journey.e2e = max(0.0, time() - handling.entered)
+        journey.error = error
+        journey.status = status
+        tracing = self.tracing()
+        if tracing.decide(journey):
+            tracing.submit(journey)
+
     def exported_ids(self, req_stats) -> tuple[int, int] | None:
         """(trace id, root span id) of the request whose stats vLLM records now, when its trace is exported."""
         stats, journey = self.last_finished
@@ -252,6 +313,9 @@ class AddRequest(Handler):
 
     def after(self, state, args, kwargs, result):
         if TRACKER.on:
+            handling = HANDLING.get()
+            if handling is not None:
+                handling.registered = True
             TRACKER.start(args[0], args[1])
 
 
@@ -276,3 +340,78 @@ class AbortRequests(Handler):
                 TRACKER.aborted(list(result))
             except Exception:
                 report(self, "aborted")
+
+
+class Rejections(Handler):
+    """``GenerateBaseServing._with_kv_transfer_rejection_cleanup(self, awaitable, request, raw_request)``
+    (COROUTINE), which ``create_chat_completion``, ``create_completion`` and ``create_responses`` return the awaited
+    result of: an ``ErrorResponse`` returned, or an exception raised (which vLLM's exception handlers turn into
+    the response), while no request was registered in this task is a rejected request. A request registered
+    before its error has its journey already (finished as error or abort)."""
+
+    params = ("awaitable", "request", "raw_request")
+
+    def before(self, args, kwargs):
+        handling = Handling(time())
+        HANDLING.set(handling)
+        return handling
+
+    def after(self, state, args, kwargs, result):
+        if state.registered or not TRACKER.on:
+            return
+        if type(result).__name__ != "ErrorResponse":  # a response, or a stream (whose errors are chunks of it)
+            return
+        info = result.error  # ErrorInfo(message, type, param, code)
+        if _cancelling():  # vLLM answered "Client disconnected" to the cancellation of a client that went away
+            TRACKER.rejected(state, args[2], args[3], "abort", None)
+            return
+        code = getattr(info, "code", None)
+        TRACKER.rejected(state, args[2], args[3], str(getattr(info, "type", None) or code), _status(code))
+
+    def error(self, state, args, kwargs, exc):
+        if state.registered or not TRACKER.on:
+            return
+        if not isinstance(exc, Exception):  # the task was cancelled: the client went away before registration
+            if isinstance(exc, CancelledError):
+                TRACKER.rejected(state, args[2], args[3], "abort", None)
+            return
+        error, status = _response_of(args[0], exc)
+        TRACKER.rejected(state, args[2], args[3], error, status)
+
+
+def _cancelling() -> bool:
+    """The current task is being cancelled (vLLM's ``with_cancellation``: the client went away), even when the code
+    it cancelled caught the CancelledError and returned."""
+    try:
+        from asyncio import current_task
+
+        cancelling = getattr(current_task(), "cancelling", None)  # Python 3.11+
+        return cancelling is not None and cancelling() > 0
+    except Exception:  # no running loop
+        return False
+
+
+def _status(code) -> int | None:
+    try:
+        return int(code)
+    except (TypeError, ValueError):
+        return None
+
+
+def _response_of(serving, exc: Exception) -> tuple[str, int | None]:
+    """(error type, HTTP status) of the response vLLM's exception handlers make of ``exc``: an HTTPException's
+    status and its phrase; else what ``BaseServing.create_error_response(exc)`` says (the handlers call the same
+    function); else the exception's class name and 500."""
+    code = getattr(exc, "status_code", None)
+    if isinstance(code, int) and hasattr(exc, "detail"):  # starlette / FastAPI HTTPException
+        from http import HTTPStatus
+
+        try:
+            return HTTPStatus(code).phrase, code
+        except ValueError:
+            return str(code), code
+    try:
+        info = serving.create_error_response(exc).error
+        return str(info.type), _status(info.code)
+    except Exception:
+        return type(exc).__name__, 500

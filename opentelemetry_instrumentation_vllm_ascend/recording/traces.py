@@ -44,7 +44,9 @@ MAX_EVENTS = 120
 
 class Journey:
     """One request as the API server saw it. Times: ``arrival`` and ``end`` wall-clock seconds (the API server's),
-    ``events`` / ``first_ts`` / ``last_ts`` the EngineCore's monotonic clock."""
+    ``events`` / ``first_ts`` / ``last_ts`` the EngineCore's monotonic clock. A request vLLM rejected before
+    registering it has no request id (``request_id`` None): ``arrival`` is when its OpenAI handler was entered,
+    ``e2e`` how long the handler ran, ``status`` the HTTP status of its error response."""
 
     __slots__ = (
         "request_id",
@@ -72,6 +74,7 @@ class Journey:
         "kept_by",
         "decided",
         "stats",
+        "status",
     )
 
     def __init__(self, request_id, external_id, operation, model, arrival, parent=None, attributes=None) -> None:
@@ -102,6 +105,7 @@ class Journey:
         self.kept_by: str | None = None
         self.decided: bool | None = None  # None: not yet; True: exported; False: not kept
         self.stats: Any = None  # vLLM's RequestStateStats of the request, while it runs (None without log stats)
+        self.status: int | None = None  # a rejected request's HTTP status (None: none was sent)
 
     def add_events(self, events, names) -> None:
         """Append vLLM EngineCoreEvents (``names``: event type -> kind, unknown types skipped)."""
@@ -342,6 +346,8 @@ class Tracing:
         root_ctx = SpanContext(trace_id, journey.span_id, is_remote=False, trace_flags=sampled)
         start = _ns(journey.arrival)
         end = start + _ns(journey.e2e or 0.0)
+        if journey.request_id is None:
+            return [self._rejected(journey, root_ctx, scope, start, end)]
 
         def wall(ts: float) -> int:
             return _ns(ts) + offset
@@ -458,6 +464,49 @@ class Tracing:
             end_time=end,
         )
         return [root, *children]
+
+    def _rejected(self, journey: Journey, context_, scope, start: int, end: int):
+        """The one span of a request vLLM rejected before registering it: its OpenAI handler's call."""
+        from opentelemetry import trace as trace_api
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import Link
+        from opentelemetry.trace.status import Status, StatusCode
+
+        attributes: dict = {
+            "gen_ai.operation.name": journey.operation,
+            "gen_ai.provider.name": catalogue.GENAI_PROVIDER,
+        }
+        if journey.model:
+            attributes["gen_ai.request.model"] = journey.model
+        attributes.update(journey.attributes)
+        attributes["error.type"] = journey.error or "error"
+        if journey.status is not None:
+            attributes["http.response.status_code"] = journey.status
+        links: tuple = ()
+        if journey.kept_by is not None:
+            attributes["vllm.trace.kept_by"] = journey.kept_by
+            if journey.parent is not None:
+                links = (Link(journey.parent, {"vllm.trace.link": "unsampled parent"}),)
+        # A client error (4xx) is no failure of the server: status left unset, as the HTTP conventions ask of a
+        # SERVER span; a server error, or a request that ended without a response, is one.
+        if journey.status is not None and 400 <= journey.status < 500:
+            status = Status(StatusCode.UNSET)
+        else:
+            status = Status(StatusCode.ERROR, attributes["error.type"])
+        name = f"{journey.operation} {journey.model}" if journey.model else journey.operation
+        return ReadableSpan(
+            name=name,
+            context=context_,
+            parent=journey.parent_span,
+            resource=self.resource,
+            attributes=attributes,
+            links=links,
+            kind=trace_api.SpanKind.SERVER,
+            instrumentation_scope=scope,
+            status=status,
+            start_time=start,
+            end_time=end,
+        )
 
 
 _LOCK = threading.Lock()

@@ -141,3 +141,27 @@ def test_allocate_slots_can_be_copied_with_its_returns_rewritten(version_tree):
     assert rewrite.refusal(method) is None, f"vLLM {version}"
     returns = [n for n in ast.walk(method) if isinstance(n, ast.Return)]
     assert any(isinstance(r.value, ast.Constant) and r.value.value is None for r in returns), f"vLLM {version}"
+
+
+def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version_tree):
+    """handlers/traces.py:Rejections hooks GenerateBaseServing._with_kv_transfer_rejection_cleanup: a request is
+    rejected there only while create_chat_completion and create_completion hand it their whole work (the request
+    object second, the raw HTTP request third), and BaseServing.create_error_response turns an exception into the
+    error vLLM's exception handlers send (its first parameter takes one)."""
+    version, tree = version_tree
+    if Version(version) < Version("0.32.0"):
+        pytest.skip("request traces hook vLLM >= 0.32")
+    for module, cls, method in (
+        ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion"),
+        ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion"),
+    ):
+        _, node = tree.find_class(module, cls)
+        (function,) = [n for n in node.body if isinstance(n, ast.AsyncFunctionDef) and n.name == method]
+        (statement,) = function.body[1:]  # after the docstring: the one return
+        assert isinstance(statement, ast.Return), (version, method)
+        call = statement.value.value  # return await self._with_kv_transfer_rejection_cleanup(...)
+        assert ast.unparse(call.func) == "self._with_kv_transfer_rejection_cleanup", (version, method)
+        assert [ast.unparse(a) for a in call.args[1:]] == ["request", "raw_request"], (version, method)
+    _, base = tree.find_class("vllm.entrypoints.serve.engine.serving", "BaseServing")
+    (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
+    assert "Exception" in ast.unparse(helper.args.args[0].annotation), version

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.e2e
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 PARENT = 0x00F067AA0BA902B7
 UNSAMPLED_TRACE = 0x5BF92F3577B34DA6A3CE929D0E0E4737
+REJECTED_TRACE = 0x6BF92F3577B34DA6A3CE929D0E0E4738
 LOAD = 6  # concurrent single-prompt requests, each with vLLM's per-request metrics
 
 
@@ -36,6 +37,19 @@ def post(server, body, headers=None, timeout=300):
     conn.close()
     assert response.status == 200, data
     return data
+
+
+def rejected(server):
+    """A completion vLLM rejects (temperature < 0: its SamplingParams check) under a client traceparent: (HTTP
+    status, the error body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    body = {**completion(tiny_model.prompt(302)), "temperature": -1.0}
+    headers = {"Content-Type": "application/json", "traceparent": f"00-{REJECTED_TRACE:032x}-{PARENT:016x}-01"}
+    conn.request("POST", "/v1/completions", json.dumps(body), headers)
+    response = conn.getresponse()
+    out = response.status, json.loads(response.read())
+    conn.close()
+    return out
 
 
 def completion(prompt, max_tokens=16):
@@ -125,17 +139,19 @@ def served(model, tmp_path_factory):
                 completion(tiny_model.prompt(301)),
                 {"traceparent": f"00-{UNSAMPLED_TRACE:032x}-{PARENT:016x}-00"},
             )
-            # 3. A stream the client leaves.
+            # 3. A stream the client leaves; a request vLLM rejects.
             out["aborted"] = aborted_stream(server)
+            out["rejected"] = rejected(server)
             # 4. The preempting load: 16 150-token completions into 16 KV blocks.
             before = settled_preemptions(server)
             out["batch"] = server.batch([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
             out["preemptions"] = settled_preemptions(server) - before
-            expected = LOAD + 2 + 1 + 16
+            expected = LOAD + 2 + 1 + 1 + 16
             wait_for(lambda: len(traces.traces()) >= expected)
             wait_for(lambda: bool(metrics._histograms("gen_ai.server.request.duration", "process.pid")))
             time.sleep(2.5)  # one more metrics export after the last request
             out["traces"] = traces.traces()
+            out["spans"] = traces.spans()
             out["metrics"] = metrics
             out["openmetrics"] = openmetrics(server)
             out["text"] = server.scrape()
@@ -210,6 +226,20 @@ def test_an_aborted_stream_gives_one_request_span_with_error_type(served):
     root, _ = trace_of(served, served["aborted"])  # traces() asserts one request span per request id
     assert root.attributes["error.type"] == "abort"
     assert root.status_code == 2  # STATUS_CODE_ERROR
+
+
+def test_a_rejected_request_gives_one_span_with_vllms_error_and_the_clients_parent(served):
+    status, body = served["rejected"]
+    assert status == 400 and body["error"]["code"] == 400
+    (span,) = [s for s in served["spans"] if s.trace_id == REJECTED_TRACE]
+    assert span.parent_span_id == PARENT and span.kind == 2  # SPAN_KIND_SERVER
+    assert span.name == "text_completion tiny"
+    a = span.attributes
+    assert (a["error.type"], a["http.response.status_code"]) == (body["error"]["type"], 400)  # BadRequestError
+    assert (a["gen_ai.request.model"], a["gen_ai.request.temperature"]) == ("tiny", -1.0)
+    assert "gen_ai.request.id" not in a  # vLLM never registered it
+    assert served["traces"][None] == (span, [])  # the only request span without a request id, and no children
+    assert 0 < span.duration < 10e9
 
 
 def test_every_exemplar_is_an_exported_trace_whose_duration_it_is(served):

@@ -207,6 +207,29 @@ READS = tuple(
         ("vllm.v1.engine.utils", "CoreEngineProcManager", ("processes", "_finalizer")),
         ("vllm.v1.executor.multiproc_executor", "MultiprocExecutor", ("workers", "shutting_down")),
         ("vllm.v1.executor.multiproc_executor", "WorkerProcHandle", ("proc",)),
+        # handlers/traces.py:Rejections (a request rejected before registration): the error response, the fields
+        # of the requests it reads, the helper that turns an exception into vLLM's response
+        ("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", ("error",), ">=0.32.0"),
+        ("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", ("type", "code"), ">=0.32.0"),
+        ("vllm.entrypoints.serve.engine.serving", "BaseServing", ("create_error_response",), ">=0.32.0"),
+        *(
+            (
+                module,
+                cls,
+                ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty", "n")
+                + ("frequency_penalty",)
+                + extra,
+                ">=0.32.0",
+            )
+            for module, cls, extra in (
+                (
+                    "vllm.entrypoints.openai.chat_completion.protocol",
+                    "ChatCompletionRequest",
+                    ("max_completion_tokens",),
+                ),
+                ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest", ()),
+            )
+        ),
     )
     for attribute in attributes
 )

@@ -434,6 +434,7 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
     rows = [t for t in targets.TARGETS if t.traces]
     assert {t.qualname for t in rows} == {
         "BaseServing._get_trace_headers",
+        "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
         "OutputProcessor.add_request",
         "OutputProcessor._finish_request",
         "OutputProcessor.abort_requests",
@@ -442,11 +443,11 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
     assert loop.qualname == "OutputProcessor.process_outputs"
     monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(loop.feeds))
     monkeypatch.delenv(environment.TRACES, raising=False)
-    assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 4
-    assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 4  # `check` resolves them
+    assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 5
+    assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 5  # `check` resolves them
     assert gate_of(loop, version, None) == DISABLED
     monkeypatch.setenv(environment.TRACES, "true")
-    assert [gate_of(t, version, None) for t in rows] == [None] * 4
+    assert [gate_of(t, version, None) for t in rows] == [None] * 5
     assert gate_of(loop, version, None) is None  # its metrics are off, the traces still need it
 
 
@@ -470,3 +471,214 @@ def test_the_final_export_waits_at_most_the_shutdown_timeout(monkeypatch):
     tracing.shutdown()
     assert time.monotonic() - start < 2.0
     release.set()
+
+
+# -- requests vLLM rejected before registering them: the real OpenAI serving classes' create_* and their helper ----
+
+
+@pytest.fixture
+def serving(tracked):
+    """Real OpenAIServingCompletion / OpenAIServingChat objects (their create_* and the helper they await their work
+    through, hooked with the Rejections handler) whose inner ``_create_*`` each test replaces: what vLLM does there
+    (rendering, validation, the engine) is each test's scenario."""
+    from vllm.entrypoints.generate.base.serving import GenerateBaseServing
+    from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
+    from vllm.entrypoints.openai.completion.serving import OpenAIServingCompletion
+
+    from opentelemetry_instrumentation_vllm_ascend.kinds import COROUTINE
+
+    patch = patch_method(GenerateBaseServing, "_with_kv_transfer_rejection_cleanup", traces.Rejections(), COROUTINE)
+
+    def make(cls, inner):
+        obj = object.__new__({"completion": OpenAIServingCompletion, "chat": OpenAIServingChat}[cls])
+        obj.has_kv_connector = False  # what __init__ sets without a KV connector
+        setattr(obj, "_create_completion" if cls == "completion" else "_create_chat_completion", inner)
+        return obj
+
+    yield make
+    setattr(patch.owner, patch.attribute, patch.original)
+    traces.HANDLING.set(None)
+
+
+def http_request(headers=None):
+    from starlette.requests import Request
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return Request({"type": "http", "method": "POST", "path": "/v1/completions", "headers": raw})
+
+
+def call(serving_obj, request, raw_request):
+    import asyncio
+
+    chat = type(serving_obj).__name__ == "OpenAIServingChat"
+    method = serving_obj.create_chat_completion if chat else serving_obj.create_completion
+
+    async def go():
+        before = time.time_ns()
+        try:
+            return await method(request, raw_request), before, None
+        except BaseException as exc:  # noqa: BLE001 - the scenario's outcome
+            return None, before, exc
+        finally:
+            go.after = time.time_ns()
+
+    result, before, exc = asyncio.run(go())
+    return result, exc, before, go.after
+
+
+def roots_of(exporter):
+    return [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+
+
+def test_an_error_response_before_registration_is_one_span_with_its_error_type_and_status(tracked, serving):
+    from http import HTTPStatus
+
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    tracing, exporter = tracked()
+
+    async def unknown_model(request, raw_request):  # as BaseServing._check_model answers an unknown model
+        return obj.create_error_response("no such model", err_type="NotFoundError", status_code=HTTPStatus.NOT_FOUND)
+
+    obj = serving("completion", unknown_model)
+    header = {"traceparent": f"00-{TRACE_ID:032x}-{PARENT_SPAN:016x}-01"}
+    request = CompletionRequest(prompt="a secret prompt", model="nope", max_tokens=7, temperature=0.25)
+    result, exc, before, after = call(obj, request, http_request(header))
+    assert exc is None and result.error.code == 404
+    tracing.flush()
+    (root,) = exporter.get_finished_spans()
+    assert root.name == "text_completion nope" and root.kind is SpanKind.SERVER
+    assert (root.context.trace_id, root.parent.span_id) == (TRACE_ID, PARENT_SPAN) and root.parent.is_remote
+    assert before <= root.start_time <= root.end_time <= after
+    assert dict(root.attributes) == {
+        "gen_ai.operation.name": "text_completion",
+        "gen_ai.provider.name": "vllm",
+        "gen_ai.request.model": "nope",
+        "gen_ai.request.max_tokens": 7,
+        "gen_ai.request.temperature": 0.25,
+        "error.type": result.error.type,  # NotFoundError: what vLLM answered
+        "http.response.status_code": 404,
+    }
+    assert root.status.status_code is StatusCode.UNSET  # a client error is no failure of the server
+    assert root.events == () and root.links == ()
+    assert not any("secret" in str(v) for v in root.attributes.values())
+
+
+def test_an_exception_before_registration_is_kept_by_the_error_rule_with_vllms_answer(tracked, serving):
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    tracing, exporter = tracked(sampler=ALWAYS_OFF)
+
+    async def invalid(request, raw_request):  # the real validation: temperature < 0
+        request.to_sampling_params(16, {})
+
+    obj = serving("chat", invalid)
+    request = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi"}], model="tiny", temperature=-1.0, max_completion_tokens=5
+    )
+    _, exc, _, _ = call(obj, request, http_request())
+    oracle = obj.create_error_response(exc).error  # what vLLM's exception handlers send for it
+    assert (oracle.type, oracle.code) == ("BadRequestError", 400)
+    tracing.flush()
+    (root,) = exporter.get_finished_spans()
+    assert root.name == "chat tiny" and root.parent is None
+    a = root.attributes
+    assert (a["error.type"], a["http.response.status_code"]) == (oracle.type, oracle.code)
+    assert (a["gen_ai.operation.name"], a["gen_ai.request.max_tokens"]) == ("chat", 5)
+    assert a["vllm.trace.kept_by"] == "error"  # head sampling said no
+
+
+def test_a_server_error_or_a_cancelled_call_before_registration_is_an_error_span(tracked, serving):
+    import asyncio
+
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    tracing, exporter = tracked()
+
+    async def broken(request, raw_request):
+        raise RuntimeError("boom")
+
+    async def cancelled(request, raw_request):  # with_cancellation cancels the handler when the client goes away
+        raise asyncio.CancelledError
+
+    for inner in (broken, cancelled):
+        call(serving("completion", inner), CompletionRequest(prompt="p", model=None), http_request())
+    tracing.flush()
+    got = {s.attributes["error.type"]: s for s in roots_of(exporter)}
+    assert sorted(got) == ["InternalServerError", "abort"]
+    assert got["InternalServerError"].attributes["http.response.status_code"] == 500
+    assert "http.response.status_code" not in got["abort"].attributes  # no response was sent
+    assert all(s.status.status_code is StatusCode.ERROR for s in got.values())
+    assert all(s.attributes["gen_ai.request.model"] == "tiny" for s in got.values())  # no model given: the served one
+
+
+def test_a_client_gone_before_registration_is_an_abort_whatever_vllm_answered(tracked, serving):
+    """vLLM's with_cancellation cancels the handler's task when the client goes away; the completion handler catches
+    the CancelledError and answers "Client disconnected" (a 400 nobody receives): that request was aborted."""
+    import asyncio
+
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    tracing, exporter = tracked()
+
+    async def tokenizing(request, raw_request):
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            return obj.create_error_response("Client disconnected")
+
+    obj = serving("completion", tokenizing)
+
+    async def go():
+        task = asyncio.ensure_future(obj.create_completion(CompletionRequest(prompt="p", model="tiny"), http_request()))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        return await task
+
+    assert asyncio.run(go()).error.message == "Client disconnected"
+    tracing.flush()
+    (root,) = exporter.get_finished_spans()
+    assert root.attributes["error.type"] == "abort" and "http.response.status_code" not in root.attributes
+    assert root.status.status_code is StatusCode.ERROR
+
+
+def test_an_error_after_registration_or_a_success_gives_no_rejection_span(tracked, serving):
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=True)
+    req = request("cmpl-9")
+
+    async def disconnected(request, raw_request):  # registered, aborted, then answered with an error
+        processor.add_request(req, None)
+        processor.abort_requests([req.request_id], internal=True)
+        return obj.create_error_response("Client disconnected")
+
+    async def streaming(request, raw_request):
+        async def chunks():
+            yield "data: {}"
+
+        return chunks()
+
+    obj = serving("completion", disconnected)
+    result, _, _, _ = call(obj, CompletionRequest(prompt="p", model="tiny"), http_request())
+    assert result.error.code == 400
+    call(serving("completion", streaming), CompletionRequest(prompt="p", model="tiny", stream=True), http_request())
+    tracing.flush()
+    (root,) = roots_of(exporter)  # the registered request's own journey, ended by its abort
+    assert root.attributes["gen_ai.request.id"] == "cmpl-9" and root.attributes["error.type"] == "abort"
+
+
+def test_with_traces_off_a_rejection_is_not_followed(tracked, serving):
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    tracing, exporter = tracked()
+    traces.TRACKER.on = False
+
+    async def invalid(request, raw_request):
+        return obj.create_error_response("bad")
+
+    obj = serving("completion", invalid)
+    call(obj, CompletionRequest(prompt="p", model="tiny"), http_request())
+    tracing.flush()
+    assert exporter.get_finished_spans() == ()
