@@ -40,6 +40,7 @@ NOT_ON_CPU = {
     "decode_over_1s_count": "needs an inter-token latency over 1 s",
     "prefill_over_threshold_count": "needs a time to first token over 5 s",
     "npu:utilization": "no device",
+    "traces_dropped": "needs request traces on and a full export queue (tests/unit/handlers/test_traces.py)",
     **{
         f"kv_transfer:{m}": "needs a KV connector (tests/e2e/test_kv_transfer.py, tests/e2e/test_kv_offload.py)"
         for m in ("bytes", "count", "duration", "blocking:duration")
