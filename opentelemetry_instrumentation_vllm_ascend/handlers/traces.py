@@ -75,9 +75,8 @@ class Handling:
 
 #: vLLM's request class -> ``gen_ai.operation.name`` of a rejected request (others: ``_OTHER``, as their ids give).
 _OPERATIONS = MappingProxyType({"ChatCompletionRequest": "chat", "CompletionRequest": "text_completion"})
-#: Client-given request fields -> span attributes of a rejected request (chat's max_completion_tokens first).
-_REQUEST_FIELDS = (
-    ("max_completion_tokens", "gen_ai.request.max_tokens"),
+#: SamplingParams attribute -> span attribute.
+_PARAMS = (
     ("max_tokens", "gen_ai.request.max_tokens"),
     ("temperature", "gen_ai.request.temperature"),
     ("top_p", "gen_ai.request.top_p"),
@@ -86,6 +85,8 @@ _REQUEST_FIELDS = (
     ("presence_penalty", "gen_ai.request.presence_penalty"),
     ("frequency_penalty", "gen_ai.request.frequency_penalty"),
 )
+#: Client-given request fields -> span attributes of a rejected request (chat's max_completion_tokens first).
+_REQUEST_FIELDS = (("max_completion_tokens", "gen_ai.request.max_tokens"), *_PARAMS)
 #: A client-given model name longer than this is cut (it names the span).
 _MAX_MODEL_CHARS = 256
 
@@ -281,17 +282,6 @@ class Tracker:
             return None
         return journey.trace_id, journey.span_id
 
-
-#: SamplingParams attribute -> span attribute.
-_PARAMS = (
-    ("max_tokens", "gen_ai.request.max_tokens"),
-    ("temperature", "gen_ai.request.temperature"),
-    ("top_p", "gen_ai.request.top_p"),
-    ("top_k", "gen_ai.request.top_k"),
-    ("seed", "gen_ai.request.seed"),
-    ("presence_penalty", "gen_ai.request.presence_penalty"),
-    ("frequency_penalty", "gen_ai.request.frequency_penalty"),
-)
 
 TRACKER = Tracker()
 
