@@ -337,7 +337,7 @@ class Tracing:
         from opentelemetry import trace as trace_api
         from opentelemetry.sdk.trace import Event, ReadableSpan
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        from opentelemetry.trace import Link, SpanContext, TraceFlags
+        from opentelemetry.trace import SpanContext, TraceFlags
         from opentelemetry.trace.status import Status, StatusCode
 
         sampled = TraceFlags(TraceFlags.SAMPLED)
@@ -439,37 +439,14 @@ class Tracing:
         if journey.lost_events:
             attributes["vllm.request.events_dropped"] = journey.lost_events
         attributes.update(latency)
-        links: tuple = ()
-        if journey.kept_by is not None:
-            attributes["vllm.trace.kept_by"] = journey.kept_by
-            if journey.parent is not None:
-                links = (Link(journey.parent, {"vllm.trace.link": "unsampled parent"}),)
         status = Status(StatusCode.UNSET)
         if journey.error is not None:
             attributes["error.type"] = journey.error
             status = Status(StatusCode.ERROR, journey.error)
-        name = f"{journey.operation} {journey.model}" if journey.model else journey.operation
-        root = ReadableSpan(
-            name=name,
-            context=root_ctx,
-            parent=journey.parent_span,
-            resource=self.resource,
-            attributes=attributes,
-            events=events,
-            links=links,
-            kind=trace_api.SpanKind.SERVER,
-            instrumentation_scope=scope,
-            status=status,
-            start_time=start,
-            end_time=end,
-        )
-        return [root, *children]
+        return [self._request_span(journey, root_ctx, scope, attributes, status, start, end, events), *children]
 
     def _rejected(self, journey: Journey, context_, scope, start: int, end: int):
         """The one span of a request vLLM rejected before registering it: its OpenAI handler's call."""
-        from opentelemetry import trace as trace_api
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import Link
         from opentelemetry.trace.status import Status, StatusCode
 
         attributes: dict = {
@@ -482,24 +459,35 @@ class Tracing:
         attributes["error.type"] = journey.error or "error"
         if journey.status is not None:
             attributes["http.response.status_code"] = journey.status
-        links: tuple = ()
-        if journey.kept_by is not None:
-            attributes["vllm.trace.kept_by"] = journey.kept_by
-            if journey.parent is not None:
-                links = (Link(journey.parent, {"vllm.trace.link": "unsampled parent"}),)
         # A client error (4xx) is no failure of the server: status left unset, as the HTTP conventions ask of a
         # SERVER span; a server error, or a request that ended without a response, is one.
         if journey.status is not None and 400 <= journey.status < 500:
             status = Status(StatusCode.UNSET)
         else:
             status = Status(StatusCode.ERROR, attributes["error.type"])
-        name = f"{journey.operation} {journey.model}" if journey.model else journey.operation
+        return self._request_span(journey, context_, scope, attributes, status, start, end)
+
+    def _request_span(
+        self, journey: Journey, context_, scope, attributes: dict, status, start: int, end: int, events=()
+    ):
+        """A journey's request span (SERVER), named ``{operation} {model}``; a journey the tail rules kept says why
+        (``vllm.trace.kept_by``) and links its unsampled parent."""
+        from opentelemetry import trace as trace_api
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import Link
+
+        links: tuple = ()
+        if journey.kept_by is not None:
+            attributes["vllm.trace.kept_by"] = journey.kept_by
+            if journey.parent is not None:
+                links = (Link(journey.parent, {"vllm.trace.link": "unsampled parent"}),)
         return ReadableSpan(
-            name=name,
+            name=f"{journey.operation} {journey.model}" if journey.model else journey.operation,
             context=context_,
             parent=journey.parent_span,
             resource=self.resource,
             attributes=attributes,
+            events=events,
             links=links,
             kind=trace_api.SpanKind.SERVER,
             instrumentation_scope=scope,
