@@ -77,28 +77,37 @@ def entry_point_name(name: str, signal: str = "metrics") -> str:
 
 def push_exporters() -> list[MetricExporter]:
     """Exporters named by OTEL_METRICS_EXPORTER, loaded through the same entry points the SDK uses."""
+    return [PidGuardedExporter(e) for e in load_exporters(environment.otlp_exporter_names(), "metrics")]
+
+
+def load_exporters(names, signal: str) -> list:
+    """One exporter per name of OTEL_METRICS_EXPORTER (``signal="metrics"``) or OTEL_TRACES_EXPORTER (``"traces"``),
+    created from the entry point the SDK's configurator would load (:func:`entry_point_name`); a name that cannot be
+    loaded is one warning (or logged error) and no exporter."""
     from opentelemetry.util._importlib_metadata import entry_points
 
+    variable = f"OTEL_{signal.upper()}_EXPORTER"
     exporters = []
-    for name in environment.otlp_exporter_names():
+    for name in names:
         try:
             try:
-                chosen = entry_point_name(name)
+                chosen = entry_point_name(name, signal)
             except ValueError as exc:
                 environment.warn_once(
-                    ("exporter", name, str(exc)), "OTEL_METRICS_EXPORTER=%s: %s; not exporting there", name, exc
+                    (signal, "exporter", name, str(exc)), "%s=%s: %s; not exporting there", variable, name, exc
                 )
                 continue
-            found = list(entry_points(group="opentelemetry_metrics_exporter", name=chosen))
+            found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=chosen))
             if not found:
                 environment.warn_once(
-                    ("exporter", name),
-                    "OTEL_METRICS_EXPORTER names %r (exporter %r), which is not installed: not exporting there",
+                    (signal, "exporter", name),
+                    "%s names %r (exporter %r), which is not installed: not exporting there",
+                    variable,
                     name,
                     chosen,
                 )
                 continue
-            exporters.append(PidGuardedExporter(found[0].load()()))
+            exporters.append(found[0].load()())
         except Exception:
-            logger.exception("could not create the %r metrics exporter; continuing without it", name)
+            logger.exception("could not create the %r %s exporter; continuing without it", name, signal)
     return exporters

@@ -165,34 +165,7 @@ class Tracing:
 
     @staticmethod
     def _exporters() -> list:
-        from opentelemetry.util._importlib_metadata import entry_points
-
-        found = []
-        for name in environment.trace_exporter_names():
-            try:
-                try:
-                    chosen = otlp.entry_point_name(name, "traces")
-                except ValueError as exc:
-                    environment.warn_once(
-                        ("trace exporter", name, str(exc)),
-                        "OTEL_TRACES_EXPORTER=%s: %s; not exporting there",
-                        name,
-                        exc,
-                    )
-                    continue
-                points = list(entry_points(group="opentelemetry_traces_exporter", name=chosen))
-                if not points:
-                    environment.warn_once(
-                        ("trace exporter", name),
-                        "OTEL_TRACES_EXPORTER names %r (exporter %r), which is not installed: no traces there",
-                        name,
-                        chosen,
-                    )
-                    continue
-                found.append(points[0].load()())
-            except Exception:
-                logger.exception("could not create the %r span exporter; continuing without it", name)
-        return found
+        return otlp.load_exporters(environment.trace_exporter_names(), "traces")
 
     # -- the output loop's side ------------------------------------------------------------------------------
     def drop(self, reason: str, count: int = 1) -> None:
