@@ -590,36 +590,14 @@ TARGETS: tuple[Target, ...] = (
         feeds_traces=True,  # each request's engine events and output timestamps (handlers/traces.py)
     ),
     # -- request traces (docs/traces.md): installed only when OTEL_VLLM_ASCEND_TRACES is true; the journey's
-    # outputs come through OutputProcessor.process_outputs above.
-    Target(
-        "vllm.entrypoints.serve.engine.serving",
-        "BaseServing._get_trace_headers",
-        COROUTINE,
-        "traces:TraceHeaders",
-        vllm=">=0.32.0",
-        feeds=("traces_dropped",),
-        provides_context=True,
-        process=API_SERVER,
-        traces=True,
-    ),
-    # A request an OpenAI handler (create_chat_completion, create_completion, create_responses: each awaits its work
-    # through this helper) answers with an error before registering it: one span (handlers/traces.py:Rejections).
-    Target(
-        "vllm.entrypoints.generate.base.serving",
-        "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
-        COROUTINE,
-        "traces:Rejections",
-        vllm=">=0.32.0",
-        feeds=("traces_dropped",),
-        provides_context=True,
-        process=API_SERVER,
-        traces=True,
-    ),
+    # outputs come through OutputProcessor.process_outputs above. Rejections: a request an OpenAI handler
+    # (create_chat_completion, create_completion, create_responses: each awaits its work through that helper)
+    # answers with an error before registering it: one span.
     *(
         Target(
-            "vllm.v1.engine.output_processor",
-            f"OutputProcessor.{method}",
-            SYNC,
+            module,
+            qualname,
+            kind,
             f"traces:{handler}",
             vllm=">=0.32.0",
             feeds=("traces_dropped",),
@@ -627,10 +605,17 @@ TARGETS: tuple[Target, ...] = (
             process=API_SERVER,
             traces=True,
         )
-        for method, handler in (
-            ("add_request", "AddRequest"),
-            ("_finish_request", "FinishRequest"),
-            ("abort_requests", "AbortRequests"),
+        for module, qualname, kind, handler in (
+            ("vllm.entrypoints.serve.engine.serving", "BaseServing._get_trace_headers", COROUTINE, "TraceHeaders"),
+            (
+                "vllm.entrypoints.generate.base.serving",
+                "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
+                COROUTINE,
+                "Rejections",
+            ),
+            ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest"),
+            ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest"),
+            ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", SYNC, "AbortRequests"),
         )
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
