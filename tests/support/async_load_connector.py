@@ -1,7 +1,8 @@
 """A KV connector for in-process scheduler tests (a real ``KVConnectorBase_V1``): it tells the scheduler that a
 request whose id contains ``load`` has ``LOADED`` of its prompt tokens elsewhere, to be loaded asynchronously
-(vLLM's OffloadingConnector and P/D connectors answer so); the worker side is never built. The test reports the
-load received itself (``KVConnectorOutput.finished_recving``)."""
+(vLLM's OffloadingConnector and P/D connectors answer so), and one whose id contains ``sync`` the same, loaded
+inside the step that computes the rest (ExampleConnector's way); the worker side is never built. The test reports
+an async load received itself (``KVConnectorOutput.finished_recving``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ class AsyncLoadConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         if "load" in request.request_id:
             return LOADED - num_computed_tokens, True
+        if "sync" in request.request_id:
+            return LOADED - num_computed_tokens, False
         return 0, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):

@@ -177,6 +177,22 @@ def test_an_async_load_is_a_kv_load_wait_span_inside_queued_ending_at_scheduled(
     assert scheduler._kv_fetch_counts == dict.fromkeys(KV_FETCH_STAGES, 0)
 
 
+def test_a_synchronous_load_has_no_wait_and_counts_in_the_cached_tokens(tracked, model):
+    """A load inside the step (ExampleConnector's way): the request never waits for it, so no ``kv_load_wait``; the
+    loaded tokens are in ``gen_ai.usage.cache_read.input_tokens`` (vLLM's PrefillStats: local plus external; prefix
+    caching is off here), the load's time in ``prefill``."""
+    tracing, exporter = tracked()
+    scheduler = build_scheduler(model)
+    traces.watch_kv_loads(scheduler)
+    processor = OutputProcessor(None, log_stats=True)
+    assert drive(scheduler, processor, ["cmpl-sync-e5"]) == {}
+    tracing.flush()
+    spans = exporter.get_finished_spans()
+    assert {s.name for s in spans} == {"text_completion tiny", "queued", "prefill", "decode"}
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.attributes["gen_ai.usage.cache_read.input_tokens"] == LOADED
+
+
 def test_a_scheduler_without_a_connector_gets_no_wrapper(model):
     scheduler = build_scheduler(model, connector=False)
     assert not traces.watch_kv_loads(scheduler)
