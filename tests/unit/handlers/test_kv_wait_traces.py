@@ -25,17 +25,14 @@ pytest.importorskip("vllm")
 hooks, metrics, tracked = base.hooks, base.metrics, base.tracked
 Q, S = base.Q, base.S
 
-from vllm.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
-from vllm.v1.engine import EngineCoreEvent, EngineCoreOutput, EngineCoreRequest, FinishReason  # noqa: E402
+from vllm.v1.engine import EngineCoreEvent, EngineCoreOutput, FinishReason  # noqa: E402
 from vllm.v1.engine.output_processor import OutputProcessor  # noqa: E402
 from vllm.v1.metrics.stats import KV_FETCH_COMPLETED_WAITING, KV_FETCH_IN_PROGRESS, KV_FETCH_STAGES  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
-from tests.support.async_load_connector import LOADED  # noqa: E402
+from tests.support.async_load_connector import LOADED, build_scheduler, engine_request  # noqa: E402
 from tests.support.real_scheduler_run import model_output  # noqa: E402
-
-PROMPT = list(range(4, 44))  # 40 tokens: LOADED (32) load, 8 are computed
 
 
 @pytest.fixture(scope="module")
@@ -43,67 +40,6 @@ def model(tmp_path_factory):
     from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
 
     return tiny_model.build(str(tmp_path_factory.mktemp("tiny-llama")))
-
-
-def build_scheduler(model_path, connector=True):
-    """A real vLLM Scheduler (20 blocks of 16 tokens), with ``AsyncLoadConnector`` as its KV connector or none."""
-    import torch
-    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=256, skip_tokenizer_init=True)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-        max_model_len=256,
-        enable_chunked_prefill=True,
-        is_encoder_decoder=False,
-    )
-    cache_config = CacheConfig(block_size=16, cache_dtype="auto", enable_prefix_caching=False)
-    cache_config.num_gpu_blocks = 20
-    transfer = (
-        KVTransferConfig(
-            kv_connector="AsyncLoadConnector",
-            kv_connector_module_path="tests.support.async_load_connector",
-            kv_role="kv_both",
-        )
-        if connector
-        else None
-    )
-    config = VllmConfig(
-        model_config=model_config,
-        scheduler_config=scheduler_config,
-        cache_config=cache_config,
-        kv_transfer_config=transfer,
-    )
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
-    kv = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=16,
-    )
-
-
-def engine_request(request_id):
-    params = SamplingParams(max_tokens=2, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
-    req = EngineCoreRequest(
-        request_id=request_id,
-        prompt_token_ids=list(PROMPT),
-        mm_features=None,
-        sampling_params=params,
-        pooling_params=None,
-        arrival_time=time.time(),
-        lora_request=None,
-        cache_salt=None,
-        data_parallel_rank=None,
-    )
-    req.external_req_id = request_id.rsplit("-", 1)[0]
-    return req
 
 
 def drive(scheduler, processor, ids):
