@@ -105,9 +105,8 @@ class Target:
     path: str = ""
     #: A request-trace hook (handlers/traces.py): installed only when OTEL_VLLM_ASCEND_TRACES is true.
     traces: bool = False
-    #: A metrics hook request traces also read from (the output loop's; the scheduler's init, for KV loads): installed
-    #: while traces are on, even when
-    #: every metric it feeds is disabled.
+    #: A metrics hook request traces also need (the output loop's; the scheduler's init, which watches a KV
+    #: connector's loads): installed while traces are on, even when every metric it feeds is disabled.
     feeds_traces: bool = False
 
     def __post_init__(self) -> None:

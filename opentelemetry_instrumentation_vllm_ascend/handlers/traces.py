@@ -1,6 +1,7 @@
 """Request traces, the API server's side (docs/traces.md): each request's journey, kept compactly while it runs from
 what vLLM already sends the API server, handed to the recording layer's trace pipeline (``recording/traces.py``)
-when it ends. Nothing here runs on the EngineCore, and no span object exists while a request runs.
+when it ends. No span object exists while a request runs, and nothing here runs on the EngineCore but the notes of
+async KV loads (below).
 
 - ``BaseServing._get_trace_headers``: the request's inbound ``traceparent`` / ``tracestate`` (vLLM drops them in
   ``AsyncLLM.add_request`` unless its own tracing is on), kept in a context variable of the request's task;
