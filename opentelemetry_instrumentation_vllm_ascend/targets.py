@@ -105,8 +105,8 @@ class Target:
     path: str = ""
     #: A request-trace hook (handlers/traces.py): installed only when OTEL_VLLM_ASCEND_TRACES is true.
     traces: bool = False
-    #: A metrics hook request traces also read from (the output loop's): installed while traces are on, even when
-    #: every metric it feeds is disabled.
+    #: A metrics hook request traces also need (the output loop's; the scheduler's init, which watches a KV
+    #: connector's loads): installed while traces are on, even when every metric it feeds is disabled.
     feeds_traces: bool = False
 
     def __post_init__(self) -> None:
@@ -918,7 +918,26 @@ TARGETS: tuple[Target, ...] = (
         "kv_transfer:SchedulerInit",
         feeds=("kv_cache:write_bytes",),
         process=ENGINE_CORE,
+        # With request traces on, a scheduler with a KV connector gets the KV-load notes (handlers/traces.py:
+        # watch_kv_loads, on that instance's Scheduler._set_kv_fetch_stage, vLLM >= 0.32).
+        feeds_traces=True,
     ),
+)
+
+
+#: Hooked on one instance, not its class: a scheduler with a KV connector, when request traces are on (the
+#: ``Scheduler.__init__`` row's handler calls ``handlers/traces.py:watch_kv_loads``). vLLM calls this method for
+#: every request it schedules, connector or not: a class-level wrapper would cost every scheduled request of every
+#: server. Not in ``TARGETS`` (nothing installs it by class); the contract test checks it like a row, and that the
+#: method exists exactly in the releases ``vllm`` names.
+KV_FETCH_STAGE = Target(
+    _SCHED,
+    "Scheduler._set_kv_fetch_stage",
+    SYNC,
+    "traces:KvFetchStage",
+    vllm=">=0.32.0",
+    process=ENGINE_CORE,
+    traces=True,
 )
 
 

@@ -15,6 +15,7 @@ from time import perf_counter
 
 from .. import context, recording
 from ..catalogue import M
+from ..environment import traces_enabled
 from ..hooks.handler import Handler, report
 from ..hooks.patches import stand_in
 from ..state import STATE, UNKNOWN
@@ -138,11 +139,19 @@ def bytes_per_token(kv_cache_config) -> int:
 
 
 class SchedulerInit(Handler):
-    """``Scheduler.__init__(vllm_config, kv_cache_config, …)``: the KV bytes per scheduled token."""
+    """``Scheduler.__init__(vllm_config, kv_cache_config, …)``: the KV bytes per scheduled token; with request
+    traces on, the KV-load notes of a scheduler with a KV connector (``traces.watch_kv_loads``)."""
 
     params = ("vllm_config", "kv_cache_config")
 
     def after(self, state, args, kwargs, result):
+        if traces_enabled():
+            from .traces import watch_kv_loads
+
+            try:
+                watch_kv_loads(args[0])
+            except Exception:
+                report(self, "watch_kv_loads")
         config = getattr(args[0], "kv_cache_config", None) or args[2]
         STATE.kv_bytes_per_token = bytes_per_token(config)
 

@@ -1,6 +1,7 @@
 """Request traces, the API server's side (docs/traces.md): each request's journey, kept compactly while it runs from
 what vLLM already sends the API server, handed to the recording layer's trace pipeline (``recording/traces.py``)
-when it ends. Nothing here runs on the EngineCore, and no span object exists while a request runs.
+when it ends. No span object exists while a request runs, and nothing here runs on the EngineCore but the notes of
+async KV loads (below).
 
 - ``BaseServing._get_trace_headers``: the request's inbound ``traceparent`` / ``tracestate`` (vLLM drops them in
   ``AsyncLLM.add_request`` unless its own tracing is on), kept in a context variable of the request's task;
@@ -17,6 +18,15 @@ when it ends. Nothing here runs on the EngineCore, and no span object exists whi
   request's task was rejected: a journey of its own (entry to return, ``error.type``, the HTTP status) goes to the
   pipeline.
 
+The EngineCore's one part (``Scheduler.__init__``, ``handlers/kv_transfer.py:SchedulerInit``): on a scheduler with a KV
+connector, and only there, the scheduler's ``_set_kv_fetch_stage`` gets a wrapper of its own (an instance attribute,
+:func:`watch_kv_loads`) that appends the EngineCore's ``time.monotonic()`` of each async KV load's start and of its
+end (the worker reported it received) to ``request.trace_headers`` under :data:`KV_WAIT_KEY`, a few characters per
+load. vLLM sends ``trace_headers`` back with each output of the request; the API server reads the key on the outputs
+that carry engine events (the first, and the first after each preemption) and keeps the string; the export thread
+parses it (``recording/traces.py``: the ``kv_load_wait`` spans). A scheduler without a connector runs no code of
+ours there.
+
 No metric label comes from here: traces carry ``vllm.dp_rank`` (the engine whose outputs brought the request's first
 token) and ``vllm.pd_role``. Nothing here imports vLLM (plain attribute reads with defaults)."""
 
@@ -25,13 +35,13 @@ from __future__ import annotations
 import logging
 from asyncio import CancelledError
 from contextvars import ContextVar
-from time import time
+from time import monotonic, time
 from types import MappingProxyType
 
-from .. import catalogue, environment
+from .. import catalogue, environment, targets
 from ..hooks.handler import Handler, report
 from ..recording import traces as pipeline
-from ..recording.traces import PREEMPTED, QUEUED, SCHEDULED, Journey
+from ..recording.traces import KV_LOADED, KV_START, KV_WAIT_KEY, MAX_KV_MARKS, PREEMPTED, QUEUED, SCHEDULED, Journey
 from ..state import STATE
 
 logger = logging.getLogger(__name__)
@@ -203,6 +213,8 @@ class Tracker:
                     cached = getattr(output, "num_cached_tokens", None)
                 if isinstance(cached, int):
                     journey.cached_tokens = cached
+                if prefill is not None:
+                    journey.kv_tokens = getattr(prefill, "num_external_cached_tokens", None)
             journey.last_ts = timestamp
             journey.tokens += len(output.new_token_ids or ())
             events = output.events
@@ -211,6 +223,13 @@ class Tracker:
                 if names is None:
                     names = self.names = _event_names(events[0].type)
                 journey.add_events(events, names)
+                # The EngineCore's notes of async KV loads (``KvFetchStage``): a load ends before the SCHEDULED
+                # that such an output carries, so the last one seen holds them all.
+                headers = output.trace_headers
+                if headers:
+                    notes = headers.get(KV_WAIT_KEY)
+                    if notes is not None:
+                        journey.kv_waits = notes
             reason = output.finish_reason
             if reason is not None:
                 journey.reason = str(reason)
@@ -405,3 +424,57 @@ def _response_of(serving, exc: Exception) -> tuple[str, int | None]:
         return str(info.type), _status(info.code)
     except Exception:
         return type(exc).__name__, 500
+
+
+# -- the EngineCore's part: async KV loads ------------------------------------------------------------------------
+
+#: vLLM's KV fetch stages (``vllm/v1/metrics/stats.py``, 0.32-0.34) that mark a load's moments: the load began (the
+#: request is WAITING_FOR_REMOTE_KVS), the worker reported it received.
+_KV_MARKS = MappingProxyType({"in_progress": KV_START, "completed_waiting": KV_LOADED})
+
+
+class KvFetchStage(Handler):
+    """``Scheduler._set_kv_fetch_stage(self, request, stage)`` of one scheduler with a KV connector (installed on
+    that instance by :func:`watch_kv_loads`): the EngineCore's ``time.monotonic()`` of a load's start and end,
+    appended to ``request.trace_headers[KV_WAIT_KEY]`` (a new dict: the headers may be the API server's own object
+    when the engine runs in its process), which vLLM sends back with the request's outputs. vLLM calls it with
+    ``None`` for every request it schedules: the wrapper's guard returns before the handler then."""
+
+    params = ("request", "stage")
+    after_if = "stage is not None"
+
+    def after(self, state, args, kwargs, result):
+        mark = _KV_MARKS.get(args[2])
+        if mark is None:
+            return
+        request = args[1]
+        headers = request.trace_headers
+        notes = headers.get(KV_WAIT_KEY, "") if headers else ""
+        if notes.count(";") >= MAX_KV_MARKS:
+            return
+        request.trace_headers = {**(headers or {}), KV_WAIT_KEY: f"{notes}{mark}{monotonic()!r};"}
+
+
+def watch_kv_loads(scheduler) -> bool:
+    """Give ``scheduler`` (a vLLM ``Scheduler`` just built) the :class:`KvFetchStage` wrapper of its
+    ``_set_kv_fetch_stage``, as an attribute of that instance only, when it has a KV connector (vLLM 0.32+ define
+    the method); runtime control switches it off with the other hooks. True when installed."""
+    attribute = targets.KV_FETCH_STAGE.qualname.rsplit(".", 1)[-1]
+    if getattr(scheduler, "connector", None) is None or attribute in vars(scheduler):
+        return False
+    function = getattr(type(scheduler), attribute, None)
+    if function is None:  # vLLM before 0.32
+        return False
+    from types import MethodType
+
+    from ..hooks.patches import stand_in
+    from ..hooks.wrappers import wrap
+    from ..kinds import SYNC
+    from ..recording import control
+
+    handler = KvFetchStage()
+    handler.name = "Scheduler._set_kv_fetch_stage"
+    wrapper, hook = wrap(function, handler, SYNC)
+    stand_in(scheduler, attribute, MethodType(wrapper, scheduler))
+    control.register(hook, (), provides_context=True)
+    return True

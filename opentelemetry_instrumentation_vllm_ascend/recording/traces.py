@@ -40,6 +40,13 @@ QUEUED, SCHEDULED, PREEMPTED = "queued", "scheduled", "preempted"
 ERROR, ABORT, PREEMPT, TTFT, E2E = "error", "abort", "preempted", "ttft", "e2e"
 #: At most this many engine events kept per request (a request preempted over and over): the rest is counted.
 MAX_EVENTS = 120
+#: The key of ``trace_headers`` under which the EngineCore notes a request's async KV loads (``handlers/traces.py``:
+#: ``KvFetchStage``): ``{mark}{EngineCore monotonic seconds};`` per moment, :data:`KV_START` when the load began (the
+#: request went to WAITING_FOR_REMOTE_KVS), :data:`KV_LOADED` when the worker reported it received.
+KV_WAIT_KEY = "otel-vllm-ascend-kv-wait"
+KV_START, KV_LOADED = "s", "l"
+#: At most this many moments noted per request (a request preempted and loading again, over and over).
+MAX_KV_MARKS = 32
 
 
 class Journey:
@@ -75,6 +82,8 @@ class Journey:
         "decided",
         "stats",
         "status",
+        "kv_waits",
+        "kv_tokens",
     )
 
     def __init__(self, request_id, external_id, operation, model, arrival, parent=None, attributes=None) -> None:
@@ -106,6 +115,9 @@ class Journey:
         self.decided: bool | None = None  # None: not yet; True: exported; False: not kept
         self.stats: Any = None  # vLLM's RequestStateStats of the request, while it runs (None without log stats)
         self.status: int | None = None  # a rejected request's HTTP status (None: none was sent)
+        #: The EngineCore's notes of the request's async KV loads (``KV_WAIT_KEY``'s value, parsed on export).
+        self.kv_waits: str | None = None
+        self.kv_tokens: int | None = None  # tokens the KV connector loads for its first scheduling
 
     def add_events(self, events, names) -> None:
         """Append vLLM EngineCoreEvents (``names``: event type -> kind, unknown types skipped)."""
@@ -123,6 +135,24 @@ class Journey:
 
 def _ns(seconds: float) -> int:
     return int(round(seconds * 1e9))
+
+
+def kv_waits(notes: str | None) -> list[tuple[float, float | None]]:
+    """(start, loaded or None) of each async KV load ``notes`` (``KV_WAIT_KEY``'s value) tells of, in order; a
+    malformed note is skipped."""
+    waits: list[tuple[float, float | None]] = []
+    for note in (notes or "").split(";"):
+        if len(note) < 2:
+            continue
+        try:
+            ts = float(note[1:])
+        except ValueError:
+            continue
+        if note[0] == KV_START:
+            waits.append((ts, None))
+        elif note[0] == KV_LOADED and waits and waits[-1][1] is None:
+            waits[-1] = (waits[-1][0], ts)
+    return waits
 
 
 class Tracing:
@@ -327,7 +357,7 @@ class Tracing:
 
         children = []
 
-        def child(name, begin, finish, attributes=None):
+        def child(name, begin, finish, attributes=None, span_events=()):
             ctx = SpanContext(trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=sampled)
             children.append(
                 ReadableSpan(
@@ -336,6 +366,7 @@ class Tracing:
                     parent=root_ctx,
                     resource=self.resource,
                     attributes=attributes or {},
+                    events=span_events,
                     kind=trace_api.SpanKind.INTERNAL,
                     instrumentation_scope=scope,
                     start_time=begin,
@@ -366,6 +397,9 @@ class Tracing:
                 events.append(Event("preempted", {}, wall(ts)))
         if preempted_at is not None:
             child("preempted", wall(preempted_at), end, {"vllm.resumed": False})
+
+        if journey.kv_waits:
+            self._kv_spans(journey, child, wall, end)
 
         first, last = journey.first_ts, journey.last_ts
         latency = {}
@@ -417,6 +451,22 @@ class Tracing:
             attributes["error.type"] = journey.error
             status = Status(StatusCode.ERROR, journey.error)
         return [self._request_span(journey, root_ctx, scope, attributes, status, start, end, events), *children]
+
+    @staticmethod
+    def _kv_spans(journey: Journey, child, wall, end: int) -> None:
+        """One ``kv_load_wait`` span per async KV load: from its start to the ``SCHEDULED`` that took the request in
+        after it (the end of the request when none did), with a ``loaded`` event when the worker reported the load
+        received."""
+        from opentelemetry.sdk.trace import Event
+
+        scheduled = [ts for kind, ts in journey.events if kind is SCHEDULED]
+        for index, (start, loaded) in enumerate(kv_waits(journey.kv_waits)):
+            until = next((ts for ts in scheduled if ts >= start), None)
+            attributes: dict = {"vllm.kv_transfer.loaded": loaded is not None}
+            if index == 0 and journey.kv_tokens is not None:
+                attributes["vllm.kv_transfer.tokens"] = journey.kv_tokens
+            marks = (Event("loaded", {}, wall(loaded)),) if loaded is not None else ()
+            child("kv_load_wait", wall(start), wall(until) if until is not None else end, attributes, marks)
 
     def _rejected(self, journey: Journey, context_, scope, start: int, end: int):
         """The one span of a request vLLM rejected before registering it: its OpenAI handler's call."""

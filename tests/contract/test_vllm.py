@@ -165,3 +165,40 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
     _, base = tree.find_class("vllm.entrypoints.serve.engine.serving", "BaseServing")
     (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
     assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
+
+
+def test_the_kv_load_notes_hook_exists_where_gated_and_its_stages_travel_back(version_tree):
+    """handlers/traces.py:KvFetchStage (``targets.KV_FETCH_STAGE``, hooked per scheduler instance): the method exists
+    exactly in the releases its gate names, with the parameters the handler reads; the stages it keys on are vLLM's
+    constants' values and are set where a load starts (the request goes to WAITING_FOR_REMOTE_KVS) and where the
+    worker reported it received; and every output the scheduler builds for a request sends its ``trace_headers``
+    back (the channel of the notes)."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers import traces
+
+    version, tree = version_tree
+    target = targets.KV_FETCH_STAGE
+    _, scheduler = tree.find_class(target.module, "Scheduler")
+    methods = {n.name: n for n in scheduler.body if isinstance(n, ast.FunctionDef)}
+    if not in_range(Version(version), target.vllm):
+        assert "_set_kv_fetch_stage" not in methods, version
+        return
+    assert check_target(tree, target) == [], version
+    stats = tree.module("vllm.v1.metrics.stats")
+    constants = {
+        ast.unparse(n.targets[0]): n.value.value
+        for n in stats.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+    }
+    assert {constants["KV_FETCH_IN_PROGRESS"], constants["KV_FETCH_COMPLETED_WAITING"]} == set(traces._KV_MARKS)
+    schedule = ast.unparse(methods["schedule"])
+    waiting = schedule.index("request.status = RequestStatus.WAITING_FOR_REMOTE_KVS")
+    started = schedule.index("self._set_kv_fetch_stage(request, KV_FETCH_IN_PROGRESS)")
+    assert 0 < started - waiting < 2000, version  # in the same branch, right after
+    received = ast.unparse(methods["_update_from_kv_xfer_finished"])
+    assert "self._set_kv_fetch_stage(req, KV_FETCH_COMPLETED_WAITING)" in received, version
+    update = methods["update_from_output"]
+    outputs = [n for n in ast.walk(update) if isinstance(n, ast.Call) and ast.unparse(n.func) == "EngineCoreOutput"]
+    assert outputs and all(
+        any(k.arg == "trace_headers" and ast.unparse(k.value) == "request.trace_headers" for k in call.keywords)
+        for call in outputs
+    ), version

@@ -209,6 +209,12 @@ READS = tuple(
         ("vllm.v1.executor.multiproc_executor", "WorkerProcHandle", ("proc",)),
         # handlers/traces.py:Rejections (a request rejected before registration): the error response, the fields
         # of the requests it reads, the helper that turns an exception into vLLM's response
+        # handlers/traces.py's KV-load notes: the scheduler's connector, the headers a request carries and its
+        # outputs send back, the tokens the connector loads
+        ("vllm.v1.core.sched.scheduler", "Scheduler", ("connector",), ">=0.32.0"),
+        ("vllm.v1.request", "Request", ("trace_headers",), ">=0.32.0"),
+        ("vllm.v1.engine", "EngineCoreOutput", ("trace_headers", "prefill_stats"), ">=0.32.0"),
+        ("vllm.v1.metrics.stats", "PrefillStats", ("num_external_cached_tokens",), ">=0.32.0"),
         ("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", ("error",), ">=0.32.0"),
         ("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", ("type", "code"), ">=0.32.0"),
         ("vllm.entrypoints.serve.engine.serving", "BaseServing", ("create_error_response",), ">=0.32.0"),

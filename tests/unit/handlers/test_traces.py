@@ -439,16 +439,17 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
         "OutputProcessor._finish_request",
         "OutputProcessor.abort_requests",
     }
-    (loop,) = [t for t in targets.TARGETS if t.feeds_traces]
-    assert loop.qualname == "OutputProcessor.process_outputs"
-    monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(loop.feeds))
+    # The output loop's hook, and the scheduler's init (which watches a KV connector's loads: test_kv_wait_traces.py)
+    loop, init = [t for t in targets.TARGETS if t.feeds_traces]
+    assert (loop.qualname, init.qualname) == ("OutputProcessor.process_outputs", "Scheduler.__init__")
+    monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(loop.feeds + init.feeds))
     monkeypatch.delenv(environment.TRACES, raising=False)
     assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 5
     assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 5  # `check` resolves them
-    assert gate_of(loop, version, None) == DISABLED
+    assert [gate_of(t, version, None) for t in (loop, init)] == [DISABLED] * 2
     monkeypatch.setenv(environment.TRACES, "true")
     assert [gate_of(t, version, None) for t in rows] == [None] * 5
-    assert gate_of(loop, version, None) is None  # its metrics are off, the traces still need it
+    assert [gate_of(t, version, None) for t in (loop, init)] == [None] * 2  # metrics off, the traces need them
 
 
 def test_the_final_export_waits_at_most_the_shutdown_timeout(monkeypatch):
