@@ -427,8 +427,10 @@ def _check_module_function(tree: SourceTree, target) -> list[str]:
                 f"{where}.{name}: positional parameter {index} is "
                 f"{params[index] if len(params) > index else 'missing'}, the handler expects {expected!r}"
             )
-    has_yield = any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(func))
-    if target.kind in ("coroutine", "coroutine_timer") and not (isinstance(func, ast.AsyncFunctionDef) and not has_yield):
+    is_coroutine = isinstance(func, ast.AsyncFunctionDef) and not any(
+        isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(func)
+    )
+    if target.kind in ("coroutine", "coroutine_timer") and not is_coroutine:
         problems.append(f"{where}.{name} is not a coroutine function")
     return problems
 
