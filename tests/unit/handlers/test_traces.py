@@ -763,6 +763,27 @@ def test_a_failing_unparsed_handler_leaves_vllms_answer_alone(unparsed_app, monk
     assert len([r for r in caplog.records if "handler bug" in r.getMessage() or "Unparsed" in r.getMessage()]) == 1
 
 
+def test_once_uninstalled_the_handler_the_app_registered_calls_straight_through(tracked):
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from vllm.entrypoints.openai.completion import api_router as completion_router
+    from vllm.entrypoints.serve.exception_handling import register
+
+    from opentelemetry_instrumentation_vllm_ascend.kinds import COROUTINE
+
+    tracing, exporter = tracked()
+    patch = patch_method(register, "validation_exception_handler", traces.Unparsed(), COROUTINE)
+    app = FastAPI()
+    app.state.args = NS(log_error_stack=False)
+    completion_router.attach_router(app)
+    register.init_exception_handler(app)  # the app keeps the wrapper
+    patch.remove()
+    response = TestClient(app).post("/v1/completions", content=b"{")
+    assert response.status_code == 400 and response.json()["error"]["type"] == "Bad Request"
+    tracing.flush()
+    assert exporter.get_finished_spans() == ()
+
+
 def test_with_traces_off_a_body_that_never_parsed_is_not_followed(unparsed_app):
     client, tracked = unparsed_app
     tracing, exporter = tracked()
