@@ -400,8 +400,8 @@ class Unparsed(Handler):
     journey, from the exception handler's entry to its return, with the status and error type of its response
     (400, ``Bad Request``) and the served model (the body named none that parsed)."""
 
-    params = ("req", "exc")
-    reads_args = 2  # a module-level function: no self
+    # A module-level function (no self): the generic wrapper, whose ``args`` are the call's (Starlette's
+    # ``handler(request, exc)``); the contract test checks the parameters (``req``, ``exc``).
 
     def before(self, args, kwargs):
         return time()

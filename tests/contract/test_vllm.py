@@ -180,7 +180,7 @@ def test_the_checker_follows_a_module_level_function_imported_by_name():
             "p/unread.py": "from .h import handler\n\ndef init(app):\n    pass\n",
         }
     )
-    row = targets.Target("p.reg", "handler", "coroutine", "traces:Unparsed")
+    row = targets.Target("p.reg", "handler", "coroutine", "", params=("req", "exc"))
     assert check_target(tree, row) == []
     assert "reads its global handler" in check_target(tree, dataclasses.replace(row, module="p.unread"))[0]
     renamed = SourceTree({**tree.files, "p/h.py": defining.replace("req", "request")})
@@ -209,6 +209,10 @@ def test_a_body_that_never_parsed_reaches_the_hooked_name_and_is_a_400(version_t
     handler = ast.unparse(
         _function(tree, "vllm.entrypoints.serve.exception_handling.handlers.validation", "validation_exception_handler")
     )
+    defined = _function(
+        tree, "vllm.entrypoints.serve.exception_handling.handlers.validation", "validation_exception_handler"
+    )
+    assert [a.arg for a in defined.args.args] == ["req", "exc"], version  # what Unparsed reads, by position
     assert "type=HTTPStatus.BAD_REQUEST.phrase" in handler and "status_code=HTTPStatus.BAD_REQUEST" in handler, version
     validate = ast.unparse(_function(tree, "vllm.entrypoints.serve.utils.api_utils", "validate_json_request"))
     assert "raise RequestValidationError" in validate, version
