@@ -592,7 +592,8 @@ TARGETS: tuple[Target, ...] = (
     # -- request traces (docs/traces.md): installed only when OTEL_VLLM_ASCEND_TRACES is true; the journey's
     # outputs come through OutputProcessor.process_outputs above. Rejections: a request an OpenAI handler
     # (create_chat_completion, create_completion, create_responses: each awaits its work through that helper)
-    # answers with an error before registering it: one span.
+    # answers with an error before registering it: one span; so does one whose body never parsed (Unparsed) and
+    # one the admission limits refuse after its handler returned (Admission: a stream's body).
     *(
         Target(
             module,
@@ -616,6 +617,16 @@ TARGETS: tuple[Target, ...] = (
             ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest"),
             ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest"),
             ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", SYNC, "AbortRequests"),
+            # A body that never parsed (before any vLLM handler ran): the name register.py registers the
+            # function under, read from its globals when the app is built.
+            (
+                "vllm.entrypoints.serve.exception_handling.register",
+                "validation_exception_handler",
+                COROUTINE,
+                "Unparsed",
+            ),
+            # A request the admission limits refuse where vLLM registers it (a stream's body among others).
+            ("vllm.v1.engine.async_llm", "AsyncLLM.check_admission", SYNC, "Admission"),
         )
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
