@@ -548,12 +548,16 @@ TARGETS: tuple[Target, ...] = (
         measures=_timer("async_llm:abort_requests:duration"),
         process=API_SERVER,
     ),
+    # A timer, and the request's inbound trace headers for request traces (vLLM drops them here when its own
+    # tracing is off; this runs in the task that registers the request, a stream's body included).
     Target(
         _ALLM,
         "AsyncLLM.add_request",
-        COROUTINE_TIMER,
-        measures=_timer("engine:async_add_request:duration"),
+        COROUTINE,
+        "api:AsyncAddRequest",
+        feeds=("engine:async_add_request:duration",),
         process=API_SERVER,
+        feeds_traces=True,
     ),
     # From the call until its stream ended: exhausted, failed, or closed / cancelled early.
     Target(

@@ -22,7 +22,7 @@ from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
 from .budget import API_OTHER, API_TO, PROCESS, WAIT_ENGINE
-from .traces import TRACKER, genai_operation
+from .traces import INBOUND, TRACKER, genai_operation
 
 M = catalogue.BY_SEED
 BATCH_SIZE = M["batch_size"]
@@ -40,6 +40,7 @@ RECORD_STATS = M["async_llm:record_stats:duration"]
 OUTPUT_PROCESSOR = M["output_processor_duration"]
 OUTPUTS_LEN = M["engine_core_outputs_len"]
 HEALTH_CHECK_FAILED = M["health_check_failed"]
+ASYNC_ADD_REQUEST = M["engine:async_add_request:duration"]
 
 #: An inter-token latency above this many seconds counts in decode_over_1s_count.
 SLOW_ITL_SECONDS = 1.0
@@ -406,3 +407,24 @@ class FinishedRequest(Handler):
         else:
             if tpot is not None:
                 _record(GENAI_TPOT, tpot, short)
+
+
+class AsyncAddRequest(Handler):
+    """``AsyncLLM.add_request(self, request_id, prompt, params, arrival_time, lora_request, tokenization_kwargs,
+    trace_headers, …)`` (COROUTINE): the awaited call's duration (``engine:async_add_request:duration``, phase
+    ``all``; a call that raised is not timed, as for the plain timers) and, with request traces on, the request's
+    inbound trace headers for ``OutputProcessor.add_request`` (``handlers/traces.py``), which vLLM calls inside this
+    one after dropping them when its own tracing is off. This runs in the task that registers the request: a
+    streaming request's body runs in Starlette's response task, which does not see what the OpenAI handler's task
+    kept (``traces.TraceHeaders``)."""
+
+    params = ("request_id", "prompt", "params", "arrival_time", "lora_request", "tokenization_kwargs", "trace_headers")
+
+    def before(self, args, kwargs):
+        headers = args[7]
+        if headers and TRACKER.on:
+            INBOUND.set(headers)
+        return perf_counter()
+
+    def after(self, state, args, kwargs, result):
+        recording.record(ASYNC_ADD_REQUEST, perf_counter() - state, context.step_labels(ALL))

@@ -27,6 +27,7 @@ PARENT = 0x00F067AA0BA902B7
 UNSAMPLED_TRACE = 0x5BF92F3577B34DA6A3CE929D0E0E4737
 REJECTED_TRACE = 0x6BF92F3577B34DA6A3CE929D0E0E4738
 UNPARSED_TRACE = 0x7BF92F3577B34DA6A3CE929D0E0E4739
+STREAMED_TRACE = 0x9BF92F3577B34DA6A3CE929D0E0E473B
 NOT_A_REQUEST_TRACE = 0x8BF92F3577B34DA6A3CE929D0E0E473A
 LOAD = 6  # concurrent single-prompt requests, each with vLLM's per-request metrics
 #: vLLM's admission limit on unfinished requests: above every other scenario here (LOAD, the 16-prompt batch), below
@@ -124,10 +125,14 @@ def completion(prompt, max_tokens=16):
     return {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
 
 
+#: The tokens an aborted stream asks for (the most the demo server's --max-model-len leaves its prompt).
+ABORT_TOKENS = 200
+
+
 def aborted_stream(server):
-    """A streaming completion the client leaves after its first chunk: vLLM aborts it. Returns its id."""
+    """A streaming completion the client leaves after its first chunk. Returns its id."""
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
-    body = {**completion(tiny_model.prompt(99), max_tokens=200), "stream": True}
+    body = {**completion(tiny_model.prompt(99), max_tokens=ABORT_TOKENS), "stream": True}
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     response = conn.getresponse()
     while True:
@@ -138,6 +143,52 @@ def aborted_stream(server):
     conn.sock.close()  # the client goes away mid-stream
     conn.close()
     return request_id
+
+
+def aborted_streams(server, traces, attempts=4):
+    """Streams the client leaves after their first chunk, one at a time, until vLLM cut one short (it aborts a
+    stream when it notices the client went away; a loaded machine may let the engine finish the 200 tokens first):
+    the ids, the last the one cut short, if any was."""
+    ids: list = []
+    for _ in range(attempts):
+        ids.append(aborted_stream(server))
+        wait_for(lambda: f"{ids[-1]}-0" in traces.traces())
+        root, _ = traces.traces()[f"{ids[-1]}-0"]
+        if root.attributes["gen_ai.usage.output_tokens"] < ABORT_TOKENS:
+            break
+    return ids
+
+
+def assert_left_streams(traces, ids):
+    """The streams of ``aborted_streams``: one cut short, with ``error.type`` abort and the span status ERROR (its
+    only request span: ``traces()`` asserts one per request id); each the engine finished first ends as any
+    request that reached its length."""
+    *finished, cut = [traces[f"{request_id}-0"][0] for request_id in ids]
+    assert cut.attributes["gen_ai.usage.output_tokens"] < ABORT_TOKENS, "no stream was cut short"
+    assert cut.attributes["error.type"] == "abort"
+    assert cut.attributes["gen_ai.response.finish_reasons"] == ("abort",)
+    assert cut.status_code == 2  # STATUS_CODE_ERROR
+    for root in finished:
+        assert root.attributes["gen_ai.response.finish_reasons"] == ("length",)
+        assert "error.type" not in root.attributes
+
+
+def streamed(server, trace_id):
+    """A streaming completion read to its end under a client traceparent (its body runs in another task than its
+    handler). Returns its id and the number of content chunks."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
+    body = {**completion(tiny_model.prompt(98), max_tokens=8), "stream": True}
+    headers = {"Content-Type": "application/json", "traceparent": f"00-{trace_id:032x}-{PARENT:016x}-01"}
+    conn.request("POST", "/v1/completions", json.dumps(body), headers)
+    response = conn.getresponse()
+    assert response.status == 200
+    request_id, chunks = None, 0
+    for raw in response.read().decode().splitlines():
+        if raw.startswith("data: {"):
+            request_id = json.loads(raw[len("data: ") :])["id"]
+            chunks += 1
+    conn.close()
+    return request_id, chunks
 
 
 def wait_for(predicate, timeout=60.0):
@@ -209,8 +260,9 @@ def served(model, tmp_path_factory):
                 {"traceparent": f"00-{UNSAMPLED_TRACE:032x}-{PARENT:016x}-00"},
             )
             # 3. A stream the client leaves; a request vLLM rejects.
-            out["aborted"] = aborted_stream(server)
+            out["aborted"] = aborted_streams(server, traces)
             out["rejected"] = rejected(server)
+            out["streamed"] = streamed(server, STREAMED_TRACE)
             # 4. The preempting load: 16 150-token completions into 16 KV blocks.
             before = settled_preemptions(server)
             out["batch"] = server.batch([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
@@ -220,7 +272,7 @@ def served(model, tmp_path_factory):
             out["unparsed"] = unparsed(server, "/v1/completions", UNPARSED_TRACE)
             out["not_a_request"] = unparsed(server, "/tokenize", NOT_A_REQUEST_TRACE)
             out["burst"] = bursts(server)
-            expected = LOAD + 2 + 1 + 16 + len(out["burst"]["admitted"])
+            expected = LOAD + 2 + len(out["aborted"]) + 1 + 16 + len(out["burst"]["admitted"])
             refusals = 2 + len(out["burst"]["in_stream"]) + len(out["burst"]["refused"])
             wait_for(lambda: len(traces.traces()) >= expected and len(rejections(traces.spans())) >= refusals)
             time.sleep(1.0)  # nothing more is on its way
@@ -295,6 +347,14 @@ def test_a_client_traceparent_is_continued(served):
     assert (root.trace_id, root.parent_span_id) == (TRACE_ID, PARENT)
 
 
+def test_a_streaming_requests_traceparent_is_continued(served):
+    request_id, chunks = served["streamed"]
+    root, kids = trace_of(served, request_id)
+    assert (root.trace_id, root.parent_span_id) == (STREAMED_TRACE, PARENT)
+    assert {kid.trace_id for kid in kids} == {STREAMED_TRACE}
+    assert root.attributes["gen_ai.usage.output_tokens"] == 8 and chunks >= 8
+
+
 def test_an_unsampled_parent_over_the_ttft_threshold_is_exported_as_a_linked_root(served):
     root, kids = trace_of(served, served["unsampled"]["id"])
     assert root.parent_span_id == 0 and root.trace_id != UNSAMPLED_TRACE
@@ -304,9 +364,7 @@ def test_an_unsampled_parent_over_the_ttft_threshold_is_exported_as_a_linked_roo
 
 
 def test_an_aborted_stream_gives_one_request_span_with_error_type(served):
-    root, _ = trace_of(served, served["aborted"])  # traces() asserts one request span per request id
-    assert root.attributes["error.type"] == "abort"
-    assert root.status_code == 2  # STATUS_CODE_ERROR
+    assert_left_streams(served["traces"], served["aborted"])
 
 
 def test_a_rejected_request_gives_one_span_with_vllms_error_and_the_clients_parent(served):
@@ -437,8 +495,8 @@ def no_stats(model, tmp_path_factory):
         args = ("--disable-log-stats", "--otlp-traces-endpoint", traces.endpoint)
         with Server(model, env=env, log_path=log, extra_args=args) as server:
             responses = [post(server, completion(tiny_model.prompt(400 + i), max_tokens=8)) for i in range(3)]
-            aborted = aborted_stream(server)
-            wait_for(lambda: len(traces.traces()) >= 4)
+            aborted = aborted_streams(server, traces)
+            wait_for(lambda: len(traces.traces()) >= 3 + len(aborted))
             time.sleep(1.0)
             yield {"responses": responses, "aborted": aborted, "traces": traces.traces(), "log": log}
 
@@ -451,9 +509,8 @@ def test_without_log_stats_each_request_still_has_its_trace(no_stats):
         assert root.attributes["gen_ai.response.finish_reasons"] == ("length",)
         assert [s.name for s in kids] == ["decode"]  # no engine events without stats: the outputs' times only
         assert "gen_ai.latency.time_to_first_token" in root.attributes
-    root, _ = got[f"{no_stats['aborted']}-0"]
-    assert root.attributes["error.type"] == "abort"
-    assert len(got) == 4
+    assert_left_streams(got, no_stats["aborted"])
+    assert len(got) == 3 + len(no_stats["aborted"])
     with open(no_stats["log"]) as f:
         assert "AssertionError" not in f.read()
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
-from opentelemetry_instrumentation_vllm_ascend.handlers import api, common
+from opentelemetry_instrumentation_vllm_ascend.handlers import api, common, traces
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import (
     ASYNC_GENERATOR,
     COROUTINE,
@@ -301,9 +301,20 @@ class FakeAsyncLLM:
         if self.dead:
             raise RuntimeError("EngineCore is dead")
 
-    async def add_request(self, request_id, prompt, params, arrival_time=None, priority=0):
+    async def add_request(
+        self,
+        request_id,
+        prompt,
+        params,
+        arrival_time=None,
+        lora_request=None,
+        tokenization_kwargs=None,
+        trace_headers=None,
+        priority=0,
+    ):
         await asyncio.sleep(0)
         self.clock.t += 0.25
+        self.inbound = traces.INBOUND.get()  # what OutputProcessor.add_request, called in here, would see
         return "collector"
 
     async def generate(self, prompt, sampling_params, request_id, *, priority=0):
@@ -337,9 +348,7 @@ def test_health_check_failures_count(api_process, clock):
 
 def test_add_request_and_abort_are_timed_awaited(api_process, clock):
     m = api_process
-    add = wrap(FakeAsyncLLM.add_request, handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"), COROUTINE_TIMER)[
-        0
-    ]
+    add = wrap(FakeAsyncLLM.add_request, handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"), COROUTINE)[0]
 
     class Client:
         async def abort_requests_async(self, request_ids):
@@ -361,6 +370,36 @@ def test_add_request_and_abort_are_timed_awaited(api_process, clock):
         0.015625,
         counts(catalogue.FINE_SECONDS, b10=1),
     )  # (0.01, 0.025]
+
+
+def test_add_request_hands_the_inbound_trace_headers_to_the_registration_in_its_own_task(
+    api_process, clock, monkeypatch
+):
+    """vLLM drops ``trace_headers`` in AsyncLLM.add_request when its own tracing is off; with request traces on, the
+    hook keeps them for OutputProcessor.add_request, in the task that runs add_request (a stream's body runs in
+    another task than its OpenAI handler, whose context variables it does not see). A failed call is not timed."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers.traces import TRACKER
+
+    m = api_process
+    add = wrap(FakeAsyncLLM.add_request, handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"), COROUTINE)[0]
+    headers = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    llm = FakeAsyncLLM(clock)
+
+    async def in_a_fresh_task(**kwargs):  # a task of its own: nothing inherited from the handler's task
+        return await asyncio.create_task(add(llm, "id-1", "prompt", "params", **kwargs))
+
+    monkeypatch.setattr(TRACKER, "on", True)
+    assert run(in_a_fresh_task(trace_headers=headers)) == "collector"
+    assert llm.inbound is headers
+    assert run(in_a_fresh_task()) == "collector" and llm.inbound is None  # no headers: nothing kept
+    monkeypatch.setattr(TRACKER, "on", False)
+    assert run(in_a_fresh_task(trace_headers=headers)) == "collector" and llm.inbound is None  # traces off
+    labels = {"dp": "0", "role": "decode", "phase": "all"}
+    assert m.value(name("engine:async_add_request:duration"), **labels) == (
+        3,
+        0.75,
+        counts(catalogue.STEP_SECONDS, b8=3),
+    )
 
 
 def test_generate_is_timed_to_exhaustion_not_creation(api_process, clock):
@@ -520,11 +559,7 @@ def test_process_outputs_phase_of_each_chunk(api_process, clock):
         (OutputProcessor.process_outputs, api.ProcessOutputs(), SYNC),
         (FakeAsyncLLM.generate, handler_of(GENERATE_SYMBOL), ASYNC_GENERATOR),
         (Chat.create_chat_completion, handler_of(CHAT_SYMBOL), COROUTINE_STREAM),
-        (
-            FakeAsyncLLM.add_request,
-            handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"),
-            COROUTINE_TIMER,
-        ),
+        (FakeAsyncLLM.add_request, handler_of("vllm.v1.engine.async_llm:AsyncLLM.add_request"), COROUTINE),
     ],
 )
 def test_handlers_get_signature_preserving_wrappers(fn, handler, kind):

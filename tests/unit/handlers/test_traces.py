@@ -441,17 +441,22 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
         "validation_exception_handler",
         "AsyncLLM.check_admission",
     }
-    # The output loop's hook, and the scheduler's init (which watches a KV connector's loads: test_kv_wait_traces.py)
-    loop, init = [t for t in targets.TARGETS if t.feeds_traces]
-    assert (loop.qualname, init.qualname) == ("OutputProcessor.process_outputs", "Scheduler.__init__")
-    monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(loop.feeds + init.feeds))
+    # The output loop's hook, AsyncLLM.add_request's (the inbound trace headers in the registering task), and the
+    # scheduler's init (which watches a KV connector's loads: test_kv_wait_traces.py)
+    needed = [t for t in targets.TARGETS if t.feeds_traces]
+    assert [t.qualname for t in needed] == [
+        "AsyncLLM.add_request",
+        "OutputProcessor.process_outputs",
+        "Scheduler.__init__",
+    ]
+    monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(f for t in needed for f in t.feeds))
     monkeypatch.delenv(environment.TRACES, raising=False)
     assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 7
     assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 7  # `check` resolves them
-    assert [gate_of(t, version, None) for t in (loop, init)] == [DISABLED] * 2
+    assert [gate_of(t, version, None) for t in needed] == [DISABLED] * 3
     monkeypatch.setenv(environment.TRACES, "true")
     assert [gate_of(t, version, None) for t in rows] == [None] * 7
-    assert [gate_of(t, version, None) for t in (loop, init)] == [None] * 2  # metrics off, the traces need them
+    assert [gate_of(t, version, None) for t in needed] == [None] * 3  # metrics off, the traces need them
 
 
 def test_the_final_export_waits_at_most_the_shutdown_timeout(monkeypatch):
