@@ -592,30 +592,59 @@ TARGETS: tuple[Target, ...] = (
     # -- request traces (docs/traces.md): installed only when OTEL_VLLM_ASCEND_TRACES is true; the journey's
     # outputs come through OutputProcessor.process_outputs above. Rejections: a request an OpenAI handler
     # (create_chat_completion, create_completion, create_responses: each awaits its work through that helper)
-    # answers with an error before registering it: one span.
+    # answers with an error before registering it: one span. vLLM 0.23 defines the two serving helpers on
+    # OpenAIServing (vllm.entrypoints.openai.engine.serving), 0.32+ on BaseServing / GenerateBaseServing.
     *(
         Target(
             module,
             qualname,
             kind,
             f"traces:{handler}",
-            vllm=">=0.32.0",
+            vllm=versions,
             feeds=("traces_dropped",),
             provides_context=True,
             process=API_SERVER,
             traces=True,
         )
-        for module, qualname, kind, handler in (
-            ("vllm.entrypoints.serve.engine.serving", "BaseServing._get_trace_headers", COROUTINE, "TraceHeaders"),
+        for module, qualname, kind, handler, versions in (
+            (
+                "vllm.entrypoints.serve.engine.serving",
+                "BaseServing._get_trace_headers",
+                COROUTINE,
+                "TraceHeaders",
+                ">=0.32.0",
+            ),
+            (
+                "vllm.entrypoints.openai.engine.serving",
+                "OpenAIServing._get_trace_headers",
+                COROUTINE,
+                "TraceHeaders",
+                "<0.32.0",
+            ),
+            (  # 0.23's generative scoring endpoint has its own (no call of the base's)
+                "vllm.entrypoints.generate.generative_scoring.serving",
+                "ServingGenerativeScoring._get_trace_headers",
+                COROUTINE,
+                "TraceHeaders",
+                "<0.32.0",
+            ),
             (
                 "vllm.entrypoints.generate.base.serving",
                 "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
                 COROUTINE,
                 "Rejections",
+                ">=0.32.0",
             ),
-            ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest"),
-            ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest"),
-            ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", SYNC, "AbortRequests"),
+            (
+                "vllm.entrypoints.openai.engine.serving",
+                "OpenAIServing._with_kv_transfer_rejection_cleanup",
+                COROUTINE,
+                "Rejections",
+                "<0.32.0",
+            ),
+            ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest", ">=0.23.0"),
+            ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest", ">=0.23.0"),
+            ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", SYNC, "AbortRequests", ">=0.23.0"),
         )
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------

@@ -147,10 +147,8 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
     """handlers/traces.py:Rejections hooks GenerateBaseServing._with_kv_transfer_rejection_cleanup: a request is
     rejected there only while create_chat_completion and create_completion hand it their whole work (the request
     object second, the raw HTTP request third), and BaseServing.create_error_response turns an exception into the
-    error vLLM's exception handlers send (its first parameter takes one)."""
+    error vLLM's exception handlers send (its first parameter takes one). vLLM 0.23: OpenAIServing's, the same."""
     version, tree = version_tree
-    if Version(version) < Version("0.32.0"):
-        pytest.skip("request traces hook vLLM >= 0.32")
     for module, cls, method in (
         ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion"),
         ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion"),
@@ -162,9 +160,55 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
         call = statement.value.value  # return await self._with_kv_transfer_rejection_cleanup(...)
         assert ast.unparse(call.func) == "self._with_kv_transfer_rejection_cleanup", (version, method)
         assert [ast.unparse(a) for a in call.args[1:]] == ["request", "raw_request"], (version, method)
-    _, base = tree.find_class("vllm.entrypoints.serve.engine.serving", "BaseServing")
-    (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
-    assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
+    if Version(version) >= Version("0.32.0"):
+        _, base = tree.find_class("vllm.entrypoints.serve.engine.serving", "BaseServing")
+        (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
+        assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
+    else:  # a staticmethod of OpenAIServing: the exception is its first parameter
+        _, base = tree.find_class("vllm.entrypoints.openai.engine.serving", "OpenAIServing")
+        (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
+        assert [ast.unparse(d) for d in helper.decorator_list] == ["staticmethod"], version
+        assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
+    # The trace rows of this release: every handler, each symbol hooked once.
+    rows = [t for t in targets.TARGETS if t.traces and in_range(Version(version), t.vllm)]
+    assert {t.handler for t in rows} == {
+        f"traces:{h}" for h in ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests")
+    }, version
+    assert len({t.symbol for t in rows}) == len(rows), version
+
+
+def test_engine_events_and_the_finish_order_the_journey_relies_on(version_tree):
+    """handlers/traces.py: EngineCoreEventType's members QUEUED / SCHEDULED / PREEMPTED (their values 1, 2, 3: the
+    fallback for plain ints); process_outputs finishes a request (``_finish_request``) right before it records
+    the request's stats (``_update_stats_from_finished``, whose IterationStats call carries the exemplar), and
+    passes its ``iteration_stats`` on; vLLM's own request span is built only where ``self.tracing_enabled`` (the
+    flag ``Tracker.start`` turns off)."""
+    version, tree = version_tree
+    _, enum = tree.find_class("vllm.v1.engine", "EngineCoreEventType")
+    members = {ast.unparse(n.targets[0]): ast.literal_eval(n.value) for n in enum.body if isinstance(n, ast.Assign)}
+    assert members == {"QUEUED": 1, "SCHEDULED": 2, "PREEMPTED": 3}, version
+    _, processor = tree.find_class("vllm.v1.engine.output_processor", "OutputProcessor")
+    (process,) = [n for n in processor.body if isinstance(n, ast.FunctionDef) and n.name == "process_outputs"]
+    assert [a.arg for a in process.args.args[:4]] == [
+        "self",
+        "engine_core_outputs",
+        "engine_core_timestamp",
+        "iteration_stats",
+    ], version
+    source = ast.unparse(process)
+    stats = source.index("self._update_stats_from_finished(req_state, finish_reason, iteration_stats)")
+    finish = source.rindex("self._finish_request(req_state)", 0, stats)
+    assert 0 < stats - finish < 400, version
+    assert "if self.tracing_enabled:" in source[stats:], version
+    # TraceHeaders reads the inbound headers as vLLM's extract_trace_headers does (0.23 returns None without
+    # its own tracing on).
+    from opentelemetry_instrumentation_vllm_ascend.handlers import traces
+
+    utils = tree.module("vllm.tracing.utils")
+    (names,) = [
+        n.value for n in utils.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "TRACE_HEADERS"
+    ]
+    assert tuple(ast.literal_eval(names)) == traces._TRACE_HEADERS, version
 
 
 def test_the_kv_load_notes_hook_exists_where_gated_and_its_stages_travel_back(version_tree):

@@ -14,8 +14,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
+from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, traces
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.kinds import SYNC
@@ -426,18 +427,42 @@ def test_the_drop_metric_is_in_the_catalogue():
     assert spec.kind == catalogue.COUNTER and spec.labels == ("dp", "role", "reason")
 
 
+_TRACE_HANDLERS = ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests")
+
+
 def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_hook(monkeypatch):
     from opentelemetry_instrumentation_vllm_ascend import targets
-    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import DISABLED, TRACES_OFF, gate_of, vllm_version
+    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import (
+        DISABLED,
+        TRACES_OFF,
+        gate_of,
+        in_range,
+        vllm_version,
+    )
 
     version = vllm_version()
-    rows = [t for t in targets.TARGETS if t.traces]
-    assert {t.qualname for t in rows} == {
-        "BaseServing._get_trace_headers",
-        "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
-        "OutputProcessor.add_request",
-        "OutputProcessor._finish_request",
-        "OutputProcessor.abort_requests",
+    every = [t for t in targets.TARGETS if t.traces]
+    # vLLM 0.23 has the two serving helpers on OpenAIServing: rows of their own, one per symbol and release.
+    assert sorted(t.qualname for t in every) == sorted(
+        [
+            "BaseServing._get_trace_headers",
+            "OpenAIServing._get_trace_headers",
+            "ServingGenerativeScoring._get_trace_headers",
+            "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
+            "OpenAIServing._with_kv_transfer_rejection_cleanup",
+            "OutputProcessor.add_request",
+            "OutputProcessor._finish_request",
+            "OutputProcessor.abort_requests",
+        ]
+    )
+    for release in supported.VLLM:  # each release installs each hook once
+        here = [t for t in every if in_range(Version(release), t.vllm)]
+        assert {t.handler for t in here} == {f"traces:{h}" for h in _TRACE_HANDLERS}, release
+        assert len({t.symbol for t in here}) == len(here), release
+    rows = [t for t in every if in_range(version, t.vllm)]
+    assert {t.module for t in rows if "Serving" in t.qualname} == {
+        "vllm.entrypoints.serve.engine.serving",
+        "vllm.entrypoints.generate.base.serving",
     }
     # The output loop's hook, and the scheduler's init (which watches a KV connector's loads: test_kv_wait_traces.py)
     loop, init = [t for t in targets.TARGETS if t.feeds_traces]
