@@ -708,3 +708,44 @@ def test_with_traces_off_a_rejection_is_not_followed(tracked, serving):
     call(obj, CompletionRequest(prompt="p", model="tiny"), http_request())
     tracing.flush()
     assert exporter.get_finished_spans() == ()
+
+
+def test_the_inbound_headers_are_kept_when_vllm_023_returns_none_for_them(tracked):
+    """vLLM 0.23's ``OpenAIServing._get_trace_headers`` returns None unless vLLM's own tracing is on: TraceHeaders
+    then reads traceparent / tracestate from the request's (case-insensitive) headers itself."""
+    from starlette.datastructures import Headers
+
+    handler = traces.TraceHeaders()
+    parent = f"00-{TRACE_ID:032x}-{PARENT_SPAN:016x}-01"
+    inbound = Headers(headers={"Traceparent": parent, "tracestate": "k=v", "x-other": "1"})
+    handler.after(None, (object(), inbound), {}, None)
+    assert traces.INBOUND.get() == {"traceparent": parent, "tracestate": "k=v"}
+    handler.after(None, (object(), Headers(headers={"x-other": "1"})), {}, None)
+    assert traces.INBOUND.get() is None
+    given = {"traceparent": parent}  # vLLM's answer (0.32+, or 0.23 with its tracing on) is kept as it is
+    handler.after(None, (object(), inbound), {}, given)
+    assert traces.INBOUND.get() is given
+
+
+def test_a_request_handed_back_for_recompute_is_marked(tracked):
+    """vllm-ascend's RecomputeScheduler finishes a request it hands back to the P/D proxy as a stop with
+    ``stop_reason="recomputed"`` (tests/contract/test_scheduler.py): its trace says so; a plain stop does not."""
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0
+    for name, stop_reason in (("cmpl-back", traces.RECOMPUTED), ("cmpl-done", None)):
+        req = request(name)
+        processor.add_request(req, None)
+        output = EngineCoreOutput(
+            request_id=req.request_id,
+            new_token_ids=[7],
+            events=[EngineCoreEvent(Q, t), EngineCoreEvent(S, t + 0.01)],
+            finish_reason=FinishReason.STOP,
+            stop_reason=stop_reason,
+        )
+        processor.process_outputs([output], t + 0.02, IterationStats())
+    tracing.flush()
+    roots = {s.attributes["gen_ai.request.id"]: s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER}
+    assert roots["cmpl-back"].attributes["vllm.request.recomputed"] is True
+    assert roots["cmpl-back"].attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert "vllm.request.recomputed" not in roots["cmpl-done"].attributes
