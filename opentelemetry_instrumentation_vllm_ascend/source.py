@@ -339,8 +339,10 @@ def check_target(tree: SourceTree, target) -> list[str]:
     module = tree.module(target.module)
     if module is None:
         return [f"module {target.module} not found"]
-    if target.owner_qualname is None:  # a module-level factory that a function calls on every call
+    if target.owner_qualname is None and target.kind == "scope_factory":  # a factory a function calls every call
         return _check_module_factory(module, target)
+    if target.owner_qualname is None:  # a module-level function, defined there or imported by name
+        return _check_module_function(tree, target)
     found = tree.find_class(target.module, target.owner_qualname)
     if found is None:
         return [f"class {target.module}:{target.owner_qualname} not found"]
@@ -397,6 +399,57 @@ def _check_module_factory(module: ast.Module, target) -> list[str]:
         if declares and calls:
             return []
     return [f"no function of {target.module} calls the global {name}"]
+
+
+def _check_module_function(tree: SourceTree, target) -> list[str]:
+    """``target.attribute`` is a module-level name of ``target.module`` (a function defined there, or imported by
+    name: followed to its definition) that a function of the module reads at call time (so replacing the module
+    attribute reaches that reader), with the parameters the handler reads, first to last, and the row's kind."""
+    module = tree.module(target.module)
+    name = target.attribute
+    func, where = _module_function(tree, target.module, name)
+    if func is None:
+        return [f"{target.module}.{name} is not a function defined or imported there"]
+    readers = [
+        node.name
+        for node in module.body  # type: ignore[union-attr]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.name != name
+        and any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
+    ]
+    problems = [] if readers else [f"no function of {target.module} reads its global {name}"]
+    from .wiring.declarative import params_of
+
+    params = positional_params(func)
+    for index, expected in enumerate(params_of(target)):
+        if len(params) <= index or params[index] != expected:
+            problems.append(
+                f"{where}.{name}: positional parameter {index} is "
+                f"{params[index] if len(params) > index else 'missing'}, the handler expects {expected!r}"
+            )
+    is_coroutine = isinstance(func, ast.AsyncFunctionDef) and not any(
+        isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(func)
+    )
+    if target.kind in ("coroutine", "coroutine_timer") and not is_coroutine:
+        problems.append(f"{where}.{name} is not a coroutine function")
+    return problems
+
+
+def _module_function(tree: SourceTree, module_name: str, name: str, depth: int = 0):
+    """(the definition of ``module_name``'s module-level function ``name``, the module defining it), following
+    ``from … import name``; (None, module_name) when there is none."""
+    module = tree.module(module_name)
+    if module is None or depth > 5:
+        return None, module_name
+    for node in module.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+            return node, module_name
+    for node in _top_level(module.body):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if (alias.asname or alias.name) == name:
+                    return _module_function(tree, tree._absolute(module_name, node), alias.name, depth + 1)
+    return None, module_name
 
 
 def check_read(tree: SourceTree, read: Read) -> list[str]:

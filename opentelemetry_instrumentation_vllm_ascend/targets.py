@@ -592,8 +592,10 @@ TARGETS: tuple[Target, ...] = (
     # -- request traces (docs/traces.md): installed only when OTEL_VLLM_ASCEND_TRACES is true; the journey's
     # outputs come through OutputProcessor.process_outputs above. Rejections: a request an OpenAI handler
     # (create_chat_completion, create_completion, create_responses: each awaits its work through that helper)
-    # answers with an error before registering it: one span. vLLM 0.23 defines the two serving helpers on
-    # OpenAIServing (vllm.entrypoints.openai.engine.serving), 0.32+ on BaseServing / GenerateBaseServing.
+    # answers with an error before registering it: one span; so does one whose body never parsed (Unparsed) and
+    # one the admission limits refuse after its handler returned (Admission: a stream's body). vLLM 0.23 defines
+    # the two serving helpers on OpenAIServing (vllm.entrypoints.openai.engine.serving), 0.32+ on BaseServing /
+    # GenerateBaseServing; it has no admission limits.
     *(
         Target(
             module,
@@ -645,6 +647,19 @@ TARGETS: tuple[Target, ...] = (
             ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest", ">=0.23.0"),
             ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest", ">=0.23.0"),
             ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", SYNC, "AbortRequests", ">=0.23.0"),
+            # A body that never parsed (before any vLLM handler ran): the name register.py registers the
+            # function under, read from its globals when the app is built.
+            (
+                "vllm.entrypoints.serve.exception_handling.register",
+                "validation_exception_handler",
+                COROUTINE,
+                "Unparsed",
+                ">=0.32.0",
+            ),
+            # vLLM 0.23: api_server.py imports it by name and registers it when build_app builds the app.
+            ("vllm.entrypoints.openai.api_server", "validation_exception_handler", COROUTINE, "Unparsed", "<0.32.0"),
+            # A request the admission limits refuse where vLLM registers it (a stream's body among others).
+            ("vllm.v1.engine.async_llm", "AsyncLLM.check_admission", SYNC, "Admission", ">=0.32.0"),
         )
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------

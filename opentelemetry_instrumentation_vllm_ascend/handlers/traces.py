@@ -16,7 +16,13 @@ async KV loads (below).
   (``create_chat_completion``, ``create_completion``, ``create_responses``) awaits its work through: a request it
   answers with an error (or that ends by raising) before ``OutputProcessor.add_request`` registered anything in the
   request's task was rejected: a journey of its own (entry to return, ``error.type``, the HTTP status) goes to the
-  pipeline.
+  pipeline;
+- ``validation_exception_handler`` as ``exception_handling/register.py`` registers it (FastAPI's
+  ``RequestValidationError``: a body that did not parse into vLLM's request model, invalid JSON, a wrong content
+  type, raised before any vLLM handler ran): on an OpenAI generation path, one rejected journey;
+- ``AsyncLLM.check_admission`` raising where vLLM registers a request (``AsyncLLM.add_request``, a request id
+  given) outside any OpenAI handler call under way (a streaming request's body, which Starlette runs after the
+  handler returned: vLLM sends the refusal as a chunk of the started 200 response): one rejected journey.
 
 The EngineCore's one part (``Scheduler.__init__``, ``handlers/kv_transfer.py:SchedulerInit``): on a scheduler with a KV
 connector, and only there, the scheduler's ``_set_kv_fetch_stage`` gets a wrapper of its own (an instance attribute,
@@ -76,14 +82,16 @@ def _event_names(sample) -> dict:
 
 
 class Handling:
-    """One OpenAI handler call: when it was entered (wall-clock seconds) and whether a request was registered
-    (``OutputProcessor.add_request``) in its task since."""
+    """One OpenAI handler call: when it was entered (wall-clock seconds), whether a request was registered
+    (``OutputProcessor.add_request``) in its task since, and whether the call has ended (what runs after it in a
+    task that inherited it, a stream's body, is no longer answered by it)."""
 
-    __slots__ = ("entered", "registered")
+    __slots__ = ("entered", "registered", "ended")
 
     def __init__(self, entered: float) -> None:
         self.entered = entered
         self.registered = False
+        self.ended = False
 
 
 #: vLLM's request class -> ``gen_ai.operation.name`` of a rejected request (others: ``_OTHER``, as their ids give).
@@ -102,6 +110,13 @@ _PARAMS = (
 _REQUEST_FIELDS = (("max_completion_tokens", "gen_ai.request.max_tokens"), *_PARAMS)
 #: A client-given model name longer than this is cut (it names the span).
 _MAX_MODEL_CHARS = 256
+#: The OpenAI generation paths (their ends: a ``--root-path`` may precede them) -> ``gen_ai.operation.name`` of a
+#: request whose body never parsed; a validation error on any other path (``/tokenize``, …) is no request here.
+_PATHS = (
+    ("/v1/chat/completions", "chat"),
+    ("/v1/completions", "text_completion"),
+    ("/v1/responses", catalogue.GENAI_OTHER),
+)
 
 
 class Tracker:
@@ -274,9 +289,12 @@ class Tracker:
         if tracing.decide(journey) and not tracing.submit(journey):
             journey.decided = False  # not sent: no exemplar may name it
 
-    def rejected(self, handling: Handling, request, raw_request, error: str, status: int | None) -> None:
-        """A request its OpenAI handler answered with an error (``status``: the HTTP status, None when no
-        response was sent) before any request was registered in its task."""
+    def rejected(
+        self, handling: Handling, request, raw_request, error: str, status: int | None, operation: str | None = None
+    ) -> None:
+        """A request vLLM answered with an error (``status``: the status of its error, None when no response was
+        sent) before any request was registered for it. ``request``: vLLM's request model (None: the body never
+        parsed); ``operation``: ``gen_ai.operation.name`` when the request model does not tell it."""
         headers = getattr(raw_request, "headers", None) if raw_request is not None else None
         parent = self._parent(headers or INBOUND.get())
         model = getattr(request, "model", None)
@@ -290,7 +308,8 @@ class Tracker:
         n = fields.get("n", 1)
         if isinstance(n, int) and not isinstance(n, bool) and n != 1:
             attributes["gen_ai.request.choice.count"] = n
-        operation = _OPERATIONS.get(type(request).__name__, catalogue.GENAI_OTHER)
+        if operation is None:
+            operation = _OPERATIONS.get(type(request).__name__, catalogue.GENAI_OTHER)
         journey = Journey(None, None, operation, model, handling.entered, parent, attributes)
         journey.e2e = max(0.0, time() - handling.entered)
         journey.error = error
@@ -381,6 +400,7 @@ class Rejections(Handler):
         return handling
 
     def after(self, state, args, kwargs, result):
+        state.ended = True
         if state.registered or not TRACKER.on:
             return
         if type(result).__name__ != "ErrorResponse":  # a response, or a stream (whose errors are chunks of it)
@@ -393,6 +413,7 @@ class Rejections(Handler):
         TRACKER.rejected(state, args[2], args[3], str(getattr(info, "type", None) or code), _status(code))
 
     def error(self, state, args, kwargs, exc):
+        state.ended = True
         if state.registered or not TRACKER.on:
             return
         if not isinstance(exc, Exception):  # the task was cancelled: the client went away before registration
@@ -401,6 +422,106 @@ class Rejections(Handler):
             return
         error, status = _response_of(args[0], exc)
         TRACKER.rejected(state, args[2], args[3], error, status)
+
+
+class Unparsed(Handler):
+    """``validation_exception_handler(req, exc)`` (COROUTINE), the module-level function vLLM's
+    ``exception_handling/register.py`` imports by name and registers for FastAPI's ``RequestValidationError``
+    (``init_exception_handler``: ``app.exception_handler(RequestValidationError)(validation_exception_handler)``,
+    which reads the name from register.py's globals when the app is built; the hook replaces that global). The
+    error was raised before vLLM's handler ran: the body did not parse into vLLM's request model, was not JSON, or
+    had another content type than JSON (``validate_json_request``). On an OpenAI generation path: one rejected
+    journey, from the exception handler's entry to its return, with the status and error type of its response
+    (400, ``Bad Request``) and the served model (the body named none that parsed)."""
+
+    # A module-level function (no self): the generic wrapper, whose ``args`` are the call's (Starlette's
+    # ``handler(request, exc)``); the contract test checks the parameters (``req``, ``exc``).
+
+    def before(self, args, kwargs):
+        return time()
+
+    def after(self, state, args, kwargs, result):
+        if not TRACKER.on:
+            return
+        operation = _operation_of_path(args[0])
+        if operation is None:
+            return
+        status = getattr(result, "status_code", None)
+        status = status if isinstance(status, int) else None
+        TRACKER.rejected(Handling(state), None, args[0], _error_type(result, status), status, operation)
+
+    def error(self, state, args, kwargs, exc):
+        if not TRACKER.on or not isinstance(exc, Exception):
+            return
+        operation = _operation_of_path(args[0])
+        if operation is not None:  # Starlette's ServerErrorMiddleware answers it: 500
+            TRACKER.rejected(Handling(state), None, args[0], type(exc).__name__, 500, operation)
+
+
+class Admission(Handler):
+    """``AsyncLLM.check_admission(self, n, request_id)`` (SYNC) raising: vLLM's admission limits
+    (``--max-num-queued-reqs``, ``--max-num-queued-tokens``) refused a request. Recorded only where
+    ``AsyncLLM.add_request`` calls it (a request id given; it raises before ``OutputProcessor.add_request``, so the
+    request was never registered) and no OpenAI handler call is under way in this task (one under way answers the
+    refusal itself: ``Rejections``). That is a streaming request's body, which Starlette runs after the handler
+    returned the stream: vLLM sends the refusal as the error chunk of a 200 response. ``error.type`` and the status
+    are what vLLM's ``create_error_response`` makes of the exception (a ``GracefulHTTPError``: its
+    ``http_status``'s phrase and number, ``Service Unavailable`` / 503)."""
+
+    params = ("n", "request_id")
+    after_if = "False"  # nothing to do when it returns (every request, twice)
+
+    def error(self, state, args, kwargs, exc):
+        if not TRACKER.on or not isinstance(exc, Exception):
+            return
+        request_id = args[2]
+        if request_id is None:  # a handler's preflight (GenerateBaseServing._preflight): its handler answers it
+            return
+        handling = HANDLING.get()
+        if handling is not None and not handling.ended:
+            return
+        error, status = _graceful(exc)
+        TRACKER.rejected(Handling(time()), None, None, error, status, genai_operation(request_id))
+
+
+def _operation_of_path(request) -> str | None:
+    """``gen_ai.operation.name`` of an HTTP request on an OpenAI generation path, else None."""
+    path = request.url.path.rstrip("/")
+    for suffix, operation in _PATHS:
+        if path.endswith(suffix):
+            return operation
+    return None
+
+
+def _error_type(response, status: int | None) -> str:
+    """The ``error.type`` of vLLM's JSON error response (``{"error": {"type": …}}``), else the status's phrase."""
+    try:
+        import json
+
+        found = json.loads(response.body)["error"]["type"]
+        if isinstance(found, str) and found:
+            return found
+    except Exception:
+        pass
+    return _phrase(status)
+
+
+def _phrase(status: int | None) -> str:
+    from http import HTTPStatus
+
+    try:
+        return HTTPStatus(status).phrase  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return "error" if status is None else str(status)
+
+
+def _graceful(exc: Exception) -> tuple[str, int | None]:
+    """(error type, status) vLLM's ``create_error_response`` gives ``exc`` when it is a ``GracefulHTTPError`` (its
+    ``http_status``), else the exception's class name and 503 (the status of both admission limits)."""
+    status = _status(getattr(exc, "http_status", None))
+    if status is None:
+        return type(exc).__name__, 503
+    return _phrase(status), status
 
 
 def _cancelling() -> bool:

@@ -34,6 +34,9 @@ class Patch:
             else:
                 setattr(self.owner, self.attribute, self.original)
             codegen.forget(self.wrapper)  # its source lines, kept for tracebacks, are not needed now
+            # A reference taken while it was installed (the exception handler an app registered from a hooked
+            # module-level name) calls straight through from now on.
+            self.hook.handler = None
         else:
             # Someone wrapped over us (vllm-ascend assigns its own wrappers onto classes): removing
             # ours would drop theirs, so ours turns into a plain call-through instead.

@@ -5,6 +5,7 @@ handlers read is defined. Each release is read from its sdist, downloaded at tes
 that release."""
 
 import ast
+import dataclasses
 
 import pytest
 from packaging.version import Version
@@ -171,9 +172,9 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
         assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
     # The trace rows of this release: every handler, each symbol hooked once.
     rows = [t for t in targets.TARGETS if t.traces and in_range(Version(version), t.vllm)]
-    assert {t.handler for t in rows} == {
-        f"traces:{h}" for h in ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests")
-    }, version
+    handlers = ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests", "Unparsed")
+    handlers += ("Admission",) if Version(version) >= Version("0.32.0") else ()  # 0.23: no admission limits
+    assert {t.handler for t in rows} == {f"traces:{h}" for h in handlers}, version
     assert len({t.symbol for t in rows}) == len(rows), version
 
 
@@ -246,3 +247,112 @@ def test_the_kv_load_notes_hook_exists_where_gated_and_its_stages_travel_back(ve
         any(k.arg == "trace_headers" and ast.unparse(k.value) == "request.trace_headers" for k in call.keywords)
         for call in outputs
     ), version
+
+
+def test_the_checker_follows_a_module_level_function_imported_by_name():
+    """A module-level row (``Unparsed``): the name is imported from the defining module, a function of the importing
+    module reads it at call time (so the hooked global reaches it), and the defining function has the parameters."""
+    defining = "async def handler(req, exc):\n    return 1\n"
+    tree = SourceTree(
+        {
+            "p/__init__.py": "",
+            "p/h.py": defining,
+            "p/reg.py": "from .h import handler\n\ndef init(app):\n    app.on(handler)\n",
+            "p/unread.py": "from .h import handler\n\ndef init(app):\n    pass\n",
+        }
+    )
+    row = targets.Target("p.reg", "handler", "coroutine", "", params=("req", "exc"))
+    assert check_target(tree, row) == []
+    assert "reads its global handler" in check_target(tree, dataclasses.replace(row, module="p.unread"))[0]
+    renamed = SourceTree({**tree.files, "p/h.py": defining.replace("req", "request")})
+    assert "the handler expects 'req'" in check_target(renamed, row)[0]
+    sync = SourceTree({**tree.files, "p/h.py": defining.replace("async def", "def")})
+    assert "not a coroutine function" in check_target(sync, row)[0]
+
+
+def _function(tree, module, name, cls=None):
+    body = tree.find_class(module, cls)[1].body if cls else tree.module(module).body
+    (found,) = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name]
+    return found
+
+
+def test_a_body_that_never_parsed_reaches_the_hooked_name_and_is_a_400(version_tree):
+    """handlers/traces.py:Unparsed hooks ``register.validation_exception_handler`` (the global that
+    ``init_exception_handler`` registers for FastAPI's RequestValidationError when the app is built): the three
+    OpenAI generation routes (their paths the handler names the span by) check the content type with
+    ``validate_json_request``, which raises RequestValidationError, and the handler answers 400 ``Bad Request``.
+    vLLM 0.23: ``api_server.py``'s ``build_app`` registers it, ``serve/utils/server_utils.py`` defines it."""
+    version, tree = version_tree
+    if Version(version) >= Version("0.32.0"):
+        register, init_name = "vllm.entrypoints.serve.exception_handling.register", "init_exception_handler"
+        where = "vllm.entrypoints.serve.exception_handling.handlers.validation"
+    else:
+        register, init_name = "vllm.entrypoints.openai.api_server", "build_app"
+        where = "vllm.entrypoints.serve.utils.server_utils"
+    assert {
+        t.module for t in targets.TARGETS if t.handler == "traces:Unparsed" and in_range(Version(version), t.vllm)
+    } == {register}, version
+    init = ast.unparse(_function(tree, register, init_name))
+    assert "app.exception_handler(RequestValidationError)(validation_exception_handler)" in init, version
+    handler = ast.unparse(_function(tree, where, "validation_exception_handler"))
+    defined = _function(tree, where, "validation_exception_handler")
+    assert [a.arg for a in defined.args.args] == ["req", "exc"], version  # what Unparsed reads, by position
+    assert "type=HTTPStatus.BAD_REQUEST.phrase" in handler and "HTTPStatus.BAD_REQUEST" in handler, version
+    assert "JSONResponse(err.model_dump(), status_code=" in handler, version
+    validate = ast.unparse(_function(tree, "vllm.entrypoints.serve.utils.api_utils", "validate_json_request"))
+    assert "raise RequestValidationError" in validate, version
+    from opentelemetry_instrumentation_vllm_ascend.handlers.traces import _PATHS
+
+    for (path, _), module in zip(_PATHS, ("chat_completion", "completion", "responses"), strict=True):
+        source = ast.unparse(tree.module(f"vllm.entrypoints.openai.{module}.api_router"))
+        assert f"@router.post('{path}', dependencies=[Depends(validate_json_request)]" in source, (version, path)
+
+
+def test_the_admission_limits_refuse_before_registering_and_a_stream_sends_it_as_a_chunk(version_tree):
+    """handlers/traces.py:Admission hooks ``AsyncLLM.check_admission``: where a request id is given (AsyncLLM's
+    add_request and _add_request) it is called before ``OutputProcessor.add_request`` (a refused request was never
+    registered); a handler's preflight gives none; its two refusals are GracefulHTTPErrors carrying ``http_status``,
+    which ``create_error_response`` answers with that status's phrase; the completion and chat stream generators
+    send any exception as an error chunk (``create_streaming_error_response(e)``)."""
+    version, tree = version_tree
+    if Version(version) < Version("0.32.0"):  # no admission limits, no check_admission (its row is gated >=0.32)
+        assert "check_admission" not in tree.members("vllm.v1.engine.async_llm", "AsyncLLM"), version
+        return
+    engine = "vllm.v1.engine.async_llm"
+    for name in ("add_request", "_add_request"):
+        lines = ast.unparse(_function(tree, engine, name, "AsyncLLM")).splitlines()
+        checks = [i for i, line in enumerate(lines) if "self.check_admission(" in line]
+        registers = [i for i, line in enumerate(lines) if "self.output_processor.add_request(" in line]
+        assert checks and registers and max(checks) < min(registers), (version, name)
+        assert all("request_id" in lines[i] for i in checks), (version, name)
+    check = _function(tree, engine, "check_admission", "AsyncLLM")
+    raised = {ast.unparse(n.exc) for n in ast.walk(check) if isinstance(n, ast.Raise)}
+    assert {"QueueOverflowError()", "MaxQueuedTokensError()"} <= raised, version  # 0.34: EngineFaultedError too
+    for cls in sorted(r.removesuffix("()") for r in raised):
+        _, node = tree.find_class("vllm.exceptions", cls)
+        assert [ast.unparse(b) for b in node.bases] == ["GracefulHTTPError"], (version, cls)
+    assert "http_status" in tree.members("vllm.exceptions", "GracefulHTTPError"), version
+    module = "vllm.entrypoints.serve.exception_handling.error_response"
+    (graceful,) = [
+        n
+        for n in ast.walk(_function(tree, module, "create_error_response"))
+        if isinstance(n, ast.If) and ast.unparse(n.test) == "isinstance(exc, GracefulHTTPError)"
+    ]
+    assert [ast.unparse(n) for n in graceful.body[:2]] == [
+        "err_type = HTTPStatus(exc.http_status).phrase",
+        "status_code = exc.http_status",
+    ], version
+    preflight = ast.unparse(
+        _function(tree, "vllm.entrypoints.generate.base.serving", "_preflight", "GenerateBaseServing")
+    )
+    assert "self.engine_client.check_admission(n)" in preflight, version
+    for module, cls, generator in (
+        ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "completion_stream_generator"),
+        ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "chat_completion_stream_generator"),
+    ):
+        handlers = [
+            h
+            for h in ast.walk(_function(tree, module, generator, cls))
+            if isinstance(h, ast.ExceptHandler) and h.type is not None and ast.unparse(h.type) == "Exception"
+        ]
+        assert any("self.create_streaming_error_response(e)" in ast.unparse(h) for h in handlers), (version, generator)

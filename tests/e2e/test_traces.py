@@ -26,7 +26,13 @@ TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 PARENT = 0x00F067AA0BA902B7
 UNSAMPLED_TRACE = 0x5BF92F3577B34DA6A3CE929D0E0E4737
 REJECTED_TRACE = 0x6BF92F3577B34DA6A3CE929D0E0E4738
+UNPARSED_TRACE = 0x7BF92F3577B34DA6A3CE929D0E0E4739
+NOT_A_REQUEST_TRACE = 0x8BF92F3577B34DA6A3CE929D0E0E473A
 LOAD = 6  # concurrent single-prompt requests, each with vLLM's per-request metrics
+#: vLLM's admission limit on unfinished requests: above every other scenario here (LOAD, the 16-prompt batch), below
+#: the burst of streaming requests that reaches it.
+MAX_QUEUED = 20
+BURST = 36
 
 
 def post(server, body, headers=None, timeout=300):
@@ -49,6 +55,68 @@ def rejected(server):
     response = conn.getresponse()
     out = response.status, json.loads(response.read())
     conn.close()
+    return out
+
+
+def unparsed(server, path, trace_id):
+    """A body that is not JSON (FastAPI's RequestValidationError, before any vLLM handler) to ``path`` under a client
+    traceparent: (HTTP status, the error body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    headers = {"Content-Type": "application/json", "traceparent": f"00-{trace_id:032x}-{PARENT:016x}-01"}
+    conn.request("POST", path, b'{"model": "tiny", "prompt": ', headers)
+    response = conn.getresponse()
+    out = response.status, json.loads(response.read())
+    conn.close()
+    return out
+
+
+def bursts(server, attempts=3):
+    """Bursts (``burst``) until one had a stream refused after it began (at most ``attempts``): their outcomes
+    together, and how many requests they sent."""
+    out: dict = {"admitted": [], "in_stream": [], "refused": [], "sent": 0}
+    for _ in range(attempts):
+        burst(server, out)
+        out["sent"] += BURST
+        if out["in_stream"]:
+            break
+    return out
+
+
+def burst(server, out, count=BURST):
+    """``count`` streaming completions sent at once, each read to its end, into ``out``: "admitted" (request ids),
+    "in_stream" (the error of a 200 stream's error chunk), "refused" (the error of a non-200 answer)."""
+    lock = threading.Lock()
+    start = threading.Barrier(count)
+
+    def one(i):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=300)
+        conn.connect()
+        body = json.dumps({**completion(tiny_model.prompt(400 + i), max_tokens=48), "stream": True})
+        start.wait()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            kind, value = "refused", json.loads(response.read())["error"]
+        else:
+            kind, value = None, None
+            for raw in response:
+                line = raw.decode().strip()
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[len("data: ") :])
+                if "error" in chunk:
+                    kind, value = "in_stream", chunk["error"]
+                elif kind is None:
+                    kind, value = "admitted", chunk["id"]
+        conn.close()
+        with lock:
+            out[kind].append(value)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return out
 
 
@@ -116,7 +184,8 @@ def served(model, tmp_path_factory):
             "OTEL_VLLM_ASCEND_TRACES_TTFT_THRESHOLD_MS": "1",
             "OTEL_VLLM_ASCEND_GENAI_PROMETHEUS": "true",  # the GenAI histograms on /metrics too, with exemplars
         }
-        with Server(model, env=env, log_path=log, extra_args=("--enable-per-request-metrics",)) as server:
+        args = ("--enable-per-request-metrics", "--max-num-queued-reqs", str(MAX_QUEUED))
+        with Server(model, env=env, log_path=log, extra_args=args) as server:
             out: dict = {"log": log}
             # 1. A load of concurrent single-prompt requests, each answered with vLLM's own per-request metrics.
             responses: list = [None] * LOAD
@@ -146,8 +215,15 @@ def served(model, tmp_path_factory):
             before = settled_preemptions(server)
             out["batch"] = server.batch([tiny_model.prompt(i) for i in range(16)], max_tokens=150)
             out["preemptions"] = settled_preemptions(server) - before
-            expected = LOAD + 2 + 1 + 1 + 16
-            wait_for(lambda: len(traces.traces()) >= expected)
+            # 5. Bodies that never parsed (a generation path, and /tokenize: not a request); a burst of streams
+            # past the admission limit (after the preemption count: the burst preempts too).
+            out["unparsed"] = unparsed(server, "/v1/completions", UNPARSED_TRACE)
+            out["not_a_request"] = unparsed(server, "/tokenize", NOT_A_REQUEST_TRACE)
+            out["burst"] = bursts(server)
+            expected = LOAD + 2 + 1 + 16 + len(out["burst"]["admitted"])
+            refusals = 2 + len(out["burst"]["in_stream"]) + len(out["burst"]["refused"])
+            wait_for(lambda: len(traces.traces()) >= expected and len(rejections(traces.spans())) >= refusals)
+            time.sleep(1.0)  # nothing more is on its way
             wait_for(lambda: bool(metrics._histograms("gen_ai.server.request.duration", "process.pid")))
             time.sleep(2.5)  # one more metrics export after the last request
             out["traces"] = traces.traces()
@@ -156,6 +232,11 @@ def served(model, tmp_path_factory):
             out["openmetrics"] = openmetrics(server)
             out["text"] = server.scrape()
             yield out
+
+
+def rejections(spans) -> list:
+    """The request spans without a request id: requests vLLM answered with an error before registering them."""
+    return [s for s in spans if s.kind == 2 and "gen_ai.request.id" not in s.attributes]
 
 
 def openmetrics(server) -> str:
@@ -238,8 +319,42 @@ def test_a_rejected_request_gives_one_span_with_vllms_error_and_the_clients_pare
     assert (a["error.type"], a["http.response.status_code"]) == (body["error"]["type"], 400)  # BadRequestError
     assert (a["gen_ai.request.model"], a["gen_ai.request.temperature"]) == ("tiny", -1.0)
     assert "gen_ai.request.id" not in a  # vLLM never registered it
-    assert served["traces"][None] == (span, [])  # the only request span without a request id, and no children
+    assert not [s for s in served["spans"] if s.parent_span_id == span.span_id]  # no children
     assert 0 < span.duration < 10e9
+
+
+def test_a_body_that_never_parsed_gives_one_span_with_its_400_and_the_clients_parent(served):
+    status, body = served["unparsed"]
+    assert status == 400 and body["error"]["code"] == 400
+    (span,) = [s for s in served["spans"] if s.trace_id == UNPARSED_TRACE]
+    assert (span.parent_span_id, span.kind, span.name) == (PARENT, 2, "text_completion tiny")
+    a = span.attributes
+    assert (a["error.type"], a["http.response.status_code"]) == (body["error"]["type"], 400)  # Bad Request
+    assert a["gen_ai.request.model"] == "tiny" and "gen_ai.request.id" not in a  # the served model
+    assert span.status_code == 0  # a client error: status unset
+    # The same error on a path that is no generation request (/tokenize) is no request span.
+    assert served["not_a_request"][0] == 400
+    assert not [s for s in served["spans"] if s.trace_id == NOT_A_REQUEST_TRACE]
+
+
+def test_streams_refused_by_the_admission_limit_give_one_span_each_with_error_type(served):
+    """A burst of streams past --max-num-queued-reqs: those vLLM refused after their 200 response began (the error
+    is a chunk of it) and those its preflight refused (503) give one span each; the admitted ones their traces."""
+    got = served["burst"]
+    assert len(got["admitted"]) + len(got["in_stream"]) + len(got["refused"]) == got["sent"] and got["admitted"]
+    assert got["in_stream"], f"no stream was refused after it began: {got}"
+    for error in got["in_stream"] + got["refused"]:
+        assert (error["type"], error["code"]) == ("Service Unavailable", 503)
+    spans = [s for s in rejections(served["spans"]) if s.attributes["error.type"] == "Service Unavailable"]
+    assert len(spans) == len(got["in_stream"]) + len(got["refused"])  # exactly what the client saw
+    for span in spans:
+        assert (span.name, span.kind, span.status_code) == ("text_completion tiny", 2, 2)
+        assert span.attributes["http.response.status_code"] == 503
+    # Nothing else without a request id: the rejected request, the body that never parsed, the refusals.
+    assert len(rejections(served["spans"])) == 2 + len(spans)
+    for request_id in got["admitted"]:
+        root, _ = trace_of(served, request_id)  # one request span each (traces() asserts it)
+        assert "error.type" not in root.attributes
 
 
 def test_every_exemplar_is_an_exported_trace_whose_duration_it_is(served):

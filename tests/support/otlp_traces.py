@@ -85,7 +85,8 @@ class TraceReceiver(HttpReceiver):
         return out
 
     def traces(self) -> dict:
-        """{request id (gen_ai.request.id): (root span, [its children])} of every received request trace."""
+        """{request id (gen_ai.request.id): (root span, [its children])} of every received request trace with a
+        request id (a request vLLM rejected before registering it has none: its one span is in ``spans()``)."""
         spans = self.spans()
         roots = {s.span_id: s for s in spans if s.kind == 2}  # SPAN_KIND_SERVER
         children: dict = {}
@@ -95,6 +96,8 @@ class TraceReceiver(HttpReceiver):
         out = {}
         for span_id, root in roots.items():
             request_id = root.attributes.get("gen_ai.request.id")
+            if request_id is None:
+                continue
             assert request_id not in out, f"two request spans for {request_id}"
             out[request_id] = (root, children.get(span_id, []))
         return out

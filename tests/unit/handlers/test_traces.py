@@ -427,7 +427,7 @@ def test_the_drop_metric_is_in_the_catalogue():
     assert spec.kind == catalogue.COUNTER and spec.labels == ("dp", "role", "reason")
 
 
-_TRACE_HANDLERS = ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests")
+_TRACE_HANDLERS = ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests", "Unparsed")
 
 
 def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_hook(monkeypatch):
@@ -442,7 +442,8 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
 
     version = vllm_version()
     every = [t for t in targets.TARGETS if t.traces]
-    # vLLM 0.23 has the two serving helpers on OpenAIServing: rows of their own, one per symbol and release.
+    # vLLM 0.23 has the serving helpers on OpenAIServing and registers the validation handler from api_server.py:
+    # rows of their own, one per symbol and release; it has no admission limits.
     assert sorted(t.qualname for t in every) == sorted(
         [
             "BaseServing._get_trace_headers",
@@ -453,27 +454,32 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
             "OutputProcessor.add_request",
             "OutputProcessor._finish_request",
             "OutputProcessor.abort_requests",
+            "validation_exception_handler",
+            "validation_exception_handler",
+            "AsyncLLM.check_admission",
         ]
     )
     for release in supported.VLLM:  # each release installs each hook once
         here = [t for t in every if in_range(Version(release), t.vllm)]
-        assert {t.handler for t in here} == {f"traces:{h}" for h in _TRACE_HANDLERS}, release
+        handlers = _TRACE_HANDLERS + (("Admission",) if Version(release) >= Version("0.32.0") else ())
+        assert {t.handler for t in here} == {f"traces:{h}" for h in handlers}, release
         assert len({t.symbol for t in here}) == len(here), release
     rows = [t for t in every if in_range(version, t.vllm)]
-    assert {t.module for t in rows if "Serving" in t.qualname} == {
+    assert {t.module for t in rows if "Serving" in t.qualname or "validation" in t.qualname} == {
         "vllm.entrypoints.serve.engine.serving",
         "vllm.entrypoints.generate.base.serving",
+        "vllm.entrypoints.serve.exception_handling.register",
     }
     # The output loop's hook, and the scheduler's init (which watches a KV connector's loads: test_kv_wait_traces.py)
     loop, init = [t for t in targets.TARGETS if t.feeds_traces]
     assert (loop.qualname, init.qualname) == ("OutputProcessor.process_outputs", "Scheduler.__init__")
     monkeypatch.setenv(environment.DISABLED_METRICS, ",".join(loop.feeds + init.feeds))
     monkeypatch.delenv(environment.TRACES, raising=False)
-    assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 5
-    assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 5  # `check` resolves them
+    assert [gate_of(t, version, None) for t in rows] == [TRACES_OFF] * 7
+    assert [gate_of(t, version, None, checking=True) for t in rows] == [None] * 7  # `check` resolves them
     assert [gate_of(t, version, None) for t in (loop, init)] == [DISABLED] * 2
     monkeypatch.setenv(environment.TRACES, "true")
-    assert [gate_of(t, version, None) for t in rows] == [None] * 5
+    assert [gate_of(t, version, None) for t in rows] == [None] * 7
     assert [gate_of(t, version, None) for t in (loop, init)] == [None] * 2  # metrics off, the traces need them
 
 
@@ -708,6 +714,211 @@ def test_with_traces_off_a_rejection_is_not_followed(tracked, serving):
     call(obj, CompletionRequest(prompt="p", model="tiny"), http_request())
     tracing.flush()
     assert exporter.get_finished_spans() == ()
+
+
+# -- a body that never parsed: vLLM's own app wiring (its routers, init_exception_handler) with the hook installed ----
+
+
+@pytest.fixture
+def unparsed_app(tracked):
+    """A FastAPI app with vLLM's real OpenAI and tokenize routers and vLLM's real ``init_exception_handler``, run
+    after the ``Unparsed`` row hooked the name ``register.py`` registers (as the installer does when register.py is
+    imported, before the app is built). A body that does not parse never reaches vLLM's handler: no state needed."""
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from vllm.entrypoints.openai.chat_completion import api_router as chat_router
+    from vllm.entrypoints.openai.completion import api_router as completion_router
+    from vllm.entrypoints.openai.responses import api_router as responses_router
+    from vllm.entrypoints.serve.exception_handling import register
+    from vllm.entrypoints.serve.tokenize import api_router as tokenize_router
+
+    from opentelemetry_instrumentation_vllm_ascend.kinds import COROUTINE
+
+    original = register.validation_exception_handler
+    patch = patch_method(register, "validation_exception_handler", traces.Unparsed(), COROUTINE)
+    app = FastAPI()
+    app.state.args = NS(log_error_stack=False)
+    for router in (chat_router, completion_router, responses_router, tokenize_router):
+        router.attach_router(app)
+    register.init_exception_handler(app)
+    yield TestClient(app), tracked
+    patch.remove()
+    assert register.validation_exception_handler is original
+
+
+def test_a_body_that_never_parsed_is_one_span_named_by_its_path_with_the_clients_parent(unparsed_app):
+    client, tracked = unparsed_app
+    tracing, exporter = tracked()
+    header = {"traceparent": f"00-{TRACE_ID:032x}-{PARENT_SPAN:016x}-01"}
+    before = time.time_ns()
+    invalid_json = client.post("/v1/completions", content=b'{"prompt": "a secret', headers=header)
+    not_json = client.post("/v1/chat/completions", content=b"model=tiny", headers={"Content-Type": "text/plain"})
+    unknown_field_type = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": "many"})
+    other_path = client.post("/tokenize", content=b"{oops", headers={"Content-Type": "application/json"})
+    after = time.time_ns()
+    for response in (invalid_json, not_json, unknown_field_type, other_path):
+        assert response.status_code == 400 and response.json()["error"]["type"] == "Bad Request"
+    tracing.flush()
+    spans = {s.name: s for s in roots_of(exporter)}
+    assert sorted(spans) == ["_OTHER tiny", "chat tiny", "text_completion tiny"]  # nothing for /tokenize
+    completion = spans["text_completion tiny"]
+    assert (completion.context.trace_id, completion.parent.span_id) == (TRACE_ID, PARENT_SPAN)
+    assert completion.parent.is_remote and spans["chat tiny"].parent is None
+    assert dict(completion.attributes) == {
+        "gen_ai.operation.name": "text_completion",
+        "gen_ai.provider.name": "vllm",
+        "gen_ai.request.model": "tiny",  # the served model: the body named none that parsed
+        "error.type": "Bad Request",  # what vLLM's validation_exception_handler answered
+        "http.response.status_code": 400,
+    }
+    assert all(s.status.status_code is StatusCode.UNSET for s in spans.values())  # client errors
+    assert all(before <= s.start_time <= s.end_time <= after for s in spans.values())
+    assert not any("secret" in str(v) for v in completion.attributes.values())
+
+
+def test_a_failing_unparsed_handler_leaves_vllms_answer_alone(unparsed_app, monkeypatch, caplog):
+    client, tracked = unparsed_app
+    tracing, exporter = tracked()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("handler bug")
+
+    monkeypatch.setattr(traces.TRACKER, "rejected", broken)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            response = client.post("/v1/completions", content=b"{", headers={"Content-Type": "application/json"})
+            assert response.status_code == 400 and response.json()["error"]["code"] == 400
+    tracing.flush()
+    assert exporter.get_finished_spans() == ()
+    assert len([r for r in caplog.records if "handler bug" in r.getMessage() or "Unparsed" in r.getMessage()]) == 1
+
+
+def test_once_uninstalled_the_handler_the_app_registered_calls_straight_through(tracked):
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+    from vllm.entrypoints.openai.completion import api_router as completion_router
+    from vllm.entrypoints.serve.exception_handling import register
+
+    from opentelemetry_instrumentation_vllm_ascend.kinds import COROUTINE
+
+    tracing, exporter = tracked()
+    patch = patch_method(register, "validation_exception_handler", traces.Unparsed(), COROUTINE)
+    app = FastAPI()
+    app.state.args = NS(log_error_stack=False)
+    completion_router.attach_router(app)
+    register.init_exception_handler(app)  # the app keeps the wrapper
+    patch.remove()
+    response = TestClient(app).post("/v1/completions", content=b"{")
+    assert response.status_code == 400 and response.json()["error"]["type"] == "Bad Request"
+    tracing.flush()
+    assert exporter.get_finished_spans() == ()
+
+
+def test_with_traces_off_a_body_that_never_parsed_is_not_followed(unparsed_app):
+    client, tracked = unparsed_app
+    tracing, exporter = tracked()
+    traces.TRACKER.on = False
+    assert client.post("/v1/completions", content=b"{").status_code == 400
+    tracing.flush()
+    assert exporter.get_finished_spans() == ()
+
+
+# -- a request the admission limits refuse where vLLM registers it: the real AsyncLLM.check_admission --------------
+
+
+@pytest.fixture
+def admission(tracked):
+    """The real ``AsyncLLM.check_admission`` hooked with ``Admission``, on an AsyncLLM holding only what it reads:
+    the scheduler's limits and a real OutputProcessor with one registered request (1 unfinished, 5 prompt tokens
+    in prefill)."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    patch = patch_method(AsyncLLM, "check_admission", traces.Admission(), SYNC)
+    engine = object.__new__(AsyncLLM)
+    engine.admission_stats = None
+    engine.logger_manager = None
+    engine.output_processor = OutputProcessor(None, log_stats=True)
+    engine.output_processor.add_request(request("cmpl-1"), None)
+    traces.TRACKER.inflight.clear()  # that request's own journey is not under test
+
+    def limits(reqs=None, tokens=None):
+        engine.scheduler_config = NS(max_num_queued_reqs=reqs, max_num_queued_tokens=tokens)
+        return engine
+
+    yield limits
+    setattr(patch.owner, patch.attribute, patch.original)
+    traces.HANDLING.set(None)
+
+
+def refused(engine, *args, **kwargs):
+    try:
+        engine.check_admission(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the refusal under test
+        return exc
+    return None
+
+
+def test_a_refusal_where_vllm_registers_a_request_outside_a_handler_call_is_one_span(tracked, admission):
+    from vllm.exceptions import MaxQueuedTokensError, QueueOverflowError
+
+    tracing, exporter = tracked()
+    before = time.time_ns()
+    # A stream's body (no handler call in its task): 1 unfinished + 1 > 1 allowed; 5 queued tokens >= 5 allowed.
+    full = refused(admission(reqs=1), request_id="cmpl-abc-0-1a2b3c4d")
+    backlog = refused(admission(tokens=5), 1, "chatcmpl-def-5e6f7a8b")
+    after = time.time_ns()
+    assert isinstance(full, QueueOverflowError) and isinstance(backlog, MaxQueuedTokensError)
+    tracing.flush()
+    spans = {s.name: s for s in roots_of(exporter)}
+    assert sorted(spans) == ["chat tiny", "text_completion tiny"]
+    for span in spans.values():
+        assert dict(span.attributes) == {
+            "gen_ai.operation.name": span.name.split()[0],
+            "gen_ai.provider.name": "vllm",
+            "gen_ai.request.model": "tiny",
+            "error.type": "Service Unavailable",  # create_error_response: HTTPStatus(exc.http_status).phrase
+            "http.response.status_code": 503,
+        }
+        assert span.status.status_code is StatusCode.ERROR and span.parent is None
+        assert before <= span.start_time <= span.end_time <= after
+
+
+def test_a_refusal_its_handler_answers_or_an_admitted_request_gives_no_admission_span(tracked, admission):
+    tracing, exporter = tracked()
+    engine = admission(reqs=1)
+    assert refused(engine, 1) is not None  # GenerateBaseServing._preflight: no request id, its handler answers it
+    handling = traces.Handling(time.time())
+    traces.HANDLING.set(handling)  # an OpenAI handler call under way in this task (Rejections.before)
+    assert refused(engine, request_id="cmpl-x-0-1") is not None
+    assert refused(admission(reqs=2), request_id="cmpl-y-0-1") is None  # admitted
+    tracing.flush()
+    assert exporter.get_finished_spans() == ()
+    handling.ended = True  # the handler returned a stream: its body runs in a task that inherited the call
+    assert refused(admission(reqs=1), request_id="cmpl-z-0-1") is not None
+    traces.TRACKER.on = False
+    assert refused(admission(reqs=1), request_id="cmpl-w-0-1") is not None  # traces off: nothing followed
+    tracing.flush()
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["error.type"] == "Service Unavailable"
+
+
+def test_the_rejections_hook_marks_its_call_ended_for_what_runs_after_it(tracked, serving):
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    tracked()
+    seen = {}
+
+    async def streaming(request, raw_request):
+        seen["during"] = traces.HANDLING.get()
+        seen["ended_during"] = seen["during"].ended
+
+        async def chunks():
+            yield "data: {}"
+
+        return chunks()
+
+    call(serving("completion", streaming), CompletionRequest(prompt="p", model="tiny", stream=True), http_request())
+    assert seen["ended_during"] is False and seen["during"].ended is True
 
 
 def test_the_inbound_headers_are_kept_when_vllm_023_returns_none_for_them(tracked):
