@@ -96,7 +96,11 @@ def test_an_inbound_traceparent_is_continued_though_vllm_023_drops_it(run):
 
 
 def test_a_rejected_request_is_one_span_with_vllms_error(run):
-    (rejected,) = [s for s in run["spans"] if s["kind"] == "SERVER" and "gen_ai.request.id" not in s["attributes"]]
+    (rejected,) = [
+        s
+        for s in run["spans"]
+        if s["kind"] == "SERVER" and "gen_ai.request.id" not in s["attributes"] and s["name"].startswith("text_")
+    ]
     a = rejected["attributes"]
     assert run["rejected_type"] == a["error.type"] == "NotFoundError" and a["http.response.status_code"] == 404
     assert (rejected["name"], a["gen_ai.request.max_tokens"], a["gen_ai.request.temperature"]) == (
@@ -104,3 +108,10 @@ def test_a_rejected_request_is_one_span_with_vllms_error(run):
         3,
         0.25,
     )
+
+
+def test_a_body_that_never_parsed_is_one_span_with_vllms_400(run):
+    (unparsed,) = [s for s in run["spans"] if s["kind"] == "SERVER" and s["name"].startswith("chat ")]
+    a = unparsed["attributes"]
+    assert run["unparsed_status"] == a["http.response.status_code"] == 400
+    assert (unparsed["name"], a["error.type"], a["gen_ai.operation.name"]) == ("chat tiny", "Bad Request", "chat")

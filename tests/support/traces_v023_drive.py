@@ -6,7 +6,8 @@ The package is instrumented with ``OTEL_VLLM_ASCEND_TRACES=true`` (the installer
 for 0.23: the OutputProcessor rows and OpenAIServing's two serving helpers); the trace pipeline exports into the
 OTel SDK's InMemorySpanExporter. Driven with hand-built EngineCoreRequests and EngineCoreOutputs (QUEUED /
 SCHEDULED / PREEMPTED events, tokens, finish), an abort, a rejection through the hooked
-``_with_kv_transfer_rejection_cleanup`` and an inbound ``traceparent`` through the hooked ``_get_trace_headers``.
+``_with_kv_transfer_rejection_cleanup``, an inbound ``traceparent`` through the hooked ``_get_trace_headers`` and a
+body that never parsed through the hooked ``validation_exception_handler`` of ``api_server.py``.
 Prints one JSON line: the engine timestamps it used, vLLM's own accounting (FinishedRequestStats, the
 iteration's preemption count), the exported spans, and the package's warnings.
 
@@ -202,6 +203,17 @@ def main() -> None:
         return await serving._with_kv_transfer_rejection_cleanup(work(), body, None)
 
     rejected = asyncio.run(reject_d())
+
+    # E: a chat request whose body never parsed: FastAPI's RequestValidationError, answered by the handler
+    # api_server.py registers by name (hooked there) with Starlette's request of that path.
+    import vllm.entrypoints.openai.api_server as api_server
+    from fastapi.exceptions import RequestValidationError
+    from starlette.requests import Request
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], "query_string": b""}
+    scope.update(root_path="", app=NS(state=NS(args=NS(log_error_stack=False))))
+    invalid = RequestValidationError([{"type": "json_invalid", "loc": ("body", 0), "msg": "JSON decode error"}])
+    unparsed = asyncio.run(api_server.validation_exception_handler(Request(scope), invalid))
     tracing.flush()
     print(
         json.dumps(
@@ -223,6 +235,7 @@ def main() -> None:
                 "aborted": aborted,
                 "answered_headers": answered,
                 "rejected_type": rejected.error.type,
+                "unparsed_status": unparsed.status_code,
                 "spans": [span_record(s) for s in exporter.get_finished_spans()],
                 "failures": failures,
             }
