@@ -597,30 +597,60 @@ TARGETS: tuple[Target, ...] = (
     # outputs come through OutputProcessor.process_outputs above. Rejections: a request an OpenAI handler
     # (create_chat_completion, create_completion, create_responses: each awaits its work through that helper)
     # answers with an error before registering it: one span; so does one whose body never parsed (Unparsed) and
-    # one the admission limits refuse after its handler returned (Admission: a stream's body).
+    # one the admission limits refuse after its handler returned (Admission: a stream's body). vLLM 0.23 defines
+    # the two serving helpers on OpenAIServing (vllm.entrypoints.openai.engine.serving), 0.32+ on BaseServing /
+    # GenerateBaseServing; it has no admission limits.
     *(
         Target(
             module,
             qualname,
             kind,
             f"traces:{handler}",
-            vllm=">=0.32.0",
+            vllm=versions,
             feeds=("traces_dropped",),
             provides_context=True,
             process=API_SERVER,
             traces=True,
         )
-        for module, qualname, kind, handler in (
-            ("vllm.entrypoints.serve.engine.serving", "BaseServing._get_trace_headers", COROUTINE, "TraceHeaders"),
+        for module, qualname, kind, handler, versions in (
+            (
+                "vllm.entrypoints.serve.engine.serving",
+                "BaseServing._get_trace_headers",
+                COROUTINE,
+                "TraceHeaders",
+                ">=0.32.0",
+            ),
+            (
+                "vllm.entrypoints.openai.engine.serving",
+                "OpenAIServing._get_trace_headers",
+                COROUTINE,
+                "TraceHeaders",
+                "<0.32.0",
+            ),
+            (  # 0.23's generative scoring endpoint has its own (no call of the base's)
+                "vllm.entrypoints.generate.generative_scoring.serving",
+                "ServingGenerativeScoring._get_trace_headers",
+                COROUTINE,
+                "TraceHeaders",
+                "<0.32.0",
+            ),
             (
                 "vllm.entrypoints.generate.base.serving",
                 "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
                 COROUTINE,
                 "Rejections",
+                ">=0.32.0",
             ),
-            ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest"),
-            ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest"),
-            ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", SYNC, "AbortRequests"),
+            (
+                "vllm.entrypoints.openai.engine.serving",
+                "OpenAIServing._with_kv_transfer_rejection_cleanup",
+                COROUTINE,
+                "Rejections",
+                "<0.32.0",
+            ),
+            ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest", ">=0.23.0"),
+            ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest", ">=0.23.0"),
+            ("vllm.v1.engine.output_processor", "OutputProcessor.abort_requests", SYNC, "AbortRequests", ">=0.23.0"),
             # A body that never parsed (before any vLLM handler ran): the name register.py registers the
             # function under, read from its globals when the app is built.
             (
@@ -628,9 +658,12 @@ TARGETS: tuple[Target, ...] = (
                 "validation_exception_handler",
                 COROUTINE,
                 "Unparsed",
+                ">=0.32.0",
             ),
+            # vLLM 0.23: api_server.py imports it by name and registers it when build_app builds the app.
+            ("vllm.entrypoints.openai.api_server", "validation_exception_handler", COROUTINE, "Unparsed", "<0.32.0"),
             # A request the admission limits refuse where vLLM registers it (a stream's body among others).
-            ("vllm.v1.engine.async_llm", "AsyncLLM.check_admission", SYNC, "Admission"),
+            ("vllm.v1.engine.async_llm", "AsyncLLM.check_admission", SYNC, "Admission", ">=0.32.0"),
         )
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------

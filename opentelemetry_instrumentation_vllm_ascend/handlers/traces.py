@@ -59,6 +59,9 @@ HANDLING: ContextVar = ContextVar("otel_vllm_ascend_handling", default=None)
 _KINDS = MappingProxyType({"QUEUED": QUEUED, "SCHEDULED": SCHEDULED, "PREEMPTED": PREEMPTED})
 #: Finish reasons that are an ``error.type``.
 _ERRORS = frozenset(catalogue.GENAI_ERROR_TYPES)
+#: The stop reason of a request vllm-ascend's RecomputeScheduler handed back to the P/D proxy (finished here as a
+#: stop, no preemption; the proxy resubmits it).
+RECOMPUTED = "recomputed"
 
 
 def genai_operation(request_id) -> str:
@@ -248,6 +251,8 @@ class Tracker:
             reason = output.finish_reason
             if reason is not None:
                 journey.reason = str(reason)
+                if getattr(output, "stop_reason", None) == RECOMPUTED:
+                    journey.attributes["vllm.request.recomputed"] = True
 
     # -- end ----------------------------------------------------------------------------------------------------
     def finished(self, req_state) -> None:
@@ -325,13 +330,23 @@ TRACKER = Tracker()
 
 
 class TraceHeaders(Handler):
-    """``BaseServing._get_trace_headers(self, headers)`` (COROUTINE): the request's inbound trace headers (or None),
-    kept for the rest of the request's task."""
+    """``BaseServing._get_trace_headers(self, headers)`` (COROUTINE; vLLM 0.23: ``OpenAIServing``'s and the
+    generative scoring server's): the request's inbound trace headers (or None), kept for the rest of the
+    request's task. vLLM 0.23 returns None unless its own tracing is on: then they are read from ``headers`` as
+    vLLM's ``extract_trace_headers`` reads them."""
 
     params = ("headers",)
 
     def after(self, state, args, kwargs, result):
+        if result is None:
+            headers = args[1]
+            if headers is not None:
+                result = {name: headers[name] for name in _TRACE_HEADERS if name in headers} or None
         INBOUND.set(result)
+
+
+#: The W3C trace context headers (vLLM's ``vllm.tracing.TRACE_HEADERS``).
+_TRACE_HEADERS = ("traceparent", "tracestate")
 
 
 class AddRequest(Handler):

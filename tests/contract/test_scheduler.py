@@ -108,3 +108,103 @@ def test_schedulers_that_preempt_without_preempt_request_put_the_request_at_the_
         assert "SchedulerOutput(" in source and "preempted_req_ids" not in source
     queue = method(tree, "vllm.v1.core.sched.request_queue", "FCFSRequestQueue", "prepend_request")
     assert "self.appendleft(request)" in ast.unparse(queue)
+
+
+def _functions(node: ast.ClassDef) -> dict:
+    return {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+
+
+def _guarded_records(function, kind: str) -> list[str]:
+    """The ``record_event(EngineCoreEventType.<kind>, …)`` calls of ``function`` that run under ``if
+    self.log_stats`` (vLLM's switch of engine events), unparsed."""
+    found = []
+    for node in ast.walk(function):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("self.log_stats", "self.kv_cache_manager.log_stats"):
+            for call in ast.walk(node):
+                if (
+                    isinstance(call, ast.Call)
+                    and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "record_event"
+                    and call.args
+                    and ast.unparse(call.args[0]) == f"EngineCoreEventType.{kind}"
+                ):
+                    found.append(ast.unparse(call))
+    return found
+
+
+@pytest.mark.parametrize("name", TREES)
+def test_every_scheduler_records_the_engine_events_request_traces_are_built_from(name):
+    """Request traces (handlers/traces.py, docs/traces.md) count a request's preemptions and place its queued /
+    scheduled / preempted spans from the EngineCore's QUEUED / SCHEDULED / PREEMPTED events. Every Scheduler
+    subclass of the tree (vllm-ascend's SchedulerDynamicBatch, RecomputeScheduler, ProfilingChunkScheduler and
+    the BalanceScheduler patch included) records them where it preempts, schedules and queues: a schedule() of
+    its own records SCHEDULED for each request it takes in from waiting, and PREEMPTED for each request it
+    preempts, inline (SchedulerDynamicBatch) or through the base ``_preempt_request``, which records it; an
+    add_request of its own records QUEUED; an update_from_output of its own sends each request's events."""
+    tree = tree_of(name)
+    _, base = tree.find_class(SCHED, "Scheduler")
+    base_methods = _functions(base)
+    assert _guarded_records(base_methods["_preempt_request"], "PREEMPTED"), name
+    assert _guarded_records(base_methods["schedule"], "SCHEDULED"), name
+    assert _guarded_records(base_methods["add_request"], "QUEUED"), name
+    seen = {}
+    for module, node in tree.subclasses(SCHED, "Scheduler"):
+        methods = _functions(node)
+        assert "_preempt_request" not in methods, (name, node.name)  # the base's, which records PREEMPTED
+        schedule = methods.get("schedule")
+        delegates = schedule is not None and "scheduled_timestamp" not in ast.unparse(schedule)
+        if delegates:  # it only wraps the base's (vLLM's DiffusionAsyncScheduler)
+            assert "super().schedule(" in ast.unparse(schedule), (name, node.name)
+        elif schedule is not None:
+            source = ast.unparse(schedule)
+            inline = source.count(".status = RequestStatus.PREEMPTED")
+            through_base = source.count("self._preempt_request(")
+            seen[f"{module}:{node.name}"] = (inline, through_base)
+            assert len(_guarded_records(schedule, "PREEMPTED")) == inline, (name, node.name)
+            assert _guarded_records(schedule, "SCHEDULED") == [
+                "request.record_event(EngineCoreEventType.SCHEDULED, scheduled_timestamp)"
+            ], (name, node.name)
+        add = methods.get("add_request")
+        if add is not None:
+            assert _guarded_records(add, "QUEUED") or "super().add_request(" in ast.unparse(add), (name, node.name)
+        update = methods.get("update_from_output")
+        if update is not None:
+            outputs = [
+                call
+                for call in ast.walk(update)
+                if isinstance(call, ast.Call) and ast.unparse(call.func) == "EngineCoreOutput"
+            ]
+            with_request = [c for c in outputs if "request." in ast.unparse(c)]
+            assert with_request, (name, node.name)
+            assert all(
+                any(k.arg == "events" and ast.unparse(k.value) == "request.take_events()" for k in c.keywords)
+                for c in with_request
+            ), (name, node.name)
+    if name in ASCEND_NAMES:
+        # (inline preemptions, _preempt_request calls) of each scheduler with a schedule() of its own
+        assert seen == {
+            "vllm_ascend.core.scheduler_dynamic_batch:SchedulerDynamicBatch": (1, 0),
+            "vllm_ascend.core.recompute_scheduler:RecomputeScheduler": (0, 2),
+            "vllm_ascend.core.scheduler_profiling_chunk:ProfilingChunkScheduler": (0, 1),
+            "vllm_ascend.patch.platform.patch_balance_schedule:BalanceScheduler": (0, 1),
+        }, name
+
+
+def test_the_recompute_scheduler_hands_requests_back_as_a_stop_not_a_preemption():
+    """vllm-ascend's RecomputeScheduler, on a KV consumer (P/D decode instance) whose connector does not offload
+    the victim's KV, does not preempt it: it frees it and hands it back to the P/D proxy as a finished output
+    (``FinishReason.STOP``, ``stop_reason="recomputed"``, no PREEMPTED event; the proxy resubmits it as a new
+    request). Request traces mark that end (``vllm.request.recomputed``, handlers/traces.py) by its stop
+    reason."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers import traces
+
+    tree = tree_of(ASCEND_NAMES[0])
+    module = "vllm_ascend.core.recompute_scheduler"
+    update = ast.unparse(method(tree, module, "RecomputeScheduler", "update_from_output"))
+    expected = f"stop_reason={traces.RECOMPUTED!r}"
+    assert "finish_reason=FinishReason.STOP" in update and expected in update
+    schedule = ast.unparse(method(tree, module, "RecomputeScheduler", "schedule"))
+    offload = "self._preempt_request(recomputed_req, scheduled_timestamp)"  # the connector offloaded its KV
+    fallback = schedule[schedule.index(offload) + len(offload) : schedule.index("recomputed_reqs.append(")]
+    assert "self.kv_cache_manager.free(recomputed_req)" in fallback
+    assert "record_event" not in fallback and "_preempt_request" not in fallback

@@ -148,10 +148,8 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
     """handlers/traces.py:Rejections hooks GenerateBaseServing._with_kv_transfer_rejection_cleanup: a request is
     rejected there only while create_chat_completion and create_completion hand it their whole work (the request
     object second, the raw HTTP request third), and BaseServing.create_error_response turns an exception into the
-    error vLLM's exception handlers send (its first parameter takes one)."""
+    error vLLM's exception handlers send (its first parameter takes one). vLLM 0.23: OpenAIServing's, the same."""
     version, tree = version_tree
-    if Version(version) < Version("0.32.0"):
-        pytest.skip("request traces hook vLLM >= 0.32")
     for module, cls, method in (
         ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "create_chat_completion"),
         ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "create_completion"),
@@ -163,9 +161,55 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
         call = statement.value.value  # return await self._with_kv_transfer_rejection_cleanup(...)
         assert ast.unparse(call.func) == "self._with_kv_transfer_rejection_cleanup", (version, method)
         assert [ast.unparse(a) for a in call.args[1:]] == ["request", "raw_request"], (version, method)
-    _, base = tree.find_class("vllm.entrypoints.serve.engine.serving", "BaseServing")
-    (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
-    assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
+    if Version(version) >= Version("0.32.0"):
+        _, base = tree.find_class("vllm.entrypoints.serve.engine.serving", "BaseServing")
+        (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
+        assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
+    else:  # a staticmethod of OpenAIServing: the exception is its first parameter
+        _, base = tree.find_class("vllm.entrypoints.openai.engine.serving", "OpenAIServing")
+        (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
+        assert [ast.unparse(d) for d in helper.decorator_list] == ["staticmethod"], version
+        assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
+    # The trace rows of this release: every handler, each symbol hooked once.
+    rows = [t for t in targets.TARGETS if t.traces and in_range(Version(version), t.vllm)]
+    handlers = ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests", "Unparsed")
+    handlers += ("Admission",) if Version(version) >= Version("0.32.0") else ()  # 0.23: no admission limits
+    assert {t.handler for t in rows} == {f"traces:{h}" for h in handlers}, version
+    assert len({t.symbol for t in rows}) == len(rows), version
+
+
+def test_engine_events_and_the_finish_order_the_journey_relies_on(version_tree):
+    """handlers/traces.py: EngineCoreEventType's members QUEUED / SCHEDULED / PREEMPTED (their values 1, 2, 3: the
+    fallback for plain ints); process_outputs finishes a request (``_finish_request``) right before it records
+    the request's stats (``_update_stats_from_finished``, whose IterationStats call carries the exemplar), and
+    passes its ``iteration_stats`` on; vLLM's own request span is built only where ``self.tracing_enabled`` (the
+    flag ``Tracker.start`` turns off)."""
+    version, tree = version_tree
+    _, enum = tree.find_class("vllm.v1.engine", "EngineCoreEventType")
+    members = {ast.unparse(n.targets[0]): ast.literal_eval(n.value) for n in enum.body if isinstance(n, ast.Assign)}
+    assert members == {"QUEUED": 1, "SCHEDULED": 2, "PREEMPTED": 3}, version
+    _, processor = tree.find_class("vllm.v1.engine.output_processor", "OutputProcessor")
+    (process,) = [n for n in processor.body if isinstance(n, ast.FunctionDef) and n.name == "process_outputs"]
+    assert [a.arg for a in process.args.args[:4]] == [
+        "self",
+        "engine_core_outputs",
+        "engine_core_timestamp",
+        "iteration_stats",
+    ], version
+    source = ast.unparse(process)
+    stats = source.index("self._update_stats_from_finished(req_state, finish_reason, iteration_stats)")
+    finish = source.rindex("self._finish_request(req_state)", 0, stats)
+    assert 0 < stats - finish < 400, version
+    assert "if self.tracing_enabled:" in source[stats:], version
+    # TraceHeaders reads the inbound headers as vLLM's extract_trace_headers does (0.23 returns None without
+    # its own tracing on).
+    from opentelemetry_instrumentation_vllm_ascend.handlers import traces
+
+    utils = tree.module("vllm.tracing.utils")
+    (names,) = [
+        n.value for n in utils.body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "TRACE_HEADERS"
+    ]
+    assert tuple(ast.literal_eval(names)) == traces._TRACE_HEADERS, version
 
 
 def test_the_kv_load_notes_hook_exists_where_gated_and_its_stages_travel_back(version_tree):
@@ -236,21 +280,25 @@ def test_a_body_that_never_parsed_reaches_the_hooked_name_and_is_a_400(version_t
     """handlers/traces.py:Unparsed hooks ``register.validation_exception_handler`` (the global that
     ``init_exception_handler`` registers for FastAPI's RequestValidationError when the app is built): the three
     OpenAI generation routes (their paths the handler names the span by) check the content type with
-    ``validate_json_request``, which raises RequestValidationError, and the handler answers 400 ``Bad Request``."""
+    ``validate_json_request``, which raises RequestValidationError, and the handler answers 400 ``Bad Request``.
+    vLLM 0.23: ``api_server.py``'s ``build_app`` registers it, ``serve/utils/server_utils.py`` defines it."""
     version, tree = version_tree
-    if Version(version) < Version("0.32.0"):
-        pytest.skip("request traces hook vLLM >= 0.32")
-    register = "vllm.entrypoints.serve.exception_handling.register"
-    init = ast.unparse(_function(tree, register, "init_exception_handler"))
+    if Version(version) >= Version("0.32.0"):
+        register, init_name = "vllm.entrypoints.serve.exception_handling.register", "init_exception_handler"
+        where = "vllm.entrypoints.serve.exception_handling.handlers.validation"
+    else:
+        register, init_name = "vllm.entrypoints.openai.api_server", "build_app"
+        where = "vllm.entrypoints.serve.utils.server_utils"
+    assert {
+        t.module for t in targets.TARGETS if t.handler == "traces:Unparsed" and in_range(Version(version), t.vllm)
+    } == {register}, version
+    init = ast.unparse(_function(tree, register, init_name))
     assert "app.exception_handler(RequestValidationError)(validation_exception_handler)" in init, version
-    handler = ast.unparse(
-        _function(tree, "vllm.entrypoints.serve.exception_handling.handlers.validation", "validation_exception_handler")
-    )
-    defined = _function(
-        tree, "vllm.entrypoints.serve.exception_handling.handlers.validation", "validation_exception_handler"
-    )
+    handler = ast.unparse(_function(tree, where, "validation_exception_handler"))
+    defined = _function(tree, where, "validation_exception_handler")
     assert [a.arg for a in defined.args.args] == ["req", "exc"], version  # what Unparsed reads, by position
-    assert "type=HTTPStatus.BAD_REQUEST.phrase" in handler and "status_code=HTTPStatus.BAD_REQUEST" in handler, version
+    assert "type=HTTPStatus.BAD_REQUEST.phrase" in handler and "HTTPStatus.BAD_REQUEST" in handler, version
+    assert "JSONResponse(err.model_dump(), status_code=" in handler, version
     validate = ast.unparse(_function(tree, "vllm.entrypoints.serve.utils.api_utils", "validate_json_request"))
     assert "raise RequestValidationError" in validate, version
     from opentelemetry_instrumentation_vllm_ascend.handlers.traces import _PATHS
@@ -267,8 +315,9 @@ def test_the_admission_limits_refuse_before_registering_and_a_stream_sends_it_as
     which ``create_error_response`` answers with that status's phrase; the completion and chat stream generators
     send any exception as an error chunk (``create_streaming_error_response(e)``)."""
     version, tree = version_tree
-    if Version(version) < Version("0.32.0"):
-        pytest.skip("request traces hook vLLM >= 0.32")
+    if Version(version) < Version("0.32.0"):  # no admission limits, no check_admission (its row is gated >=0.32)
+        assert "check_admission" not in tree.members("vllm.v1.engine.async_llm", "AsyncLLM"), version
+        return
     engine = "vllm.v1.engine.async_llm"
     for name in ("add_request", "_add_request"):
         lines = ast.unparse(_function(tree, engine, name, "AsyncLLM")).splitlines()

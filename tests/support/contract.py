@@ -218,6 +218,30 @@ READS = tuple(
         ("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", ("error",), ">=0.32.0"),
         ("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", ("type", "code"), ">=0.32.0"),
         ("vllm.entrypoints.serve.engine.serving", "BaseServing", ("create_error_response",), ">=0.32.0"),
+        # … the same on vLLM 0.23 (its serving helpers live on OpenAIServing), and the journey's reads in every
+        # release (handlers/traces.py: Tracker.start / outputs / finished / _end)
+        ("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", ("error",), "<0.32.0"),
+        ("vllm.entrypoints.openai.engine.protocol", "ErrorInfo", ("type", "code"), "<0.32.0"),
+        ("vllm.entrypoints.openai.engine.serving", "OpenAIServing", ("create_error_response",), "<0.32.0"),
+        ("vllm.v1.engine", "EngineCoreOutput", ("trace_headers", "prefill_stats"), "<0.32.0"),
+        ("vllm.v1.metrics.stats", "PrefillStats", ("num_cached_tokens", "num_external_cached_tokens")),
+        (
+            "vllm.v1.engine",
+            "EngineCoreRequest",
+            # (and prompt_token_ids: 0.34 annotates it under ``if TYPE_CHECKING``, which the checker does not read)
+            ("request_id", "external_req_id", "arrival_time", "sampling_params", "trace_headers"),
+        ),
+        ("vllm.v1.engine", "EngineCoreOutput", ("request_id", "events", "finish_reason")),
+        ("vllm.v1.engine", "EngineCoreEvent", ("type", "timestamp")),
+        ("vllm.v1.engine.output_processor", "OutputProcessor", ("request_states", "tracing_enabled")),
+        ("vllm.v1.engine.output_processor", "RequestState", ("request_id", "stats")),
+        ("vllm.v1.metrics.stats", "RequestStateStats", ("first_token_latency",)),
+        ("vllm.v1.metrics.stats", "IterationStats", ("iteration_timestamp",)),
+        (
+            "vllm.sampling_params",
+            "SamplingParams",
+            ("max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty", "n"),
+        ),
         *(
             (
                 module,
@@ -225,7 +249,6 @@ READS = tuple(
                 ("model", "max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty", "n")
                 + ("frequency_penalty",)
                 + extra,
-                ">=0.32.0",
             )
             for module, cls, extra in (
                 (

@@ -25,6 +25,7 @@ NOT_SOURCE_ONLY = (
     "test_real_scheduler.py",
     "test_real_scheduler_versions.py",
     "test_source_archives.py",
+    "test_traces_v023.py",
 )
 
 #: The contract tests: source only, no vLLM import (test_paths and test_kv_transfer drive the installed vLLM).

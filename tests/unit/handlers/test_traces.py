@@ -14,8 +14,9 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import SpanKind, StatusCode
+from packaging.version import Version
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment
+from opentelemetry_instrumentation_vllm_ascend import catalogue, context, environment, supported
 from opentelemetry_instrumentation_vllm_ascend.handlers import api, traces
 from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.kinds import SYNC
@@ -426,20 +427,48 @@ def test_the_drop_metric_is_in_the_catalogue():
     assert spec.kind == catalogue.COUNTER and spec.labels == ("dp", "role", "reason")
 
 
+_TRACE_HANDLERS = ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests", "Unparsed")
+
+
 def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_hook(monkeypatch):
     from opentelemetry_instrumentation_vllm_ascend import targets
-    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import DISABLED, TRACES_OFF, gate_of, vllm_version
+    from opentelemetry_instrumentation_vllm_ascend.wiring.installer import (
+        DISABLED,
+        TRACES_OFF,
+        gate_of,
+        in_range,
+        vllm_version,
+    )
 
     version = vllm_version()
-    rows = [t for t in targets.TARGETS if t.traces]
-    assert {t.qualname for t in rows} == {
-        "BaseServing._get_trace_headers",
-        "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
-        "OutputProcessor.add_request",
-        "OutputProcessor._finish_request",
-        "OutputProcessor.abort_requests",
-        "validation_exception_handler",
-        "AsyncLLM.check_admission",
+    every = [t for t in targets.TARGETS if t.traces]
+    # vLLM 0.23 has the serving helpers on OpenAIServing and registers the validation handler from api_server.py:
+    # rows of their own, one per symbol and release; it has no admission limits.
+    assert sorted(t.qualname for t in every) == sorted(
+        [
+            "BaseServing._get_trace_headers",
+            "OpenAIServing._get_trace_headers",
+            "ServingGenerativeScoring._get_trace_headers",
+            "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
+            "OpenAIServing._with_kv_transfer_rejection_cleanup",
+            "OutputProcessor.add_request",
+            "OutputProcessor._finish_request",
+            "OutputProcessor.abort_requests",
+            "validation_exception_handler",
+            "validation_exception_handler",
+            "AsyncLLM.check_admission",
+        ]
+    )
+    for release in supported.VLLM:  # each release installs each hook once
+        here = [t for t in every if in_range(Version(release), t.vllm)]
+        handlers = _TRACE_HANDLERS + (("Admission",) if Version(release) >= Version("0.32.0") else ())
+        assert {t.handler for t in here} == {f"traces:{h}" for h in handlers}, release
+        assert len({t.symbol for t in here}) == len(here), release
+    rows = [t for t in every if in_range(version, t.vllm)]
+    assert {t.module for t in rows if "Serving" in t.qualname or "validation" in t.qualname} == {
+        "vllm.entrypoints.serve.engine.serving",
+        "vllm.entrypoints.generate.base.serving",
+        "vllm.entrypoints.serve.exception_handling.register",
     }
     # The output loop's hook, AsyncLLM.add_request's (the inbound trace headers in the registering task), and the
     # scheduler's init (which watches a KV connector's loads: test_kv_wait_traces.py)
@@ -895,3 +924,44 @@ def test_the_rejections_hook_marks_its_call_ended_for_what_runs_after_it(tracked
 
     call(serving("completion", streaming), CompletionRequest(prompt="p", model="tiny", stream=True), http_request())
     assert seen["ended_during"] is False and seen["during"].ended is True
+
+
+def test_the_inbound_headers_are_kept_when_vllm_023_returns_none_for_them(tracked):
+    """vLLM 0.23's ``OpenAIServing._get_trace_headers`` returns None unless vLLM's own tracing is on: TraceHeaders
+    then reads traceparent / tracestate from the request's (case-insensitive) headers itself."""
+    from starlette.datastructures import Headers
+
+    handler = traces.TraceHeaders()
+    parent = f"00-{TRACE_ID:032x}-{PARENT_SPAN:016x}-01"
+    inbound = Headers(headers={"Traceparent": parent, "tracestate": "k=v", "x-other": "1"})
+    handler.after(None, (object(), inbound), {}, None)
+    assert traces.INBOUND.get() == {"traceparent": parent, "tracestate": "k=v"}
+    handler.after(None, (object(), Headers(headers={"x-other": "1"})), {}, None)
+    assert traces.INBOUND.get() is None
+    given = {"traceparent": parent}  # vLLM's answer (0.32+, or 0.23 with its tracing on) is kept as it is
+    handler.after(None, (object(), inbound), {}, given)
+    assert traces.INBOUND.get() is given
+
+
+def test_a_request_handed_back_for_recompute_is_marked(tracked):
+    """vllm-ascend's RecomputeScheduler finishes a request it hands back to the P/D proxy as a stop with
+    ``stop_reason="recomputed"`` (tests/contract/test_scheduler.py): its trace says so; a plain stop does not."""
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=True)
+    t = time.monotonic() - 1.0
+    for name, stop_reason in (("cmpl-back", traces.RECOMPUTED), ("cmpl-done", None)):
+        req = request(name)
+        processor.add_request(req, None)
+        output = EngineCoreOutput(
+            request_id=req.request_id,
+            new_token_ids=[7],
+            events=[EngineCoreEvent(Q, t), EngineCoreEvent(S, t + 0.01)],
+            finish_reason=FinishReason.STOP,
+            stop_reason=stop_reason,
+        )
+        processor.process_outputs([output], t + 0.02, IterationStats())
+    tracing.flush()
+    roots = {s.attributes["gen_ai.request.id"]: s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER}
+    assert roots["cmpl-back"].attributes["vllm.request.recomputed"] is True
+    assert roots["cmpl-back"].attributes["gen_ai.response.finish_reasons"] == ("stop",)
+    assert "vllm.request.recomputed" not in roots["cmpl-done"].attributes
