@@ -141,7 +141,9 @@ class Tracker:
         return self._tracing if self._tracing is not None else pipeline.tracing()
 
     # -- start ------------------------------------------------------------------------------------------------
-    def start(self, processor, request) -> None:
+    def start(self, processor, request, parent_req=None, index=0) -> None:
+        """``parent_req``: vLLM's ParentRequest when ``request`` is one of the ``n`` > 1 choices it fans out into
+        (``index``: which), each an engine request of its own with its own journey."""
         request_id = request.request_id
         inflight = self.inflight
         if request_id in inflight:  # a streaming-input update of a request already followed
@@ -169,6 +171,10 @@ class Tracker:
                 if value is not None:
                     attributes[attribute] = value
             n = getattr(params, "n", 1)
+            if parent_req is not None:  # a choice of n > 1: its own params say n = 1
+                n = getattr(getattr(parent_req, "sampling_params", None), "n", n)
+                if isinstance(index, int):
+                    attributes["vllm.request.choice_index"] = index
             if isinstance(n, int) and n != 1:
                 attributes["gen_ai.request.choice.count"] = n
         prompt = getattr(request, "prompt_token_ids", None)
@@ -352,14 +358,14 @@ _TRACE_HEADERS = ("traceparent", "tracestate")
 class AddRequest(Handler):
     """``OutputProcessor.add_request(self, request, …)``: a journey starts."""
 
-    params = ("request",)
+    params = ("request", "prompt", "parent_req", "request_index")
 
     def after(self, state, args, kwargs, result):
         if TRACKER.on:
             handling = HANDLING.get()
             if handling is not None:
                 handling.registered = True
-            TRACKER.start(args[0], args[1])
+            TRACKER.start(args[0], args[1], args[3], args[4])
 
 
 class FinishRequest(Handler):

@@ -211,6 +211,39 @@ def test_spans_agree_with_vllms_own_per_request_numbers(tracked):
     assert not traces.TRACKER.inflight
 
 
+def test_each_choice_of_n_is_a_request_span_that_says_which_of_how_many(tracked):
+    """n > 1: vLLM's AsyncLLM fans the request out into n engine requests (ParentRequest.get_child_info, each with
+    n = 1 in its own params), registered one by one: a request span each, same gen_ai.request.id, its index and the
+    client's n."""
+    from vllm.v1.engine.parallel_sampling import ParentRequest
+
+    tracing, exporter = tracked()
+    processor = OutputProcessor(None, log_stats=True)
+    parent = request("cmpl-9")
+    parent.sampling_params.n = 3
+    parent_request = ParentRequest(parent)
+    t = time.monotonic() - 1.0
+    for index in range(3):
+        child_id, child_params = parent_request.get_child_info(index)
+        child = request("cmpl-9")
+        child.request_id, child.sampling_params = child_id, child_params
+        processor.add_request(child, None, parent_request, index)
+        output = EngineCoreOutput(
+            request_id=child_id,
+            new_token_ids=[7],
+            events=[EngineCoreEvent(Q, t), EngineCoreEvent(S, t + 0.0625)],
+            finish_reason=FinishReason.LENGTH,
+        )
+        processor.process_outputs([output], t + 0.125, IterationStats())
+    tracing.flush()
+    roots = sorted(spans_by_name(exporter)["text_completion tiny"], key=lambda s: s.attributes["vllm.request.id"])
+    assert [r.attributes["vllm.request.id"] for r in roots] == [f"{i}_cmpl-9-0a1b2c3d" for i in range(3)]
+    assert [r.attributes["vllm.request.choice_index"] for r in roots] == [0, 1, 2]
+    assert {(r.attributes["gen_ai.request.id"], r.attributes["gen_ai.request.choice.count"]) for r in roots} == {
+        ("cmpl-9", 3)
+    }
+
+
 def test_each_preemption_is_a_span_ending_at_its_resume(tracked):
     tracing, exporter = tracked()
     processor = OutputProcessor(None, log_stats=True)
