@@ -555,12 +555,7 @@ def _response_of(serving, exc: Exception) -> tuple[str, int | None]:
     function); else the exception's class name and 500."""
     code = getattr(exc, "status_code", None)
     if isinstance(code, int) and hasattr(exc, "detail"):  # starlette / FastAPI HTTPException
-        from http import HTTPStatus
-
-        try:
-            return HTTPStatus(code).phrase, code
-        except ValueError:
-            return str(code), code
+        return _phrase(code), code
     try:
         info = serving.create_error_response(exc).error
         return str(info.type), _status(info.code)
