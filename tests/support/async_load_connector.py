@@ -45,7 +45,8 @@ class AsyncLoadConnector(KVConnectorBase_V1):
 
 
 def build_scheduler(model_path, connector=True):
-    """A real vLLM Scheduler (20 blocks of 16 tokens), with this ``AsyncLoadConnector`` as its KV connector or none."""
+    """A real vLLM Scheduler (20 KV blocks of 16 tokens, a 64-token step budget, chunked prefill), with this
+    ``AsyncLoadConnector`` as its KV connector or none."""
     import torch
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler

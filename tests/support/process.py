@@ -1,5 +1,7 @@
 """The process identity set directly, as tests and benchmarks need it (the package's hooks ``claim`` it)."""
 
+import logging
+
 from opentelemetry_instrumentation_vllm_ascend import context, state
 
 
@@ -10,3 +12,17 @@ def set_process(process: str, dp: str, role: str, rank: str | None = None) -> No
     ctx.process, ctx.dp, ctx.role = process, dp, role
     ctx.labels = {} if rank is None else {"rank": rank}
     state.clear_label_caches()
+
+
+def package_warnings() -> list:
+    """The messages of this package's log records of WARNING and above from now on, in this process (a driver
+    subprocess reports them to its test): the list they are appended to."""
+    messages: list = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if record.levelno >= logging.WARNING:
+                messages.append(record.getMessage())
+
+    logging.getLogger("opentelemetry_instrumentation_vllm_ascend").addHandler(Collect())
+    return messages

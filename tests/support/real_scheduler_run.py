@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import sys
 
@@ -185,7 +184,7 @@ def main() -> None:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment
-    from tests.support.process import set_process
+    from tests.support.process import package_warnings, set_process
 
     for name in (
         environment.ENABLED,
@@ -195,14 +194,7 @@ def main() -> None:
     ):
         os.environ.pop(name, None)
     os.environ[environment.ENABLED_METRICS] = "*"
-    failures: list = []
-
-    class Failures(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                failures.append(record.getMessage())
-
-    logging.getLogger("opentelemetry_instrumentation_vllm_ascend").addHandler(Failures())
+    failures = package_warnings()
     reader = InMemoryMetricReader()
     VllmAscendInstrumentor().instrument(metric_readers=[reader])
     set_process("engine_core", "0", "mixed")

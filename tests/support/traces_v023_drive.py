@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
 import sys
 import time
@@ -71,14 +70,9 @@ def main() -> None:
 
     for name in (environment.PROMETHEUS_MULTIPROC_DIR, environment.FILES_DIR, environment.METRICS_EXPORTER):
         os.environ.pop(name, None)
-    failures: list = []
+    from tests.support.process import package_warnings, set_process
 
-    class Failures(logging.Handler):
-        def emit(self, record):
-            if record.levelno >= logging.WARNING:
-                failures.append(record.getMessage())
-
-    logging.getLogger("opentelemetry_instrumentation_vllm_ascend").addHandler(Failures())
+    failures = package_warnings()
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -88,7 +82,6 @@ def main() -> None:
 
     from opentelemetry_instrumentation_vllm_ascend.handlers import api, traces
     from opentelemetry_instrumentation_vllm_ascend.recording import traces as recording_traces
-    from tests.support.process import set_process
 
     set_process("api_server", "0", "mixed")
     api.set_served_model(NS(model_config=NS(served_model_name="tiny")))

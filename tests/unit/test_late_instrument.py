@@ -22,36 +22,6 @@ def model(tmp_path_factory):
     return tiny_model.build(str(tmp_path_factory.mktemp("tiny-llama")))
 
 
-def build_scheduler(model_path):
-    """A real vLLM Scheduler: 20 KV blocks of 16 tokens, a 64-token step budget, chunked prefill."""
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=256, skip_tokenizer_init=True)
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=4,
-        max_num_batched_tokens=64,
-        max_model_len=256,
-        enable_chunked_prefill=True,
-        is_encoder_decoder=False,
-    )
-    cache_config = CacheConfig(block_size=16, cache_dtype="auto", enable_prefix_caching=False)
-    cache_config.num_gpu_blocks = 20
-    config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
-    kv = KVCacheConfig(num_blocks=20, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return Scheduler(
-        vllm_config=config,
-        kv_cache_config=kv,
-        log_stats=True,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=16,
-    )
-
-
 def test_scopes_and_step_timers_are_measured_when_instrumenting_late(model, monkeypatch):
     for name in (
         environment.ENABLED,
@@ -68,7 +38,9 @@ def test_scopes_and_step_timers_are_measured_when_instrumenting_late(model, monk
 
     with runner_module.record_function_or_nullcontext("before instrument"):
         pass
-    scheduler = build_scheduler(model)
+    from tests.support.async_load_connector import build_scheduler
+
+    scheduler = build_scheduler(model, connector=False)  # 20 KV blocks of 16 tokens, a 64-token step budget
     for i in range(3):
         scheduler.add_request(
             Request(
