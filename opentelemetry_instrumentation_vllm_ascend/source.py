@@ -103,12 +103,18 @@ class SourceTree:
             body = node.body
         if node is not None:
             return module, node
-        # Imported into the module under that name: follow the import (relative ones too).
-        for n in _top_level(tree.body):
+        imported = self.imported_as(module, qualname)  # imported into the module under that name: follow it
+        return self.find_class(*imported, _depth + 1) if imported is not None else None
+
+    def imported_as(self, module: str, name: str) -> tuple[str, str] | None:
+        """(module, name) that a top-level ``from … import`` of ``module`` binds ``name`` to (relative imports
+        too), else None."""
+        tree = self.module(module)
+        for n in _top_level(tree.body) if tree is not None else ():
             if isinstance(n, ast.ImportFrom):
                 for alias in n.names:
-                    if (alias.asname or alias.name) == qualname:
-                        return self.find_class(self._absolute(module, n), alias.name, _depth + 1)
+                    if (alias.asname or alias.name) == name:
+                        return self._absolute(module, n), alias.name
         return None
 
     def _absolute(self, module: str, node: ast.ImportFrom) -> str:
@@ -355,22 +361,29 @@ def check_target(tree: SourceTree, target) -> list[str]:
     )
     if func is None:
         return [f"{target.symbol} is not defined on {target.owner_qualname}"]
+    return _signature_problems(func, target, target.symbol, first=1)
+
+
+def _signature_problems(func, target, label: str, first: int) -> list[str]:
+    """``func`` against the row: its positional parameters from index ``first`` (1 after a method's ``self``, 0 for
+    a module-level function) are the ones the handler reads (``params_of``), first to last, and it is of the row's
+    kind (coroutine, async generator). ``label`` names it in the problems."""
     from .wiring.declarative import params_of
 
     problems = []
     params = positional_params(func)
-    for index, expected in enumerate(params_of(target), start=1):
+    for index, expected in enumerate(params_of(target), start=first):
         if len(params) <= index or params[index] != expected:
             problems.append(
-                f"{target.symbol}: positional parameter {index} is "
+                f"{label}: positional parameter {index} is "
                 f"{params[index] if len(params) > index else 'missing'}, the handler expects {expected!r}"
             )
     is_async = isinstance(func, ast.AsyncFunctionDef)
     has_yield = any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(func))
     if target.kind in ("coroutine", "coroutine_timer") and not (is_async and not has_yield):
-        problems.append(f"{target.symbol} is not a coroutine function")
+        problems.append(f"{label} is not a coroutine function")
     if target.kind == "async_generator" and not (is_async and has_yield):
-        problems.append(f"{target.symbol} is not an async generator")
+        problems.append(f"{label} is not an async generator")
     return problems
 
 
@@ -418,21 +431,7 @@ def _check_module_function(tree: SourceTree, target) -> list[str]:
         and any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Load) for n in ast.walk(node))
     ]
     problems = [] if readers else [f"no function of {target.module} reads its global {name}"]
-    from .wiring.declarative import params_of
-
-    params = positional_params(func)
-    for index, expected in enumerate(params_of(target)):
-        if len(params) <= index or params[index] != expected:
-            problems.append(
-                f"{where}.{name}: positional parameter {index} is "
-                f"{params[index] if len(params) > index else 'missing'}, the handler expects {expected!r}"
-            )
-    is_coroutine = isinstance(func, ast.AsyncFunctionDef) and not any(
-        isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(func)
-    )
-    if target.kind in ("coroutine", "coroutine_timer") and not is_coroutine:
-        problems.append(f"{where}.{name} is not a coroutine function")
-    return problems
+    return problems + _signature_problems(func, target, f"{where}.{name}", first=0)
 
 
 def _module_function(tree: SourceTree, module_name: str, name: str, depth: int = 0):
@@ -444,12 +443,8 @@ def _module_function(tree: SourceTree, module_name: str, name: str, depth: int =
     for node in module.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
             return node, module_name
-    for node in _top_level(module.body):
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    return _module_function(tree, tree._absolute(module_name, node), alias.name, depth + 1)
-    return None, module_name
+    imported = tree.imported_as(module_name, name)
+    return _module_function(tree, *imported, depth + 1) if imported is not None else (None, module_name)
 
 
 def check_read(tree: SourceTree, read: Read) -> list[str]:
