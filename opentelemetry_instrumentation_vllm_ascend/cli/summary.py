@@ -22,6 +22,8 @@ STEP_PARTS = (
     ("sample_tokens RPC", "executor:sample_tokens:duration"),
     ("update_from_output", "scheduler:update_from_output:duration"),
 )
+#: What the step's time holds besides the parts above, printed as "the rest" so the shares add to 100 %.
+STEP_REST = "the engine core's own work between them: grammar bitmask, outputs, stats"
 #: In the workers, the model runner's execute_model and the two parts of it that are timed: (label, seed). What is
 #: left of execute_model (post-processing, bookkeeping) is printed as "the rest"; sample_tokens follows
 #: execute_model and is not part of it.
@@ -78,11 +80,15 @@ def summarize(text: str) -> list[str]:
     total = _sum(s, P + STEP + "_sum", _busy)
     if count:
         lines.append(f"Engine steps: {count:g} (idle steps left out), mean {_ms(total / count)}; of the step time:")
+        timed = 0.0
         for label, seed in STEP_PARTS:
             part = _sum(s, P + seed + "_sum", _busy)
             n = _sum(s, P + seed + "_count", _busy)
             if n:
+                timed += part
                 lines.append(f"  {label:<20} {100 * part / total:5.1f}%  (mean {_ms(part / n)} x {n:g})")
+        if total - timed >= 0:  # (overlapping parts, as with the batch queue, leave no rest to show)
+            lines.append(f"  {'the rest':<20} {100 * (total - timed) / total:5.1f}%  ({STEP_REST})")
         w_count = _sum(s, P + WORKER + "_count", _busy)
         w_total = _sum(s, P + WORKER + "_sum", _busy)
         if w_count:

@@ -50,6 +50,8 @@ def test_summary_lines():
     assert lines[0] == "Engine steps: 2 (idle steps left out), mean 20 ms; of the step time:"
     assert "  schedule              10.0%  (mean 2 ms x 2)" in lines
     assert "  execute_model RPC     75.0%  (mean 15 ms x 2)" in lines
+    rest = lines.index("  execute_model RPC     75.0%  (mean 15 ms x 2)") + 1  # 40 - 4 - 30 = 6 ms of 40: 15 %
+    assert lines[rest] == f"  the rest              15.0%  ({summary.STEP_REST})"
     assert "  in the workers: execute_model mean 10 ms; of it:" in lines
     worker = lines.index("  in the workers: execute_model mean 10 ms; of it:")
     assert lines[worker + 1 : worker + 5] == [
@@ -91,6 +93,17 @@ def test_where_to_look_names_files_the_installed_package_writes(tmp_path):
     assert module.main([str(tmp_path)]) == 0
     for path in named:
         assert (tmp_path / path).read_text() == module.render()[path]
+
+
+def test_summary_shows_no_rest_where_the_parts_overlap():
+    """With the batch queue the RPC waits overlap the next step's schedule: parts summing past the step leave no
+    rest row (a negative share would be a wrong number)."""
+    r = CollectorRegistry()
+    for seed, value in (("engine_core:engine_core_step:duration", 0.010), ("executor:execute_model:duration", 0.012)):
+        Histogram(P + seed, "x", ["phase"], registry=r).labels("decode").observe(value)
+    lines = summarize(generate_latest(r).decode())
+    assert lines[1] == "  execute_model RPC    120.0%  (mean 12 ms x 1)"
+    assert not any("the rest" in line for line in lines[:3])
 
 
 def test_summary_of_an_idle_server():
