@@ -8,6 +8,7 @@ github.com/Ascend/msserviceprofiler 4439a0e4: ``_HANDLER_TARGETS`` re-exports fi
 ``adapters.vllm.handlers.{meta,metric}_handlers`` by the same name; the 26.0.0 wheel has no such module) and
 ``vllm_ascend.observability.handlers`` (the sdist's own EPLB hotness handler)."""
 
+import ast
 import json
 import os
 import sys
@@ -143,8 +144,8 @@ def sources():
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    return source_archives.ascend_provider_hook_files(str(tmp_path_factory.mktemp("vllm-ascend-provider")))
+def files(tmp_path_factory, sources):
+    return source_archives.ascend_provider_hook_files(str(tmp_path_factory.mktemp("vllm-ascend-provider")), sources)
 
 
 @pytest.fixture(autouse=True)
@@ -164,6 +165,16 @@ def test_the_release_registers_its_provider_with_these_two_files(sources, files)
         "vllm_ascend.observability.handlers:eplb_do_update_hotness_handler"
     }
     assert "def eplb_do_update_hotness_handler(" in sources["vllm_ascend/observability/handlers.py"].decode()
+
+
+def test_each_entrys_symbol_is_defined_in_the_release_where_the_built_in_hooks_it(sources, files):
+    """Mapped means our built-in hooks the same method: the method is the class's own in 0.30.0rc2's source."""
+    for raw in (e for f in files for e in yaml.safe_load(open(f, encoding="utf-8"))):
+        module, qualname = raw["symbol"].split(":")
+        owner, method = qualname.split(".")
+        tree = ast.parse(sources[module.replace(".", "/") + ".py"])
+        (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner]
+        assert method in {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}, raw["symbol"]
 
 
 def test_the_26_0_0_wheel_has_no_provider_handlers_module():
