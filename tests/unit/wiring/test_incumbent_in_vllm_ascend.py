@@ -217,16 +217,24 @@ def test_every_entry_of_both_files_maps_to_the_built_in_that_measures_it(files, 
         assert entry.measures == (), key  # nothing new is installed: a built-in hook of ours records each
         for seed in seeds:
             assert symbol in feeds[seed], (key, seed)  # at the entry's own symbol: no hook-point difference
-            if fate != incumbent.BUILT_IN:
-                assert f"{seed} by this symbol" in entry.reason, (key, entry.reason)
+        # The reason names exactly those metrics, in order.
         if fate == incumbent.BUILT_IN:
-            assert set(incumbent.find(_handler(files, key)).records) == set(seeds), key
+            assert entry.reason.endswith(" -> built-in " + _here(key) + ": records " + ", ".join(seeds)), entry.reason
+        elif fate == incumbent.IDENTITY:
+            assert entry.reason == (
+                "handler init_data_parallel_worker -> built-in the process identity (dp, role, rank) every hook "
+                "takes from vLLM's config (docs/labels.md)"
+            )
+        else:
+            said = "built-in metric recorded: " + "; ".join(f"{seed} by this symbol" for seed in seeds)
+            assert entry.reason.endswith(said), entry.reason
     assert "ms_service_metric" not in sys.modules and "vllm_ascend.observability" not in sys.modules
 
 
-def _handler(files, key):
-    path = next(f for f in files if os.path.basename(f) == key[0])
-    return yaml.safe_load(open(path, encoding="utf-8"))[key[1] - 1]["handler"]
+def _here(key):
+    if key[0] == "eplb_metrics.yaml":
+        return "EplbWorker.do_update"
+    return "Scheduler.schedule (scheduler duration, batch, sequence length and phase metrics per step)"
 
 
 def test_each_entry_says_what_differs(files):
@@ -270,7 +278,7 @@ def test_check_config_on_both_files_without_vllm_exits_0_with_12_mapped(files, m
     assert "entries: 12 mapped\n" in out and "rejected" not in out
     assert (
         f"  {files[1]}:1  vllm_ascend.eplb.core.eplb_worker:EplbWorker.do_update  mapped with differences: handler "
-        "eplb_do_update_hotness_handler -> built-in EplbWorker.do_update\n"
+        "eplb_do_update_hotness_handler -> built-in EplbWorker.do_update: records " + ", ".join(HOTNESS) + "\n"
     ) in out
     assert cli.main([*argv, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
