@@ -9,6 +9,14 @@ ms_service_metric/adapters/vllm/handlers/{metric_handlers,meta_handlers}.py and 
 ms_service_profiler/patcher/vllm/handlers/v1/{metric_handlers,meta_handlers}.py, whose other handler modules
 (batch, kvcache, model, request, mtp; v0; SGLang) write trace spans, not metrics.
 
+The in-tree incumbent of vllm-ascend 0.30.0rc2 (its sdist: ``setup.py`` registers the ``ms_service_metric.providers``
+entry point ``vllm-ascend = vllm_ascend.observability:get_metric_provider``, whose hook files are
+``vllm_ascend/observability/config/{base,eplb}_metrics.yaml``) names two more handler modules:
+``ms_service_metric.provider_handlers`` (ms-service-metric master, github.com/Ascend/msserviceprofiler commit
+4439a0e4: a lazy re-export, by the same name, of five of the handlers above, and only those; the 26.0.0 wheel has no
+``provider_handlers``, no ``provider_api`` and no provider discovery, so under 26.0.0 the provider is never loaded)
+and ``vllm_ascend.observability.handlers`` (vllm-ascend's own copy of the EPLB hotness handler, on ``provider_api``).
+
 How the incumbent runs an entry (core/handler.py ``MetricHandler.get_hook_func``): with ``metrics:``, the
 handler is called as a *factory* ``handler(metrics, is_async=...)`` that returns the hook; without, the
 handler is the hook. So a handler that records the entry's metrics (``phase_all_handler``, the
@@ -28,6 +36,10 @@ OLDER = "ms_service_profiler.patcher.vllm.handlers.v1."
 OLDER_V0 = "ms_service_profiler.patcher.vllm.handlers.v0."
 OLDER_SGLANG = "ms_service_profiler.patcher.sglang.handlers."
 GENERIC = "ms_service_metric."
+#: ms-service-metric's stable re-exports for framework providers (``module:function`` prefix; see ``Handler.also``).
+PROVIDER = "ms_service_metric.provider_handlers:"
+#: vllm-ascend's own handlers, which its provider (vllm-ascend >= 0.30) hands to ms-service-metric.
+ASCEND_OWN = "vllm_ascend.observability."
 
 #: Fates of a handler here.
 BUILT_IN = "built-in"  # records fixed metrics of its own: the built-in hooks of this package record them
@@ -49,7 +61,8 @@ class Handler:
     the entry's metrics (METRICS, SELECT), or why not and what to write instead (REJECTED). ``records``: the
     seeds its fixed metrics are (BUILT_IN). ``phase``: the ``phase`` label it gives the entry's metrics
     (METRICS). ``values``: ``(metric name, expr)`` it records by name (SELECT; expr ``""``: a built-in metric).
-    ``differences``: what differs from the incumbent, in words."""
+    ``differences``: what differs from the incumbent, in words. ``also``: whole ``module:function`` paths of the
+    same function under another name (``ms_service_metric.provider_handlers`` re-exports it unchanged)."""
 
     names: tuple[str, ...]
     packages: tuple[str, ...]
@@ -59,9 +72,10 @@ class Handler:
     phase: str = ""
     values: tuple[tuple[str, str], ...] = ()
     differences: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
 
     def paths(self) -> tuple[str, ...]:
-        return tuple(package + name for package in self.packages for name in self.names)
+        return tuple(package + name for package in self.packages for name in self.names) + self.also
 
     def matches(self, path: str) -> bool:
         for full in self.paths():
@@ -82,6 +96,14 @@ _MEMORY = (
     "activation_gb",
     "graph_gb",
 )
+#: What differs for the EPLB hotness gauges from the incumbent's handler (ms-service-metric's and vllm-ascend's copy).
+_EPLB_HOTNESS = (
+    "the incumbent reads `latest_expert_hotness` of EP rank 0 after the call and records nothing where it is "
+    "missing; here rank 0 records vllm-ascend's lists where the call set them, else the same arithmetic on the "
+    "gathered load and the old / new placements",
+    "a MoE layer without load: `eplb:expert_hotness:imbalance` 1.0 here (and so counted in the means and maxima); "
+    "the incumbent records vllm-ascend's NaN",
+)
 _TIMER_INSTEAD = "to time the symbol, write `metrics: [{name: <yours>, type: timer}]` without `handler`"
 
 HANDLERS: tuple[Handler, ...] = (
@@ -91,6 +113,7 @@ HANDLERS: tuple[Handler, ...] = (
         _BOTH,
         IDENTITY,
         "the process identity (`dp`, `role`, `rank`) every hook takes from vLLM's config (docs/labels.md)",
+        also=(PROVIDER + "init_data_parallel_worker",),
     ),
     Handler(
         ("meta_handlers:record_dp_rank",),
@@ -161,6 +184,7 @@ HANDLERS: tuple[Handler, ...] = (
             "scheduler:phase_scheduled_token_counter",
             "request_prefill_pending_nums",
         ),
+        also=(PROVIDER + "scheduler_scheduler_hooker",),
     ),
     Handler(
         ("metric_handlers:scheduler_preempt_request_hooker",),
@@ -207,6 +231,22 @@ HANDLERS: tuple[Handler, ...] = (
         BUILT_IN,
         "`EplbWorker.do_update`",
         records=(*catalogue.EPLB_HOTNESS_SEEDS, "eplb:expert_hotness:imbalance"),
+        differences=(
+            *_EPLB_HOTNESS,
+            'the four summary gauges carry `dp`, `role` and `phase="all"` too (ms-service-metric: `rank` only)',
+        ),
+    ),
+    Handler(
+        ("handlers:eplb_do_update_hotness_handler",),
+        (ASCEND_OWN,),
+        BUILT_IN,
+        "`EplbWorker.do_update`",
+        records=(*catalogue.EPLB_HOTNESS_SEEDS, "eplb:expert_hotness:imbalance"),
+        differences=(
+            *_EPLB_HOTNESS,
+            "`dp` and `role` are on every series too (vllm-ascend's handler: `rank` and `phase`, `layer` on the "
+            "imbalance)",
+        ),
     ),
     Handler(
         ("metric_handlers:runner_get_output_hooker",),
@@ -229,6 +269,7 @@ HANDLERS: tuple[Handler, ...] = (
         METRICS,
         "the entry's metrics, as without `handler`",
         phase='`phase="all"`',
+        also=(PROVIDER + "phase_all_handler",),
     ),
     Handler(
         ("metric_handlers:process_outputs_phase_handler", "metric_handlers:record_stats_phase_handler"),
@@ -250,6 +291,7 @@ HANDLERS: tuple[Handler, ...] = (
         METRICS,
         "the entry's metrics, as without `handler`",
         phase="the phase of the worker's batch (else the PD role)",
+        also=(PROVIDER + "model_runner_phase_handler",),
     ),
     Handler(
         ("metric_handlers:engine_core_phase_handler", "metric_handlers:executor_execute_model_phase_handler"),
@@ -273,6 +315,7 @@ HANDLERS: tuple[Handler, ...] = (
         "the built-in `engine:memory:*` gauges the entry names, read once per worker after warm-up",
         values=tuple((f"engine:memory:{m}", "") for m in _MEMORY),
         differences=("recorded without switching the metrics on before start-up",),
+        also=(PROVIDER + "engine_memory_phase_handler",),
     ),
     Handler(
         ("metric_handlers:runtime_memory_phase_handler",),
@@ -373,7 +416,7 @@ def render_markdown() -> str:
     ]
     for row in HANDLERS:
         names = "<br>".join(f"`{name}`" for name in row.names)
-        where = "<br>".join(f"`{package}`" for package in row.packages)
+        where = "<br>".join([f"`{package}`" for package in row.packages] + [f"also `{path}`" for path in row.also])
         if row.fate == BUILT_IN:
             here = f"**mapped** to {row.here}: " + ", ".join(f"`{seed}`" for seed in row.records)
         elif row.fate == IDENTITY:

@@ -310,6 +310,8 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     if row is not None:
         if row.fate in (incumbent.BUILT_IN, incumbent.IDENTITY):
             handler_note = f"handler {name} -> built-in {_plain(row.here)}"
+            if row.records:  # which of our metrics record what it recorded
+                handler_note += ": records " + ", ".join(row.records)
             differences += map(_plain, row.differences)
             differences += _recorded_differences(row.records, entry.symbol, feeds)
             if metrics:

@@ -5,6 +5,7 @@ checked against the index's sha256, then parsed by the tests, never imported or 
 
 import os
 import re
+import tarfile
 import zipfile
 
 from opentelemetry_instrumentation_vllm_ascend import archives
@@ -48,5 +49,46 @@ def incumbent_hook_files(directory: str) -> list[str]:
             target = os.path.join(directory, name)
             with open(target, "wb") as f:
                 f.write(archive.read(f"ms_service_metric/adapters/vllm/config/{name}"))
+            out.append(target)
+    return out
+
+
+#: The vllm-ascend release that ships the incumbent in-tree: its ``ms_service_metric.providers`` entry point
+#: (``vllm-ascend = vllm_ascend.observability:get_metric_provider``) hands ms-service-metric every YAML file of
+#: ``vllm_ascend/observability/config/`` (read as data from the sdist, never imported).
+ASCEND_PROVIDER = ("vllm-ascend", "0.30.0rc2")
+ASCEND_PROVIDER_DIR = "vllm_ascend/observability/config/"
+
+
+def ascend_provider_sources() -> dict[str, bytes]:
+    """From vllm-ascend's sdist of ``ASCEND_PROVIDER``: ``setup.py``, every file of ``vllm_ascend/observability/``
+    (the in-tree incumbent: provider, handlers, config) and every other ``vllm_ascend/**.py`` (the modules its hook
+    files name), by path inside the sdist's top folder."""
+    project, version = ASCEND_PROVIDER
+    top = f"vllm_ascend-{version}/"
+    out = {}
+    with tarfile.open(sdist(project, version)) as archive:
+        for member in archive:
+            name = member.name[len(top) :] if member.name.startswith(top) else ""
+            wanted = (
+                name == "setup.py"
+                or name.startswith("vllm_ascend/observability/")
+                or (name.startswith("vllm_ascend/") and name.endswith(".py"))
+            )
+            if member.isfile() and wanted:
+                out[name] = archive.extractfile(member).read()
+    return out
+
+
+def ascend_provider_hook_files(directory: str, sources: dict[str, bytes] | None = None) -> list[str]:
+    """vllm-ascend's own hook files for ms-service-metric (the provider's config directory, sorted as its
+    ``get_metric_provider`` globs them), copied out of its sdist (or ``sources``, ``ascend_provider_sources()``'s)
+    into ``directory``: their paths."""
+    out = []
+    for name, data in sorted((sources or ascend_provider_sources()).items()):
+        if name.startswith(ASCEND_PROVIDER_DIR) and name.endswith(".yaml"):
+            target = os.path.join(directory, os.path.basename(name))
+            with open(target, "wb") as f:
+                f.write(data)
             out.append(target)
     return out
