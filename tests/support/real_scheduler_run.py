@@ -35,12 +35,10 @@ PROMPT = 30
 MAX_TOKENS = 40
 
 
-def build(model_path: str):
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
+def vllm_config(model_path: str, additional_config: dict | None = None, pipeline_parallel_size: int = 1):
+    """The VllmConfig of the load: 16 KV blocks of 16 tokens, 6 requests at most running, chunked prefill,
+    no prefix caching (``additional_config``: vllm-ascend's options; ``pipeline_parallel_size`` as given)."""
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=256, skip_tokenizer_init=True)
     scheduler_config = SchedulerConfig(
@@ -52,10 +50,26 @@ def build(model_path: str):
     )
     cache_config = CacheConfig(block_size=BLOCK_SIZE, cache_dtype="auto", enable_prefix_caching=False)
     cache_config.num_gpu_blocks = BLOCKS
-    config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
+    extra: dict = {}
+    if additional_config is not None:
+        extra["additional_config"] = additional_config
+    if pipeline_parallel_size != 1:
+        extra["parallel_config"] = ParallelConfig(pipeline_parallel_size=pipeline_parallel_size)
+    return VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config, **extra)
+
+
+def build(model_path: str, config=None, cls=None):
+    """A scheduler of class ``cls`` (vLLM's ``Scheduler`` as its module binds it now) over ``config``
+    (``vllm_config(model_path)``), with a KV cache of ``BLOCKS`` blocks."""
+    import torch
+    from vllm.v1.core.sched import scheduler as scheduler_module
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = config if config is not None else vllm_config(model_path)
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return Scheduler(
+    return (cls or scheduler_module.Scheduler)(
         vllm_config=config,
         kv_cache_config=kv,
         log_stats=True,
@@ -97,6 +111,24 @@ def admission_limit(scheduler) -> int:
     if limit is None:
         return scheduler.max_num_running_reqs
     return limit - getattr(scheduler, "num_waiting_for_streaming_input", 0)
+
+
+def new_oracle() -> dict:
+    """The oracle's counts before the first step (``drive`` fills them)."""
+    return {
+        "steps": {},
+        "phase_requests": {"prefill": 0, "decode": 0},
+        "phase_tokens": {"prefill": 0, "decode": 0},
+        "batch": 0,
+        "running": [],
+        "waiting": [],
+        "blocked_edges": 0,
+        "reported_preemptions": 0,
+        "preempted_events": 0,
+        "recomputed_tokens": 0,
+        "recompute_reports": 0,  # requests a SchedulerOutput's recomputed_reqs hands back (vllm-ascend)
+        "recomputed_outputs": 0,  # outputs update_from_output finished with stop_reason "recomputed"
+    }
 
 
 def drive(scheduler, requests, oracle) -> None:
@@ -152,10 +184,12 @@ def drive(scheduler, requests, oracle) -> None:
         for req_id in scheduled:
             if req_id in preempted_at:  # resumed: no prefix caching, all it had computed is computed again
                 oracle["recomputed_tokens"] += preempted_at.pop(req_id)
+        oracle["recompute_reports"] += len(getattr(output, "recomputed_reqs", None) or ())
         scheduler.get_grammar_bitmask(output)
         engine_outputs = scheduler.update_from_output(output, model_output(scheduler, output))
         for outputs in (engine_outputs or {}).values():
             for out in outputs.outputs:
+                oracle["recomputed_outputs"] += out.stop_reason == "recomputed"
                 for event in out.events or ():
                     if event.type == EngineCoreEventType.PREEMPTED:
                         oracle["preempted_events"] += 1
@@ -204,18 +238,7 @@ def main() -> None:
 
     scheduler = build(model_path)
     requests = [make_request(i) for i in range(REQUESTS)]
-    oracle = {
-        "steps": {},
-        "phase_requests": {"prefill": 0, "decode": 0},
-        "phase_tokens": {"prefill": 0, "decode": 0},
-        "batch": 0,
-        "running": [],
-        "waiting": [],
-        "blocked_edges": 0,
-        "reported_preemptions": 0,
-        "preempted_events": 0,
-        "recomputed_tokens": 0,
-    }
+    oracle = new_oracle()
     drive(scheduler, requests, oracle)
     oracle["num_preemptions"] = sum(r.num_preemptions for r in requests)
     print(
