@@ -101,6 +101,22 @@ def scheduler_class(config, scheduler_config: dict):
     return config.scheduler_config.get_scheduler_cls()
 
 
+def dyntra_lb_plan(scheduler, step: int) -> None:
+    """What DyntraLB's engine core sets on its scheduler before each step (``modifications``, from its
+    cross-rank plan): every 10th step with two requests running, pause the first running request (its
+    block count in ``out_blk``; nothing admitted by block count, ``in_blk``); no plan otherwise."""
+    from vllm_ascend.core.dyntra_lb_scheduler import get_dyntra_lb_request_block_num
+
+    scheduler.modifications = None
+    if step % 10 == 9 and len(scheduler.running) >= 2:
+        blocks = get_dyntra_lb_request_block_num(scheduler, scheduler.running[0])
+        scheduler.modifications = {"out_blk": [blocks], "in_blk": [], "freeze": False}
+
+
+#: The engine's side of a scheduler that needs one (``drive``'s ``plan``).
+PLANS = {"dyntra_lb": dyntra_lb_plan}
+
+
 def _key(attributes: dict) -> tuple:
     return tuple(sorted(attributes.items()))
 
@@ -172,7 +188,7 @@ def main() -> None:
         requests = [make_request(i) for i in range(REQUESTS)]
         oracle = new_oracle()
         warned = len(failures)
-        drive(scheduler, requests, oracle)
+        drive(scheduler, requests, oracle, PLANS.get(name))
         oracle["num_preemptions"] = sum(r.num_preemptions for r in requests)
         now = points(reader)
         results[name] = {

@@ -128,24 +128,33 @@ def new_oracle() -> dict:
         "recomputed_tokens": 0,
         "recompute_reports": 0,  # requests a SchedulerOutput's recomputed_reqs hands back (vllm-ascend)
         "recomputed_outputs": 0,  # outputs update_from_output finished with stop_reason "recomputed"
+        "lb_pauses": 0,  # requests vllm-ascend's DyntraLB paused for load balancing (KV kept, PREEMPTED event)
     }
 
 
-def drive(scheduler, requests, oracle) -> None:
+def drive(scheduler, requests, oracle, plan=None) -> None:
+    """Add ``requests`` and run steps until none is left, filling ``oracle``; ``plan(scheduler, step)``, when
+    given, runs before each ``schedule()`` (what an engine sets on its scheduler between steps)."""
     from vllm.v1.engine import EngineCoreEventType
 
     for r in requests:
         scheduler.add_request(r)
     preempted_at: dict = {}  # request id -> its computed tokens when it was preempted
     blocked = False
-    for _ in range(2000):
+    for number in range(2000):
         if not scheduler.has_requests():
             return
+        if plan is not None:
+            plan(scheduler, number)
+        paused = getattr(scheduler, "_lb_paused_req_ids", None)  # vllm-ascend DyntraLB: requests it paused
+        paused_before = set(paused or ())
         before = {
             req_id: (r.num_computed_tokens, r.num_tokens, r.num_output_tokens)
             for req_id, r in scheduler.requests.items()
         }
         output = scheduler.schedule()
+        if paused is not None:
+            oracle["lb_pauses"] += len(set(scheduler._lb_paused_req_ids) - paused_before)
         scheduled = output.num_scheduled_tokens
         new_ids = {r.req_id for r in output.scheduled_new_reqs}
         resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None) or set()
