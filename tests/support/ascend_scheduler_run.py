@@ -48,6 +48,7 @@ SCHEDULERS = (
     ("batch_job_aware", {"batch_job_sched_config": {"enabled": True}}, 1),
     ("recompute", {"recompute_scheduler_enable": True}, 1),
     ("dyntra_lb", {"dyntra_lb_config": {"enabled": True}}, 1),
+    ("dyntra_lb_recompute", {"dyntra_lb_config": {"enabled": True}, "recompute_scheduler_enable": True}, 1),
     ("profiling_chunk", {"profiling_chunk_config": {"enabled": True}}, 2),
 )
 
@@ -114,7 +115,7 @@ def dyntra_lb_plan(scheduler, step: int) -> None:
 
 
 #: The engine's side of a scheduler that needs one (``drive``'s ``plan``).
-PLANS = {"dyntra_lb": dyntra_lb_plan}
+PLANS = {"dyntra_lb": dyntra_lb_plan, "dyntra_lb_recompute": dyntra_lb_plan}
 
 
 def _key(attributes: dict) -> tuple:
