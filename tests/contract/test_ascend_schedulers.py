@@ -15,8 +15,8 @@ only for an import the path never uses: an empty ``torch_npu`` (``vllm_ascend/ut
 ``scipy.optimize.nnls`` while the profiling-chunk predictor is imported (only its model fit calls it), and the
 ``_build_info.py`` vllm-ascend's build writes (``__device_type__ = 'A2'``, as for ``SOC_VERSION=ascend910b1``).
 
-Per scheduler, against vLLM's own accounting of the same steps: our preemptions equal its PREEMPTED events,
-the requests' ``num_preemptions`` and the outputs' ``preempted_req_ids`` (for DyntraLB, driven with its
+Per scheduler, against vLLM's own accounting of the same steps: our preemptions equal its PREEMPTED events
+(and its ``vllm:num_preemptions`` counter, which counts them), the requests' ``num_preemptions`` and the outputs' ``preempted_req_ids`` (for DyntraLB, driven with its
 engine's load-balancing plan every 10th step, the events also count its pauses: their KV is kept, so they add
 no recompute event and no recomputed tokens); our recompute events equal the preemptions plus the requests the scheduler itself hands back to be recomputed (``recomputed_reqs``, each
 finished ``stop_reason="recomputed"``); our steps per phase, batch sizes and scheduled tokens by ``req_phase``
@@ -140,7 +140,7 @@ def test_each_ascend_scheduler_is_counted_as_it_counts_itself(result, name):
     # load-balancing pauses (its engine's plan, every 10th step) are PREEMPTED events of requests that keep their KV.
     preemptions, pauses = oracle["num_preemptions"], oracle["lb_pauses"]
     assert oracle["reported_preemptions"] == preemptions
-    assert oracle["preempted_events"] == preemptions + pauses
+    assert oracle["preempted_events"] == oracle["vllm_num_preemptions"] == preemptions + pauses
     assert pauses >= 3 if name.startswith("dyntra_lb") else pauses == 0
     assert total(points, "running_to_waiting_count") == oracle["preempted_events"]
     # Recomputes: the preempted requests (each had computed tokens) and those the scheduler hands back.

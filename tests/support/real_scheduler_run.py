@@ -16,8 +16,9 @@ requests resumed after a preemption, cached requests with no output yet, and cac
 than one uncomputed token before the step, read from the ``Request`` objects before ``schedule()``) and
 decodes (the rest), with the tokens each was scheduled; ``get_request_counts()`` and the admission limit
 after ``schedule()``; the preemptions as each request counts them (``num_preemptions``), as the outputs
-report them (``preempted_req_ids``) and as its event records say (``PREEMPTED`` events of the
-EngineCoreOutputs ``update_from_output`` returns); the tokens each resumed request computes again (its
+report them (``preempted_req_ids``), as its event records say (``PREEMPTED`` events of the
+EngineCoreOutputs ``update_from_output`` returns) and as its ``vllm:num_preemptions`` counter counts those
+(its frontend's ``IterationStats.update_from_events``); the tokens each resumed request computes again (its
 computed tokens when it was preempted: no prefix caching).
 """
 
@@ -128,6 +129,7 @@ def new_oracle() -> dict:
         "recomputed_tokens": 0,
         "recompute_reports": 0,  # requests a SchedulerOutput's recomputed_reqs hands back (vllm-ascend)
         "recomputed_outputs": 0,  # outputs update_from_output finished with stop_reason "recomputed"
+        "vllm_num_preemptions": 0,  # vLLM's counter vllm:num_preemptions, as its frontend counts the outputs
         "lb_pauses": 0,  # requests vllm-ascend's DyntraLB paused for load balancing (KV kept, PREEMPTED event)
     }
 
@@ -136,6 +138,11 @@ def drive(scheduler, requests, oracle, plan=None) -> None:
     """Add ``requests`` and run steps until none is left, filling ``oracle``; ``plan(scheduler, step)``, when
     given, runs before each ``schedule()`` (what an engine sets on its scheduler between steps)."""
     from vllm.v1.engine import EngineCoreEventType
+    from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, RequestStateStats
+
+    # vLLM's own preemption counter (vllm:num_preemptions): its frontend's IterationStats over each step's outputs.
+    lora_states = LoRARequestStates(log_stats=True)
+    request_stats: dict = {}
 
     for r in requests:
         scheduler.add_request(r)
@@ -196,12 +203,17 @@ def drive(scheduler, requests, oracle, plan=None) -> None:
         oracle["recompute_reports"] += len(getattr(output, "recomputed_reqs", None) or ())
         scheduler.get_grammar_bitmask(output)
         engine_outputs = scheduler.update_from_output(output, model_output(scheduler, output))
+        iteration = IterationStats()
         for outputs in (engine_outputs or {}).values():
             for out in outputs.outputs:
                 oracle["recomputed_outputs"] += out.stop_reason == "recomputed"
                 for event in out.events or ():
                     if event.type == EngineCoreEventType.PREEMPTED:
                         oracle["preempted_events"] += 1
+                if out.events:
+                    stats = request_stats.setdefault(out.request_id, RequestStateStats())
+                    iteration.update_from_events(out.request_id, out.events, False, stats, lora_states, None)
+        oracle["vllm_num_preemptions"] += iteration.num_preempted_reqs
     raise AssertionError("requests did not finish")
 
 
