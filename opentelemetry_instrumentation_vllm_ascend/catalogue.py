@@ -231,14 +231,16 @@ CORE_CATALOGUE: tuple[MetricSpec, ...] = (
         "Running requests the scheduler preempted back to the waiting queue: +1 per "
         "Scheduler._preempt_request call, and per request a scheduler preempts without it (vllm-ascend's "
         "SchedulerDynamicBatch preempts inline), found in SchedulerOutput.preempted_req_ids or at the head of "
-        "the waiting queue with status PREEMPTED; each preemption once. reset_prefix_cache's preemptions are "
-        "not counted.",
+        "the waiting queue with status PREEMPTED, and each running request vllm-ascend's DyntraLBScheduler "
+        "pauses for load balancing (its KV kept; vLLM records a PREEMPTED event); each preemption once. "
+        "reset_prefix_cache's preemptions are not counted.",
     ),
     _counter(
         "scheduler:recompute_events",
         "{event}",
         "Requests whose KV cache was dropped, so that they must redo their prefill: preemptions of requests "
-        "with computed tokens (as running_to_waiting_count counts them), and requests vllm-ascend's "
+        "with computed tokens (as running_to_waiting_count counts them, DyntraLB's load-balancing pauses, "
+        "which keep their KV, excepted), and requests vllm-ascend's "
         "RecomputeScheduler hands back to be recomputed elsewhere (PD decode nodes). An upper bound on "
         "recomputation: a preempted request's blocks go to the prefix cache, and with prefix caching (vLLM's "
         "default) its resume often finds most of them; scheduler:recomputed_tokens counts what is computed "

@@ -760,25 +760,30 @@ TARGETS: tuple[Target, ...] = (
             f"{cls}.schedule",
             SYNC,
             "scheduler:Schedule",
-            vllm_ascend=">=0.23.0",
+            vllm_ascend=ascend,
             feeds=_SCHEDULE_FEEDS,
             provides_context=True,
             process=ENGINE_CORE,
         )
-        for module, cls in (
-            ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
-            ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
-            ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
-            ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"),
+        for module, cls, ascend in (
+            ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler", ">=0.23.0"),
+            # (its module is gone from 0.30.0rc2)
+            ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch", ">=0.23.0,<0.30.0rc2"),
+            ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler", ">=0.23.0"),
+            ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler", ">=0.23.0"),
+            # PD decode nodes with DP > 1 (AsyncDyntraLBScheduler inherits it); its preemptions go through the
+            # base's _preempt_request (DyntraLBPolicyMixin's calls it), whose row counts them.
+            ("vllm_ascend.core.dyntra_lb_scheduler", "DyntraLBScheduler", ">=0.30.0rc2"),
         )
     ),
-    # RecomputeScheduler (PD decode nodes) re-implements these two without calling the base's.
+    # RecomputeScheduler (PD decode nodes) re-implements these two without calling the base's (up to 0.23: from
+    # 0.30 its update_from_output calls the base's, whose row measures it once, and add_request is the base's).
     Target(
         "vllm_ascend.core.recompute_scheduler",
         "RecomputeScheduler.update_from_output",
         SYNC,
         "scheduler:UpdateFromOutput",
-        vllm_ascend=">=0.23.0",
+        vllm_ascend=">=0.23.0,<0.30.0rc2",
         feeds=("scheduler:update_from_output:duration",),
         process=ENGINE_CORE,
     ),
@@ -786,7 +791,7 @@ TARGETS: tuple[Target, ...] = (
         "vllm_ascend.core.recompute_scheduler",
         "RecomputeScheduler.add_request",
         SYNC_TIMER,
-        vllm_ascend=">=0.23.0",
+        vllm_ascend=">=0.23.0,<0.30.0rc2",
         measures=_timer("scheduler:add_request:duration"),
         process=ENGINE_CORE,
     ),

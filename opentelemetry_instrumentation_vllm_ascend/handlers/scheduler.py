@@ -275,6 +275,10 @@ _record_schedule.many = _record_schedules  # type: ignore[attr-defined]  # read 
 _PREEMPTED = "_otel_vllm_ascend_preempted"
 
 
+#: vllm-ascend's DyntraLB scheduler's set of the requests it paused for load balancing (``_count_preemptions``).
+_LB_PAUSED = "_lb_paused_req_ids"
+
+
 def _preempted_of(scheduler) -> dict:
     try:
         return scheduler.__dict__[_PREEMPTED]  # no AttributeError raised and caught on every step
@@ -312,13 +316,17 @@ def _count_preemptions(handler, scheduler, result, step: Step) -> None:
     preempted request is put back (a priority queue is searched whole, only for a scheduler that does
     not fill ``preempted_req_ids``). A preemption already recorded (``_preempted_of``) is not counted
     again. A request preempted inline had computed its tokens but the one it last sampled (exact for a
-    decoding request: its computed count was reset before it could be read).
+    decoding request: its computed count was reset before it could be read). vllm-ascend's
+    ``DyntraLBScheduler`` pauses running requests for load balancing (PREEMPTED, in ``waiting`` or
+    ``skipped_waiting``, their ids in its ``_lb_paused_req_ids`` until they resume): each is a preemption
+    with its KV kept, no recompute event and no tokens to compute again.
 
     The common step (nothing preempted, none waiting to resume) makes no call: the scheduler's dict of
     preempted requests is read from its instance dict, and made (``_preempted_of``) only to note one.
 
     Its reads fail apart, each reported once under its name: the output's ``preempted_req_ids``, the
-    waiting queue's head, a found request's tokens, the resumes (``scheduler:recomputed_tokens``)."""
+    waiting queue's head, the paused requests, a found request's tokens, the resumes
+    (``scheduler:recomputed_tokens``)."""
     attributes = getattr(scheduler, "__dict__", None)
     pending = attributes.get(_PREEMPTED) if attributes is not None else None
     known = pending or ()  # preemptions already noted (membership only)
@@ -361,9 +369,29 @@ def _count_preemptions(handler, scheduler, result, step: Step) -> None:
                     found[request.request_id] = request
     except Exception:
         report(handler, "preempted waiting requests")
+    # vllm-ascend's DyntraLBScheduler (0.30+) pauses running requests for load balancing: PREEMPTED, back in
+    # waiting (or skipped_waiting, where a step that does not admit them leaves them), a PREEMPTED event, their
+    # KV kept (a preemption; nothing is recomputed). It keeps their ids until they resume.
+    paused = None
+    try:
+        paused = attributes.get(_LB_PAUSED) if attributes is not None else None
+        if paused:
+            for req_id in paused:
+                if req_id not in known and (found is None or req_id not in found):
+                    request = scheduler.requests.get(req_id)
+                    if request is not None:
+                        found = found or {}
+                        found[req_id] = request
+    except Exception:
+        paused = None
+        report(handler, "paused requests")
     if found:
         pending = _preempted_of(scheduler)
         for req_id, request in found.items():
+            if paused and req_id in paused:
+                pending[req_id] = 0  # noted until it resumes; no tokens to compute again
+                step.preemptions += 1
+                continue
             mark_recomputing(scheduler, req_id)
             try:
                 pending[req_id] = max(request.num_tokens - 1, 0)

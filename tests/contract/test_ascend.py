@@ -52,19 +52,21 @@ def test_every_attribute_handlers_read_from_vllm_ascend_exists(tree):
     assert problems == []
 
 
-def test_ascend_schedulers_reimplement_schedule_and_recompute_scheduler_reports_recomputed_requests(tree):
-    """Why each Ascend scheduler has its own row: its schedule() is its own, not the base's."""
-    for module, cls in (
-        ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler"),
-        ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch"),
-        ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler"),
-        ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler"),
-    ):
-        found = tree.find_class(module, cls)
-        assert found is not None, cls
-        assert any(getattr(n, "name", None) == "schedule" for n in found[1].body), cls
+def test_ascend_schedulers_reimplement_schedule_and_recompute_scheduler_reports_recomputed_requests(tree, version):
+    """Why each Ascend scheduler has its own row: its schedule() is its own, not the base's (each
+    ``schedule`` row of this release's vllm-ascend)."""
+    rows = [
+        t
+        for t in ASCEND_TARGETS
+        if t.attribute == "schedule" and t.handler == "scheduler:Schedule" and in_range(Version(version), t.vllm_ascend)
+    ]
+    assert len(rows) >= 4
+    for row in rows:
+        found = tree.find_class(row.module, row.owner_qualname)
+        assert found is not None, row.symbol
+        assert any(getattr(n, "name", None) == "schedule" for n in found[1].body), row.symbol
     source = tree.files["vllm_ascend/core/recompute_scheduler.py"]
-    assert "recomputed_reqs.append(" in source and "recomputed_reqs=recomputed_reqs" in source
+    assert "recomputed_reqs.append(" in source and "recomputed_reqs=" in source
 
 
 def test_npu_runner_sets_attn_state_in_prepare_inputs(tree):

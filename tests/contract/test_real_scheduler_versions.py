@@ -5,7 +5,8 @@
 The installed release runs as it is. ``tests/support/real_scheduler_run.py`` drives a preempting load (16 KV
 blocks of 16 tokens, 8 requests of 30 + 40 tokens, 6 at most running) with the package instrumented, and
 reports our metrics beside vLLM's own accounting of the same steps: our preemption counts equal its
-per-request counts, its reported ``preempted_req_ids`` and its PREEMPTED events; our batch sizes by
+per-request counts, its reported ``preempted_req_ids``, its PREEMPTED events and its ``vllm:num_preemptions``
+counter; our batch sizes by
 ``req_phase`` equal what its SchedulerOutputs scheduled; our queue counts equal ``get_request_counts()``;
 no step is labelled ``unknown`` and no handler reported a failure."""
 
@@ -111,7 +112,7 @@ def test_real_scheduler_counts_equal_vllms_own(model, version):
     # Preemptions: ours equal each request's count, the outputs' reports and the PREEMPTED events.
     preemptions = oracle["num_preemptions"]
     assert preemptions >= 3
-    assert oracle["reported_preemptions"] == oracle["preempted_events"] == preemptions
+    assert oracle["reported_preemptions"] == oracle["preempted_events"] == oracle["vllm_num_preemptions"] == preemptions
     assert total(points, "running_to_waiting_count") == preemptions
     assert total(points, "scheduler:recompute_events") == preemptions  # each had computed tokens
     assert total(points, "scheduler:recomputed_tokens") == oracle["recomputed_tokens"] > 0

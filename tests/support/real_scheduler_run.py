@@ -16,8 +16,9 @@ requests resumed after a preemption, cached requests with no output yet, and cac
 than one uncomputed token before the step, read from the ``Request`` objects before ``schedule()``) and
 decodes (the rest), with the tokens each was scheduled; ``get_request_counts()`` and the admission limit
 after ``schedule()``; the preemptions as each request counts them (``num_preemptions``), as the outputs
-report them (``preempted_req_ids``) and as its event records say (``PREEMPTED`` events of the
-EngineCoreOutputs ``update_from_output`` returns); the tokens each resumed request computes again (its
+report them (``preempted_req_ids``), as its event records say (``PREEMPTED`` events of the
+EngineCoreOutputs ``update_from_output`` returns) and as its ``vllm:num_preemptions`` counter counts those
+(its frontend's ``IterationStats.update_from_events``); the tokens each resumed request computes again (its
 computed tokens when it was preempted: no prefix caching).
 """
 
@@ -35,12 +36,10 @@ PROMPT = 30
 MAX_TOKENS = 40
 
 
-def build(model_path: str):
-    import torch
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
+def vllm_config(model_path: str, additional_config: dict | None = None, pipeline_parallel_size: int = 1):
+    """The VllmConfig of the load: 16 KV blocks of 16 tokens, 6 requests at most running, chunked prefill,
+    no prefix caching (``additional_config``: vllm-ascend's options; ``pipeline_parallel_size`` as given)."""
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     model_config = ModelConfig(model=model_path, dtype="float32", max_model_len=256, skip_tokenizer_init=True)
     scheduler_config = SchedulerConfig(
@@ -52,10 +51,26 @@ def build(model_path: str):
     )
     cache_config = CacheConfig(block_size=BLOCK_SIZE, cache_dtype="auto", enable_prefix_caching=False)
     cache_config.num_gpu_blocks = BLOCKS
-    config = VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config)
+    extra: dict = {}
+    if additional_config is not None:
+        extra["additional_config"] = additional_config
+    if pipeline_parallel_size != 1:
+        extra["parallel_config"] = ParallelConfig(pipeline_parallel_size=pipeline_parallel_size)
+    return VllmConfig(model_config=model_config, scheduler_config=scheduler_config, cache_config=cache_config, **extra)
+
+
+def build(model_path: str, config=None, cls=None):
+    """A scheduler of class ``cls`` (vLLM's ``Scheduler`` as its module binds it now) over ``config``
+    (``vllm_config(model_path)``), with a KV cache of ``BLOCKS`` blocks."""
+    import torch
+    from vllm.v1.core.sched import scheduler as scheduler_module
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    config = config if config is not None else vllm_config(model_path)
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=64, dtype=torch.float32)
     kv = KVCacheConfig(num_blocks=BLOCKS, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return Scheduler(
+    return (cls or scheduler_module.Scheduler)(
         vllm_config=config,
         kv_cache_config=kv,
         log_stats=True,
@@ -99,21 +114,54 @@ def admission_limit(scheduler) -> int:
     return limit - getattr(scheduler, "num_waiting_for_streaming_input", 0)
 
 
-def drive(scheduler, requests, oracle) -> None:
+def new_oracle() -> dict:
+    """The oracle's counts before the first step (``drive`` fills them)."""
+    return {
+        "steps": {},
+        "phase_requests": {"prefill": 0, "decode": 0},
+        "phase_tokens": {"prefill": 0, "decode": 0},
+        "batch": 0,
+        "running": [],
+        "waiting": [],
+        "blocked_edges": 0,
+        "reported_preemptions": 0,
+        "preempted_events": 0,
+        "recomputed_tokens": 0,
+        "recompute_reports": 0,  # requests a SchedulerOutput's recomputed_reqs hands back (vllm-ascend)
+        "recomputed_outputs": 0,  # outputs update_from_output finished with stop_reason "recomputed"
+        "vllm_num_preemptions": 0,  # vLLM's counter vllm:num_preemptions, as its frontend counts the outputs
+        "lb_pauses": 0,  # requests vllm-ascend's DyntraLB paused for load balancing (KV kept, PREEMPTED event)
+    }
+
+
+def drive(scheduler, requests, oracle, plan=None) -> None:
+    """Add ``requests`` and run steps until none is left, filling ``oracle``; ``plan(scheduler, step)``, when
+    given, runs before each ``schedule()`` (what an engine sets on its scheduler between steps)."""
     from vllm.v1.engine import EngineCoreEventType
+    from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, RequestStateStats
+
+    # vLLM's own preemption counter (vllm:num_preemptions): its frontend's IterationStats over each step's outputs.
+    lora_states = LoRARequestStates(log_stats=True)
+    request_stats: dict = {}
 
     for r in requests:
         scheduler.add_request(r)
     preempted_at: dict = {}  # request id -> its computed tokens when it was preempted
     blocked = False
-    for _ in range(2000):
+    for number in range(2000):
         if not scheduler.has_requests():
             return
+        if plan is not None:
+            plan(scheduler, number)
+        paused = getattr(scheduler, "_lb_paused_req_ids", None)  # vllm-ascend DyntraLB: requests it paused
+        paused_before = set(paused or ())
         before = {
             req_id: (r.num_computed_tokens, r.num_tokens, r.num_output_tokens)
             for req_id, r in scheduler.requests.items()
         }
         output = scheduler.schedule()
+        if paused is not None:
+            oracle["lb_pauses"] += len(set(scheduler._lb_paused_req_ids) - paused_before)
         scheduled = output.num_scheduled_tokens
         new_ids = {r.req_id for r in output.scheduled_new_reqs}
         resumed = getattr(output.scheduled_cached_reqs, "resumed_req_ids", None) or set()
@@ -152,13 +200,20 @@ def drive(scheduler, requests, oracle) -> None:
         for req_id in scheduled:
             if req_id in preempted_at:  # resumed: no prefix caching, all it had computed is computed again
                 oracle["recomputed_tokens"] += preempted_at.pop(req_id)
+        oracle["recompute_reports"] += len(getattr(output, "recomputed_reqs", None) or ())
         scheduler.get_grammar_bitmask(output)
         engine_outputs = scheduler.update_from_output(output, model_output(scheduler, output))
+        iteration = IterationStats()
         for outputs in (engine_outputs or {}).values():
             for out in outputs.outputs:
+                oracle["recomputed_outputs"] += out.stop_reason == "recomputed"
                 for event in out.events or ():
                     if event.type == EngineCoreEventType.PREEMPTED:
                         oracle["preempted_events"] += 1
+                if out.events:
+                    stats = request_stats.setdefault(out.request_id, RequestStateStats())
+                    iteration.update_from_events(out.request_id, out.events, False, stats, lora_states, None)
+        oracle["vllm_num_preemptions"] += iteration.num_preempted_reqs
     raise AssertionError("requests did not finish")
 
 
@@ -204,18 +259,7 @@ def main() -> None:
 
     scheduler = build(model_path)
     requests = [make_request(i) for i in range(REQUESTS)]
-    oracle = {
-        "steps": {},
-        "phase_requests": {"prefill": 0, "decode": 0},
-        "phase_tokens": {"prefill": 0, "decode": 0},
-        "batch": 0,
-        "running": [],
-        "waiting": [],
-        "blocked_edges": 0,
-        "reported_preemptions": 0,
-        "preempted_events": 0,
-        "recomputed_tokens": 0,
-    }
+    oracle = new_oracle()
     drive(scheduler, requests, oracle)
     oracle["num_preemptions"] = sum(r.num_preemptions for r in requests)
     print(

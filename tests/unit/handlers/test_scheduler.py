@@ -198,6 +198,31 @@ def test_a_request_preempted_inline_is_counted_whatever_its_queue(metrics, clock
     assert metrics.value(name("scheduler:recompute_events"), **dec) == (counted or None)
 
 
+def test_a_load_balancing_pause_is_one_preemption_that_recomputes_nothing(metrics, clock, utils):
+    """vllm-ascend's DyntraLBScheduler pauses a running request for load balancing: PREEMPTED, back in a
+    waiting queue (here ``skipped_waiting``, where a step that does not admit it leaves it), its KV kept, its
+    id in ``_lb_paused_req_ids`` until it resumes. Paused for two steps, then resumed (its 13 computed tokens
+    kept): one preemption, no recompute event, no tokens computed again."""
+    from vllm.v1.request import RequestStatus
+
+    requests = {"decode": req(12, 13, prompt=10), "paused": req(13, 14, prompt=10, request_id="paused")}
+    requests["paused"].status = RequestStatus.PREEMPTED
+    held = output(requests, cached=[("decode", 1)])
+    resumed = output(requests, cached=[("decode", 1), ("paused", 1)])
+    s = instrumented()(clock, utils, requests, running=[req(13, 14, prompt=10)])
+    s._lb_paused_req_ids = {"paused"}
+    s.plan = [(held, 0.125, []), (held, 0.125, []), (resumed, 0.125, [])]
+    s.schedule()
+    s.schedule()
+    s._lb_paused_req_ids.discard("paused")  # (DyntraLB's _update_after_schedule, inside the resuming step)
+    s.schedule()
+    dec = step("decode")
+    assert metrics.value(name("running_to_waiting_count"), **dec) == 1
+    assert metrics.value(name("scheduler:recompute_events"), **dec) is None
+    assert metrics.value(name("scheduler:recomputed_tokens"), **dec) is None
+    assert "paused" not in scheduler._preempted_of(s)  # forgotten at its resume
+
+
 def test_deferred_records_do_not_keep_the_step_output(metrics, clock, utils):
     """What a step's deferred records need is read when schedule() returns; its SchedulerOutput is
     not kept until they run (32 steps' outputs held back would keep their objects alive, and the

@@ -71,6 +71,10 @@ def _break_preemptions(s, out):
     out.preempted_req_ids = Raising()
 
 
+def _break_paused(s, out):
+    s._lb_paused_req_ids = Raising()  # vllm-ascend DyntraLB's paused requests, of another shape
+
+
 def _break_resumes(s, out):
     del s.requests["back"].num_computed_tokens
 
@@ -104,6 +108,7 @@ FAULTS = {
     "recomputed_reqs": (_break_recomputed, set(), "mixed"),
     "preempted_req_ids": (_break_preemptions, EVENTS, "mixed"),
     "resumes": (_break_resumes, RECOMPUTED, "mixed"),
+    "paused requests": (_break_paused, set(), "mixed"),
     "classify_step": (_break_classification, PHASE_SPLIT, "unknown"),
     "running queue": (_break_running, RUNNING | PENDING, "mixed"),
     "waiting queues": (_break_waiting, WAITING | PENDING, "mixed"),
