@@ -95,12 +95,31 @@ RANDOM_NEW = [[[0, 1], [2, 7], [4, 5], [6, 3]]]
 RANDOM_LOAD = [[[1, 1], [5, 5], [1, 1], [1, 0]]]
 RANDOM_EXPECTED = {"current": [(10 / 3.75, 3.75, 10.0)], "update": [(6 / 3.75, 3.75, 6.0)]}
 
+# "replicated", second cycle: the placement in use is the one the first cycle computed, rank 0 [e2, e1],
+#   rank 1 [e0, e2]; load [[5, 3], [7, 5]] -> hotness e2 5 + 5 = 10, e1 3, e0 7; current: e2 counts 5 per replica:
+#   rank loads 5 + 3 = 8, 7 + 5 = 12: mean 10, max 12, 12 / 10 = 1.2. (Read on the first placement instead, the
+#   same slots would give e0 12, e1 3, e2 5: rank loads 9 and 11.)
+#   DefaultEplb replicates e2 again (10 -> 5), that replica to rank 0, then e0 (7) -> rank 1, e2 -> rank 1, e1 ->
+#   rank 0: the same placement, so update = current.
+REPLICATED_NEXT_LOAD = [[[5, 3], [7, 5]]]
+REPLICATED_NEXT_EXPECTED = {"current": [(12 / 10, 10.0, 12.0)], "update": [(12 / 10, 10.0, 12.0)]}
+
+#: name -> (policy_type, EP rank, first placement, logical experts, per cycle: (load, new placement, expected))
 CASES = {
-    "default": (1, 0, DEFAULT_OLD, 4, DEFAULT_LOAD, DEFAULT_NEW, DEFAULT_EXPECTED),
-    "replicated": (1, 0, REPLICATED_OLD, 3, REPLICATED_LOAD, REPLICATED_NEW, REPLICATED_EXPECTED),
-    "random": (0, 0, RANDOM_OLD, 8, RANDOM_LOAD, RANDOM_NEW, RANDOM_EXPECTED),
+    "default": (1, 0, DEFAULT_OLD, 4, [(DEFAULT_LOAD, DEFAULT_NEW, DEFAULT_EXPECTED)]),
+    "replicated": (
+        1,
+        0,
+        REPLICATED_OLD,
+        3,
+        [
+            (REPLICATED_LOAD, REPLICATED_NEW, REPLICATED_EXPECTED),
+            (REPLICATED_NEXT_LOAD, REPLICATED_NEW, REPLICATED_NEXT_EXPECTED),
+        ],
+    ),
+    "random": (0, 0, RANDOM_OLD, 8, [(RANDOM_LOAD, RANDOM_NEW, RANDOM_EXPECTED)]),
     # EP rank 1: vllm-ascend computes no hotness there, nor do we record any (rank 0 records the global values)
-    "rank-1": (1, 1, DEFAULT_OLD, 4, DEFAULT_LOAD, DEFAULT_NEW, None),
+    "rank-1": (1, 1, DEFAULT_OLD, 4, [(DEFAULT_LOAD, DEFAULT_NEW, None)]),
 }
 POLICY_CLASS = {0: "RandomLoadBalance", 1: "DefaultEplb"}
 
@@ -184,8 +203,13 @@ def importable_vllm_ascend(version: str) -> str:
 def _cases_json() -> str:
     return json.dumps(
         [
-            {"policy_type": policy, "rank": rank, "expert_maps": global_maps(old, experts), "moe_load": load}
-            for policy, rank, old, experts, load, _new, _expected in CASES.values()
+            {
+                "policy_type": policy,
+                "rank": rank,
+                "expert_maps": global_maps(old, experts),
+                "moe_loads": [load for load, _new, _expected in cycles],
+            }
+            for policy, rank, old, experts, cycles in CASES.values()
         ]
     )
 
@@ -254,23 +278,26 @@ def test_the_real_eplb_rows_resolve(runs, ascend):
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("ascend", list(RELEASES))
 def test_eplb_gauges_equal_the_hand_computation(runs, ascend, case):
-    policy, rank, old, _experts, _load, new, expected = CASES[case]
+    policy, _rank, placement, _experts, cycles = CASES[case]
     got = runs[ascend]["cases"][list(CASES).index(case)]
     assert got["policy"] == POLICY_CLASS[policy]
-    # the real policy placed the experts as worked out by hand, and the cycle produced one update per layer
-    assert got["old_placement"] == old
-    assert got["new_placement"] == new
-    assert got["layers_packed"] == len(old)
-    if expected is None:  # EP rank 1
-        assert got["latest_expert_hotness"] is None
-        assert gauges(got["points"]) == {}
-        return
-    assert gauges(got["points"]) == expected_gauges(expected)
-    # vllm-ascend's own numbers (what the imbalance gauges carry) and our own arithmetic on the same tensors
-    # (what the layer loads carry, and the imbalances where vllm-ascend has none) agree with the hand values
-    hotness = got["latest_expert_hotness"]
-    for phase, rows in expected.items():
-        assert hotness[f"{phase}_imbalance_list"] == [row[0] for row in rows]
-        assert hotness[f"{phase}_mean"] == pytest.approx(summaries(expected)[f"{phase}_mean"], rel=1e-12)
-        assert hotness[f"{phase}_max"] == summaries(expected)[f"{phase}_max"]
-    assert {phase: [tuple(row) for row in rows] for phase, rows in got["layer_stats"].items()} == expected
+    assert len(got["cycles"]) == len(cycles)
+    for cycle, (_load, new, expected) in zip(got["cycles"], cycles):
+        # the real policy placed the experts as worked out by hand, and the cycle produced one update per layer
+        assert cycle["old_placement"] == placement
+        assert cycle["new_placement"] == new
+        assert cycle["layers_packed"] == len(placement)
+        placement = new
+        if expected is None:  # EP rank 1
+            assert cycle["latest_expert_hotness"] is None
+            assert gauges(cycle["points"]) == {}
+            continue
+        assert gauges(cycle["points"]) == expected_gauges(expected)
+        # vllm-ascend's own numbers (what the imbalance gauges carry) and our own arithmetic on the same tensors
+        # (what the layer loads carry, and the imbalances where vllm-ascend has none) agree with the hand values
+        hotness = cycle["latest_expert_hotness"]
+        for phase, rows in expected.items():
+            assert hotness[f"{phase}_imbalance_list"] == [row[0] for row in rows]
+            assert hotness[f"{phase}_mean"] == pytest.approx(summaries(expected)[f"{phase}_mean"], rel=1e-12)
+            assert hotness[f"{phase}_max"] == summaries(expected)[f"{phase}_max"]
+        assert {phase: [tuple(row) for row in rows] for phase, rows in cycle["layer_stats"].items()} == expected

@@ -5,14 +5,14 @@ packages (each with a dist-info naming its version) ahead of the installed vllm-
 
     python tests/support/eplb_real_drive.py CASES_JSON
 
-``CASES_JSON``: a list of cases ``{"policy_type", "rank", "expert_maps", "moe_load"}``. For each, the real
+``CASES_JSON``: a list of cases ``{"policy_type", "rank", "expert_maps", "moe_loads"}``. For each, one real
 ``EplbWorker`` (vllm-ascend's ``PolicyFactory`` picks the real policy class for ``policy_type``) runs one EPLB
-cycle, ``do_update()``, on a shared dict holding the global expert maps ``[L][ep][logical]`` (int32, as
-``VllmEplbAdaptor.get_global_expert_map`` stacks them) and the gathered load ``[L][ep][E_local]`` (int64, as
-``EplbUpdator.compute_and_set_moe_load`` stores it). What comes back per case: the placements vllm-ascend's own
-``global2local`` reads from the maps before and after the cycle, vllm-ascend's ``latest_expert_hotness``, the
-gauges our handler recorded (a fresh in-memory reader per case), and ``layer_stats`` (our own arithmetic, the
-handler's fallback) on the same tensors.
+cycle, ``do_update()``, per load, on a shared dict holding the global expert maps ``[L][ep][logical]`` (int32, as
+``VllmEplbAdaptor.get_global_expert_map`` stacks them; later cycles: the maps the cycle before stored) and the
+gathered load ``[L][ep][E_local]`` (int64, as ``EplbUpdator.compute_and_set_moe_load`` stores it). What comes
+back per cycle: the placements vllm-ascend's own ``global2local`` reads from the maps before and after it,
+vllm-ascend's ``latest_expert_hotness``, the gauges our handler recorded (a fresh in-memory reader per cycle),
+and ``layer_stats`` (our own arithmetic, the handler's fallback) on the same tensors.
 
 What is not vllm-ascend's or vLLM's released code, each only for an import the path never uses:
 - ``torch_npu``: an empty package (the test's stub directory, on ``PYTHONPATH``); ``policy_swift_balancer`` imports it (policy 2, not driven: its constructor
@@ -128,29 +128,32 @@ def main() -> None:
 
     results = []
     for case in cases:
-        reader = InMemoryMetricReader()
-        pipeline.reset(extra_readers=[reader])
         rank = case["rank"]
         eplb_worker.get_ep_group = lambda rank=rank: types.SimpleNamespace(rank_in_group=rank)
         maps = torch.tensor(case["expert_maps"], dtype=torch.int32)
-        load = torch.tensor(case["moe_load"], dtype=torch.int64)
-        shared = {"expert_maps": maps, "moe_load": load}
+        shared = {"expert_maps": maps}
         worker = eplb_worker.EplbWorker(shared, case["policy_type"])
-        packed = worker.do_update()
         local = int(maps.max()) + 1
-        new_maps = shared["expert_maps"]
-        hotness = getattr(worker, "latest_expert_hotness", None)
-        results.append(
-            {
-                "policy": type(worker.policy).__name__,
-                "old_placement": worker.global2local(maps, local).tolist(),
-                "new_placement": worker.global2local(new_maps, local).tolist(),
-                "layers_packed": None if packed is None else len(packed),
-                "latest_expert_hotness": None if hotness is None else {k: _floats(v) for k, v in hotness.items()},
-                "points": _points(reader),
-                "layer_stats": eplb.layer_stats(load, maps, new_maps),
-            }
-        )
+        cycles = []
+        for load in case["moe_loads"]:  # one EPLB cycle each, on the placement the one before left
+            reader = InMemoryMetricReader()
+            pipeline.reset(extra_readers=[reader])
+            before = shared["expert_maps"]
+            shared["moe_load"] = load = torch.tensor(load, dtype=torch.int64)
+            packed = worker.do_update()
+            after = shared["expert_maps"]
+            hotness = getattr(worker, "latest_expert_hotness", None)
+            cycles.append(
+                {
+                    "old_placement": worker.global2local(before, local).tolist(),
+                    "new_placement": worker.global2local(after, local).tolist(),
+                    "layers_packed": None if packed is None else len(packed),
+                    "latest_expert_hotness": None if hotness is None else {k: _floats(v) for k, v in hotness.items()},
+                    "points": _points(reader),
+                    "layer_stats": eplb.layer_stats(load, before, after),
+                }
+            )
+        results.append({"policy": type(worker.policy).__name__, "cycles": cycles})
     instrumentor.uninstrument()
     out = {
         "vllm": vllm.__version__,
