@@ -1,7 +1,7 @@
 """vllm-ascend dynamic EPLB (expert-parallel load balancing): expert hotness and imbalance, and the
 durations of applying a new expert placement.
 
-Where things run (vllm-ascend 0.23):
+Where things run (vllm-ascend 0.23.0.post1 and 0.30.0rc2: the same ``eplb_worker.py``):
 
 - Each NPU worker forks an EPLB process (``EplbProcess._launch_process``, multiprocessing's default
   context: fork). Once per EPLB cycle the worker all-gathers the expert load into
