@@ -19,9 +19,10 @@ import tempfile
 
 import pytest
 
-from tests.support import source_archives
-
 pytest.importorskip("torch")
+
+from tests.contract.test_real_scheduler_versions import importable  # noqa: E402  (vLLM's sdist ``vllm/``)
+from tests.support import source_archives  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(ROOT, "tests", "support", "eplb_real_drive.py")
@@ -148,56 +149,33 @@ def test_hand_summaries_of_the_default_case():
 # -- the real code, in subprocesses -------------------------------------------------------------------------
 
 
-def _unpack(archive: str, prefix: str, package: str, target: str, info: str, version: str, extra=None) -> str:
-    """``package/`` of an sdist (``prefix`` its top folder) and a dist-info naming ``version``, unpacked once into
-    the source cache (``target``)."""
-    if os.path.isdir(os.path.join(target, package)):
+def importable_ascend(version: str) -> str:
+    """A directory holding ``vllm_ascend/`` of ``version``'s sdist, with the ``_build_info.py`` its build writes
+    (``setup.py``'s ``gen_build_info``, ``SOC_VERSION=ascend910b1``: device type A2; absent from the sdist) and a
+    dist-info naming it, unpacked once into the source cache (beside ``importable``'s ``vllm/``)."""
+    target = os.path.join(source_archives.CACHE, "importable", f"vllm_ascend-{version}")
+    if os.path.isdir(os.path.join(target, "vllm_ascend")):
         return target
+    archive = source_archives.sdist("vllm-ascend", version)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     work = tempfile.mkdtemp(dir=os.path.dirname(target))
+    top = f"vllm_ascend-{version}/"
     with tarfile.open(archive) as tar:
-        members = [
-            m for m in tar.getmembers() if m.name.startswith(f"{prefix}/{package}/") and (m.isfile() or m.isdir())
-        ]
+        members = [m for m in tar.getmembers() if m.name.startswith(top + "vllm_ascend/") and (m.isfile() or m.isdir())]
         for m in members:
-            m.name = m.name[len(prefix) + 1 :]
+            m.name = m.name[len(top) :]
         tar.extractall(work, members=members, filter="data")
-    os.makedirs(os.path.join(work, info))
-    with open(os.path.join(work, info, "METADATA"), "w") as f:
-        f.write(f"Metadata-Version: 2.1\nName: {package.replace('_', '-')}\nVersion: {version}\n")
-    for path, text in (extra or {}).items():
-        with open(os.path.join(work, path), "w") as f:
-            f.write(text)
+    with open(os.path.join(work, "vllm_ascend", "_build_info.py"), "w") as f:
+        f.write("# Auto-generated file\n__device_type__ = 'A2'\n")
+    info = os.path.join(work, f"vllm_ascend-{version}.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n")
     try:
         os.rename(work, target)
     except OSError:  # another run unpacked it first
         pass
     return target
-
-
-def importable_vllm(version: str) -> str:
-    return _unpack(
-        source_archives.sdist("vllm", version),
-        f"vllm-{version}",
-        "vllm",
-        os.path.join(source_archives.CACHE, "importable", f"vllm-{version}"),
-        f"vllm-{version}+cpu.dist-info",
-        f"{version}+cpu",
-    )
-
-
-def importable_vllm_ascend(version: str) -> str:
-    """vllm-ascend's ``vllm_ascend/`` with the ``_build_info.py`` its build writes (``setup.py``'s
-    ``gen_build_info``, ``SOC_VERSION=ascend910b1``: device type A2), absent from the sdist."""
-    return _unpack(
-        source_archives.sdist("vllm-ascend", version),
-        f"vllm_ascend-{version}",
-        "vllm_ascend",
-        os.path.join(source_archives.CACHE, "importable", f"vllm_ascend-{version}"),
-        f"vllm_ascend-{version}.dist-info",
-        version,
-        {"vllm_ascend/_build_info.py": "# Auto-generated file\n__device_type__ = 'A2'\n"},
-    )
 
 
 def _cases_json() -> str:
@@ -222,7 +200,7 @@ def runs(tmp_path_factory):
     (stubs / "torch_npu" / "__init__.py").write_text("")  # empty: imported, never used (eplb_real_drive.py)
     procs = {}
     for ascend, vllm in RELEASES.items():
-        path = [importable_vllm(vllm), importable_vllm_ascend(ascend), str(stubs), ROOT]
+        path = [importable(vllm), importable_ascend(ascend), str(stubs), ROOT]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "VLLM_NO_USAGE_STATS": "1", "VLLM_PLUGINS": ""}
         procs[ascend] = subprocess.Popen(
             [sys.executable, DRIVER, _cases_json()],
