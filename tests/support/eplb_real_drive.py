@@ -9,27 +9,32 @@ packages (each with a dist-info naming its version) ahead of the installed vllm-
 ``EplbWorker`` (vllm-ascend's ``PolicyFactory`` picks the real policy class for ``policy_type``) runs one EPLB
 cycle, ``do_update()``, per load, on a shared dict holding the global expert maps ``[L][ep][logical]`` (int32, as
 ``VllmEplbAdaptor.get_global_expert_map`` stacks them; later cycles: the maps the cycle before stored) and the
-gathered load ``[L][ep][E_local]`` (int64, as ``EplbUpdator.compute_and_set_moe_load`` stores it). What comes
-back per cycle: the placements vllm-ascend's own ``global2local`` reads from the maps before and after it,
-vllm-ascend's ``latest_expert_hotness``, the gauges our handler recorded (a fresh in-memory reader per cycle),
-and ``layer_stats`` (our own arithmetic, the handler's fallback) on the same tensors.
+gathered load as ``EplbUpdator.compute_and_set_moe_load`` stores it: ``[L][ep][E_local]`` int64, or for FlashLB
+(multi-stage) ``[T][L][ep][E_local]`` int32. What comes back per cycle: the placements vllm-ascend's own
+``global2local`` reads from the maps before and after it, vllm-ascend's ``latest_expert_hotness``, the gauges our
+handler recorded (a fresh in-memory reader per cycle), and ``layer_stats`` (our own arithmetic, the handler's
+fallback) on the same tensors.
 
 What is not vllm-ascend's or vLLM's released code, each only for an import the path never uses:
-- ``torch_npu``: an empty package (the test's stub directory, on ``PYTHONPATH``); ``policy_swift_balancer`` imports it (policy 2, not driven: its constructor
-  calls ``torch.npu.device_count()``), and on 0.23.0.post1 ``vllm_ascend.utils`` (imported by the transfer
-  loader's module through ``vllm_ascend.distributed.parallel_state``).
-- ``numba.njit``, ``scipy.stats.norm.ppf`` and ``scipy.optimize.linear_sum_assignment`` (neither package is
-  installed): in ``sys.modules`` only while ``policy_factory`` imports ``policy_flashlb`` (policy 3, not
-  driven); the stand-in ``njit`` makes each kernel it decorates raise when called, ``linear_sum_assignment``
-  raises, ``norm.ppf`` gives NaN (``FlashLBConfig``'s default z-score, computed when the class is defined).
+- ``torch_npu``: an empty package (the test's stub directory, on ``PYTHONPATH``); ``policy_swift_balancer``
+  imports it (policy 2, not driven: its constructor calls ``torch.npu.device_count()``), and on 0.23.0.post1
+  ``vllm_ascend.utils`` (imported by the transfer loader's module through ``vllm_ascend.distributed.parallel_state``).
+- only where it is not installed (numba comes with vLLM, the ``test`` extra installs scipy; FlashLB, policy 3, is
+  then not driven): ``numba.njit``, or ``scipy.stats.norm.ppf`` and ``scipy.optimize.linear_sum_assignment``, in
+  ``sys.modules`` only while ``policy_factory`` imports ``policy_flashlb``; the stand-in ``njit`` makes each
+  kernel it decorates raise when called, ``linear_sum_assignment`` raises, ``norm.ppf`` gives NaN
+  (``FlashLBConfig``'s default z-score, computed when the class is defined).
 - ``gguf`` on vLLM 0.23 where it is not installed (``vllm.config`` imports it on the way to
   ``eplb_device_transfer_loader``): tests/support/traces_v023_drive.py's stand-in (nothing reads a GGUF file).
 - ``get_ep_group`` in ``eplb_worker``'s namespace: ``EplbWorker.__init__`` reads ``rank_in_group`` from vLLM's
   expert-parallel group, which needs an initialised distributed EP world; the stand-in gives the case's rank.
+  (FlashLB asks vllm-ascend's dynamic-EPLB group for its size; uninitialised, it keeps its default thresholds,
+  as vllm-ascend's own ``warm_up`` does.)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -55,6 +60,9 @@ def _import_eplb_worker():
     stand_ins["scipy.stats"].norm = types.SimpleNamespace(ppf=lambda q: float("nan"))  # type: ignore[attr-defined]
     stand_ins["scipy"].stats = stand_ins["scipy.stats"]  # type: ignore[attr-defined]
     stand_ins["scipy"].optimize = stand_ins["scipy.optimize"]  # type: ignore[attr-defined]
+    for package in ("numba", "scipy"):  # installed: FlashLB's module imports the real one
+        if importlib.util.find_spec(package) is not None:
+            stand_ins = {name: module for name, module in stand_ins.items() if name.split(".")[0] != package}
     saved = {name: sys.modules.get(name) for name in stand_ins}
     sys.modules.update(stand_ins)
     try:
@@ -139,7 +147,9 @@ def main() -> None:
             reader = InMemoryMetricReader()
             pipeline.reset(extra_readers=[reader])
             before = shared["expert_maps"]
-            shared["moe_load"] = load = torch.tensor(load, dtype=torch.int64)
+            # int64 [L][ep][E_local]; multi-stage (FlashLB): int32 [T][L][ep][E_local], as the updator stores them
+            dtype = torch.int32 if worker.multi_stage else torch.int64
+            shared["moe_load"] = load = torch.tensor(load, dtype=dtype)
             packed = worker.do_update()
             after = shared["expert_maps"]
             hotness = getattr(worker, "latest_expert_hotness", None)
@@ -150,7 +160,7 @@ def main() -> None:
                     "layers_packed": None if packed is None else len(packed),
                     "latest_expert_hotness": None if hotness is None else {k: _floats(v) for k, v in hotness.items()},
                     "points": _points(reader),
-                    "layer_stats": eplb.layer_stats(load, before, after),
+                    "layer_stats": eplb.layer_stats(load, before, after, worker.multi_stage),
                 }
             )
         results.append({"policy": type(worker.policy).__name__, "cycles": cycles})
