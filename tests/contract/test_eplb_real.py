@@ -2,7 +2,7 @@
 picked by its ``PolicyFactory``) from the sdists of 0.30.0rc2 (over vLLM 0.30.0's sdist ``vllm/``) and 0.23.0.post1
 (over vLLM 0.23.0's), run on CPU tensors in a subprocess with the package instrumented
 (tests/support/eplb_real_drive.py, which names the stand-ins: an empty ``torch_npu``, the EP group's rank, and
-where it is not installed ``scipy`` (or ``numba``) for FlashLB's module only). One EPLB cycle
+where one is not installed ``numba`` / ``scipy`` for FlashLB's module only). One EPLB cycle
 (``EplbWorker.do_update``) per load; our hotness / imbalance gauges per MoE layer and placement (``phase`` current
 / update), their summaries over layers, and the per-layer rank loads equal the values worked out by hand below
 from the same tensors.
@@ -98,6 +98,19 @@ RANDOM_NEW = [[[0, 1], [2, 7], [4, 5], [6, 3]]]
 RANDOM_LOAD = [[[1, 1], [5, 5], [1, 1], [1, 0]]]
 RANDOM_EXPECTED = {"current": [(10 / 3.75, 3.75, 10.0)], "update": [(6 / 3.75, 3.75, 6.0)]}
 
+# "rejected": RandomLoadBalance (policy 0), 1 layer x 7 experts x 4 ranks x 2 slots, e3 on ranks 1 and 3.
+#   placement [e0, e1], [e2, e3], [e4, e5], [e3, e6]; load [[1, 1], [2, 4], [1, 1], [4, 1]]
+#     -> hotness e0 1, e1 1, e2 2, e3 4 + 4 = 8, e4 1, e5 1, e6 1; current: e3 counts 8 / 2 = 4 per replica: rank
+#     loads 2, 2 + 4 = 6, 2, 4 + 1 = 5: mean 15 / 4 = 3.75, max 6, 6 / 3.75 = 1.6.
+#   The swap of the last slots of ranks 3 and 1 gives rank 1 [e2, e6] and rank 3 [e3, e3]: e3 twice on one rank, so
+#   EplbWorker.check_expert_placement keeps the layer's old placement. The update is the current placement: 1.6.
+#   (vllm-ascend's own update list is of the rejected placement: rank loads 2, 2 + 1 = 3, 2, 4 + 4 = 8: 8 / 3.75.)
+REJECTED_OLD = [[[0, 1], [2, 3], [4, 5], [3, 6]]]
+REJECTED_LOAD = [[[1, 1], [2, 4], [1, 1], [4, 1]]]
+REJECTED_EXPECTED = {"current": [(6 / 3.75, 3.75, 6.0)], "update": [(6 / 3.75, 3.75, 6.0)]}
+#: vllm-ascend's own update imbalance list where it differs from the stored placement's (what we record)
+VLLM_ASCEND_UPDATE = {"rejected": [8 / 3.75]}
+
 # "replicated", second cycle: the placement in use is the one the first cycle computed, rank 0 [e2, e1],
 #   rank 1 [e0, e2]; load [[5, 3], [7, 5]] -> hotness e2 5 + 5 = 10, e1 3, e0 7; current: e2 counts 5 per replica:
 #   rank loads 5 + 3 = 8, 7 + 5 = 12: mean 10, max 12, 12 / 10 = 1.2. (Read on the first placement instead, the
@@ -141,6 +154,7 @@ CASES = {
         ],
     ),
     "random": (0, 0, RANDOM_OLD, 8, [(RANDOM_LOAD, RANDOM_NEW, RANDOM_EXPECTED)]),
+    "rejected": (0, 0, REJECTED_OLD, 7, [(REJECTED_LOAD, REJECTED_OLD, REJECTED_EXPECTED)]),
     # EP rank 1: vllm-ascend computes no hotness there, nor do we record any (rank 0 records the global values)
     "rank-1": (1, 1, DEFAULT_OLD, 4, [(DEFAULT_LOAD, DEFAULT_NEW, None)]),
     "flashlb": (3, 0, DEFAULT_OLD, 4, [(FLASHLB_LOAD, None, DEFAULT_EXPECTED)]),
@@ -307,11 +321,15 @@ def test_eplb_gauges_equal_the_hand_computation(runs, ascend, case):
             assert gauges(cycle["points"]) == {}
             continue
         assert gauges(cycle["points"]) == expected_gauges(expected)
-        # vllm-ascend's own numbers (what the imbalance gauges carry) and our own arithmetic on the same tensors
-        # (what the layer loads carry, and the imbalances where vllm-ascend has none) agree with the hand values
+        # vllm-ascend's own numbers (what the current imbalance gauges carry; its update list is of the policy's
+        # placement, before EplbWorker's check) and our own arithmetic on the same tensors (what the layer loads and
+        # the update imbalances carry) agree with the hand values
         hotness = cycle["latest_expert_hotness"]
         for phase, rows in expected.items():
-            assert hotness[f"{phase}_imbalance_list"] == [row[0] for row in rows]
-            assert hotness[f"{phase}_mean"] == pytest.approx(summaries(expected)[f"{phase}_mean"], rel=1e-12)
-            assert hotness[f"{phase}_max"] == summaries(expected)[f"{phase}_max"]
+            values = [row[0] for row in rows]
+            if phase == "update" and case in VLLM_ASCEND_UPDATE:
+                values = VLLM_ASCEND_UPDATE[case]
+            assert hotness[f"{phase}_imbalance_list"] == values
+            assert hotness[f"{phase}_mean"] == pytest.approx(sum(values) / len(values), rel=1e-12)
+            assert hotness[f"{phase}_max"] == max(values)
         assert {phase: [tuple(row) for row in rows] for phase, rows in cycle["layer_stats"].items()} == expected

@@ -19,9 +19,10 @@ What is not vllm-ascend's or vLLM's released code, each only for an import the p
 - ``torch_npu``: an empty package (the test's stub directory, on ``PYTHONPATH``); ``policy_swift_balancer``
   imports it (policy 2, not driven: its constructor calls ``torch.npu.device_count()``), and on 0.23.0.post1
   ``vllm_ascend.utils`` (imported by the transfer loader's module through ``vllm_ascend.distributed.parallel_state``).
-- only where it is not installed (numba comes with vLLM, the ``test`` extra installs scipy; FlashLB, policy 3, is
-  then not driven): ``numba.njit``, or ``scipy.stats.norm.ppf`` and ``scipy.optimize.linear_sum_assignment``, in
-  ``sys.modules`` only while ``policy_factory`` imports ``policy_flashlb``; the stand-in ``njit`` makes each
+- only where scipy or numba is not installed (numba comes with vLLM, the ``test`` extra installs scipy; FlashLB,
+  policy 3, is then not driven): ``numba.njit`` (numba's own import reads scipy's version), ``scipy.stats.norm.ppf``
+  and ``scipy.optimize.linear_sum_assignment``, in ``sys.modules`` only while ``policy_factory`` imports
+  ``policy_flashlb``; the stand-in ``njit`` makes each
   kernel it decorates raise when called, ``linear_sum_assignment`` raises, ``norm.ppf`` gives NaN
   (``FlashLBConfig``'s default z-score, computed when the class is defined).
 - ``gguf`` on vLLM 0.23 where it is not installed (``vllm.config`` imports it on the way to
@@ -60,9 +61,8 @@ def _import_eplb_worker():
     stand_ins["scipy.stats"].norm = types.SimpleNamespace(ppf=lambda q: float("nan"))  # type: ignore[attr-defined]
     stand_ins["scipy"].stats = stand_ins["scipy.stats"]  # type: ignore[attr-defined]
     stand_ins["scipy"].optimize = stand_ins["scipy.optimize"]  # type: ignore[attr-defined]
-    for package in ("numba", "scipy"):  # installed: FlashLB's module imports the real one
-        if importlib.util.find_spec(package) is not None:
-            stand_ins = {name: module for name, module in stand_ins.items() if name.split(".")[0] != package}
+    if all(importlib.util.find_spec(name) is not None for name in ("numba", "scipy")):
+        stand_ins = {}  # both installed: FlashLB's module imports the real ones (numba's import reads scipy's version)
     saved = {name: sys.modules.get(name) for name in stand_ins}
     sys.modules.update(stand_ins)
     try:
