@@ -610,10 +610,11 @@ CORE_CATALOGUE: tuple[MetricSpec, ...] = (
     # Recorded once per EPLB cycle by the EPLB process (forked from each NPU worker) of EP rank 0, the
     # rank that computes hotness in vllm-ascend; label ``rank`` is that EP rank. On the per-layer gauges
     # ``phase`` is NOT a step phase: ``current`` is the expert placement in use while the load was
-    # collected, ``update`` the placement EPLB just computed, evaluated on the same load (before / after
-    # the rebalance). A layer's imbalance is max / mean over EP ranks of the rank's load, a rank's load
-    # being the sum over its expert slots of the expert's hotness divided by the expert's replica count
-    # (vllm-ascend's EplbWorker._compute_imbalance); a layer with no load at all counts as 1.0.
+    # collected, ``update`` the placement EPLB just computed and stored, evaluated on the same load (before /
+    # after the rebalance; a layer whose computed placement EplbWorker rejects as invalid keeps its current
+    # one). A layer's imbalance is max / mean over EP ranks of the rank's load, a rank's load being the sum
+    # over its expert slots of the expert's hotness divided by the expert's replica count (vllm-ascend's
+    # EplbWorker._compute_imbalance); a layer with no load at all counts as 1.0.
     *(
         _gauge(
             eplb_hotness_seed(which, stat),
@@ -635,8 +636,8 @@ CORE_CATALOGUE: tuple[MetricSpec, ...] = (
         "Expert load imbalance of one MoE layer in the last EPLB "
         "cycle: max over EP ranks of the rank's load divided by its mean (1.0: balanced; a layer with no "
         "load counts as 1.0). layer: index among the MoE layers, as EPLB numbers them. phase: current "
-        "(placement in use while the load was collected) or update (placement EPLB computed), not the "
-        "step phase.",
+        "(placement in use while the load was collected) or update (placement EPLB computed; a layer whose "
+        "computed placement EPLB rejects as invalid keeps its current one), not the step phase.",
         labels=STEP_LABELS + ("rank", "layer"),
     ),
     *(

@@ -1,7 +1,7 @@
 """vllm-ascend dynamic EPLB (expert-parallel load balancing): expert hotness and imbalance, and the
 durations of applying a new expert placement.
 
-Where things run (vllm-ascend 0.23):
+Where things run (vllm-ascend 0.23.0.post1 and 0.30.0rc2: the same ``eplb_worker.py``):
 
 - Each NPU worker forks an EPLB process (``EplbProcess._launch_process``, multiprocessing's default
   context: fork). Once per EPLB cycle the worker all-gathers the expert load into
@@ -21,10 +21,15 @@ rank 0 is the one vllm-ascend computes on, and the incumbent's ``rank`` label is
 ``rank_id``). Every EPLB process claims the process kind ``eplb`` (``instrumented_processes``), keeping
 the dp / role it inherited from its worker.
 
-The numbers: vllm-ascend's own per-layer imbalance lists when the call refreshed ``latest_expert_hotness``,
-otherwise our own computation from the gathered load and the old / new placements (the same arithmetic,
-below). Per-layer loads (``eplb:layer_load:*``) always come from our computation. A layer without any
-load has imbalance 1.0 (every rank carries the same, zero, load; vllm-ascend's own value is NaN there).
+The numbers: for the current placement, vllm-ascend's own per-layer imbalance list when the call refreshed
+``latest_expert_hotness``, otherwise our own computation from the gathered load and the old / new placements (the
+same arithmetic, below; tests/contract/test_eplb_real.py checks both against hand-computed values on vllm-ascend's
+real policies). For the update, ours wherever we computed it: vllm-ascend computes its update list on the policy's
+placement *before* ``check_expert_placement``, which keeps a layer's old placement where the policy's is invalid
+(an expert twice on one rank, an expert lost, an expert moved inside a rank), so its number can describe a
+placement that is never applied; ours is of the maps the cycle stored. Per-layer loads (``eplb:layer_load:*``)
+always come from our computation. A layer without any load has imbalance 1.0 (every rank carries the same, zero,
+load; vllm-ascend's own value is NaN there).
 """
 
 from __future__ import annotations
@@ -221,10 +226,16 @@ class _Cycle:
     name = "EplbWorker.do_update"
 
 
+_STORED = PHASES[1]  # "update": the placement the cycle computed and stored
+
+
 def record_cycle(rank: str, stats, latest=None, handler=_Cycle) -> None:
     """Set the gauges of one EPLB cycle from ``layer_stats`` output and/or vllm-ascend's
-    ``latest_expert_hotness`` (its per-layer imbalance lists take precedence). vllm-ascend's values that cannot be
-    read are reported (``handler``'s failure in ``latest_expert_hotness``): ours are used instead."""
+    ``latest_expert_hotness`` (its per-layer imbalance list of the current placement takes precedence; that of the
+    update is ours where we computed it: vllm-ascend evaluates the policy's placement before
+    ``EplbWorker.check_expert_placement``, which puts a layer's old placement back where the policy's is invalid).
+    vllm-ascend's values that cannot be read are reported (``handler``'s failure in ``latest_expert_hotness``):
+    ours are used instead."""
     ctx = context.PROCESS
     dp, role = ctx.dp, ctx.role
     imbalances = {}
@@ -235,8 +246,12 @@ def record_cycle(rank: str, stats, latest=None, handler=_Cycle) -> None:
         except Exception:
             report(handler, "latest_expert_hotness")
             latest = None
-    if not imbalances and stats is not None:
-        imbalances = {p: [row[0] for row in stats[p]] for p in PHASES}
+    if stats is not None:
+        ours = {p: [row[0] for row in stats[p]] for p in PHASES}
+        if not imbalances:
+            imbalances = ours
+        else:  # the placement the cycle stored: vllm-ascend's list is of the policy's, before its check (above)
+            imbalances[_STORED] = ours[_STORED]
     set_gauge = recording.set_gauge
     scalar_labels = (dp, role, _ALL, rank)
     if all(imbalances.get(p) for p in PHASES):

@@ -92,7 +92,7 @@ def _fakes():
             t.FakeEplbWorker({}, 0, None),
             "vllm_ascend.eplb.core.eplb_worker",
             "EplbWorker",
-            {"computes_hotness", "new_placement", "multi_stage"},
+            {"computes_hotness", "new_placement"},
         ),
         (
             t.FakeAdaptor,

@@ -152,7 +152,7 @@ READS = tuple(
         (
             "vllm_ascend.eplb.core.eplb_worker",
             "EplbWorker",
-            ("rank_id", "old_expert_maps", "shared_dict", "latest_expert_hotness"),
+            ("rank_id", "old_expert_maps", "shared_dict", "latest_expert_hotness", "multi_stage"),
         ),
         ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "D2DExpertWeightLoader", ("state",)),
         ("vllm_ascend.eplb.core.eplb_device_transfer_loader", "ExpertWeightUpdateState", ("TRANSFERRING",)),

@@ -189,7 +189,9 @@ def test_both_versions_give_the_same_numbers(metrics, hooked):
 
 
 def test_latest_expert_hotness_values_are_the_ones_recorded(metrics, hooked, monkeypatch):
-    """With latest_expert_hotness refreshed by the call, its per-layer lists are what is recorded."""
+    """With latest_expert_hotness refreshed by the call, its per-layer list of the current placement is what is
+    recorded; that of the update is ours, of the placement the cycle stored (vllm-ascend's is of the policy's,
+    before EplbWorker.check_expert_placement may put the old one back: tests/contract/test_eplb_real.py)."""
     original = FakeEplbWorker._compute_imbalance
 
     def doctored(placement, hotness, return_list=False):
@@ -201,6 +203,8 @@ def test_latest_expert_hotness_values_are_the_ones_recorded(metrics, hooked, mon
     series = eplb_series(metrics)
     assert series["expert_hotness:imbalance"][(("layer", "0"), ("phase", "current"), ("rank", "0"))] == 3.125
     assert series["expert_hotness:current_max"] == {(("phase", "all"), ("rank", "0")): 3.125}
+    assert series["expert_hotness:imbalance"][(("layer", "0"), ("phase", "update"), ("rank", "0"))] == 1.25
+    assert series["expert_hotness:update_max"] == {(("phase", "all"), ("rank", "0")): 1.25}
     # per-layer loads are always our own
     assert series["layer_load:max"][(("layer", "0"), ("phase", "current"), ("rank", "0"))] == 25.0
 
