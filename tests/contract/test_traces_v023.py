@@ -15,7 +15,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from tests.contract.test_real_scheduler_versions import HERE, ROOT, importable  # noqa: E402
+from tests.contract.test_real_scheduler_versions import HERE, ROOT  # noqa: E402
+from tests.support.source_archives import importable  # noqa: E402
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
 PARENT_SPAN = 0xB7AD6B7169203331

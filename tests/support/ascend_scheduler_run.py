@@ -25,8 +25,8 @@ What is not vllm-ascend's or vLLM's released code, each only for an import the p
   NPU stack). vllm-ascend imports that patch in every process (``adapt_patch(is_global_patch=True)``)
   before it resolves a scheduler class, so the driver imports it before any scheduler module: as there,
   each scheduler module that imports vLLM's ``Scheduler`` by name after it gets ``BalanceScheduler``.
-- ``scipy.optimize.nnls`` (scipy is not installed): present in ``sys.modules`` only while
-  ``vllm_ascend.core.profiling_chunk_predictor`` is imported; only its latency-model fit
+- ``scipy.optimize.nnls``, only where scipy is not installed (the ``test`` extra installs it): present in
+  ``sys.modules`` only while ``vllm_ascend.core.profiling_chunk_predictor`` is imported; only its latency-model fit
   (``ChunkSizePredictor.fit_chunk``, run from the engine's profiling pass) calls it, and the stand-in raises.
 - ``vllm_ascend/_build_info.py`` (made by vllm-ascend's build, absent from the sdist): written by the test
   as ``setup.py``'s ``gen_build_info`` writes it for ``SOC_VERSION=ascend910b1``.
@@ -62,7 +62,16 @@ def _bare_platform_package() -> None:
 
 
 def _import_profiling_chunk() -> None:
-    """``vllm_ascend.core.scheduler_profiling_chunk`` with a stand-in ``scipy.optimize.nnls`` (module docs)."""
+    """``vllm_ascend.core.scheduler_profiling_chunk``, with a stand-in ``scipy.optimize.nnls`` where scipy is not
+    installed (module docs)."""
+    try:
+        import scipy.optimize  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        import vllm_ascend.core.scheduler_profiling_chunk  # noqa: F401
+
+        return
 
     def nnls(*args, **kwargs):
         raise AssertionError("scipy.optimize.nnls is a test stand-in: the scheduling path must not fit a model")
@@ -209,7 +218,8 @@ def main() -> None:
                 "vllm_file": vllm.__file__,
                 "vllm_ascend_file": vllm_ascend.__file__,
                 "torch_npu": sys.modules["torch_npu"].__file__,
-                "scipy_left": "scipy" in sys.modules,
+                "scipy_stand_in_left": "scipy" in sys.modules
+                and getattr(sys.modules["scipy"], "__file__", None) is None,
                 "schedulers": results,
                 "failures": failures,
             }

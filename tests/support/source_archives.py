@@ -1,11 +1,14 @@
 """Source distributions (sdists) of vLLM and vllm-ascend for the contract tests: from the index pip is
 configured with (``PIP_INDEX_URL`` / ``pip config``, as pip resolves it; the package's ``archives``
 module, which ``check --vllm`` uses too), downloaded once into a cache (``OTEL_VLLM_ASCEND_SOURCE_CACHE``),
-checked against the index's sha256, then parsed by the tests, never imported or built."""
+checked against the index's sha256, then parsed by the tests, never built. ``importable`` /
+``importable_ascend`` unpack a release's pure-Python package for the tests that run its real code in a
+subprocess."""
 
 import os
 import re
 import tarfile
+import tempfile
 import zipfile
 
 from opentelemetry_instrumentation_vllm_ascend import archives
@@ -92,3 +95,54 @@ def ascend_provider_hook_files(directory: str, sources: dict[str, bytes] | None 
                 f.write(data)
             out.append(target)
     return out
+
+
+def _unpack_importable(project: str, version: str, package: str, files: dict[str, str]) -> str:
+    """``package/`` of ``project`` ``version``'s sdist, plus ``files`` (path within the directory: text) and a
+    dist-info naming the release, unpacked once into ``CACHE/importable/<package>-<version>``: that directory."""
+    target = os.path.join(CACHE, "importable", f"{package}-{version}")
+    if os.path.isdir(os.path.join(target, package)):
+        return target
+    archive = sdist(project, version)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    work = tempfile.mkdtemp(dir=os.path.dirname(target))
+    top = f"{re.sub(r'[-_.]+', '_', project)}-{version}/"
+    with tarfile.open(archive) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(top + package + "/") and (m.isfile() or m.isdir())]
+        for m in members:
+            m.name = m.name[len(top) :]
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # (Python 3.10.12+ / 3.11.4+)
+        tar.extractall(work, members=members, **safe)
+    for path, text in files.items():
+        os.makedirs(os.path.dirname(os.path.join(work, path)), exist_ok=True)
+        with open(os.path.join(work, path), "w") as f:
+            f.write(text)
+    try:
+        os.rename(work, target)
+    except OSError:  # another run unpacked it first
+        pass
+    return target
+
+
+def importable(version: str) -> str:
+    """A directory holding ``vllm/`` of vLLM ``version``'s sdist and a ``vllm-<version>+cpu`` dist-info (so
+    ``importlib.metadata.version("vllm")`` reads it first, and vLLM's platform detection takes the CPU)."""
+    info = f"vllm-{version}+cpu.dist-info/METADATA"
+    return _unpack_importable(
+        "vllm", version, "vllm", {info: f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}+cpu\n"}
+    )
+
+
+def importable_ascend(version: str) -> str:
+    """A directory holding ``vllm_ascend/`` of vllm-ascend ``version``'s sdist, with the ``_build_info.py`` its
+    build writes (``setup.py``'s ``gen_build_info`` for ``SOC_VERSION=ascend910b1``: device type A2; absent from
+    the sdist) and a dist-info naming the release (beside ``importable``'s ``vllm/``)."""
+    return _unpack_importable(
+        "vllm-ascend",
+        version,
+        "vllm_ascend",
+        {
+            "vllm_ascend/_build_info.py": "# Auto-generated file\n__device_type__ = 'A2'\n",
+            f"vllm_ascend-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n",
+        },
+    )
