@@ -103,6 +103,8 @@ _EPLB_HOTNESS = (
     "gathered load and the old / new placements",
     "a MoE layer without load: `eplb:expert_hotness:imbalance` 1.0 here (and so counted in the means and maxima); "
     "the incumbent records vllm-ascend's NaN",
+    'a layer whose computed placement EplbWorker refuses: `eplb:expert_hotness:imbalance{phase="update"}` and the '
+    "update summaries are of the placement kept; the incumbent records vllm-ascend's value for the refused one",
 )
 _TIMER_INSTEAD = "to time the symbol, write `metrics: [{name: <yours>, type: timer}]` without `handler`"
 

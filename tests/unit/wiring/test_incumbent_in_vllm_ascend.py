@@ -255,6 +255,8 @@ def test_each_entry_says_what_differs(files):
         "gathered load and the old / new placements",
         "a MoE layer without load: eplb:expert_hotness:imbalance 1.0 here (and so counted in the means and maxima); "
         "the incumbent records vllm-ascend's NaN",
+        'a layer whose computed placement EplbWorker refuses: eplb:expert_hotness:imbalance{phase="update"} and the '
+        "update summaries are of the placement kept; the incumbent records vllm-ascend's value for the refused one",
         "dp and role are on every series too (vllm-ascend's handler: rank and phase, layer on the imbalance)",
     )
     for key in (("base_metrics.yaml", 4), ("base_metrics.yaml", 5), *(("eplb_metrics.yaml", n) for n in (2, 3, 4, 5))):
