@@ -169,12 +169,29 @@ def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
 
 
 def test_npu_prefetch_offloader_sums_its_offloaded_bytes_in_post_init(tree):
-    _, node = tree.find_class("vllm_ascend.model_executor.offloader.prefetch", "NPUPrefetchOffloader")
-    post_init = next(n for n in node.body if getattr(n, "name", None) == "post_init")
+    """0.23's NPUPrefetchOffloader sums them itself (its own row); 0.30's AscendPrefetchOffloader subclasses
+    vLLM's PrefetchOffloader and calls its post_init, which sums them (vLLM's row reads it, once)."""
+    module = "vllm_ascend.model_executor.offloader.prefetch"
+    found = tree.find_class(module, "NPUPrefetchOffloader")
+    if found is None:
+        where, node = tree.find_class(module, "AscendPrefetchOffloader")
+        base = tree.resolve_base(where, node.bases[0])
+        assert base is not None and base[:1] == ("vllm.model_executor.offloader.prefetch",)
+        assert base[1].name == "PrefetchOffloader"
+        post_init = next(n for n in node.body if getattr(n, "name", None) == "post_init")
+        assert "super().post_init()" in ast.unparse(post_init)
+        base_post_init = next(n for n in base[1].body if getattr(n, "name", None) == "post_init")
+        assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(base_post_init)
+        return
+    post_init = next(n for n in found[1].body if getattr(n, "name", None) == "post_init")
     assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(post_init)
 
 
 def test_npu_runner_installs_its_prefetch_offloader(tree):
     """paths.py's NPU fact for memory:weight_offload_bytes."""
     source = tree.files["vllm_ascend/worker/model_runner_v1.py"]
-    assert "set_offloader(NPUPrefetchOffloader(" in source
+    if "set_offloader(NPUPrefetchOffloader(" in source:  # 0.23
+        return
+    assert "set_offloader(create_offloader(self.offload_config))" in source
+    factory = ast.unparse(tree.module("vllm_ascend.model_executor.offloader.base"))
+    assert "return AscendPrefetchOffloader(" in factory
