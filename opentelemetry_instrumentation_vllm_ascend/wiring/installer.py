@@ -92,6 +92,13 @@ def check(table=None) -> list[dict]:
     return rows
 
 
+def exposed_name(seed: str) -> str:
+    """The name a seed's metric is exposed under (``MetricSpec.exposed_name``: the prefix, or the explicit name of
+    the ``gen_ai.server.*`` ones), what ``metric_status`` matches the rows' feeds against."""
+    spec = catalogue.BY_SEED.get(seed)
+    return spec.exposed_name if spec is not None else catalogue.PREFIX + seed
+
+
 def target_row(target, status: str, detail: str) -> dict:
     """One target's row of ``check`` (installed, or ``check --vllm`` on a release's source)."""
     return {
@@ -101,7 +108,7 @@ def target_row(target, status: str, detail: str) -> dict:
         "kind": target.kind,
         "vllm": target.vllm,
         "vllm_ascend": target.vllm_ascend,
-        "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds],
+        "feeds": [exposed_name(seed) for seed in target.feeds],
     }
 
 
@@ -127,7 +134,7 @@ def uncovered_overrides(table=None) -> list[dict]:
                 "symbol": override.symbol,
                 "bypasses": override.hooked,
                 "reason": override.reason,
-                "absent": [f"vllm_profiling_{seed}" for seed in targets_module.bypassed_feeds(override)],
+                "absent": [exposed_name(seed) for seed in targets_module.bypassed_feeds(override)],
             }
         )
     return out
@@ -150,6 +157,9 @@ def metric_status(rows: list[dict], config) -> list[dict]:
         sources = feeding.get(spec.exposed_name, [])
         if metric_disabled(spec.seed):
             status, detail = DISABLED, f"opt-in: {ENABLED_METRICS} records it" if opt_in_off(spec.seed) else ""
+        elif spec.seed in catalogue.SELF_SEEDS:  # the package's own (hook_errors): no row feeds it, every hook does
+            status, detail = paths.verdict(spec.seed, config)
+            detail = detail or "the package's own: recorded in every instrumented process (no target row feeds it)"
         elif not any(r["status"] == RESOLVED for r in sources):
             status = "not hooked"
             detail = "; ".join(f"{r['symbol']}: {r['status']}" for r in sources) or "no target feeds it"
