@@ -185,7 +185,7 @@ def resolve_in_source(tree, entries: list, ascend_given: bool) -> list:
                     None,
                 )
         else:
-            func, _ = source._module_function(tree, entry.module, entry.qualname)
+            func = source.module_function(tree, entry.module, entry.qualname)
         if func is None:
             entry.status = userfile.REJECTED
             entry.reason = f"cannot hook: {entry.symbol} is not in this release's source"

@@ -12,7 +12,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from .. import catalogue, neighbours
+from .. import catalogue, neighbours, supported
 from .. import targets as targets_module
 from ..environment import traces_enabled
 from ..hooks.handler import Handler
@@ -255,6 +255,9 @@ class Installer:
 
         self.active = True
         vllm, ascend = vllm_version(), vllm_ascend_version()
+        unlisted = supported.unlisted(vllm, ascend)
+        if unlisted is not None:  # one line per process: hooked anyway, never refused
+            logger.warning("opentelemetry-instrumentation-vllm-ascend: %s", unlisted)
         by_module: dict[str, list] = {}
         for target in self.table:
             gate = gate_of(target, vllm, ascend)
