@@ -8,6 +8,7 @@ import ast
 
 import pytest
 
+from opentelemetry_instrumentation_vllm_ascend import supported
 from tests.support.contract import ASCEND_VERSIONS, SourceTree, ascend_tree, fake_problems
 from tests.support.source_archives import sdist
 
@@ -120,9 +121,8 @@ def test_store_results_mean_what_the_handlers_read(tree):
 
 # -- NPU KV offload: no row of its own, and why ------------------------------------------------------------------
 
-#: The newest vllm-ascend on PyPI, where the NPU offload worker (``NPUOffloadingWorker``) exists. It targets vLLM
-#: 0.30.0 (its docs/source/community/versioning_policy.md), not a supported vLLM; read over vLLM 0.32.0, the first
-#: supported vLLM with the same OffloadingConnectorWorker interface.
+#: The newest vllm-ascend on PyPI, where the NPU offload worker (``NPUOffloadingWorker``) exists. It runs on vLLM
+#: 0.30.0 (its docs/source/community/versioning_policy.md, and its pair in supported.py): read over that source.
 ASCEND_WITH_NPU_OFFLOAD = "0.30.0rc2"
 _NATIVE = _KV + "kv_pool.kv_offload.native."
 
@@ -143,11 +143,11 @@ def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
     OffloadingConnectorWorker without overriding the methods our rows hook (``handle_preemptions``,
     ``start_kv_transfers``, ``get_finished``) and its handlers complete jobs with ``TransferResult(transfer_size,
     transfer_time)`` timed by NPU events: vLLM's own ``transfer_stats``, which our OffloadingConnectorWorker rows
-    read, carry them. Every vLLM module it imports exists in vLLM 0.32."""
+    read, carry them. Every vLLM module it imports exists in vLLM 0.30, the release it runs on."""
     from tests.contract.test_vllm import tree_for
 
     ascend = SourceTree.from_archive(sdist("vllm-ascend", ASCEND_WITH_NPU_OFFLOAD), strip_prefix=True)
-    both = SourceTree({**tree_for("0.32.0").files, **ascend.files})
+    both = SourceTree({**tree_for(dict(supported.VLLM_ASCEND)[ASCEND_WITH_NPU_OFFLOAD]).files, **ascend.files})
     found = both.find_class(_NATIVE + "offloading_connector", "AscendOffloadingConnectorWorker")
     assert found is not None
     where, node = found
