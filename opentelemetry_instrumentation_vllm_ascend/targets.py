@@ -1008,6 +1008,11 @@ KV_FETCH_STAGE = Target(
 )
 
 
+#: The vLLM releases whose scheduler counts paused streaming sessions against ``max_num_running_reqs`` when it has
+#: no ``max_num_active_reqs`` (the scheduler hook's admission limit, ``handlers/scheduler.py``; 0.23: not counted).
+STREAMING_HOLDS_A_SLOT = ">=0.30.0"
+
+
 @dataclass(frozen=True)
 class UncoveredOverride:
     """A class that overrides a hooked method without calling the base's (so the hook on the base

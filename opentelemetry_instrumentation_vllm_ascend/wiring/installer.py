@@ -19,6 +19,7 @@ from ..hooks.handler import Handler
 from ..hooks.patches import hook_future_class, original_class, patch_method
 from ..kinds import FUTURE_CLASS, SCOPE_FACTORY, SYNC
 from ..recording import control
+from ..state import STATE
 from . import userfile
 from .declarative import load_handler, spec_of
 from .versions import in_range, installed_version, vllm_ascend_version, vllm_distribution, vllm_version  # noqa: F401
@@ -258,6 +259,7 @@ class Installer:
         unlisted = supported.unlisted(vllm, ascend)
         if unlisted is not None:  # one line per process: hooked anyway, never refused
             logger.warning("opentelemetry-instrumentation-vllm-ascend: %s", unlisted)
+        STATE.streaming_holds_a_slot = in_range(vllm, targets_module.STREAMING_HOLDS_A_SLOT)
         by_module: dict[str, list] = {}
         for target in self.table:
             gate = gate_of(target, vllm, ascend)

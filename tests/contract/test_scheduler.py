@@ -66,8 +66,8 @@ def test_waiting_requests_are_admitted_against_the_limit_the_hook_uses(name):
         assert "num_running = len(self.running) + self.num_waiting_for_streaming_input" in source, name
         assert "if num_running >= self.max_num_active_reqs:" in source, name
     elif "num_running = len(self.running) + self.num_waiting_for_streaming_input" in source:  # 0.30
-        # Paused streaming sessions hold a slot against max_num_running_reqs; the hook admits against
-        # max_num_running_reqs alone (it counts a step blocked only once running reaches it).
+        # Paused streaming sessions hold a slot against max_num_running_reqs: the hook subtracts them there
+        # (handlers.scheduler.STREAMING_HOLDS_A_SLOT, set from targets.STREAMING_HOLDS_A_SLOT).
         assert "if num_running >= self.max_num_running_reqs:" in source, name
     else:  # 0.23
         assert "if len(self.running) == self.max_num_running_reqs:" in source, name

@@ -109,9 +109,11 @@ def test_versions_compare_as_public_releases():
 def test_an_unlisted_release_is_one_log_line_naming_it_and_what_check_says(monkeypatch):
     """At install, a vLLM or vllm-ascend release outside the list is one warning naming it, the list, and the
     command that says which hooks resolve; it is hooked anyway. A listed one (a local build included) says nothing."""
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
     from opentelemetry_instrumentation_vllm_ascend.wiring import installer
     from tests.support.process import package_warnings
 
+    monkeypatch.setattr(STATE, "streaming_holds_a_slot", True)  # install sets it from the version
     warnings = package_warnings()
     for vllm, ascend in ((Version("0.32.0+cpu"), None), (Version("0.23.0"), Version("0.23.0.post1"))):
         monkeypatch.setattr(installer, "vllm_version", lambda v=vllm: v)
