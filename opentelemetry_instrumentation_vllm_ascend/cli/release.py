@@ -142,7 +142,8 @@ def release_check(args, overrides: dict) -> int:
     print("By execution path (absent there / measured differently there / lost to missing targets):")
     for key, entry in per_path.items():
         print(
-            f"  {key} ({entry['axis']}): {len(entry['absent'])} absent, {len(entry['changed'])} changed, "
+            f"  {key} ({entry['axis']}: {paths.BY_KEY[key].title}): {len(entry['absent'])} absent, "
+            f"{len(entry['changed'])} changed, "
             f"{len(entry['lost_to_missing_targets'])} lost"
             + (f": {', '.join(entry['lost_to_missing_targets'])}" if entry["lost_to_missing_targets"] else "")
         )
