@@ -269,7 +269,8 @@ CORE_CATALOGUE: tuple[MetricSpec, ...] = (
         "request_prefill_pending_nums",
         "{event}",
         "Times the scheduler became blocked on capacity: after a step no waiting request can be admitted "
-        "(running requests at the admission limit: max_num_seqs on vLLM 0.23; on 0.32+ max_num_active_seqs "
+        "(running requests at the admission limit: max_num_seqs on vLLM 0.23, less paused streaming sessions on 0.30; "
+        "on 0.32+ max_num_active_seqs "
         "(default max_num_seqs), paused streaming sessions counting against it) while requests wait (as "
         "waiting_phase_batch_size counts them). On 0.34+ a full batch still starts async KV loads "
         "(--max-num-inflight-kv-loads): while async_kv_waiting has requests and vLLM's in-flight load limit "

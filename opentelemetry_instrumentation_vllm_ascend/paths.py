@@ -26,7 +26,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 @dataclass(frozen=True)
 class Path:
     key: str
-    axis: str  # the choice it is one answer to: "scheduling", "worker" or "frontend"
+    axis: str  # the choice it is one answer to: one of ``AXES``
     title: str
     when: str  # when vLLM takes it
 
@@ -59,7 +59,7 @@ PATHS: tuple[Path, ...] = (
         "worker",
         "MRV2",
         "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one, vllm-ascend's "
-        "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.32, the only runner from 0.34 (CPU "
+        "`vllm_ascend.worker.v2` NPU runner): the default with Triton from vLLM 0.30, the only runner from 0.34 (CPU "
         "included, `cpu/model_runner.py`); before 0.34 `VLLM_USE_V2_MODEL_RUNNER=1` forces it (on Ascend too; it "
         "needs Triton, so vLLM 0.32's CPU build refuses it).",
     ),
@@ -77,7 +77,7 @@ PATHS: tuple[Path, ...] = (
         "worker",
         "NPU",
         "vllm-ascend's `NPUModelRunner` of `vllm_ascend.worker.model_runner_v1` (Ascend "
-        "NPUs, unless `VLLM_USE_V2_MODEL_RUNNER=1`).",
+        "NPUs, unless `VLLM_USE_V2_MODEL_RUNNER=1`; its V2 NPU runner, `vllm_ascend.worker.v2`, is the MRV2 path).",
     ),
     Path(
         "multiproc",
@@ -106,9 +106,65 @@ PATHS: tuple[Path, ...] = (
         "`--api-server-count` > 1 (`vllm serve`'s default with `--data-parallel-size` > 1): each API server "
         "process gets its share of every engine's outputs.",
     ),
+    # The scheduler class (vllm-ascend chooses it from `additional_config`; `Target.path` of its own rows).
+    Path(
+        "vllm_scheduler",
+        "scheduler",
+        "vLLM's scheduler",
+        "vLLM's `Scheduler` / `AsyncScheduler` (`vllm.v1.core.sched`), without vllm-ascend.",
+    ),
+    Path(
+        "balance",
+        "scheduler",
+        "balance scheduler",
+        "vllm-ascend's default: importing `vllm_ascend.patch.platform.patch_balance_schedule` rebinds vLLM's "
+        "`Scheduler` to its `BalanceScheduler` (with `enable_balance_scheduling` it runs its own `schedule()`, "
+        "otherwise the base's).",
+    ),
+    Path(
+        "short_request_first",
+        "scheduler",
+        "short-request-first scheduler",
+        "vllm-ascend 0.30+, `scheduler_config` `short_request_first_config`: the balance scheduler (vLLM's "
+        "`AsyncScheduler` with async scheduling) with a `ShortRequestFirstRequestQueue` as its waiting queue.",
+    ),
+    Path(
+        "batch_job_aware",
+        "scheduler",
+        "batch-job-aware scheduler",
+        "vllm-ascend 0.30+, `batch_job_sched_config`: `vllm_ascend.core.batch_job_aware_scheduler."
+        "BatchJobAwareScheduler`, whose `schedule()` calls the base's.",
+    ),
+    Path(
+        "recompute",
+        "scheduler",
+        "recompute scheduler",
+        "`recompute_scheduler_enable` (a PD decode node): `vllm_ascend.core.recompute_scheduler.RecomputeScheduler`, "
+        "its own `schedule()`.",
+    ),
+    Path(
+        "dyntra_lb",
+        "scheduler",
+        "DyntraLB scheduler",
+        "vllm-ascend 0.30+, `dyntra_lb_config` (a decode node, DP > 1): `vllm_ascend.core.dyntra_lb_scheduler."
+        "DyntraLBScheduler`, its own `schedule()` that never calls the base's.",
+    ),
+    Path(
+        "profiling_chunk",
+        "scheduler",
+        "profiling-chunk scheduler",
+        "`profiling_chunk_config` (pipeline parallelism > 1): `vllm_ascend.core.scheduler_profiling_chunk."
+        "ProfilingChunkScheduler`, its own `schedule()`.",
+    ),
+    Path(
+        "dynamic_batch",
+        "scheduler",
+        "dynamic-batch scheduler",
+        "vllm-ascend 0.23 only (0.30 removed it): `vllm_ascend.core.scheduler_dynamic_batch.SchedulerDynamicBatch`.",
+    ),
 )
 BY_KEY = MappingProxyType({path.key: path for path in PATHS})
-AXES = ("scheduling", "worker", "executor", "frontend")
+AXES = ("scheduling", "worker", "executor", "frontend", "scheduler")
 
 
 @dataclass(frozen=True)
@@ -144,25 +200,25 @@ def absent(why: str) -> On:
 
 #: Model runner V2 enters no profiling scopes (no ``record_function_or_nullcontext`` call under
 #: ``vllm/v1/worker/gpu/`` in any supported release, nor in vllm-ascend's ``vllm_ascend/worker/v2/``): its
-#: forward is marked by ``StepTimingCollector.forward_start()`` (vLLM 0.32+), which execute_model calls right
+#: forward is marked by ``StepTimingCollector.forward_start()`` (vLLM 0.30+), which execute_model calls right
 #: before the model, and ends at execute_model's return (``handlers/model_runner.py``, ``ExecuteModelV2``).
-_NO_MARK_BEFORE_032 = (
+_NO_MARK_BEFORE_030 = (
     "vLLM 0.23's model runner V2 (vllm-ascend 0.23's V2 NPU runner runs on it) has no `StepTimingCollector`: "
     "nothing marks its forward"
 )
 _MRV2_FORWARD = fed(
     "from `StepTimingCollector.forward_start()`, which execute_model calls right before the model's forward, to "
     "execute_model's return (the KV connector's `finish_forward` — its save wait, inside V1's forward scope too — "
-    "and the step state's bookkeeping lie between). vLLM 0.32+; absent on 0.23: " + _NO_MARK_BEFORE_032,
-    vllm=">=0.32.0",
-    otherwise=_NO_MARK_BEFORE_032,
+    "and the step state's bookkeeping lie between). vLLM 0.30+; absent on 0.23: " + _NO_MARK_BEFORE_030,
+    vllm=">=0.30.0",
+    otherwise=_NO_MARK_BEFORE_030,
 )
 _MRV2_NON_FORWARD = fed(
     "model inference minus that forward (V2's forward ends at execute_model's return, so its non-forward time "
-    "is input preparation plus sample_tokens: logits, sampling, drafting, building the output). vLLM 0.32+; "
-    "absent on 0.23: " + _NO_MARK_BEFORE_032,
-    vllm=">=0.32.0",
-    otherwise=_NO_MARK_BEFORE_032,
+    "is input preparation plus sample_tokens: logits, sampling, drafting, building the output). vLLM 0.30+; "
+    "absent on 0.23: " + _NO_MARK_BEFORE_030,
+    vllm=">=0.30.0",
+    otherwise=_NO_MARK_BEFORE_030,
 )
 _MRV2_NO_LAUNCH = absent(
     "model runner V2 has no post-processing step to end the launch at: it computes the logits inside `sample` "
@@ -216,9 +272,9 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
                 "`prepare_inputs` runs from execute_model's start to `StepTimingCollector.forward_start()`, "
                 "`forward` from there to execute_model's return (V2 has no post-processing in execute_model), "
                 "`sample` is V2's `sample` method: the logits, the grammar bitmask and the sampler (V1's sample "
-                "scope holds the sampler only); vLLM 0.32+, absent on 0.23: " + _NO_MARK_BEFORE_032,
-                vllm=">=0.32.0",
-                otherwise=_NO_MARK_BEFORE_032,
+                "scope holds the sampler only); vLLM 0.30+, absent on 0.23: " + _NO_MARK_BEFORE_030,
+                vllm=">=0.30.0",
+                otherwise=_NO_MARK_BEFORE_030,
             ),
             "cpu_standalone": _STANDALONE_NO_MARK,
             "npu": fed(
@@ -239,9 +295,9 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
         },
         "worker:stage_start_time": {
             "mrv2": fed(
-                "vLLM 0.32+ (the worker budget's clock); absent on 0.23: " + _NO_MARK_BEFORE_032,
-                vllm=">=0.32.0",
-                otherwise=_NO_MARK_BEFORE_032,
+                "vLLM 0.30+ (the worker budget's clock); absent on 0.23: " + _NO_MARK_BEFORE_030,
+                vllm=">=0.30.0",
+                otherwise=_NO_MARK_BEFORE_030,
             ),
             "cpu_standalone": _STANDALONE_NO_MARK,
         },
@@ -291,7 +347,8 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
         "memory:weight_offload_bytes": {
             "npu": fed(
                 "with `--offload-backend prefetch`, vllm-ascend's NPUModelRunner replaces vLLM's PrefetchOffloader "
-                "with its NPUPrefetchOffloader (offloader=NPUPrefetchOffloader); the UVA backend is vLLM's UVAOffloader"
+                "with its own: 0.23's NPUPrefetchOffloader (its own row), 0.30's AscendPrefetchOffloader (a subclass "
+                "whose post_init calls vLLM's, so vLLM's row reads it); the UVA backend is vLLM's UVAOffloader"
             ),
         },
     }
@@ -361,14 +418,22 @@ def detect(
         paths["worker"], reasons["worker"] = _worker_from_034(vllm_version, cpu or "cpu" in local, ascend_installed)
     elif v2 is not None and v2.strip().lower() in ("1", "true"):
         paths["worker"], reasons["worker"] = "mrv2", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
-    elif ascend_installed:
+    elif ascend_installed and (
+        vllm_version is None or vllm_version.release < (0, 30) or importlib.util.find_spec("triton") is None
+    ):
         paths["worker"], reasons["worker"] = "npu", "vllm-ascend is installed (model runner V1 on NPU)"
+    elif ascend_installed:
+        paths["worker"] = None
+        reasons["worker"] = (
+            f"vLLM {vllm_version} chooses model runner V2 (vllm-ascend's V2 NPU runner) where Triton is installed, "
+            "unless the model uses a feature it does not support; else vllm-ascend's V1 NPU runner"
+        )
     elif v2 is not None and v2.strip().lower() in ("0", "false"):
         paths["worker"], reasons["worker"] = "mrv1", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
     elif cpu:
         paths["worker"] = "mrv1"
         reasons["worker"] = "vLLM's CPU build has no usable Triton, which model runner V2 needs"
-    elif vllm_version is not None and vllm_version.release < (0, 32):
+    elif vllm_version is not None and vllm_version.release < (0, 30):
         paths["worker"], reasons["worker"] = "mrv1", f"vLLM {vllm_version} defaults to model runner V1"
     elif importlib.util.find_spec("triton") is None:
         paths["worker"], reasons["worker"] = "mrv1", "Triton is not installed (model runner V2 requires it)"
@@ -395,6 +460,16 @@ def detect(
     else:
         paths["frontend"] = None
         reasons["frontend"] = "set by --api-server-count (several by default with --data-parallel-size > 1)"
+    # scheduler
+    if "scheduler" in overrides:
+        paths["scheduler"], reasons["scheduler"] = overrides["scheduler"], "given"
+    elif not ascend_installed:
+        paths["scheduler"], reasons["scheduler"] = "vllm_scheduler", "without vllm-ascend, vLLM's own scheduler"
+    else:
+        paths["scheduler"] = None
+        reasons["scheduler"] = (
+            "set by vllm-ascend's additional_config scheduler_config (none: the balance patch's BalanceScheduler)"
+        )
     return Configuration(paths, reasons, vllm_version)
 
 

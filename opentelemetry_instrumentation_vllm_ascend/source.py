@@ -447,6 +447,12 @@ def _module_function(tree: SourceTree, module_name: str, name: str, depth: int =
     return _module_function(tree, *imported, depth + 1) if imported is not None else (None, module_name)
 
 
+def module_function(tree: SourceTree, module_name: str, name: str):
+    """The definition of ``module_name``'s module-level function ``name`` (followed through ``from … import``), or
+    None."""
+    return _module_function(tree, module_name, name)[0]
+
+
 def check_read(tree: SourceTree, read: Read) -> list[str]:
     if read.attribute in tree.members(read.module, read.cls):
         return []

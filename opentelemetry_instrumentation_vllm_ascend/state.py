@@ -15,6 +15,7 @@ tests' autouse fixture calls it before every test. What it does not reset:
   observable gauge registered once is observed by every pipeline the process builds, a forked child's included;
   a metric a user's hook file declared keeps its View; the installer's patches stay installed in a forked child.
   ``reset(registrations=True)`` drops them too (tests that count registrations);
+- the installer's reading of the installed vLLM (``streaming_holds_a_slot``): a forked child runs the same vLLM;
 - the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
   server's control file for the process's lifetime: ``recording.control.teardown`` resets it;
 - the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``, ``collect_lock``) and its registered steps
@@ -52,6 +53,7 @@ class State:
         "last_step_phase",
         "schedule_calls",
         "exec_phase",
+        "streaming_holds_a_slot",
         # -- handlers --
         "last_execute",
         "current_pass",
@@ -132,6 +134,10 @@ class State:
         #: Phase of the step whose execute_model RPC was dispatched last (EngineCore): its sample_tokens
         #: follows.
         self.exec_phase: str = UNKNOWN
+        #: Whether paused streaming sessions hold a slot against ``max_num_running_reqs`` (a scheduler without
+        #: ``max_num_active_reqs``): the installer's reading of the installed vLLM (``targets.STREAMING_HOLDS_A_SLOT``;
+        #: True, vLLM 0.30's, until it is read). Not reset: a forked child runs the same vLLM.
+        self.streaming_holds_a_slot: bool = True
         #: The state of the execute_model RPC dispatched last (EngineCore, handlers.executor).
         self.last_execute: tuple | None = None
         #: The engine-core busy-loop pass in progress (handlers.engine).

@@ -296,8 +296,9 @@ TARGETS: tuple[Target, ...] = (
             process=ENGINE_CORE,
         )
         for qualname, handler, versions in (
-            ("EngineCore.capture_iteration_details", "engine:WaitForWorkers", ">=0.32.0"),
-            ("EngineCore.log_iteration_details", "engine:WaitForWorkers", "<0.32.0"),
+            # vLLM 0.30 renamed log_iteration_details (0.23) to capture_iteration_details: one of the two.
+            ("EngineCore.capture_iteration_details", "engine:WaitForWorkers", ">=0.30.0"),
+            ("EngineCore.log_iteration_details", "engine:WaitForWorkers", "<0.30.0"),
             ("EngineCore.post_step", "engine:PostStep", ">=0.23.0"),
         )
     ),
@@ -392,14 +393,14 @@ TARGETS: tuple[Target, ...] = (
         path="mrv2",
     ),
     # MRV2 enters no profiling scopes: its forward starts at StepTimingCollector.forward_start(), which
-    # execute_model calls right before the model (vLLM 0.32+; tests/contract/test_mrv2.py checks the order), and
+    # execute_model calls right before the model (vLLM 0.30+; tests/contract/test_mrv2.py checks the order), and
     # ends at execute_model's return; its sample() (logits, grammar bitmask, sampler) is the budget's sample stage.
     Target(
         "vllm.v1.worker.gpu.async_utils",
         "StepTimingCollector.forward_start",
         SYNC,
         "model_runner:ForwardStartV2",
-        vllm=">=0.32.0",
+        vllm=">=0.30.0",
         feeds=("npu:forward_duration", "npu:non_forward_duration") + _WORKER_BUDGET,
         process=WORKER,
         path="mrv2",
@@ -409,7 +410,7 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner.sample",
         SYNC,
         "model_runner:SampleV2",
-        vllm=">=0.32.0",
+        vllm=">=0.30.0",
         feeds=("worker:stage_seconds",),
         process=WORKER,
         path="mrv2",
@@ -599,7 +600,8 @@ TARGETS: tuple[Target, ...] = (
     # answers with an error before registering it: one span; so does one whose body never parsed (Unparsed) and
     # one the admission limits refuse after its handler returned (Admission: a stream's body). vLLM 0.23 defines
     # the two serving helpers on OpenAIServing (vllm.entrypoints.openai.engine.serving), 0.32+ on BaseServing /
-    # GenerateBaseServing; it has no admission limits.
+    # GenerateBaseServing; it has no admission limits. vLLM 0.30 has 0.32's layout, except that BaseServing has no
+    # _get_trace_headers: GenerateBaseServing, PoolingBaseServing and the generative scoring server each define one.
     *(
         Target(
             module,
@@ -620,14 +622,21 @@ TARGETS: tuple[Target, ...] = (
                 "TraceHeaders",
                 ">=0.32.0",
             ),
+            *(
+                (f"vllm.entrypoints.{module}.base.serving", f"{cls}._get_trace_headers", COROUTINE, "TraceHeaders", v)
+                for module, cls, v in (
+                    ("generate", "GenerateBaseServing", ">=0.30.0,<0.32.0"),
+                    ("pooling", "PoolingBaseServing", ">=0.30.0,<0.32.0"),
+                )
+            ),
             (
                 "vllm.entrypoints.openai.engine.serving",
                 "OpenAIServing._get_trace_headers",
                 COROUTINE,
                 "TraceHeaders",
-                "<0.32.0",
+                "<0.30.0",
             ),
-            (  # 0.23's generative scoring endpoint has its own (no call of the base's)
+            (  # 0.23's and 0.30's generative scoring endpoint has its own (no call of the base's)
                 "vllm.entrypoints.generate.generative_scoring.serving",
                 "ServingGenerativeScoring._get_trace_headers",
                 COROUTINE,
@@ -639,14 +648,14 @@ TARGETS: tuple[Target, ...] = (
                 "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
                 COROUTINE,
                 "Rejections",
-                ">=0.32.0",
+                ">=0.30.0",
             ),
             (
                 "vllm.entrypoints.openai.engine.serving",
                 "OpenAIServing._with_kv_transfer_rejection_cleanup",
                 COROUTINE,
                 "Rejections",
-                "<0.32.0",
+                "<0.30.0",
             ),
             ("vllm.v1.engine.output_processor", "OutputProcessor.add_request", SYNC, "AddRequest", ">=0.23.0"),
             ("vllm.v1.engine.output_processor", "OutputProcessor._finish_request", SYNC, "FinishRequest", ">=0.23.0"),
@@ -658,12 +667,12 @@ TARGETS: tuple[Target, ...] = (
                 "validation_exception_handler",
                 COROUTINE,
                 "Unparsed",
-                ">=0.32.0",
+                ">=0.30.0",
             ),
             # vLLM 0.23: api_server.py imports it by name and registers it when build_app builds the app.
-            ("vllm.entrypoints.openai.api_server", "validation_exception_handler", COROUTINE, "Unparsed", "<0.32.0"),
+            ("vllm.entrypoints.openai.api_server", "validation_exception_handler", COROUTINE, "Unparsed", "<0.30.0"),
             # A request the admission limits refuse where vLLM registers it (a stream's body among others).
-            ("vllm.v1.engine.async_llm", "AsyncLLM.check_admission", SYNC, "Admission", ">=0.32.0"),
+            ("vllm.v1.engine.async_llm", "AsyncLLM.check_admission", SYNC, "Admission", ">=0.30.0"),
         )
     ),
     # -- vllm-ascend: EPLB (gated by vllm-ascend's version) ----------------------------------------------
@@ -753,7 +762,10 @@ TARGETS: tuple[Target, ...] = (
         process=WORKER,
         path="mrv2",
     ),
-    # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
+    # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once). Each is
+    # one path of the "scheduler" axis (paths.py). 0.30 removed SchedulerDynamicBatch; its short-request-first
+    # scheduler is BalanceScheduler (or vLLM's AsyncScheduler) with another waiting queue, and its
+    # BatchJobAwareScheduler calls the base's schedule(): vLLM's Scheduler row sees their steps.
     *(
         Target(
             module,
@@ -764,36 +776,40 @@ TARGETS: tuple[Target, ...] = (
             feeds=_SCHEDULE_FEEDS,
             provides_context=True,
             process=ENGINE_CORE,
+            path=path,
         )
-        for module, cls, ascend in (
-            ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler", ">=0.23.0"),
+        for module, cls, ascend, path in (
+            ("vllm_ascend.core.recompute_scheduler", "RecomputeScheduler", ">=0.23.0", "recompute"),
             # (its module is gone from 0.30.0rc2)
-            ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch", ">=0.23.0,<0.30.0rc2"),
-            ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler", ">=0.23.0"),
-            ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler", ">=0.23.0"),
+            ("vllm_ascend.core.scheduler_dynamic_batch", "SchedulerDynamicBatch", "<0.30.0", "dynamic_batch"),
+            ("vllm_ascend.core.scheduler_profiling_chunk", "ProfilingChunkScheduler", ">=0.23.0", "profiling_chunk"),
+            ("vllm_ascend.patch.platform.patch_balance_schedule", "BalanceScheduler", ">=0.23.0", ""),
             # PD decode nodes with DP > 1 (AsyncDyntraLBScheduler inherits it); its preemptions go through the
             # base's _preempt_request (DyntraLBPolicyMixin's calls it), whose row counts them.
-            ("vllm_ascend.core.dyntra_lb_scheduler", "DyntraLBScheduler", ">=0.30.0rc2"),
+            ("vllm_ascend.core.dyntra_lb_scheduler", "DyntraLBScheduler", ">=0.30.0rc2", "dyntra_lb"),
         )
     ),
-    # RecomputeScheduler (PD decode nodes) re-implements these two without calling the base's (up to 0.23: from
-    # 0.30 its update_from_output calls the base's, whose row measures it once, and add_request is the base's).
+    # RecomputeScheduler (PD decode nodes) re-implements these two without calling the base's in 0.23.0.post1;
+    # 0.30's update_from_output calls the base's (a row here would time each call twice) and its add_request is
+    # gone: vLLM's Scheduler rows time both there.
     Target(
         "vllm_ascend.core.recompute_scheduler",
         "RecomputeScheduler.update_from_output",
         SYNC,
         "scheduler:UpdateFromOutput",
-        vllm_ascend=">=0.23.0,<0.30.0rc2",
+        vllm_ascend="<0.30.0",
         feeds=("scheduler:update_from_output:duration",),
         process=ENGINE_CORE,
+        path="recompute",
     ),
     Target(
         "vllm_ascend.core.recompute_scheduler",
         "RecomputeScheduler.add_request",
         SYNC_TIMER,
-        vllm_ascend=">=0.23.0,<0.30.0rc2",
+        vllm_ascend="<0.30.0",
         measures=_timer("scheduler:add_request:duration"),
         process=ENGINE_CORE,
+        path="recompute",
     ),
     # Memory after warm-up (and, when instrumented late, at the first step), vLLM's workers and vllm-ascend's.
     *(
@@ -864,7 +880,7 @@ TARGETS: tuple[Target, ...] = (
             f"OffloadingConnectorWorker.{method}",
             SYNC,
             f"kv_transfer:{handler}",
-            vllm=">=0.32.0",  # vLLM 0.23: OffloadingWorker rows below
+            vllm=">=0.30.0",  # vLLM 0.23: OffloadingWorker rows below
             feeds=_KV_TRANSFER_FEEDS + (_KV_FAILURES if method == "get_finished" else ()),
             process=WORKER,
         )
@@ -880,7 +896,7 @@ TARGETS: tuple[Target, ...] = (
             f"OffloadingWorker.{method}",
             SYNC,
             f"kv_transfer:{handler}",
-            vllm="<0.32.0",
+            vllm="<0.30.0",
             feeds=_KV_TRANSFER_FEEDS,
             process=WORKER,
         )
@@ -956,11 +972,13 @@ TARGETS: tuple[Target, ...] = (
                 "weight_offload:PrefetchPostInit",
                 None,
             ),
+            # 0.30's AscendPrefetchOffloader subclasses vLLM's PrefetchOffloader and calls its post_init: the row
+            # above sees it (a row of its own would record each call twice).
             (
                 "vllm_ascend.model_executor.offloader.prefetch",
                 "NPUPrefetchOffloader.post_init",
                 "weight_offload:PrefetchPostInit",
-                ">=0.23.0",
+                "<0.30.0",
             ),
         )
     ),
@@ -992,6 +1010,11 @@ KV_FETCH_STAGE = Target(
     process=ENGINE_CORE,
     traces=True,
 )
+
+
+#: The vLLM releases whose scheduler counts paused streaming sessions against ``max_num_running_reqs`` when it has
+#: no ``max_num_active_reqs`` (the scheduler hook's admission limit, ``handlers/scheduler.py``; 0.23: not counted).
+STREAMING_HOLDS_A_SLOT = ">=0.30.0"
 
 
 @dataclass(frozen=True)

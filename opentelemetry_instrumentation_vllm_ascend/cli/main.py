@@ -2,7 +2,7 @@
 
 Prints, for the installed vLLM / vllm-ascend, each hook target as resolved, gated off by version,
 dormant (vllm-ascend not installed) or missing, with the metrics it feeds; then, for the execution
-paths a server started here takes (scheduling, model runner, executor, API servers: detected where this
+paths a server started here takes (scheduling, model runner, executor, API servers, scheduler class: detected where this
 environment decides them, else given with the options below), whether each metric will be fed and
 what it measures on that path (docs/metrics.md, "By execution path"). Exits 1 when a target that
 should be hooked with these versions is missing.
@@ -56,6 +56,13 @@ def main(argv=None) -> int:
         help="the engine's executor (--distributed-executor-backend; uni: one in-process worker)",
     )
     check_parser.add_argument("--api-server-count", type=int, help="API server processes of the server")
+    from ..paths import PATHS
+
+    check_parser.add_argument(
+        "--scheduler",
+        choices=tuple(p.key for p in PATHS if p.axis == "scheduler"),
+        help="the scheduler class (vllm-ascend: its additional_config scheduler_config; default balance)",
+    )
     check_parser.add_argument(
         "--vllm",
         metavar="VERSION|PATH",
@@ -97,6 +104,8 @@ def main(argv=None) -> int:
         overrides["executor"] = {"uni": "uniproc", "mp": "multiproc"}[args.executor]
     if args.api_server_count:
         overrides["frontend"] = "multi_api" if args.api_server_count > 1 else "single_api"
+    if args.scheduler:
+        overrides["scheduler"] = args.scheduler
     if args.vllm or args.vllm_ascend:
         from .release import release_check
 

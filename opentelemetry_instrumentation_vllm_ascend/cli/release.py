@@ -73,6 +73,17 @@ def release_check(args, overrides: dict) -> int:
     if tree.module("vllm") is None and tree.module("vllm.v1") is None:
         print(f"check: no vLLM source in {vllm_source}", file=sys.stderr)
         return 2
+    hook_files = None
+    if getattr(args, "config", None):  # each entry loaded for these releases, its symbol resolved in their source
+        from ..wiring import userfile
+
+        entries = resolve_in_source(tree, userfile.load(args.config, vllm, ascend, log=False), ascend is not None)
+        hook_files = [e.as_row() for e in entries]
+        if not args.json:
+            from .control import print_entries
+
+            print_entries(hook_files)  # the verdicts first: what the user asked about
+    rejected = any(e["status"] == "rejected" for e in hook_files or ())
     config = paths.detect(vllm, ascend is not None, "vllm", overrides=overrides)
     rows = source.release_rows(tree, vllm, ascend, config)
     metrics = installer.metric_status(rows, config)
@@ -104,12 +115,13 @@ def release_check(args, overrides: dict) -> int:
                     "metrics": metrics,
                     "by_path": per_path,
                     "missing": missing,
-                    "ok": not failing,
+                    "hook_files": hook_files,
+                    "ok": not failing and not rejected,
                 },
                 indent=2,
             )
         )
-        return 1 if failing else 0
+        return 1 if failing or rejected else 0
     print(
         f"opentelemetry-instrumentation-vllm-ascend {__version__}; vLLM {vllm_version} (source: {vllm_source}); "
         f"vllm-ascend {ascend_version or 'not given'}" + (f" (source: {ascend_source})" if ascend_source else "")
@@ -130,14 +142,61 @@ def release_check(args, overrides: dict) -> int:
     print("By execution path (absent there / measured differently there / lost to missing targets):")
     for key, entry in per_path.items():
         print(
-            f"  {key} ({entry['axis']}): {len(entry['absent'])} absent, {len(entry['changed'])} changed, "
+            f"  {key} ({entry['axis']}: {paths.BY_KEY[key].title}): {len(entry['absent'])} absent, "
+            f"{len(entry['changed'])} changed, "
             f"{len(entry['lost_to_missing_targets'])} lost"
             + (f": {', '.join(entry['lost_to_missing_targets'])}" if entry["lost_to_missing_targets"] else "")
         )
     for m in missing:
         costs = ", ".join(m["costs"]) or "no metric (another target feeds its metrics)"
         print(f"MISSING {m['symbol']}: {m['detail']}; costs {costs}")
-    return 1 if failing else 0
+    return 1 if failing or rejected else 0
+
+
+def resolve_in_source(tree, entries: list, ascend_given: bool) -> list:
+    """``check --vllm X --config F``: each loaded entry's symbol looked up in the release's source (``tree``, never
+    imported): rejected when it is not there, or when an expression reads a name the function does not have; a
+    vllm_ascend symbol without ``--vllm-ascend`` is not resolved (said in its reason)."""
+    import ast
+
+    from .. import source
+    from ..wiring import userfile
+
+    for entry in entries:
+        if entry.status != userfile.LOADED:
+            continue
+        top = entry.module.split(".")[0]
+        if top not in ("vllm", "vllm_ascend"):
+            entry.reason += " (not resolved: check reads only vllm and vllm_ascend source)"
+            continue
+        if top == "vllm_ascend" and not ascend_given:
+            entry.reason += " (not resolved: no --vllm-ascend given)"
+            continue
+        func = None
+        if "." in entry.qualname:
+            owner, attribute = entry.qualname.rsplit(".", 1)
+            found = tree.find_class(entry.module, owner)
+            if found is not None:
+                func = next(
+                    (
+                        n
+                        for n in found[1].body
+                        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == attribute
+                    ),
+                    None,
+                )
+        else:
+            func = source.module_function(tree, entry.module, entry.qualname)
+        if func is None:
+            entry.status = userfile.REJECTED
+            entry.reason = f"cannot hook: {entry.symbol} is not in this release's source"
+            continue
+        # as inspect.signature names them where it is installed (userfile.row_of): self first for a method
+        names = tuple(source.positional_params(func)) + tuple(a.arg for a in func.args.kwonlyargs)
+        why = userfile.check_names(entry, names)
+        if why is not None:
+            entry.status, entry.reason = userfile.REJECTED, f"cannot hook: {why}"
+    return entries
 
 
 def print_metric_verdicts(config, metrics: list[dict]) -> None:

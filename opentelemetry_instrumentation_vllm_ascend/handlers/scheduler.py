@@ -116,11 +116,11 @@ def _queue_state(handler, scheduler, phase: str, step_class) -> tuple:
     requests waiting for remote KV and streaming sessions waiting for input), plus ``async_kv_waiting``
     (0.34+: with ``--max-num-inflight-kv-loads``, requests that may load their KV asynchronously and have
     not started). Admission limit: what a waiting request is admitted against — ``max_num_running_reqs``
-    (0.23), ``max_num_active_reqs`` less the paused streaming sessions, which hold a slot outside
-    ``running`` (0.32+). On 0.34+ a full batch still admits async KV loads (``loads_only``): they take
-    no running slot until their KV has arrived. So a step after which ``async_kv_waiting`` has requests
-    and the in-flight load limit is not reached (vLLM's own ``_admits_inflight_kv_load()``, read only
-    then) has no limit (``_NO_LIMIT``): it is not blocked."""
+    (0.23; on 0.30 less the paused streaming sessions, ``STATE.streaming_holds_a_slot``), ``max_num_active_reqs`` less
+    the paused streaming sessions, which hold a slot outside ``running`` (0.32+). On 0.34+ a full batch still
+    admits async KV loads (``loads_only``): they take no running slot until their KV has arrived. So a step
+    after which ``async_kv_waiting`` has requests and the in-flight load limit is not reached (vLLM's own
+    ``_admits_inflight_kv_load()``, read only then) has no limit (``_NO_LIMIT``): it is not blocked."""
     running: int | None
     prefill: int | None
     try:
@@ -157,6 +157,10 @@ def _queue_state(handler, scheduler, phase: str, step_class) -> tuple:
         limit = getattr(scheduler, "max_num_active_reqs", None)
         if limit is None:
             limit = scheduler.max_num_running_reqs
+            # vLLM 0.30 admits while len(running) + num_waiting_for_streaming_input < max_num_running_reqs, 0.23
+            # while len(running) < max_num_running_reqs (it has the counter, not that use): the installer's reading.
+            if STATE.streaming_holds_a_slot:
+                limit -= getattr(scheduler, "num_waiting_for_streaming_input", 0)
         else:
             limit -= getattr(scheduler, "num_waiting_for_streaming_input", 0)
         if loads and running is not None and running >= limit and scheduler._admits_inflight_kv_load():

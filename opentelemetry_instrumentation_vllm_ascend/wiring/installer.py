@@ -12,13 +12,14 @@ from typing import Any
 
 from packaging.version import Version
 
-from .. import catalogue, neighbours
+from .. import catalogue, neighbours, supported
 from .. import targets as targets_module
 from ..environment import traces_enabled
 from ..hooks.handler import Handler
 from ..hooks.patches import hook_future_class, original_class, patch_method
 from ..kinds import FUTURE_CLASS, SCOPE_FACTORY, SYNC
 from ..recording import control
+from ..state import STATE
 from . import userfile
 from .declarative import load_handler, spec_of
 from .versions import in_range, installed_version, vllm_ascend_version, vllm_distribution, vllm_version  # noqa: F401
@@ -92,6 +93,13 @@ def check(table=None) -> list[dict]:
     return rows
 
 
+def exposed_name(seed: str) -> str:
+    """The name a seed's metric is exposed under (``MetricSpec.exposed_name``: the prefix, or the explicit name of
+    the ``gen_ai.server.*`` ones), what ``metric_status`` matches the rows' feeds against."""
+    spec = catalogue.BY_SEED.get(seed)
+    return spec.exposed_name if spec is not None else catalogue.PREFIX + seed
+
+
 def target_row(target, status: str, detail: str) -> dict:
     """One target's row of ``check`` (installed, or ``check --vllm`` on a release's source)."""
     return {
@@ -101,7 +109,7 @@ def target_row(target, status: str, detail: str) -> dict:
         "kind": target.kind,
         "vllm": target.vllm,
         "vllm_ascend": target.vllm_ascend,
-        "feeds": [f"vllm_profiling_{seed}" for seed in target.feeds],
+        "feeds": [exposed_name(seed) for seed in target.feeds],
     }
 
 
@@ -127,7 +135,7 @@ def uncovered_overrides(table=None) -> list[dict]:
                 "symbol": override.symbol,
                 "bypasses": override.hooked,
                 "reason": override.reason,
-                "absent": [f"vllm_profiling_{seed}" for seed in targets_module.bypassed_feeds(override)],
+                "absent": [exposed_name(seed) for seed in targets_module.bypassed_feeds(override)],
             }
         )
     return out
@@ -150,6 +158,9 @@ def metric_status(rows: list[dict], config) -> list[dict]:
         sources = feeding.get(spec.exposed_name, [])
         if metric_disabled(spec.seed):
             status, detail = DISABLED, f"opt-in: {ENABLED_METRICS} records it" if opt_in_off(spec.seed) else ""
+        elif spec.seed in catalogue.SELF_SEEDS:  # the package's own (hook_errors): no row feeds it, every hook does
+            status, detail = paths.verdict(spec.seed, config)
+            detail = detail or "the package's own: recorded in every instrumented process (no target row feeds it)"
         elif not any(r["status"] == RESOLVED for r in sources):
             status = "not hooked"
             detail = "; ".join(f"{r['symbol']}: {r['status']}" for r in sources) or "no target feeds it"
@@ -245,6 +256,10 @@ class Installer:
 
         self.active = True
         vllm, ascend = vllm_version(), vllm_ascend_version()
+        unlisted = supported.unlisted(vllm, ascend)
+        if unlisted is not None:  # one line per process: hooked anyway, never refused
+            logger.warning("opentelemetry-instrumentation-vllm-ascend: %s", unlisted)
+        STATE.streaming_holds_a_slot = in_range(vllm, targets_module.STREAMING_HOLDS_A_SLOT)
         by_module: dict[str, list] = {}
         for target in self.table:
             gate = gate_of(target, vllm, ascend)

@@ -22,7 +22,7 @@ def source(request):
 
 def _wait(version: str) -> str:
     """The context manager whose call opens ``wait_workers`` (the rows of handlers.engine.WaitForWorkers)."""
-    return "capture_iteration_details" if at_least(version, "0.32") else "log_iteration_details"
+    return "capture_iteration_details" if at_least(version, "0.30") else "log_iteration_details"
 
 
 def _result(version: str) -> str:

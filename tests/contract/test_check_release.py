@@ -12,7 +12,7 @@ import tarfile
 
 import pytest
 
-from opentelemetry_instrumentation_vllm_ascend import source, targets
+from opentelemetry_instrumentation_vllm_ascend import catalogue, source, targets
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
 from tests.support.source_archives import sdist
 
@@ -175,3 +175,70 @@ def test_a_releases_version_and_files_are_read_from_any_of_its_forms(tmp_path):
     assert source.SourceTree.from_path(str(tree / "vllm")).find_class("vllm.v1.core", "A") is not None
     assert source.SourceTree.from_path(str(tree)).find_class("vllm.v1.core", "A") is not None
     assert source.release_version(str(tree), "vllm-ascend") is None
+
+
+_HOOK_FILE = """\
+- symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request
+  metrics: [{name: custom:calls, type: counter}]
+- symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request
+  max_version: "0.29.0"
+  metrics: [{name: custom:old, type: counter}]
+- symbol: vllm.v1.engine.core:EngineCore.log_iteration_details
+  metrics: [{name: custom:gone, type: counter}]
+- symbol: vllm.v1.core.sched.scheduler:Scheduler.add_request
+  metrics: [{name: custom:x, type: gauge, expr: requests.n}]
+- symbol: vllm_ascend.core.recompute_scheduler:RecomputeScheduler.schedule
+  metrics: [{name: custom:ascend, type: counter}]
+"""
+
+
+def test_check_vllm_with_config_checks_the_file_against_that_releases_source(tmp_path, capsys):
+    """``check --vllm X --config F`` reads F: each entry gated by X's version (not the installed one), its symbol
+    looked up in X's source (vLLM 0.30 has no log_iteration_details: rejected), its expressions against the
+    function's parameters there (add_request(self, request): ``requests`` is none of them); a vllm_ascend symbol
+    without --vllm-ascend is not resolved. A rejected entry makes it exit 1."""
+    hook_file = tmp_path / "hooks.yaml"
+    hook_file.write_text(_HOOK_FILE)
+    assert cli.main(["check", "--vllm", sdist("vllm", "0.30.0"), "--json", "--config", str(hook_file)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["missing"] == [] and report["ok"] is False  # only the hook file fails it
+    assert [(e["entry"], e["status"]) for e in report["hook_files"]] == [
+        (1, "loaded"),
+        (2, "gated"),
+        (3, "rejected"),
+        (4, "rejected"),
+        (5, "loaded"),
+    ]
+    reasons = [e["reason"] for e in report["hook_files"]]
+    assert "vLLM 0.30.0 is outside <=0.29.0" in reasons[1]
+    assert reasons[2] == (
+        "cannot hook: vllm.v1.engine.core:EngineCore.log_iteration_details is not in this release's source"
+    )
+    assert "reads 'requests', not a parameter of vllm.v1.core.sched.scheduler:Scheduler.add_request" in reasons[3]
+    assert reasons[4].endswith("(not resolved: no --vllm-ascend given)")
+    # The same entries over vllm-ascend 0.30.0rc2 resolve its scheduler; the text form lists the verdicts first.
+    assert cli.main(["check", "--vllm-ascend", sdist("vllm-ascend", "0.30.0rc2"), "--config", str(hook_file)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("Hook files:\n")
+    assert "entries: 2 loaded, 1 gated, 2 rejected" in out or "entries: 1 gated, 2 loaded, 2 rejected" in out
+    good = tmp_path / "good.yaml"
+    good.write_text(_HOOK_FILE.split("- symbol: vllm.v1.engine.core")[0])
+    assert cli.main(["check", "--vllm", sdist("vllm", "0.30.0"), "--config", str(good)]) == 0
+
+
+def test_check_calls_the_gen_ai_metrics_and_hook_errors_fed_by_what_feeds_them(capsys):
+    """The ``gen_ai.server.*`` metrics are exposed under their own names (no prefix): their rows' feeds name them so
+    and they are fed where IterationStats.update_from_finished_request resolves; ``hook_errors`` is the package's
+    own (every hook feeds it, no row does): fed, never "no target feeds it"."""
+    assert cli.main(["check", "--vllm", sdist("vllm", "0.30.0"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    metrics = {m["metric"]: m for m in report["metrics"]}
+    genai = [spec.exposed_name for spec in catalogue.GENAI_SERVER]
+    assert genai and all(name.startswith("gen_ai.server.") for name in genai)
+    (row,) = [t for t in report["targets"] if t["symbol"].endswith("IterationStats.update_from_finished_request")]
+    assert row["status"] == "resolved" and set(genai) <= set(row["feeds"])
+    assert not any(name.startswith("vllm_profiling_gen_ai") for t in report["targets"] for name in t["feeds"])
+    for name in genai:
+        assert metrics[name]["status"] == "fed", metrics[name]
+    hook_errors = metrics[catalogue.HOOK_ERRORS.exposed_name]
+    assert hook_errors["status"] == "fed" and "no target feeds it" not in hook_errors["detail"], hook_errors

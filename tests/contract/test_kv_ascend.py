@@ -8,6 +8,7 @@ import ast
 
 import pytest
 
+from opentelemetry_instrumentation_vllm_ascend import supported
 from tests.support.contract import ASCEND_VERSIONS, SourceTree, ascend_tree, fake_problems
 from tests.support.source_archives import sdist
 
@@ -120,9 +121,8 @@ def test_store_results_mean_what_the_handlers_read(tree):
 
 # -- NPU KV offload: no row of its own, and why ------------------------------------------------------------------
 
-#: The newest vllm-ascend on PyPI, where the NPU offload worker (``NPUOffloadingWorker``) exists. It targets vLLM
-#: 0.30.0 (its docs/source/community/versioning_policy.md), not a supported vLLM; read over vLLM 0.32.0, the first
-#: supported vLLM with the same OffloadingConnectorWorker interface.
+#: The newest vllm-ascend on PyPI, where the NPU offload worker (``NPUOffloadingWorker``) exists. It runs on vLLM
+#: 0.30.0 (its docs/source/community/versioning_policy.md, and its pair in supported.py): read over that source.
 ASCEND_WITH_NPU_OFFLOAD = "0.30.0rc2"
 _NATIVE = _KV + "kv_pool.kv_offload.native."
 
@@ -143,11 +143,11 @@ def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
     OffloadingConnectorWorker without overriding the methods our rows hook (``handle_preemptions``,
     ``start_kv_transfers``, ``get_finished``) and its handlers complete jobs with ``TransferResult(transfer_size,
     transfer_time)`` timed by NPU events: vLLM's own ``transfer_stats``, which our OffloadingConnectorWorker rows
-    read, carry them. Every vLLM module it imports exists in vLLM 0.32."""
+    read, carry them. Every vLLM module it imports exists in vLLM 0.30, the release it runs on."""
     from tests.contract.test_vllm import tree_for
 
     ascend = SourceTree.from_archive(sdist("vllm-ascend", ASCEND_WITH_NPU_OFFLOAD), strip_prefix=True)
-    both = SourceTree({**tree_for("0.32.0").files, **ascend.files})
+    both = SourceTree({**tree_for(dict(supported.VLLM_ASCEND)[ASCEND_WITH_NPU_OFFLOAD]).files, **ascend.files})
     found = both.find_class(_NATIVE + "offloading_connector", "AscendOffloadingConnectorWorker")
     assert found is not None
     where, node = found
@@ -169,12 +169,29 @@ def test_npu_offload_worker_reports_through_vllms_offloading_connector_worker():
 
 
 def test_npu_prefetch_offloader_sums_its_offloaded_bytes_in_post_init(tree):
-    _, node = tree.find_class("vllm_ascend.model_executor.offloader.prefetch", "NPUPrefetchOffloader")
-    post_init = next(n for n in node.body if getattr(n, "name", None) == "post_init")
+    """0.23's NPUPrefetchOffloader sums them itself (its own row); 0.30's AscendPrefetchOffloader subclasses
+    vLLM's PrefetchOffloader and calls its post_init, which sums them (vLLM's row reads it, once)."""
+    module = "vllm_ascend.model_executor.offloader.prefetch"
+    found = tree.find_class(module, "NPUPrefetchOffloader")
+    if found is None:
+        where, node = tree.find_class(module, "AscendPrefetchOffloader")
+        base = tree.resolve_base(where, node.bases[0])
+        assert base is not None and base[:1] == ("vllm.model_executor.offloader.prefetch",)
+        assert base[1].name == "PrefetchOffloader"
+        post_init = next(n for n in node.body if getattr(n, "name", None) == "post_init")
+        assert "super().post_init()" in ast.unparse(post_init)
+        base_post_init = next(n for n in base[1].body if getattr(n, "name", None) == "post_init")
+        assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(base_post_init)
+        return
+    post_init = next(n for n in found[1].body if getattr(n, "name", None) == "post_init")
     assert "self.total_offloaded_bytes += offloader.offloaded_bytes" in ast.unparse(post_init)
 
 
 def test_npu_runner_installs_its_prefetch_offloader(tree):
     """paths.py's NPU fact for memory:weight_offload_bytes."""
     source = tree.files["vllm_ascend/worker/model_runner_v1.py"]
-    assert "set_offloader(NPUPrefetchOffloader(" in source
+    if "set_offloader(NPUPrefetchOffloader(" in source:  # 0.23
+        return
+    assert "set_offloader(create_offloader(self.offload_config))" in source
+    factory = ast.unparse(tree.module("vllm_ascend.model_executor.offloader.base"))
+    assert "return AscendPrefetchOffloader(" in factory

@@ -24,17 +24,17 @@ KV_READS = (
     (">=0.23.0", "vllm.v1.kv_cache_interface", "KVCacheGroupSpec", ("kv_cache_spec", "layer_names")),
     (">=0.23.0", "vllm.v1.kv_cache_interface", "AttentionSpec", ("page_size_bytes", "block_size")),
     (
-        ">=0.32.0",
+        ">=0.30.0",
         _OFFLOADING + ".worker",
         "OffloadingConnectorWorker",
         ("_connector_worker_meta", "_load_jobs", "_unsubmitted_store_jobs", "_is_store_writer", "worker"),
     ),
-    (">=0.32.0", _OFFLOADING + ".common", "OffloadingWorkerMetadata", ("completed_jobs", "transfer_stats")),
-    (">=0.32.0", _OFFLOADING + ".common", "TransferStats", ("load", "store")),
-    (">=0.32.0", _OFFLOADING + ".common", "DirectionalTransferStats", ("sizes", "time", "bytes")),
-    (">=0.32.0", _OFFLOADING + ".common", "OffloadingConnectorMetadata", ("load_jobs", "store_jobs", "jobs_to_flush")),
+    (">=0.30.0", _OFFLOADING + ".common", "OffloadingWorkerMetadata", ("completed_jobs", "transfer_stats")),
+    (">=0.30.0", _OFFLOADING + ".common", "TransferStats", ("load", "store")),
+    (">=0.30.0", _OFFLOADING + ".common", "DirectionalTransferStats", ("sizes", "time", "bytes")),
+    (">=0.30.0", _OFFLOADING + ".common", "OffloadingConnectorMetadata", ("load_jobs", "store_jobs", "jobs_to_flush")),
     (
-        "<0.32.0",
+        "<0.30.0",
         "vllm.v1.kv_offload.worker.worker",
         "TransferResult",
         ("job_id", "transfer_size", "transfer_time", "transfer_type"),
@@ -132,7 +132,7 @@ def _calls_on(func, owner: str) -> list[str]:
     return [n.func.attr for n in sorted(calls, key=lambda n: (n.lineno, n.col_offset))]
 
 
-@pytest.mark.parametrize("version", [v for v in VLLM_VERSIONS if at_least(v, "0.32")])
+@pytest.mark.parametrize("version", [v for v in VLLM_VERSIONS if at_least(v, "0.30")])
 def test_offloading_transfers_block_the_step_only_through_the_metered_worker_calls(version):
     """What OffloadingStartTransfers / OffloadingHandlePreemptions and their metered worker rely on:
     ``start_kv_transfers`` submits the queued stores (``_unsubmitted_store_jobs``: job id first) before this

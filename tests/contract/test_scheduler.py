@@ -9,7 +9,7 @@ import ast
 import pytest
 
 from tests.contract.test_overrides import ASCEND_NAMES, TREES, tree_of
-from tests.support.contract import SourceTree
+from tests.support.contract import SourceTree, calls_base
 
 SCHED = "vllm.v1.core.sched.scheduler"
 VLLM = [n for n in TREES if n not in ASCEND_NAMES]
@@ -65,6 +65,10 @@ def test_waiting_requests_are_admitted_against_the_limit_the_hook_uses(name):
     elif "max_num_active_reqs" in members:  # 0.32, 0.33
         assert "num_running = len(self.running) + self.num_waiting_for_streaming_input" in source, name
         assert "if num_running >= self.max_num_active_reqs:" in source, name
+    elif "num_running = len(self.running) + self.num_waiting_for_streaming_input" in source:  # 0.30
+        # Paused streaming sessions hold a slot against max_num_running_reqs: the hook subtracts them there
+        # (handlers.scheduler.STREAMING_HOLDS_A_SLOT, set from targets.STREAMING_HOLDS_A_SLOT).
+        assert "if num_running >= self.max_num_running_reqs:" in source, name
     else:  # 0.23
         assert "if len(self.running) == self.max_num_running_reqs:" in source, name
 
@@ -99,7 +103,9 @@ def test_schedulers_that_preempt_without_preempt_request_put_the_request_at_the_
         if ".status = RequestStatus.PREEMPTED" in source and "_preempt_request(" not in source:
             inline.append(f"{module}:{node.name}")
             assert "self.waiting.prepend_request(" in source, (name, node.name)
-    if name in ASCEND_NAMES:
+    if name in ASCEND_NAMES and tree.module("vllm_ascend.core.scheduler_dynamic_batch") is None:
+        assert inline == [], name  # vllm-ascend 0.30 removed SchedulerDynamicBatch, the one that did
+    elif name in ASCEND_NAMES:
         assert inline == ["vllm_ascend.core.scheduler_dynamic_batch:SchedulerDynamicBatch"]
         # … and its output does not report them (preempted_req_ids is not passed).
         source = ast.unparse(
@@ -132,6 +138,15 @@ def _guarded_records(function, kind: str) -> list[str]:
     return found
 
 
+#: vllm-ascend 0.30's schedulers with a schedule() of their own: (inline preemptions, _preempt_request calls).
+_ASCEND_030_SCHEDULES = {
+    "vllm_ascend.core.dyntra_lb_scheduler:DyntraLBScheduler": (0, 1),
+    "vllm_ascend.core.recompute_scheduler:RecomputeScheduler": (0, 0),
+    "vllm_ascend.core.scheduler_profiling_chunk:ProfilingChunkScheduler": (0, 1),
+    "vllm_ascend.patch.platform.patch_balance_schedule:BalanceScheduler": (0, 1),
+}
+
+
 @pytest.mark.parametrize("name", TREES)
 def test_every_scheduler_records_the_engine_events_request_traces_are_built_from(name):
     """Request traces (handlers/traces.py, docs/traces.md) count a request's preemptions and place its queued /
@@ -150,7 +165,11 @@ def test_every_scheduler_records_the_engine_events_request_traces_are_built_from
     seen = {}
     for module, node in tree.subclasses(SCHED, "Scheduler"):
         methods = _functions(node)
-        assert "_preempt_request" not in methods, (name, node.name)  # the base's, which records PREEMPTED
+        # the base's, which records PREEMPTED (or an override that calls it: 0.30's DyntraLBPolicyMixin)
+        assert "_preempt_request" not in methods or calls_base(methods["_preempt_request"], "_preempt_request"), (
+            name,
+            node.name,
+        )
         schedule = methods.get("schedule")
         delegates = schedule is not None and "scheduled_timestamp" not in ast.unparse(schedule)
         if delegates:  # it only wraps the base's (vLLM's DiffusionAsyncScheduler)
@@ -168,7 +187,7 @@ def test_every_scheduler_records_the_engine_events_request_traces_are_built_from
         if add is not None:
             assert _guarded_records(add, "QUEUED") or "super().add_request(" in ast.unparse(add), (name, node.name)
         update = methods.get("update_from_output")
-        if update is not None:
+        if update is not None and not calls_base(update, "update_from_output"):  # (0.30's recompute calls it)
             outputs = [
                 call
                 for call in ast.walk(update)
@@ -180,7 +199,15 @@ def test_every_scheduler_records_the_engine_events_request_traces_are_built_from
                 any(k.arg == "events" and ast.unparse(k.value) == "request.take_events()" for k in c.keywords)
                 for c in with_request
             ), (name, node.name)
-    if name in ASCEND_NAMES:
+    if name in ASCEND_NAMES and name != ASCEND_NAMES[0]:
+        assert seen == _ASCEND_030_SCHEDULES, name
+        # RecomputeScheduler preempts through its _preempt_or_recompute, which calls the base _preempt_request
+        # when it preempts (and records no PREEMPTED when it hands the request back to the prefill node).
+        recompute = ast.unparse(method(tree, "vllm_ascend.core.recompute_scheduler", "RecomputeScheduler", "schedule"))
+        assert "self._preempt_or_recompute(" in recompute, name
+        helper = method(tree, "vllm_ascend.core.recompute_scheduler", "RecomputeScheduler", "_preempt_or_recompute")
+        assert calls_base(helper, "_preempt_request"), name
+    elif name in ASCEND_NAMES:
         # (inline preemptions, _preempt_request calls) of each scheduler with a schedule() of its own
         assert seen == {
             "vllm_ascend.core.scheduler_dynamic_batch:SchedulerDynamicBatch": (1, 0),

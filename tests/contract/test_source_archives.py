@@ -167,4 +167,93 @@ def test_no_package_index_host_is_written_in_the_projects_code():
 def test_the_newest_release_is_the_newest_final_one_with_a_file(index):
     index(hashlib.sha256(PAYLOAD).hexdigest())
     assert archives.newest_release("demo") == "1.0"  # 1.1rc1: a pre-release; 1.2: yanked
+    assert archives.newest_release("demo", prereleases=True) == "1.1rc1"  # 1.2's only file is yanked
     assert archives.release_archive("demo", "1.0", source_archives.CACHE).endswith("demo-1.0.tar.gz")
+
+
+def _pages(pages: dict[str, list[tuple[str, bool]]]):
+    """An index on 127.0.0.1 serving PEP 691 project pages: project -> [(filename, yanked)]."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            project = self.path.strip("/").split("/")[-1]
+            if project not in pages:
+                self.send_error(404)
+                return
+            url = f"http://127.0.0.1:{self.server.server_port}/files/"
+            files = [
+                {"filename": name, "url": url + name, "hashes": {"sha256": "0" * 64}, "yanked": yanked}
+                for name, yanked in pages[project]
+            ]
+            body = json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_the_drift_canary_checks_the_newest_releases_candidates_included_and_names_what_is_missing(
+    tmp_path, monkeypatch, capsys
+):
+    """``tox -e drift`` takes the newest vLLM and vllm-ascend on the index, release candidates included (a dev
+    release and a release whose files are all yanked do not count), pairs vllm-ascend with the vLLM of its number,
+    hands both to the contract tests, and a failing check names the symbols its report says are missing."""
+    from tests.support import drift
+
+    server = _pages(
+        {
+            "vllm": [
+                ("vllm-0.34.0.tar.gz", False),
+                ("vllm-0.35.0rc1.tar.gz", False),
+                ("vllm-0.36.0.dev1.tar.gz", False),
+            ],
+            "vllm-ascend": [
+                ("vllm_ascend-0.30.0rc2.tar.gz", False),
+                ("vllm_ascend-0.31.0rc1-py3-none-any.whl", False),
+                ("vllm_ascend-0.32.0rc1.tar.gz", True),
+            ],
+        }
+    )
+    try:
+        monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+        monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+        calls, runs = [], []
+        real_run = subprocess.run  # (pip's configuration is read through it: only the canary's commands are faked)
+
+        def call(command, env=None, cwd=None):
+            calls.append((command, env))
+            return 1 if "--vllm-ascend" in command else 0  # the vllm-ascend check fails, the rest passes
+
+        def run(command, **kwargs):
+            if "opentelemetry_instrumentation_vllm_ascend" not in command:
+                return real_run(command, **kwargs)
+            runs.append(command)
+            report = {"missing": [{"symbol": "vllm_ascend.core.x:X.schedule"}, {"symbol": "vllm.y:Y.step"}]}
+            return subprocess.CompletedProcess(command, 1, stdout=json.dumps(report), stderr="")
+
+        monkeypatch.setattr(drift.subprocess, "call", call)
+        monkeypatch.setattr(drift.subprocess, "run", run)
+        assert drift.main([]) == 1
+    finally:
+        server.shutdown()
+    out = capsys.readouterr().out
+    assert [c[0][3:] for c in calls[:2]] == [["check", "--vllm", "0.35.0rc1"], ["check", "--vllm-ascend", "0.31.0rc1"]]
+    env = calls[2][1]
+    assert env["OTEL_VLLM_ASCEND_DRIFT_VLLM"] == "0.35.0rc1"
+    assert env["OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND"] == "0.31.0rc1:0.31.0"
+    assert runs == [[*calls[1][0], "--json"]]  # only the failing check is asked which symbols are missing
+    assert "drift canary: check --vllm 0.35.0rc1: ok" in out
+    assert (
+        "drift canary: check --vllm-ascend 0.31.0rc1: FAILED (exit 1): missing vllm_ascend.core.x:X.schedule, "
+        "vllm.y:Y.step"
+    ) in out
+    assert "drift canary: contract tests: ok" in out

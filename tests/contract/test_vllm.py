@@ -161,7 +161,7 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
         call = statement.value.value  # return await self._with_kv_transfer_rejection_cleanup(...)
         assert ast.unparse(call.func) == "self._with_kv_transfer_rejection_cleanup", (version, method)
         assert [ast.unparse(a) for a in call.args[1:]] == ["request", "raw_request"], (version, method)
-    if Version(version) >= Version("0.32.0"):
+    if Version(version) >= Version("0.30.0"):
         _, base = tree.find_class("vllm.entrypoints.serve.engine.serving", "BaseServing")
         (helper,) = [n for n in base.body if isinstance(n, ast.FunctionDef) and n.name == "create_error_response"]
         assert "Exception" in ast.unparse(helper.args.args[0].annotation), version
@@ -173,7 +173,7 @@ def test_the_openai_handlers_await_their_work_through_the_rejection_hook(version
     # The trace rows of this release: every handler, each symbol hooked once.
     rows = [t for t in targets.TARGETS if t.traces and in_range(Version(version), t.vllm)]
     handlers = ("TraceHeaders", "Rejections", "AddRequest", "FinishRequest", "AbortRequests", "Unparsed")
-    handlers += ("Admission",) if Version(version) >= Version("0.32.0") else ()  # 0.23: no admission limits
+    handlers += ("Admission",) if Version(version) >= Version("0.30.0") else ()  # 0.23: no admission limits
     assert {t.handler for t in rows} == {f"traces:{h}" for h in handlers}, version
     assert len({t.symbol for t in rows}) == len(rows), version
 
@@ -283,7 +283,7 @@ def test_a_body_that_never_parsed_reaches_the_hooked_name_and_is_a_400(version_t
     ``validate_json_request``, which raises RequestValidationError, and the handler answers 400 ``Bad Request``.
     vLLM 0.23: ``api_server.py``'s ``build_app`` registers it, ``serve/utils/server_utils.py`` defines it."""
     version, tree = version_tree
-    if Version(version) >= Version("0.32.0"):
+    if Version(version) >= Version("0.30.0"):
         register, init_name = "vllm.entrypoints.serve.exception_handling.register", "init_exception_handler"
         where = "vllm.entrypoints.serve.exception_handling.handlers.validation"
     else:
@@ -315,7 +315,7 @@ def test_the_admission_limits_refuse_before_registering_and_a_stream_sends_it_as
     which ``create_error_response`` answers with that status's phrase; the completion and chat stream generators
     send any exception as an error chunk (``create_streaming_error_response(e)``)."""
     version, tree = version_tree
-    if Version(version) < Version("0.32.0"):  # no admission limits, no check_admission (its row is gated >=0.32)
+    if Version(version) < Version("0.30.0"):  # no admission limits, no check_admission (its row is gated >=0.30)
         assert "check_admission" not in tree.members("vllm.v1.engine.async_llm", "AsyncLLM"), version
         return
     engine = "vllm.v1.engine.async_llm"
@@ -323,6 +323,8 @@ def test_the_admission_limits_refuse_before_registering_and_a_stream_sends_it_as
         lines = ast.unparse(_function(tree, engine, name, "AsyncLLM")).splitlines()
         checks = [i for i, line in enumerate(lines) if "self.check_admission(" in line]
         registers = [i for i, line in enumerate(lines) if "self.output_processor.add_request(" in line]
+        if not registers and name == "add_request":  # 0.30: it registers through _add_request (checked next)
+            registers = [i for i, line in enumerate(lines) if "self._add_request(" in line]
         assert checks and registers and max(checks) < min(registers), (version, name)
         assert all("request_id" in lines[i] for i in checks), (version, name)
     check = _function(tree, engine, "check_admission", "AsyncLLM")

@@ -145,7 +145,7 @@ READS = tuple(
             ),
         ),
         ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", ("model_memory_usage",), "<0.34.0"),
-        ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", ("model_memory_usage",), ">=0.32.0"),
+        ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner", ("model_memory_usage",), ">=0.30.0"),
         ("vllm.config", "CacheConfig", ("gpu_memory_utilization", "kv_cache_memory_bytes")),
         ("vllm.utils.mem_utils", "MemorySnapshot", ("total_memory",)),
         # vllm-ascend (checked against its sdist)
@@ -211,19 +211,19 @@ READS = tuple(
         # of the requests it reads, the helper that turns an exception into vLLM's response
         # handlers/traces.py's KV-load notes: the scheduler's connector, the headers a request carries and its
         # outputs send back, the tokens the connector loads
-        ("vllm.v1.core.sched.scheduler", "Scheduler", ("connector",), ">=0.32.0"),
-        ("vllm.v1.request", "Request", ("trace_headers",), ">=0.32.0"),
-        ("vllm.v1.engine", "EngineCoreOutput", ("trace_headers", "prefill_stats"), ">=0.32.0"),
-        ("vllm.v1.metrics.stats", "PrefillStats", ("num_external_cached_tokens",), ">=0.32.0"),
-        ("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", ("error",), ">=0.32.0"),
-        ("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", ("type", "code"), ">=0.32.0"),
-        ("vllm.entrypoints.serve.engine.serving", "BaseServing", ("create_error_response",), ">=0.32.0"),
+        ("vllm.v1.core.sched.scheduler", "Scheduler", ("connector",), ">=0.30.0"),
+        ("vllm.v1.request", "Request", ("trace_headers",), ">=0.30.0"),
+        ("vllm.v1.engine", "EngineCoreOutput", ("trace_headers", "prefill_stats"), ">=0.30.0"),
+        ("vllm.v1.metrics.stats", "PrefillStats", ("num_external_cached_tokens",), ">=0.30.0"),
+        ("vllm.entrypoints.serve.engine.protocol", "ErrorResponse", ("error",), ">=0.30.0"),
+        ("vllm.entrypoints.serve.engine.protocol", "ErrorInfo", ("type", "code"), ">=0.30.0"),
+        ("vllm.entrypoints.serve.engine.serving", "BaseServing", ("create_error_response",), ">=0.30.0"),
         # … the same on vLLM 0.23 (its serving helpers live on OpenAIServing), and the journey's reads in every
         # release (handlers/traces.py: Tracker.start / outputs / finished / _end)
-        ("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", ("error",), "<0.32.0"),
-        ("vllm.entrypoints.openai.engine.protocol", "ErrorInfo", ("type", "code"), "<0.32.0"),
-        ("vllm.entrypoints.openai.engine.serving", "OpenAIServing", ("create_error_response",), "<0.32.0"),
-        ("vllm.v1.engine", "EngineCoreOutput", ("trace_headers", "prefill_stats"), "<0.32.0"),
+        ("vllm.entrypoints.openai.engine.protocol", "ErrorResponse", ("error",), "<0.30.0"),
+        ("vllm.entrypoints.openai.engine.protocol", "ErrorInfo", ("type", "code"), "<0.30.0"),
+        ("vllm.entrypoints.openai.engine.serving", "OpenAIServing", ("create_error_response",), "<0.30.0"),
+        ("vllm.v1.engine", "EngineCoreOutput", ("trace_headers", "prefill_stats"), "<0.30.0"),
         ("vllm.v1.metrics.stats", "PrefillStats", ("num_cached_tokens", "num_external_cached_tokens")),
         (
             "vllm.v1.engine",

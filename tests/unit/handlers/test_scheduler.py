@@ -785,3 +785,36 @@ def test_a_full_batch_that_still_admits_async_kv_loads_is_not_blocked(metrics, c
     s.async_kv_waiting.clear()
     s.schedule()  # no load waits, the batch full, one waiting: a new episode
     assert metrics.value(pending, **step("idle")) == 2
+
+
+def test_paused_streaming_sessions_hold_a_slot_against_max_num_running_reqs_from_vllm_030(metrics, clock, utils):
+    """vLLM 0.30 (no max_num_active_reqs) admits while len(running) + num_waiting_for_streaming_input <
+    max_num_running_reqs; 0.23 while len(running) < max_num_running_reqs. Two slots, one running request, one paused
+    streaming session, one waiting request: blocked on 0.30's reading, not on 0.23's (the installer sets which)."""
+    pending = name("request_prefill_pending_nums")
+    saved = STATE.streaming_holds_a_slot
+    try:
+        for holds, blocked in ((False, None), (True, 1)):
+            STATE.streaming_holds_a_slot = holds
+            s = instrumented()(clock, utils, running=[req(5, 5)], waiting=[req(0, 2)], max_num_running_reqs=2)
+            s.num_waiting_for_streaming_input = 1
+            s.plan = [(idle_output(), 0.0, [])]
+            s.schedule()
+            assert metrics.value(pending, **step("idle")) == blocked, holds
+    finally:
+        STATE.streaming_holds_a_slot = saved
+
+
+def test_the_installer_sets_the_streaming_slot_reading_from_the_installed_vllm(monkeypatch):
+    from packaging.version import Version
+
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer
+
+    saved = STATE.streaming_holds_a_slot
+    try:
+        for version, holds in (("0.23.0", False), ("0.30.0", True), ("0.32.0+cpu", True)):
+            monkeypatch.setattr(installer, "vllm_version", lambda v=version: Version(v))
+            installer.Installer(table=(), ready_points=()).install()
+            assert STATE.streaming_holds_a_slot is holds, version
+    finally:
+        STATE.streaming_holds_a_slot = saved

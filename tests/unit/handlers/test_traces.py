@@ -475,11 +475,14 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
 
     version = vllm_version()
     every = [t for t in targets.TARGETS if t.traces]
-    # vLLM 0.23 has the serving helpers on OpenAIServing and registers the validation handler from api_server.py:
+    # vLLM 0.23 has the serving helpers on OpenAIServing and registers the validation handler from api_server.py
+    # (0.30 has its _get_trace_headers on GenerateBaseServing, PoolingBaseServing and the generative scoring server):
     # rows of their own, one per symbol and release; it has no admission limits.
     assert sorted(t.qualname for t in every) == sorted(
         [
             "BaseServing._get_trace_headers",
+            "GenerateBaseServing._get_trace_headers",  # vLLM 0.30 (no BaseServing._get_trace_headers there)
+            "PoolingBaseServing._get_trace_headers",
             "OpenAIServing._get_trace_headers",
             "ServingGenerativeScoring._get_trace_headers",
             "GenerateBaseServing._with_kv_transfer_rejection_cleanup",
@@ -494,7 +497,7 @@ def test_trace_rows_are_installed_only_with_traces_on_and_keep_the_output_loop_h
     )
     for release in supported.VLLM:  # each release installs each hook once
         here = [t for t in every if in_range(Version(release), t.vllm)]
-        handlers = _TRACE_HANDLERS + (("Admission",) if Version(release) >= Version("0.32.0") else ())
+        handlers = _TRACE_HANDLERS + (("Admission",) if Version(release) >= Version("0.30.0") else ())
         assert {t.handler for t in here} == {f"traces:{h}" for h in handlers}, release
         assert len({t.symbol for t in here}) == len(here), release
     rows = [t for t in every if in_range(version, t.vllm)]
