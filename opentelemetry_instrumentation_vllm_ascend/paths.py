@@ -59,7 +59,7 @@ PATHS: tuple[Path, ...] = (
         "worker",
         "MRV2",
         "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one, vllm-ascend's "
-        "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.32, the only runner from 0.34 (CPU "
+        "`vllm_ascend.worker.v2` NPU runner): the CUDA default from vLLM 0.30, the only runner from 0.34 (CPU "
         "included, `cpu/model_runner.py`); before 0.34 `VLLM_USE_V2_MODEL_RUNNER=1` forces it (on Ascend too; it "
         "needs Triton, so vLLM 0.32's CPU build refuses it).",
     ),
@@ -144,25 +144,25 @@ def absent(why: str) -> On:
 
 #: Model runner V2 enters no profiling scopes (no ``record_function_or_nullcontext`` call under
 #: ``vllm/v1/worker/gpu/`` in any supported release, nor in vllm-ascend's ``vllm_ascend/worker/v2/``): its
-#: forward is marked by ``StepTimingCollector.forward_start()`` (vLLM 0.32+), which execute_model calls right
+#: forward is marked by ``StepTimingCollector.forward_start()`` (vLLM 0.30+), which execute_model calls right
 #: before the model, and ends at execute_model's return (``handlers/model_runner.py``, ``ExecuteModelV2``).
-_NO_MARK_BEFORE_032 = (
+_NO_MARK_BEFORE_030 = (
     "vLLM 0.23's model runner V2 (vllm-ascend 0.23's V2 NPU runner runs on it) has no `StepTimingCollector`: "
     "nothing marks its forward"
 )
 _MRV2_FORWARD = fed(
     "from `StepTimingCollector.forward_start()`, which execute_model calls right before the model's forward, to "
     "execute_model's return (the KV connector's `finish_forward` — its save wait, inside V1's forward scope too — "
-    "and the step state's bookkeeping lie between). vLLM 0.32+; absent on 0.23: " + _NO_MARK_BEFORE_032,
-    vllm=">=0.32.0",
-    otherwise=_NO_MARK_BEFORE_032,
+    "and the step state's bookkeeping lie between). vLLM 0.30+; absent on 0.23: " + _NO_MARK_BEFORE_030,
+    vllm=">=0.30.0",
+    otherwise=_NO_MARK_BEFORE_030,
 )
 _MRV2_NON_FORWARD = fed(
     "model inference minus that forward (V2's forward ends at execute_model's return, so its non-forward time "
-    "is input preparation plus sample_tokens: logits, sampling, drafting, building the output). vLLM 0.32+; "
-    "absent on 0.23: " + _NO_MARK_BEFORE_032,
-    vllm=">=0.32.0",
-    otherwise=_NO_MARK_BEFORE_032,
+    "is input preparation plus sample_tokens: logits, sampling, drafting, building the output). vLLM 0.30+; "
+    "absent on 0.23: " + _NO_MARK_BEFORE_030,
+    vllm=">=0.30.0",
+    otherwise=_NO_MARK_BEFORE_030,
 )
 _MRV2_NO_LAUNCH = absent(
     "model runner V2 has no post-processing step to end the launch at: it computes the logits inside `sample` "
@@ -216,9 +216,9 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
                 "`prepare_inputs` runs from execute_model's start to `StepTimingCollector.forward_start()`, "
                 "`forward` from there to execute_model's return (V2 has no post-processing in execute_model), "
                 "`sample` is V2's `sample` method: the logits, the grammar bitmask and the sampler (V1's sample "
-                "scope holds the sampler only); vLLM 0.32+, absent on 0.23: " + _NO_MARK_BEFORE_032,
-                vllm=">=0.32.0",
-                otherwise=_NO_MARK_BEFORE_032,
+                "scope holds the sampler only); vLLM 0.30+, absent on 0.23: " + _NO_MARK_BEFORE_030,
+                vllm=">=0.30.0",
+                otherwise=_NO_MARK_BEFORE_030,
             ),
             "cpu_standalone": _STANDALONE_NO_MARK,
             "npu": fed(
@@ -239,9 +239,9 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
         },
         "worker:stage_start_time": {
             "mrv2": fed(
-                "vLLM 0.32+ (the worker budget's clock); absent on 0.23: " + _NO_MARK_BEFORE_032,
-                vllm=">=0.32.0",
-                otherwise=_NO_MARK_BEFORE_032,
+                "vLLM 0.30+ (the worker budget's clock); absent on 0.23: " + _NO_MARK_BEFORE_030,
+                vllm=">=0.30.0",
+                otherwise=_NO_MARK_BEFORE_030,
             ),
             "cpu_standalone": _STANDALONE_NO_MARK,
         },
@@ -368,7 +368,7 @@ def detect(
     elif cpu:
         paths["worker"] = "mrv1"
         reasons["worker"] = "vLLM's CPU build has no usable Triton, which model runner V2 needs"
-    elif vllm_version is not None and vllm_version.release < (0, 32):
+    elif vllm_version is not None and vllm_version.release < (0, 30):
         paths["worker"], reasons["worker"] = "mrv1", f"vLLM {vllm_version} defaults to model runner V1"
     elif importlib.util.find_spec("triton") is None:
         paths["worker"], reasons["worker"] = "mrv1", "Triton is not installed (model runner V2 requires it)"

@@ -392,14 +392,14 @@ TARGETS: tuple[Target, ...] = (
         path="mrv2",
     ),
     # MRV2 enters no profiling scopes: its forward starts at StepTimingCollector.forward_start(), which
-    # execute_model calls right before the model (vLLM 0.32+; tests/contract/test_mrv2.py checks the order), and
+    # execute_model calls right before the model (vLLM 0.30+; tests/contract/test_mrv2.py checks the order), and
     # ends at execute_model's return; its sample() (logits, grammar bitmask, sampler) is the budget's sample stage.
     Target(
         "vllm.v1.worker.gpu.async_utils",
         "StepTimingCollector.forward_start",
         SYNC,
         "model_runner:ForwardStartV2",
-        vllm=">=0.32.0",
+        vllm=">=0.30.0",
         feeds=("npu:forward_duration", "npu:non_forward_duration") + _WORKER_BUDGET,
         process=WORKER,
         path="mrv2",
@@ -409,7 +409,7 @@ TARGETS: tuple[Target, ...] = (
         "GPUModelRunner.sample",
         SYNC,
         "model_runner:SampleV2",
-        vllm=">=0.32.0",
+        vllm=">=0.30.0",
         feeds=("worker:stage_seconds",),
         process=WORKER,
         path="mrv2",
@@ -1010,7 +1010,7 @@ UNCOVERED_OVERRIDES: tuple[UncoveredOverride, ...] = (
         "Encoder-only instances of a disaggregated multimodal deployment (vllm_config.is_mm_encoder_only, "
         "model runner V2) run the multimodal encoder and no language-model step: there is no model step, "
         "sampling or forward scope to measure; the worker step metrics are absent there.",
-        vllm=">=0.32.0",
+        vllm=">=0.30.0",
     ),
     UncoveredOverride(
         "vllm.v1.executor.ray_executor_v2:RayExecutorV2.shutdown",

@@ -397,7 +397,7 @@ class ExecuteModelV2(ExecuteModel):
             report(self, "phase")
             phase = UNKNOWN
         STATE.last_step_phase = phase
-        if STATE.mrv2_forward_marked and self.marked:  # the forward mark is hooked (vLLM 0.32+)
+        if STATE.mrv2_forward_marked and self.marked:  # the forward mark is hooked (vLLM 0.30+)
             return begin_step(phase)
         return begin_step(phase, off)  # no worker budget: its forward is not delimited
 
@@ -436,7 +436,7 @@ class ExecuteModelStandalone(ExecuteModelV2):
 
 class ForwardStartV2(Handler):
     """Model runner V2's ``StepTimingCollector.forward_start()`` (``vllm/v1/worker/gpu/async_utils.py``, vLLM
-    0.32+): execute_model calls it once, right before running the model (``tests/contract/test_mrv2.py``
+    0.30+): execute_model calls it once, right before running the model (``tests/contract/test_mrv2.py``
     checks the order in each version's source). In a step in progress (execute_model entered, not yet
     returned) it opens the forward: the timeline's forward start, a device event on the device timeline, the
     worker budget's ``forward`` stage. Calls outside a step (dummy runs, CUDA graph capture) are ignored."""

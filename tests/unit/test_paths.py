@@ -108,15 +108,15 @@ def test_detect_answers_model_runner_v2_on_vllm_034_whatever_the_environment_say
 
 
 def test_verdicts_on_model_runner_v2_follow_the_vllm_release():
-    """The forward mark exists from vLLM 0.32: on 0.23's V2 (vllm-ascend's V2 NPU runner) forward, non-forward and
-    the worker budget are absent; from 0.32 fed; kernel launch is absent on V2 whatever the release; the standalone
+    """The forward mark exists from vLLM 0.30: on 0.23's V2 (vllm-ascend's V2 NPU runner) forward, non-forward and
+    the worker budget are absent; from 0.30 fed; kernel launch is absent on V2 whatever the release; the standalone
     CPU runner has none of them."""
     mrv2 = dict(scheduling="batch_queue", worker="mrv2", executor="multiproc", frontend="single_api")
     seeds = ("npu:forward_duration", "npu:non_forward_duration", "worker:stage_seconds", "worker:stage_start_time")
     for seed in seeds:
         old = paths.verdict(seed, paths.Configuration(dict(mrv2), {}, Version("0.23.0")))
         assert old[0] == "absent" and "StepTimingCollector" in old[1], seed
-        for version in [v for v in VLLM_VERSIONS if at_least(v, "0.32")]:
+        for version in [v for v in VLLM_VERSIONS if at_least(v, "0.30")]:
             assert paths.verdict(seed, paths.Configuration(dict(mrv2), {}, Version(version)))[0] == "fed", seed
         unknown = paths.verdict(seed, config(**mrv2))
         assert unknown[0] == "fed" and "absent on 0.23" in unknown[1], seed  # the note says both
