@@ -751,7 +751,7 @@ TARGETS: tuple[Target, ...] = (
         vllm_ascend=">=0.23.0",
         measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
         process=WORKER,
-        path="mrv2",
+        path="npu_v2",
     ),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once).
     *(
