@@ -210,6 +210,14 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
                 "scheduling the time to launch the step, not to compute it"
             ),
         },
+        "worker:model_inference:duration": {
+            "npu_v2": fed(
+                "from vllm-ascend's execute_model start to V2's sample_tokens return: on the device timeline the "
+                "NPU's time between those moments; on the host execute_model plus V2's sample_tokens, without "
+                "vllm-ascend's own sample_tokens work before V2's (the PCP layout, restoring draft states) and the "
+                "draft broadcast of speculative decoding over PP after it"
+            ),
+        },
         "executor:model_runner_execute_model:duration": {
             "npu_v2": fed(
                 "vllm-ascend's own execute_model from 0.30.0rc2 (V2's inside it, with the KV connector's "
@@ -267,8 +275,9 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
                 + ". `prepare_inputs` runs from vllm-ascend's execute_model start (0.30.0rc2+: the KV connector's "
                 "preemption stores first) to `StepTimingCollector.forward_start()`, `forward` from there to its "
                 "execute_model's return, `sample` is its `sample` (V2's, or its own with LM-head TP: the logits, "
-                "the grammar bitmask and the sampler; the 310P runner's own); vLLM 0.30+, absent on 0.23: "
-                + _NO_MARK_BEFORE_030,
+                "the grammar bitmask and the sampler; the 310P runner's own). Its own sample_tokens work before "
+                "V2's (the PCP layout, restoring draft states) counts in `wait_sample`, and the draft broadcast of "
+                "speculative decoding over PP after V2's in `idle`; vLLM 0.30+, absent on 0.23: " + _NO_MARK_BEFORE_030,
                 vllm=">=0.30.0",
                 otherwise=_NO_MARK_BEFORE_030,
             ),
