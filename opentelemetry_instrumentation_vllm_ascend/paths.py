@@ -222,7 +222,8 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
             "npu_v2": fed(
                 "vllm-ascend's own execute_model from 0.30.0rc2 (V2's inside it, with the KV connector's "
                 "preemption stores before and the NPU's step-end work after); on 0.23.0.post1, which does not "
-                "override it, V2's: host time either way (with async scheduling, the time to launch the step)"
+                "override it, V2's: host time either way (with async scheduling, the time to launch the step); the "
+                "310P V2 runner's check of the step for eager fallbacks, before the NPU runner's, is not in it"
             ),
         },
         "executor:sample_tokens:duration": {
