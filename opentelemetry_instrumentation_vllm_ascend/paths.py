@@ -29,6 +29,10 @@ class Path:
     axis: str  # the choice it is one answer to: one of ``AXES``
     title: str
     when: str  # when vLLM takes it
+    #: A path that runs another's code and more (vllm-ascend's V2 NPU runner subclasses model runner V2): that
+    #: path's rows (``Target.path``) are expected on it too, and its exceptions (``TRUTH``) hold on it unless it
+    #: names its own (``_inherit``).
+    extends: str = ""
 
 
 PATHS: tuple[Path, ...] = (
@@ -58,10 +62,11 @@ PATHS: tuple[Path, ...] = (
         "mrv2",
         "worker",
         "MRV2",
-        "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one, vllm-ascend's "
-        "`vllm_ascend.worker.v2` NPU runner): the default with Triton from vLLM 0.30, the only runner from 0.34 (CPU "
-        "included, `cpu/model_runner.py`); before 0.34 `VLLM_USE_V2_MODEL_RUNNER=1` forces it (on Ascend too; it "
-        "needs Triton, so vLLM 0.32's CPU build refuses it).",
+        "`vllm.v1.worker.gpu.model_runner.GPUModelRunner` and its subclasses (vLLM's CPU one; vllm-ascend's V2 NPU "
+        "runner is the NPU V2 path, which extends this one): the CUDA default from vLLM 0.30 (with Triton, unless "
+        "the model uses a feature it does not support), the only runner from 0.34 (CPU included, "
+        "`cpu/model_runner.py`); before 0.34 `VLLM_USE_V2_MODEL_RUNNER=1` forces it (it needs Triton, so vLLM "
+        "0.32's CPU build refuses it).",
     ),
     Path(
         "cpu_standalone",
@@ -77,7 +82,18 @@ PATHS: tuple[Path, ...] = (
         "worker",
         "NPU",
         "vllm-ascend's `NPUModelRunner` of `vllm_ascend.worker.model_runner_v1` (Ascend "
-        "NPUs, unless `VLLM_USE_V2_MODEL_RUNNER=1`; its V2 NPU runner, `vllm_ascend.worker.v2`, is the MRV2 path).",
+        "NPUs, unless `VLLM_USE_V2_MODEL_RUNNER=1`; its V2 NPU runner, `vllm_ascend.worker.v2`, is the NPU V2 path).",
+    ),
+    Path(
+        "npu_v2",
+        "worker",
+        "NPU V2",
+        "vllm-ascend's `NPUModelRunner` of `vllm_ascend.worker.v2.model_runner` (the 310P's `NPUModelRunner310V2` "
+        "subclasses it), a subclass of model runner V2's `GPUModelRunner`: `NPUWorker` builds it when vLLM's "
+        "`use_v2_model_runner` holds (`VLLM_USE_V2_MODEL_RUNNER=1`; from vLLM 0.30 also by default where Triton "
+        "(vllm-ascend 0.30's `triton-ascend`) is present and the model uses no feature V2 lacks; vLLM logs which "
+        "runner it chose). V2's rows and exceptions hold on it, with its own where its overrides differ.",
+        extends="mrv2",
     ),
     Path(
         "multiproc",
@@ -234,14 +250,36 @@ _NO_ASYNC_OUTPUT = absent(
     "asynchronous output to wait for"
 )
 
+_NPU_V2_HOST = (
+    "host time of the worker's thread: the NPU computes asynchronously, so a stage holds the time to launch its "
+    "work and the device's time lands where the host waits for it"
+)
+
 #: The exceptions, by catalogue seed, each under a path or a combination of paths (a tuple: all of
-#: them taken): a metric not named for a path is fed there with its catalogue meaning.
+#: them taken): a metric not named for a path is fed there with its catalogue meaning. A path that extends
+#: another has each of that one's repeated under it (``_inherit``, below), unless it names its own.
 TRUTH: MappingProxyType[str, dict] = MappingProxyType(
     {
         "executor:execute_model:duration": {
             "uniproc": fed(
                 "dispatch until the in-process runner's execute_model returned: host time, so with async "
                 "scheduling the time to launch the step, not to compute it"
+            ),
+        },
+        "worker:model_inference:duration": {
+            "npu_v2": fed(
+                "from vllm-ascend's execute_model start to V2's sample_tokens return: on the device timeline the "
+                "NPU's time between those moments; on the host execute_model plus V2's sample_tokens, without "
+                "vllm-ascend's own sample_tokens work before V2's (the PCP layout, restoring draft states) and the "
+                "draft broadcast of speculative decoding over PP after it"
+            ),
+        },
+        "executor:model_runner_execute_model:duration": {
+            "npu_v2": fed(
+                "vllm-ascend's own execute_model from 0.30.0rc2 (V2's inside it, with the KV connector's "
+                "preemption stores before and the NPU's step-end work after); on 0.23.0.post1, which does not "
+                "override it, V2's: host time either way (with async scheduling, the time to launch the step); the "
+                "310P V2 runner's check of the step for eager fallbacks, before the NPU runner's, is not in it"
             ),
         },
         "executor:sample_tokens:duration": {
@@ -264,7 +302,19 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
                 "the EngineCore's `schedule: …` scopes only: the standalone CPU runner enters no profiling scopes"
             ),
         },
-        "npu:forward_duration": {"mrv2": _MRV2_FORWARD, "cpu_standalone": _STANDALONE_NO_MARK},
+        "npu:forward_duration": {
+            "mrv2": _MRV2_FORWARD,
+            "cpu_standalone": _STANDALONE_NO_MARK,
+            "npu_v2": fed(
+                "on the NPU's timeline (torch.npu events) from `StepTimingCollector.forward_start()`, which V2's "
+                "execute_model calls right before the model, to the return of vllm-ascend's execute_model "
+                "(0.30.0rc2+: V2's return, then joining the model state's auxiliary work, sending draft KV on a PD "
+                "prefill node with DSpark, the KV prefetch pipeline's step end). vLLM 0.30+; absent on 0.23: "
+                + _NO_MARK_BEFORE_030,
+                vllm=">=0.30.0",
+                otherwise=_NO_MARK_BEFORE_030,
+            ),
+        },
         "npu:kernel_launch": {"mrv2": _MRV2_NO_LAUNCH, "cpu_standalone": _STANDALONE_NO_MARK},
         "npu:non_forward_duration": {"mrv2": _MRV2_NON_FORWARD, "cpu_standalone": _STANDALONE_NO_MARK},
         "worker:stage_seconds": {
@@ -277,6 +327,17 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
                 otherwise=_NO_MARK_BEFORE_030,
             ),
             "cpu_standalone": _STANDALONE_NO_MARK,
+            "npu_v2": fed(
+                _NPU_V2_HOST
+                + ". `prepare_inputs` runs from vllm-ascend's execute_model start (0.30.0rc2+: the KV connector's "
+                "preemption stores first) to `StepTimingCollector.forward_start()`, `forward` from there to its "
+                "execute_model's return, `sample` is its `sample` (V2's, or its own with LM-head TP: the logits, "
+                "the grammar bitmask and the sampler; the 310P runner's own). Its own sample_tokens work before "
+                "V2's (the PCP layout, restoring draft states) counts in `wait_sample`, and the draft broadcast of "
+                "speculative decoding over PP after V2's in `idle`; vLLM 0.30+, absent on 0.23: " + _NO_MARK_BEFORE_030,
+                vllm=">=0.30.0",
+                otherwise=_NO_MARK_BEFORE_030,
+            ),
             "npu": fed(
                 "host time of the worker's thread, split by vllm-ascend's `forward` and `sample_token` scopes "
                 "(`vllm_ascend/worker/model_runner_v1.py`): the NPU computes asynchronously, so `forward` and "
@@ -355,6 +416,35 @@ TRUTH: MappingProxyType[str, dict] = MappingProxyType(
 )
 
 
+def _inherit(truth) -> dict:
+    """``truth`` with each exception of a path that another ``extends`` repeated under that path (the same fact:
+    it runs that path's code), except where the extending path names its own for that seed and combination."""
+    out = {seed: dict(by_path) for seed, by_path in truth.items()}
+    for path in PATHS:
+        if not path.extends:
+            continue
+        for by_path in out.values():
+            for where, fact in list(by_path.items()):
+                keys = where if isinstance(where, tuple) else (where,)
+                if path.extends in keys:
+                    mine = tuple(path.key if key == path.extends else key for key in keys)
+                    by_path.setdefault(mine if isinstance(where, tuple) else mine[0], fact)
+    return out
+
+
+TRUTH = MappingProxyType(_inherit(TRUTH))
+
+
+def includes(taken: str | None, path: str) -> bool:
+    """Whether the path ``taken`` on an axis runs ``path``'s code: it is that path, or extends it."""
+    return taken is not None and (taken == path or BY_KEY[taken].extends == path)
+
+
+def taking(path: str) -> tuple[str, ...]:
+    """The paths that run ``path``'s code: itself and those that extend it."""
+    return (path,) + tuple(other.key for other in PATHS if other.extends == path)
+
+
 def _keys(where) -> tuple:
     return where if isinstance(where, tuple) else (where,)
 
@@ -417,16 +507,24 @@ def detect(
     elif vllm_version is not None and vllm_version.release >= (0, 34):
         paths["worker"], reasons["worker"] = _worker_from_034(vllm_version, cpu or "cpu" in local, ascend_installed)
     elif v2 is not None and v2.strip().lower() in ("1", "true"):
-        paths["worker"], reasons["worker"] = "mrv2", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
+        paths["worker"] = "npu_v2" if ascend_installed else "mrv2"
+        reasons["worker"] = f"VLLM_USE_V2_MODEL_RUNNER={v2}" + (
+            " (vllm-ascend's V2 NPU runner)" if ascend_installed else ""
+        )
     elif ascend_installed and (
-        vllm_version is None or vllm_version.release < (0, 30) or importlib.util.find_spec("triton") is None
+        v2 is not None
+        or vllm_version is None
+        or vllm_version.release < (0, 30)
+        or importlib.util.find_spec("triton") is None
     ):
         paths["worker"], reasons["worker"] = "npu", "vllm-ascend is installed (model runner V1 on NPU)"
     elif ascend_installed:
         paths["worker"] = None
         reasons["worker"] = (
-            f"vLLM {vllm_version} chooses model runner V2 (vllm-ascend's V2 NPU runner) where Triton is installed, "
-            "unless the model uses a feature it does not support; else vllm-ascend's V1 NPU runner"
+            f"on vLLM {vllm_version} vllm-ascend's NPUWorker builds its V2 NPU runner where vLLM's "
+            "use_v2_model_runner holds: by default with Triton (vllm-ascend 0.30 requires triton-ascend) unless the "
+            "model uses a feature V2 does not support (vLLM logs which runner it chose); VLLM_USE_V2_MODEL_RUNNER "
+            "decides it"
         )
     elif v2 is not None and v2.strip().lower() in ("0", "false"):
         paths["worker"], reasons["worker"] = "mrv1", f"VLLM_USE_V2_MODEL_RUNNER={v2}"
@@ -482,7 +580,7 @@ def _worker_from_034(vllm_version, cpu: bool, ascend_installed: bool) -> tuple[s
             f"vLLM {vllm_version}'s CPU build without Triton on {platform.machine()} runs the standalone CPU runner"
         )
     if ascend_installed:
-        return "mrv2", (
+        return "npu_v2", (
             f"vLLM {vllm_version} has model runner V2 only (V1, which vllm-ascend's V1 NPU runner subclasses, is "
             "removed): vllm-ascend's V2 runner"
         )
@@ -505,7 +603,7 @@ def verdict(seed: str, configuration: Configuration) -> tuple[str, str]:
         keys = _keys(where)
         taken = [chosen.get(BY_KEY[key].axis) for key in keys]
         if any(axis_path is not None and axis_path != key for axis_path, key in zip(taken, keys)):
-            continue  # another path of that axis is taken
+            continue  # another path of that axis is taken (an extending path has its own copy: ``_inherit``)
         if all(axis_path == key for axis_path, key in zip(taken, keys)):
             if not truth.fed:
                 return "absent", f"{title(where)}: {truth.note}"

@@ -535,7 +535,7 @@ def expected_on(target, configuration) -> bool | None:
     taken = configuration.paths.get(paths.BY_KEY[target.path].axis)
     if taken is None:
         return None
-    return taken == target.path
+    return paths.includes(taken, target.path)
 
 
 def release_rows(tree: SourceTree, vllm, ascend, configuration, table=None) -> list[dict]:
@@ -583,7 +583,7 @@ def by_path(rows: list[dict], configuration=None) -> dict[str, dict]:
             elif on.note:
                 changed.append(spec.exposed_name)
         worker = path.key if path.axis == "worker" else (configuration.paths.get("worker") if configuration else None)
-        missing = [r for r in rows if r["status"] == "missing" and r["path"] in ("", worker)]
+        missing = [r for r in rows if r["status"] == "missing" and (not r["path"] or paths.includes(worker, r["path"]))]
         lost = sorted(costs(rows, worker, missing))
         out[path.key] = {"axis": path.axis, "absent": absent, "changed": changed, "lost_to_missing_targets": lost}
     return out
@@ -592,10 +592,12 @@ def by_path(rows: list[dict], configuration=None) -> dict[str, dict]:
 def costs(rows: list[dict], path: str | None, missing: list[dict]) -> set[str]:
     """The metrics that ``missing`` rows feed and no resolved row of every path (or of ``path``; of any path
     when ``path`` is None) feeds: what their absence costs on that path."""
+    from . import paths as paths_module
+
     fed = {
         name
         for row in rows
-        if row["status"] == "resolved" and (not row["path"] or path is None or row["path"] == path)
+        if row["status"] == "resolved" and (not row["path"] or path is None or paths_module.includes(path, row["path"]))
         for name in row["feeds"]
     }
     return {name for row in missing for name in row["feeds"]} - fed

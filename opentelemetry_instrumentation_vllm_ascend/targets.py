@@ -753,6 +753,12 @@ TARGETS: tuple[Target, ...] = (
         feeds=("executor:prepare_inputs:duration",),
         process=WORKER,
     ),
+    # vllm-ascend's V2 NPU runner (paths.py, "npu_v2"): a subclass of model runner V2, so V2's rows above feed its
+    # timeline (its sample_tokens calls V2's; V2's execute_model marks the forward). From 0.30.0rc2 its own
+    # execute_model wraps V2's with NPU work (the KV connector's preemption stores, DP coordination, drafting KV,
+    # KVPP): hooked at its level, V2's row inside it is then not a second step (``ExecuteModelV2``). Its sample
+    # computes the logits itself under LM-head TP: hooked for the budget's sample stage. Its prepare_inputs, and
+    # the 310P V2 runner's prepare_inputs and sample, never call V2's. tests/contract/test_mrv2_npu.py.
     Target(
         "vllm_ascend.worker.v2.model_runner",
         "NPUModelRunner.prepare_inputs",
@@ -760,7 +766,43 @@ TARGETS: tuple[Target, ...] = (
         vllm_ascend=">=0.23.0",
         measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
         process=WORKER,
-        path="mrv2",
+        path="npu_v2",
+    ),
+    Target(
+        "vllm_ascend.worker.v2.model_runner",
+        "NPUModelRunner.execute_model",
+        SYNC,
+        "model_runner:ExecuteModelV2",
+        vllm_ascend=">=0.30.0rc2",
+        feeds=_V2_RUNNER_FEEDS + _WORKER_BUDGET,
+        provides_context=True,
+        process=WORKER,
+        path="npu_v2",
+    ),
+    *(
+        Target(
+            module,
+            f"{cls}.sample",
+            SYNC,
+            "model_runner:SampleV2",
+            vllm_ascend=">=0.30.0rc2",
+            feeds=("worker:stage_seconds",),
+            process=WORKER,
+            path="npu_v2",
+        )
+        for module, cls in (
+            ("vllm_ascend.worker.v2.model_runner", "NPUModelRunner"),
+            ("vllm_ascend._310p.worker.v2.model_runner", "NPUModelRunner310V2"),
+        )
+    ),
+    Target(
+        "vllm_ascend._310p.worker.v2.model_runner",
+        "NPUModelRunner310V2.prepare_inputs",
+        SYNC_TIMER,
+        vllm_ascend=">=0.30.0rc2",
+        measures=_timer("executor:prepare_inputs:duration", PHASE_STEP),
+        process=WORKER,
+        path="npu_v2",
     ),
     # Ascend schedulers re-implement schedule() (BalanceScheduler may call the base's: measured once). Each is
     # one path of the "scheduler" axis (paths.py). 0.30 removed SchedulerDynamicBatch; its short-request-first
@@ -1038,7 +1080,7 @@ UNCOVERED_OVERRIDES: tuple[UncoveredOverride, ...] = (
         "Encoder-only instances of a disaggregated multimodal deployment (vllm_config.is_mm_encoder_only, "
         "model runner V2) run the multimodal encoder and no language-model step: there is no model step, "
         "sampling or forward scope to measure; the worker step metrics are absent there.",
-        vllm=">=0.32.0",
+        vllm=">=0.30.0",
     ),
     UncoveredOverride(
         "vllm.v1.executor.ray_executor_v2:RayExecutorV2.shutdown",

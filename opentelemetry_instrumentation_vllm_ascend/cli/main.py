@@ -49,7 +49,11 @@ def main(argv=None) -> int:
     check_parser.add_argument(
         "--async-scheduling", choices=("on", "off"), help="whether the server runs async scheduling (the batch queue)"
     )
-    check_parser.add_argument("--model-runner", choices=("v1", "v2", "npu"), help="the worker's model runner")
+    check_parser.add_argument(
+        "--model-runner",
+        choices=("v1", "v2", "npu", "npu-v2"),
+        help="the worker's model runner (npu: vllm-ascend's V1 NPU runner; npu-v2: its V2 NPU runner)",
+    )
     check_parser.add_argument(
         "--executor",
         choices=("uni", "mp"),
@@ -99,7 +103,7 @@ def main(argv=None) -> int:
     if args.async_scheduling:
         overrides["scheduling"] = "batch_queue" if args.async_scheduling == "on" else "sync"
     if args.model_runner:
-        overrides["worker"] = {"v1": "mrv1", "v2": "mrv2", "npu": "npu"}[args.model_runner]
+        overrides["worker"] = {"v1": "mrv1", "v2": "mrv2", "npu": "npu", "npu-v2": "npu_v2"}[args.model_runner]
     if args.executor:
         overrides["executor"] = {"uni": "uniproc", "mp": "multiproc"}[args.executor]
     if args.api_server_count:

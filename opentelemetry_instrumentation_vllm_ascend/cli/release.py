@@ -129,7 +129,7 @@ def release_check(args, overrides: dict) -> int:
     width = max(len(r["symbol"]) for r in rows)
     for r in rows:
         feeds = ", ".join(r["feeds"]) or "(context)"
-        where = f" [{r['path']} only]" if r["path"] else ""
+        where = f" [{' / '.join(paths.taking(r['path']))} only]" if r["path"] else ""
         if r["status"] == installer.MISSING and r["expected"] is False:
             where += " (not on the detected path)"
         elif r["expected"] is None:

@@ -63,7 +63,7 @@ profiling scopes); the clock starts at the first step:
 What the hooks record after a call returned (the step's timers) lands in the stage that return
 opened (``idle`` or ``wait_sample``): the instrumentation's own cost in the worker is not a stage.
 
-Model runner V2 enters no profiling scopes: from vLLM 0.32 its own methods are the boundaries
+Model runner V2 enters no profiling scopes: from vLLM 0.30 its own methods are the boundaries
 (``model_runner.ForwardStartV2``: ``StepTimingCollector.forward_start()`` opens ``forward``, execute_model's
 return ends it; ``model_runner.SampleV2``: its ``sample`` method, logits included, is ``sample``). Without
 that mark (vLLM 0.23's V2, the 0.34 standalone CPU runner) its forward cannot be told from its input

@@ -49,6 +49,7 @@ class WorkerStep:
         "end_event",
         "to",
         "forward_event",
+        "sampling",
     )
 
     def __init__(self, phase: str, start: float, to=off) -> None:
@@ -69,6 +70,9 @@ class WorkerStep:
         #: Model runner V2: the device event at its forward's start (``ForwardStartV2``), paired at execute_model's
         #: return into ``device``.
         self.forward_event: Any = None
+        #: Inside a hooked ``sample`` (``SampleV2``): a nested one (vllm-ascend's V2 NPU runner calls V2's) is no
+        #: second boundary.
+        self.sampling = False
 
 
 # STATE.worker_step: the WorkerStep in progress.
@@ -382,7 +386,11 @@ class ExecuteModelV2(ExecuteModel):
     …)``: as V1, but dummy runs (warm-up, DP padding) are not steps. V2 enters no profiling scopes: its
     forward begins at ``StepTimingCollector.forward_start()`` (``ForwardStartV2``), which vLLM calls right
     before the model's forward, and ends when execute_model returns (after the KV connector's
-    ``finish_forward`` and the step's bookkeeping: V2 computes the logits in ``sample``, not here)."""
+    ``finish_forward`` and the step's bookkeeping: V2 computes the logits in ``sample``, not here).
+
+    A subclass's execute_model hooked at its own level (vllm-ascend's V2 NPU runner, 0.30.0rc2+: NPU work before
+    and after V2's) is the step; V2's inside it, called while that step is in progress (begun, not returned),
+    is no second step and records nothing."""
 
     params = ("scheduler_output", "intermediate_tensors", "dummy_run")
     #: Whether this runner's forward is marked (``ForwardStartV2``) when the mark is hooked in this process.
@@ -391,13 +399,16 @@ class ExecuteModelV2(ExecuteModel):
     def before(self, args, kwargs):
         if args[3]:
             return None
+        current = STATE.worker_step
+        if current is not None and current.returned is None:  # inside a hooked subclass's execute_model
+            return None
         try:
             phase = _phase_of(args[0], args[1])
         except Exception:  # the step is still timed, labelled unknown
             report(self, "phase")
             phase = UNKNOWN
         STATE.last_step_phase = phase
-        if STATE.mrv2_forward_marked and self.marked:  # the forward mark is hooked (vLLM 0.32+)
+        if STATE.mrv2_forward_marked and self.marked:  # the forward mark is hooked (vLLM 0.30+)
             return begin_step(phase)
         return begin_step(phase, off)  # no worker budget: its forward is not delimited
 
@@ -436,7 +447,7 @@ class ExecuteModelStandalone(ExecuteModelV2):
 
 class ForwardStartV2(Handler):
     """Model runner V2's ``StepTimingCollector.forward_start()`` (``vllm/v1/worker/gpu/async_utils.py``, vLLM
-    0.32+): execute_model calls it once, right before running the model (``tests/contract/test_mrv2.py``
+    0.30+): execute_model calls it once, right before running the model (``tests/contract/test_mrv2.py``
     checks the order in each version's source). In a step in progress (execute_model entered, not yet
     returned) it opens the forward: the timeline's forward start, a device event on the device timeline, the
     worker budget's ``forward`` stage. Calls outside a step (dummy runs, CUDA graph capture) are ignored."""
@@ -464,21 +475,25 @@ class ForwardStartV2(Handler):
 class SampleV2(Handler):
     """Model runner V2's ``sample(hidden_states, input_batch, grammar_output)``, called by sample_tokens: the
     worker budget's ``sample`` stage (V2 computes the logits and applies the grammar bitmask in it, then
-    samples). Only hooked for the budget."""
+    samples). Only hooked for the budget. Also vllm-ascend's V2 NPU runners' own ``sample`` (with LM-head TP it
+    computes the logits itself, otherwise it calls V2's: the outer call is the stage)."""
 
     reads_args = 0
 
     def before(self, args, kwargs, _state=STATE):
         step = _state.worker_step
-        if step is not None and step.returned is not None:
+        if step is not None and step.returned is not None and not step.sampling:
+            step.sampling = True
             step.to(W_SAMPLE, perf_counter())
             return step
-        return None
+        return None  # outside a step, or V2's sample inside a subclass's hooked one (vllm-ascend's V2 NPU runner)
 
     def after(self, step, args, kwargs, result):
         if step is not None:
+            step.sampling = False
             step.to(W_OTHER, perf_counter())
 
     def error(self, step, args, kwargs, exc):
         if step is not None:
+            step.sampling = False
             step.to(W_OTHER, perf_counter())

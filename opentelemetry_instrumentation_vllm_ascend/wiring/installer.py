@@ -364,13 +364,14 @@ class Installer:
                     for t in self.table
                     if t.path and paths.BY_KEY[t.path].axis == axis and self.status.get(t.symbol) == RESOLVED
                 }
+                seen -= {paths.BY_KEY[key].extends for key in seen}  # an extending path's rows resolve with its base's
                 taken[axis] = seen.pop() if len(seen) == 1 else None
         out = []
         for target in self.table:
             state = self.status.get(target.symbol)
             if target.process not in kinds or state not in (PENDING, MISSING):
                 continue
-            if target.path and taken.get(paths.BY_KEY[target.path].axis) != target.path:
+            if target.path and not paths.includes(taken.get(paths.BY_KEY[target.path].axis), target.path):
                 continue
             if state == MISSING:
                 out.append((target, "cannot be hooked"))

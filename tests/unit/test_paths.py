@@ -71,7 +71,19 @@ def test_detect_reads_what_the_environment_decides():
     forced = paths.detect(Version("0.33.0"), False, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "1"})
     assert forced.paths["worker"] == "mrv2" and forced.reasons["worker"] == "VLLM_USE_V2_MODEL_RUNNER=1"
     npu_v2 = paths.detect(Version("0.23.0"), True, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "1"})
-    assert npu_v2.paths["worker"] == "mrv2"  # vllm-ascend's V2 NPU runner is a model runner V2 subclass
+    assert npu_v2.paths["worker"] == "npu_v2"  # vllm-ascend's V2 NPU runner (a model runner V2 subclass)
+    # vLLM 0.30 defaults to V2 where Triton is present (vllm-ascend 0.30 requires triton-ascend) and the model
+    # needs nothing V2 lacks: the environment cannot tell; VLLM_USE_V2_MODEL_RUNNER decides it.
+    npu_030 = paths.detect(Version("0.30.0"), True, "vllm", environ={})
+    assert npu_030.paths["worker"] is None and "V2 NPU runner" in npu_030.reasons["worker"]
+    assert (
+        paths.detect(Version("0.30.0"), True, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "0"}).paths["worker"]
+        == "npu"
+    )
+    assert (
+        paths.detect(Version("0.30.0"), True, "vllm", environ={"VLLM_USE_V2_MODEL_RUNNER": "1"}).paths["worker"]
+        == "npu_v2"
+    )
     old = paths.detect(Version("0.23.0"), False, "vllm", environ={})
     assert old.paths["worker"] == "mrv1"
     given = paths.detect(
@@ -128,7 +140,7 @@ def test_detect_answers_model_runner_v2_on_vllm_034_whatever_the_environment_say
         assert found.paths["worker"] == "mrv2", (version, distribution, environ, found.reasons["worker"])
         assert found.vllm == Version(version)
     ascend = paths.detect(Version("0.34.0"), True, "vllm", environ={})
-    assert ascend.paths["worker"] == "mrv2" and "vllm-ascend's V2 runner" in ascend.reasons["worker"]
+    assert ascend.paths["worker"] == "npu_v2" and "vllm-ascend's V2 runner" in ascend.reasons["worker"]
     # Without Triton on a non-x86 CPU, vLLM 0.34's CPU worker builds the standalone runner.
     monkeypatch.setattr(paths.platform, "machine", lambda: "aarch64")
     arm = paths.detect(Version("0.34.0+cpu"), False, "vllm", environ={})
@@ -138,15 +150,15 @@ def test_detect_answers_model_runner_v2_on_vllm_034_whatever_the_environment_say
 
 
 def test_verdicts_on_model_runner_v2_follow_the_vllm_release():
-    """The forward mark exists from vLLM 0.32: on 0.23's V2 (vllm-ascend's V2 NPU runner) forward, non-forward and
-    the worker budget are absent; from 0.32 fed; kernel launch is absent on V2 whatever the release; the standalone
+    """The forward mark exists from vLLM 0.30: on 0.23's V2 (vllm-ascend's V2 NPU runner) forward, non-forward and
+    the worker budget are absent; from 0.30 fed; kernel launch is absent on V2 whatever the release; the standalone
     CPU runner has none of them."""
     mrv2 = dict(scheduling="batch_queue", worker="mrv2", executor="multiproc", frontend="single_api")
     seeds = ("npu:forward_duration", "npu:non_forward_duration", "worker:stage_seconds", "worker:stage_start_time")
     for seed in seeds:
         old = paths.verdict(seed, paths.Configuration(dict(mrv2), {}, Version("0.23.0")))
         assert old[0] == "absent" and "StepTimingCollector" in old[1], seed
-        for version in [v for v in VLLM_VERSIONS if at_least(v, "0.32")]:
+        for version in [v for v in VLLM_VERSIONS if at_least(v, "0.30")]:
             assert paths.verdict(seed, paths.Configuration(dict(mrv2), {}, Version(version)))[0] == "fed", seed
         unknown = paths.verdict(seed, config(**mrv2))
         assert unknown[0] == "fed" and "absent on 0.23" in unknown[1], seed  # the note says both
@@ -312,3 +324,57 @@ def test_check_names_the_uncovered_overrides_of_the_installed_versions(capsys):
         text = f.read()
     for override in targets.UNCOVERED_OVERRIDES:
         assert f"| `{override.symbol}` | `{override.hooked}` |" in text
+
+
+def test_the_v2_npu_runner_is_a_path_that_extends_model_runner_v2():
+    """vllm-ascend's V2 NPU runner subclasses model runner V2: every V2 exception holds on it (repeated under
+    npu_v2 unless it states its own), V2's rows are expected where it runs (and its rows not on plain V2), and
+    `check --model-runner npu-v2` answers it."""
+    from opentelemetry_instrumentation_vllm_ascend import source, targets
+
+    assert paths.BY_KEY["npu_v2"].axis == "worker" and paths.BY_KEY["npu_v2"].extends == "mrv2"
+    for seed, by_path in paths.TRUTH.items():
+        for where in by_path:
+            keys = where if isinstance(where, tuple) else (where,)
+            if "mrv2" in keys:
+                mine = tuple("npu_v2" if k == "mrv2" else k for k in keys)
+                assert (mine if isinstance(where, tuple) else mine[0]) in by_path, (seed, where)
+    own = paths.TRUTH["npu:forward_duration"]["npu_v2"]
+    assert own is not paths.TRUTH["npu:forward_duration"]["mrv2"] and "vllm-ascend's execute_model" in own.note
+    assert paths.TRUTH["npu:kernel_launch"]["npu_v2"] is paths.TRUTH["npu:kernel_launch"]["mrv2"]  # inherited
+    npu_v2 = dict(scheduling="batch_queue", worker="npu_v2", executor="uniproc", frontend="single_api")
+    for seed in ("npu:forward_duration", "npu:non_forward_duration", "worker:stage_seconds"):
+        assert paths.verdict(seed, paths.Configuration(dict(npu_v2), {}, Version("0.23.0")))[0] == "absent", seed
+        got = paths.verdict(seed, paths.Configuration(dict(npu_v2), {}, Version("0.30.0")))
+        assert got[0] == "fed" and got[1].startswith("NPU V2: "), seed
+    assert paths.verdict("npu:kernel_launch", config(**npu_v2))[0] == "absent"
+    assert paths.includes("npu_v2", "mrv2") and paths.includes("mrv2", "mrv2")
+    assert not paths.includes("mrv2", "npu_v2") and not paths.includes(None, "mrv2")
+    assert paths.taking("mrv2") == ("mrv2", "npu_v2") and paths.taking("npu") == ("npu",)
+    rows = {t.symbol: t for t in targets.TARGETS}
+    base = rows["vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model"]
+    npu = rows["vllm_ascend.worker.v2.model_runner:NPUModelRunner.prepare_inputs"]
+    assert base.path == "mrv2" and npu.path == "npu_v2"
+    assert source.expected_on(base, config(**npu_v2)) is True and source.expected_on(npu, config(**npu_v2)) is True
+    assert source.expected_on(npu, config(**dict(npu_v2, worker="mrv2"))) is False
+    assert source.expected_on(base, config(**dict(npu_v2, worker="npu"))) is False
+    given = paths.detect(Version("0.30.0"), True, "vllm", environ={}, overrides={"worker": "npu_v2"})
+    assert given.paths["worker"] == "npu_v2"
+
+
+def test_check_takes_the_v2_npu_runner_as_a_model_runner(capsys):
+    """`check --vllm-ascend 0.30.0rc2 --model-runner npu-v2` (no vLLM needed: both sources parsed): the worker path
+    is NPU V2, the V2 NPU runner's rows and V2's own are expected there and resolve, the V1 NPU runner's are not
+    expected."""
+    cli.main(["check", "--vllm-ascend", "0.30.0rc2", "--model-runner", "npu-v2", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["configuration"]["worker"]["path"] == "npu_v2"
+    rows = {r["symbol"]: r for r in report["targets"]}
+    for symbol in (
+        "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model",
+        "vllm.v1.worker.gpu.async_utils:StepTimingCollector.forward_start",
+        "vllm_ascend.worker.v2.model_runner:NPUModelRunner.prepare_inputs",
+    ):
+        assert rows[symbol]["status"] == "resolved" and rows[symbol]["expected"] is True, symbol
+    assert rows["vllm_ascend.worker.model_runner_v1:NPUModelRunner.execute_model"]["expected"] is False
+    assert "npu_v2" in report["by_path"]

@@ -112,6 +112,33 @@ def test_targets_that_never_resolved_are_one_log_line_when_the_engine_is_ready(f
         set_process("unknown", "unknown", "unknown")
 
 
+def test_on_the_v2_npu_runner_model_runner_v2s_rows_are_expected_too(fake_vllm, tmp_path, monkeypatch, caplog):
+    """vllm-ascend's V2 NPU runner (npu_v2) extends model runner V2: where both paths' rows resolve, the worker path
+    is npu_v2 (not "cannot tell"), and a V2 row that never resolved is reported there; a V1 row is not."""
+    (tmp_path / PKG / "npu_v2.py").write_text("class NPURunner:\n    def prepare_inputs(self):\n        return 3\n")
+    npu_row = _row("npu_v2", "NPURunner.prepare_inputs", "worker", ("executor:prepare_inputs:duration",), path="npu_v2")
+    rows = [npu_row, ROWS["resolves_on_path"], ROWS["missing_on_path"], ROWS["other_path"]]
+    detected = paths.Configuration({"scheduling": "sync", "worker": None, "executor": None, "frontend": None}, {})
+    monkeypatch.setattr(installer_module, "configuration", lambda overrides=None: detected)
+    set_process("worker", "0", "kv_both", rank="0")
+    installer = Installer(rows, ready_points=[(f"{PKG}.engine", "Engine.__init__", "worker")])
+    installer.install()
+    try:
+        import otel_ready_fake.engine as engine
+        import otel_ready_fake.npu_v2  # noqa: F401
+        import otel_ready_fake.runner_v2  # noqa: F401
+
+        assert installer.status[npu_row.symbol] == installer_module.RESOLVED
+        assert [t.symbol for t, _ in installer.unresolved("worker")] == [ROWS["missing_on_path"].symbol]
+        with caplog.at_level(logging.WARNING):
+            engine.Engine()
+        (line,) = [r.getMessage() for r in caplog.records if "never resolved" in r.getMessage()]
+        assert ROWS["missing_on_path"].symbol in line and ROWS["other_path"].symbol not in line
+    finally:
+        installer.uninstall()
+        set_process("unknown", "unknown", "unknown")
+
+
 def test_an_api_server_reports_only_its_own_rows(fake_vllm, caplog):
     set_process("api_server", "0", "kv_both")
     installer = Installer(list(ROWS.values()), ready_points=[(f"{PKG}.engine", "Engine.__init__", "api_server")])
