@@ -611,6 +611,7 @@ def export_and_scrape_rows(repeat):
     from opentelemetry_instrumentation_vllm_ascend.recording.exposition import FastExposition
     from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
     from opentelemetry_instrumentation_vllm_ascend.recording.files_writer import FilesExporter
+    from opentelemetry_instrumentation_vllm_ascend.recording.openmetrics_names import KeptNames
 
     os.environ.pop(environment.FILES_DIR, None)
 
@@ -661,10 +662,22 @@ def export_and_scrape_rows(repeat):
             "text": lambda r: exposition_module.generate_latest(r),
             "OpenMetrics": lambda r: openmetrics.generate_latest(r, **kw),
         }
-        for label, wrapped in (("prometheus_client formats every line", False), ("cached lines (ours)", True)):
+        # prometheus_client alone (its OpenMetrics renames sample names); names kept (every instrumented process:
+        # what PROMETHEUS_MULTIPROC_DIR's MultiProcessCollector is served through); the API server's whole path.
+        cases = (
+            ("prometheus_client formats every line", False, False),
+            ("names kept, prometheus_client formats every line", True, False),
+            ("cached lines (ours)", True, True),
+        )
+        for label, kept, wrapped in cases:
+            names = KeptNames()
+            if kept:
+                names.install()
             if wrapped:
                 fast.install()
             for fmt, encode in encoders.items():
+                if fmt == "text" and kept and not wrapped:
+                    continue  # the names wrapper leaves the text format alone
                 runs = []
                 for _ in range(repeat):
                     start = perf_counter()
@@ -675,10 +688,62 @@ def export_and_scrape_rows(repeat):
                 )
             if wrapped:
                 fast.remove()
+            names.remove()
         shutil.rmtree(d, ignore_errors=True)
     shutil.rmtree(directory, ignore_errors=True)
     pipeline.reset()
-    return rows, scrape_rows
+    return rows, scrape_rows + vllm_families_rows(repeat)
+
+
+def vllm_families_rows(repeat):
+    """vLLM's own families (not ours) in OpenMetrics for Prometheus 2's Accept header: prometheus_client alone
+    (which renames their sample names) against the names kept (recording/openmetrics_names.py). A registry shaped
+    like vLLM 0.32's for one engine: 20 histograms of 20 buckets, 30 counters, 30 gauges, ``vllm:`` names with
+    ``engine`` and ``model_name`` labels (two label sets each)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client import exposition as exposition_module
+
+    from opentelemetry_instrumentation_vllm_ascend.recording.openmetrics_names import KeptNames
+
+    registry = CollectorRegistry()
+    labels = ("engine", "model_name")
+    for i in range(20):
+        h = Histogram(
+            f"vllm:histogram_{i}_seconds", "h", labels, buckets=[0.01 * 2**b for b in range(19)], registry=registry
+        )
+        for engine in ("0", "1"):
+            h.labels(engine, "m").observe(0.1 * i)
+    for i in range(30):
+        c = Counter(f"vllm:counter_{i}", "c", labels, registry=registry)
+        g = Gauge(f"vllm:gauge_{i}", "g", labels, registry=registry)
+        for engine in ("0", "1"):
+            c.labels(engine, "m").inc(i)
+            g.labels(engine, "m").set(i)
+    accept = (
+        "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+        "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+    )
+    out = []
+    for label, kept in (("prometheus_client (renames sample names)", False), ("names kept (ours)", True)):
+        names = KeptNames()
+        if kept:
+            names.install()
+        encoder = exposition_module.choose_encoder(accept)[0]  # looked up per scrape, as make_asgi_app does
+        samples = sum(len(m.samples) for m in registry.collect())
+        runs = []
+        for _ in range(repeat):
+            start = perf_counter()
+            text = encoder(registry)
+            runs.append((perf_counter() - start) * 1e3)
+        names.remove()
+        out.append(
+            (
+                f"/metrics scrape, vLLM's families ({samples} samples, {len(text) // 1024} KiB), OpenMetrics, "
+                f"{label}, ms",
+                runs,
+            )
+        )
+    return out
 
 
 # -- E. memory ----------------------------------------------------------------------------------------

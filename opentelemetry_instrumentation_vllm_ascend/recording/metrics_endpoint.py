@@ -23,6 +23,7 @@ from .. import environment
 if TYPE_CHECKING:
     from .exposition import FastExposition
     from .files_reader import FilesCollector, MultiprocessGuard
+    from .openmetrics_names import KeptNames
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class Exposition:
         self.collector: FilesCollector | None = None
         self._guard: MultiprocessGuard | None = None
         self._fast: FastExposition | None = None
+        self._names: KeptNames | None = None
         self.directory: str | None = None
         self._set_env: list[str] = []
 
@@ -39,6 +41,7 @@ class Exposition:
         drop_foreign_identity()
         if not environment.prometheus_enabled():
             return
+        self._keep_names()
         if os.environ.get(environment.PROMETHEUS_MULTIPROC_DIR):
             # vLLM serves /metrics from that directory in this process or its children (several API
             # servers): a file of ours that cannot be read must not take it down.
@@ -94,6 +97,21 @@ class Exposition:
         atexit.register(remove_directory)
         logger.debug("per-process metric files for /metrics in %s", directory)
 
+    def _keep_names(self) -> None:
+        """vLLM's names and ours as they are in the OpenMetrics format too (recording/openmetrics_names.py), in
+        every process (whichever serves /metrics: the root's, or each API server's with PROMETHEUS_MULTIPROC_DIR);
+        before the cached rendering wraps that encoder, which then renders through it."""
+        try:
+            from .openmetrics_names import KeptNames
+
+            self._names = KeptNames()
+            self._names.install()
+        except Exception:
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: cannot keep metric names in the OpenMetrics format",
+                exc_info=True,
+            )
+
     def teardown(self) -> None:
         if self._guard is not None:
             self._guard.remove()
@@ -101,6 +119,9 @@ class Exposition:
         if self._fast is not None:
             self._fast.remove()
             self._fast = None
+        if self._names is not None:
+            self._names.remove()
+            self._names = None
         if self.collector is not None:
             from prometheus_client import REGISTRY
 

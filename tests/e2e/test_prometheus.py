@@ -137,9 +137,9 @@ def test_values_agree_with_vllm(stack):
 
 
 def test_names_keep_their_colons_under_prometheus_accept_header(stack):
-    """Prometheus 2.42 asks for OpenMetrics first, where prometheus_client writes ``_`` for ``:`` in sample names;
-    vLLM's /metrics route (prometheus_fastapi_instrumentator's) answers in the text format whatever the Accept
-    header, so Prometheus stores vLLM's and our names with their colons, and no underscored twin."""
+    """Prometheus 2.42 asks for OpenMetrics first; vLLM's /metrics route (prometheus_fastapi_instrumentator's)
+    answers in the text format whatever the Accept header, so Prometheus stores vLLM's and our names with their
+    colons, and no underscored twin (``/metrics/``, in OpenMetrics, keeps them too: tests/e2e/test_traces.py)."""
     server, prom = stack
     request = urllib.request.Request(server.url + "/metrics", headers={"Accept": PROMETHEUS_ACCEPT})
     with urllib.request.urlopen(request, timeout=30) as response:

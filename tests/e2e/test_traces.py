@@ -283,6 +283,7 @@ def served(model, tmp_path_factory):
             out["metrics"] = metrics
             out["openmetrics"] = openmetrics(server)
             out["text"] = server.scrape()
+            out["server"] = server
             yield out
 
 
@@ -519,25 +520,139 @@ def test_every_openmetrics_exemplar_is_an_exported_trace_whose_duration_it_is(se
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
     roots = {root.trace_id: root for root, _ in served["traces"].values()}
-    name = "gen_ai_server_request_duration_seconds"
-    # Only that family: the whole page does not parse (vLLM's own names clash once OpenMetrics escapes their ':').
-    lines = [
-        line
-        for line in served["openmetrics"].splitlines()
-        if line.startswith(name) or line.split(" ")[2:3] == [name] and line.startswith("# ")
-    ]
     seen = 0
-    for family in text_string_to_metric_families("\n".join(lines) + "\n# EOF\n"):
-        if family.name != "gen_ai_server_request_duration_seconds":
-            continue
+    # The whole page parses (vLLM's names and ours keep their ':', recording/openmetrics_names.py).
+    for family in text_string_to_metric_families(served["openmetrics"]):
         for sample in family.samples:
             if sample.exemplar is None:
                 continue
             trace_id = int(sample.exemplar.labels["trace_id"], 16)
-            assert trace_id in roots, "an exemplar of a trace the receiver never got"
+            assert trace_id in roots, ("an exemplar of a trace the receiver never got", family.name)
+            if family.name != "gen_ai_server_request_duration_seconds":
+                continue
             root = roots[trace_id]
             assert int(sample.exemplar.labels["span_id"], 16) == root.span_id
             assert abs(sample.exemplar.value - root.duration / 1e9) < 1e-6
             seen += 1
     assert seen > 0
     assert "trace_id" not in served["text"]  # the text format carries none
+
+
+#: The Accept header Prometheus 2.42 sends with every scrape (OpenMetrics first).
+PROMETHEUS_2 = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+#: The sample-name suffixes each family type allows in OpenMetrics.
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "gauge": ("",),
+    "info": ("_info",),
+}
+
+
+def get(server, path, accept):
+    """(Content-Type, body) of ``GET path`` with that Accept header."""
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", path, headers={"Accept": accept})
+    response = conn.getresponse()
+    body = response.read().decode()
+    conn.close()
+    assert response.status == 200, (path, response.status)
+    return response.getheader("Content-Type", ""), body
+
+
+def sample_names(content_type: str, body: str) -> set:
+    """The sample names of a page, parsed strictly by prometheus_client's parser for its format; in OpenMetrics each
+    family of a declared type and every sample under its family's name."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+    from prometheus_client.parser import text_string_to_metric_families as text_families
+
+    if not content_type.startswith("application/openmetrics-text"):
+        return {s.name for family in text_families(body) for s in family.samples}
+    names = set()
+    for family in openmetrics_families(body):
+        assert family.type in SUFFIXES, (family.name, family.type)
+        allowed = {family.name + suffix for suffix in SUFFIXES[family.type]}
+        assert all(s.name in allowed for s in family.samples), (family.name, family.samples[:2])
+        names.update(s.name for s in family.samples)
+    return names
+
+
+def test_prometheus_2s_accept_header_gets_every_name_as_it_is_on_both_routes(served):
+    """``/metrics`` and ``/metrics/`` for Prometheus 2.42's Accept header: every page parses strictly, with the
+    sample names the plain text scrape has (vLLM's ``vllm:…`` and ours, ``:`` included), no ``_`` twin."""
+    text_names = sample_names("text/plain", served["server"].scrape())
+    colons = {n for n in text_names if ":" in n}
+    assert any(n.startswith("vllm:") for n in colons) and any(n.startswith("vllm_profiling_") for n in colons)
+    types = {}
+    for path in ("/metrics", "/metrics/"):
+        content_type, body = get(served["server"], path, PROMETHEUS_2)
+        types[path] = content_type.split(";")[0]
+        names = sample_names(content_type, body)
+        assert colons <= names, sorted(colons - names)[:10]
+        twins = {n.replace(":", "_") for n in colons} & names
+        assert not twins, sorted(twins)[:10]
+        # Only OpenMetrics' _created series of vLLM's counters and histograms differ from the text scrape.
+        assert {n for n in names ^ text_names if not n.endswith("_created")} == set(), path
+    # vLLM's /metrics route (prometheus_fastapi_instrumentator's) writes the text format whatever the header asks.
+    assert types == {"/metrics": "text/plain", "/metrics/": "application/openmetrics-text"}, types
+
+
+def test_prometheus_2_scraping_metrics_slash_stores_the_exemplars_under_the_original_names(served, tmp_path_factory):
+    """Prometheus 2.42 (``--enable-feature=exemplar-storage``) scraping ``/metrics/`` with its own Accept header:
+    the series under their names as written (``vllm:…``, ours with ``:``), no ``_`` twin, and every exemplar the
+    OpenMetrics page shows stored on its bucket series, each trace id one the trace receiver got."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    from tests.support.prometheus_tools import Prometheus, tool
+    from tests.support.waiting import wait_for
+
+    tool("prometheus")
+    server = served["server"]
+    roots = {root.trace_id for root, _ in served["traces"].values()}
+    shown = {}  # {(bucket series name, labels): trace id} of the page at the end of the load
+    for family in text_string_to_metric_families(served["openmetrics"]):
+        for sample in family.samples:
+            if sample.exemplar is not None:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                shown[key] = sample.exemplar.labels["trace_id"]
+    assert shown
+    families = sorted({name for name, _ in shown})
+    root = tmp_path_factory.mktemp("prometheus-exemplars")
+    start = time.time() - 60
+    prom = Prometheus(
+        root, [f"127.0.0.1:{server.port}"], flags=("--enable-feature=exemplar-storage",), metrics_path="/metrics/"
+    )
+
+    def stored():
+        found = {}
+        for name in families:
+            data = prom.get("/api/v1/query_exemplars", query=name, start=start, end=time.time() + 60)
+            for series in data:
+                labels = {k: v for k, v in series["seriesLabels"].items() if k not in ("job", "instance")}
+                key = (labels.pop("__name__"), tuple(sorted(labels.items())))
+                found[key] = {ex["labels"]["trace_id"] for ex in series["exemplars"]}
+        return found if set(shown) <= set(found) else None
+
+    try:
+        assert wait_for(lambda: prom.query('up{job="vllm"} == 1'), 60), "Prometheus never scraped /metrics/"
+        found = wait_for(stored, 30)
+        assert found, (len(shown), families)
+        assert all(shown[key] in found[key] for key in shown)  # the page's exemplar, on its series
+        stored_ids = {int(t, 16) for ids in found.values() for t in ids}
+        assert stored_ids <= roots, "an exemplar Prometheus stored of a trace the receiver never got"
+        names = set(prom.get("/api/v1/label/__name__/values"))
+        assert "vllm:generation_tokens_total" in names
+        assert any(n.startswith("vllm_profiling_") and ":" in n for n in names), sorted(names)[:20]
+        twins = {n.replace(":", "_") for n in names if ":" in n} & names
+        assert not twins, sorted(twins)[:10]
+        print(
+            f"Prometheus 2.42 stored {sum(len(ids) for ids in found.values())} exemplars on {len(found)} series of "
+            f"{families}; {len([n for n in names if ':' in n])} names with ':' of {len(names)}, "
+            f"{len([n for n in names if n.endswith('_created')])} ending _created"
+        )
+    finally:
+        prom.stop()

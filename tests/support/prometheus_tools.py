@@ -69,10 +69,17 @@ def promtool(*args: str, cwd: str | None = None) -> subprocess.CompletedProcess:
 
 class Prometheus:
     """A real Prometheus on a free local port scraping ``targets`` (host:port) every second, its data and log
-    under ``root``; ``stop()`` ends it. ``flags``: further command-line flags (``--enable-feature=…``)."""
+    under ``root``; ``stop()`` ends it. ``flags``: further command-line flags (``--enable-feature=…``);
+    ``metrics_path``: the path it scrapes."""
 
     def __init__(
-        self, root, targets: list[str], job: str = "vllm", rule_files: tuple[str, ...] = (), flags: tuple[str, ...] = ()
+        self,
+        root,
+        targets: list[str],
+        job: str = "vllm",
+        rule_files: tuple[str, ...] = (),
+        flags: tuple[str, ...] = (),
+        metrics_path: str = "/metrics",
     ) -> None:
         self.port = free_port()
         config = root / "prometheus.yml"
@@ -81,6 +88,7 @@ class Prometheus:
             + (f"rule_files: {json.dumps(list(rule_files))}\n" if rule_files else "")
             + "scrape_configs:\n"
             f"  - job_name: {job}\n"
+            f"    metrics_path: {json.dumps(metrics_path)}\n"
             f"    static_configs: [{{targets: {json.dumps(targets)}}}]\n"
         )
         self.log = open(root / "prometheus.log", "wb")

@@ -263,13 +263,16 @@ def test_dead_processes_exemplars_files_of_an_earlier_run_are_removed(multiproc_
 def test_vllms_metrics_routes_with_prometheus_multiproc_dir(multiproc_dir):
     """vLLM's own /metrics (its attach_router, vLLM 0.32–0.34: prometheus_fastapi_instrumentator's route at
     ``/metrics``, prometheus_client's ``make_asgi_app`` mounted under it): the exemplars are on ``/metrics/`` when
-    the scraper asks for OpenMetrics; ``/metrics`` answers in the text format whatever the Accept header. On
-    ``/metrics/`` prometheus_client writes ``_`` for the ``:`` of sample names unless the Accept header asks for
-    ``escaping=allow-utf-8`` (as Prometheus 3 does)."""
+    the scraper asks for OpenMetrics; ``/metrics`` answers in the text format whatever the Accept header. With the
+    names kept (recording/openmetrics_names.py, which every instrumented process installs) ``/metrics/`` writes
+    every name as ``/metrics`` does, ``:`` included, for Prometheus 2's Accept header as for Prometheus 3's, and
+    prometheus_client's OpenMetrics parser reads the whole page."""
     pytest.importorskip("vllm")
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
     from vllm.entrypoints.serve.instrumentator.metrics import attach_router
+
+    from opentelemetry_instrumentation_vllm_ascend.recording.openmetrics_names import KeptNames
 
     offered = offers()
     record_offers(offered)
@@ -278,18 +281,24 @@ def test_vllms_metrics_routes_with_prometheus_multiproc_dir(multiproc_dir):
     app = FastAPI()
     attach_router(app)
     client = TestClient(app)
-    for accept in OPENMETRICS_ACCEPTS:
-        response = client.get("/metrics/", headers={"Accept": accept})
-        assert response.status_code == 200
-        assert response.headers["content-type"].startswith("application/openmetrics-text")
-        assert parsed_exemplars(response.text) == expected(offered)
-        plain = client.get("/metrics", headers={"Accept": accept})
-        assert plain.headers["content-type"].startswith("text/plain") and " # {" not in plain.text
-        assert "vllm_profiling_fine_grained_ttft_bucket{" in plain.text
-        assert "\nvllm_profiling_scheduler:duration_bucket{" in plain.text
-        colon = "allow-utf-8" in accept
-        assert ("\nvllm_profiling_scheduler:duration_bucket{" in response.text) is colon
-        assert ("\nvllm_profiling_scheduler_duration_bucket{" in response.text) is not colon
+    names = KeptNames()
+    names.install()
+    try:
+        for accept in OPENMETRICS_ACCEPTS:
+            response = client.get("/metrics/", headers={"Accept": accept})
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("application/openmetrics-text")
+            assert parsed_exemplars(response.text) == expected(offered)
+            plain = client.get("/metrics", headers={"Accept": accept})
+            assert plain.headers["content-type"].startswith("text/plain") and " # {" not in plain.text
+            assert "vllm_profiling_fine_grained_ttft_bucket{" in plain.text
+            assert "\nvllm_profiling_scheduler:duration_bucket{" in plain.text
+            assert "\nvllm_profiling_scheduler:duration_bucket{" in response.text
+            assert "\nvllm_profiling_scheduler_duration_bucket{" not in response.text
+            families = {f.name: f.type for f in text_string_to_metric_families(response.text)}
+            assert families["vllm_profiling_scheduler:duration"] == "histogram"
+    finally:
+        names.remove()
 
 
 def test_a_real_prometheus_stores_the_exemplars(files_dir, tmp_path_factory):
