@@ -70,9 +70,12 @@ class VllmAscendInstrumentor(BaseInstrumentor):
     """Instruments vLLM / vLLM-Ascend internals in this process (and, via the plugin, its children).
 
     Keyword arguments of ``instrument()``:
-    ``metric_readers``: extra OTel MetricReaders for this process's pipeline (e.g. an
-    InMemoryMetricReader in tests). The package always uses its own MeterProvider, which carries
-    the Views that give metrics their catalogue names.
+    ``meter_provider``: a MeterProvider that gets this process's metrics too (under their instrument names;
+    ``views()`` gives the catalogue's), instead of the OTEL_METRICS_EXPORTER push exporters; vLLM's /metrics
+    keeps its own. ``tracer_provider``: a TracerProvider whose span processors get the request traces, instead of
+    the OTEL_TRACES_EXPORTER exporters. Both are this process's (spawned and forked processes use the
+    environment's settings). ``metric_readers``: extra OTel MetricReaders for this process's pipeline (e.g. an
+    InMemoryMetricReader in tests).
     """
 
     _installer: Installer | None = None
@@ -107,9 +110,13 @@ class VllmAscendInstrumentor(BaseInstrumentor):
             os.environ[environment.ENABLED] = "true"
             VllmAscendInstrumentor._set_enabled = True
         register_collection_steps()
-        readers = kwargs.get("metric_readers")
-        if readers:
-            pipeline.reset(extra_readers=readers)
+        readers, meter_provider = kwargs.get("metric_readers"), kwargs.get("meter_provider")
+        if readers or meter_provider is not None:
+            pipeline.reset(extra_readers=readers or (), meter_provider=meter_provider)
+        if kwargs.get("tracer_provider") is not None:
+            from .recording import traces
+
+            traces.use_provider(kwargs["tracer_provider"])
         exposition = Exposition()
         exposition.setup()
         VllmAscendInstrumentor._exposition = exposition
@@ -153,6 +160,18 @@ class VllmAscendInstrumentor(BaseInstrumentor):
                 os.environ[environment.ENABLED] = VllmAscendInstrumentor._replaced_enabled
             VllmAscendInstrumentor._set_enabled = False
         pipeline.reset()
+        from .recording import traces
+
+        traces.use_provider(None)
+
+    @staticmethod
+    def views() -> list:
+        """SDK Views that give a ``meter_provider``'s copy of our metrics their catalogue names and labels (pass them
+        to its ``MeterProvider(views=…)``); each histogram's buckets stay the reader's choice, the catalogue's where
+        that is explicit."""
+        from .recording import pipeline
+
+        return pipeline.views(buckets=False)
 
     @property
     def installer(self):

@@ -105,6 +105,9 @@ METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
 OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+#: The OTLP metrics exporters' histogram aggregation (``explicit_bucket_histogram`` default,
+#: ``base2_exponential_bucket_histogram``), read by the exporter itself; /metrics keeps explicit buckets.
+OTLP_HISTOGRAM_AGGREGATION = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
 #: The SDK's exemplar filter (``trace_based`` default, ``always_on``, ``always_off``): ``always_off`` keeps
 #: exemplars off histograms (``recording.record_exemplar`` then records the observation only).
 METRICS_EXEMPLAR_FILTER = "OTEL_METRICS_EXEMPLAR_FILTER"
@@ -233,6 +236,11 @@ def exemplars_enabled() -> bool:
     """Whether histograms keep exemplars: unless OTEL_METRICS_EXEMPLAR_FILTER is ``always_off`` (the SDK's
     ``trace_based`` and ``always_on`` both keep those ``recording.record_exemplar`` offers: its trace is sampled)."""
     return os.environ.get(METRICS_EXEMPLAR_FILTER, "trace_based").strip().lower() != "always_off"
+
+
+def exponential_histograms() -> bool:
+    """Whether OTLP metrics exporters take base-2 exponential histograms: the value the exporter compares, exactly."""
+    return os.environ.get(OTLP_HISTOGRAM_AGGREGATION) == "base2_exponential_bucket_histogram"
 
 
 def recorder() -> str:

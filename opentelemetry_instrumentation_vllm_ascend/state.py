@@ -18,7 +18,8 @@ tests' autouse fixture calls it before every test. What it does not reset:
 - the installer's reading of the installed vLLM (``streaming_holds_a_slot``): a forked child runs the same vLLM;
 - the runtime control (``control``: on/off, patterns, installed hooks, the poller), which follows the
   server's control file for the process's lifetime: ``recording.control.teardown`` resets it;
-- the pipeline (``pipeline``, ``extra_readers``, ``pipeline_lock``, ``collect_lock``) and its registered steps
+- the pipeline (``pipeline``, ``extra_readers``, the user's providers ``meter_provider`` and ``tracer_provider``,
+  ``pipeline_lock``, ``collect_lock``) and its registered steps
   (``pre_collect``, ``after_fork``): ``recording.pipeline.reset()``
   closes it (its final export), and the fork handler abandons a parent's (its readers are not ours);
 - the flush listener (``flush_listener``, ``flush_env``) and whether it and the control poller run
@@ -102,6 +103,8 @@ class State:
         # -- the pipeline (recording.pipeline: reset() there closes it; kept by reset()) --
         "pipeline",
         "extra_readers",
+        "meter_provider",
+        "tracer_provider",
         "pipeline_lock",
         "collect_lock",
         "pre_collect",
@@ -228,6 +231,11 @@ class State:
         self.pipeline: Any = None
         #: Readers every pipeline this process builds gets besides its own (tests' in-memory readers).
         self.extra_readers: tuple = ()
+        #: ``instrument(meter_provider=…)``: a user's MeterProvider that gets this process's metrics too; None: none.
+        self.meter_provider: Any = None
+        #: ``instrument(tracer_provider=…)``: a user's TracerProvider that gets the request traces instead of the
+        #: OTEL_TRACES_EXPORTER exporters (recording.traces); None: none.
+        self.tracer_provider: Any = None
         #: Held while the pipeline is built or replaced (a new one in a forked child).
         self.pipeline_lock = threading.Lock()
         #: Held through the pre-collection step (recording.pipeline): each reader collects in its own thread,

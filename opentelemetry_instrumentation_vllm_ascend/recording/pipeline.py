@@ -5,6 +5,11 @@ which ``opentelemetry-instrument`` builds without our Views).
 - Readers: a files reader feeding vLLM's ``/metrics`` (on unless OTEL_VLLM_ASCEND_PROMETHEUS=false,
   whatever OTEL_METRICS_EXPORTER says), and one OTLP (or console) reader per name in
   OTEL_METRICS_EXPORTER, with the standard OTEL_EXPORTER_OTLP_* settings, temporality preference included.
+- A user's MeterProvider (``instrument(meter_provider=…)``) gets every measurement too, through SDK instruments on
+  its own meter (its readers, Views and aggregations decide what it exports); it then replaces the push readers.
+- OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=base2_exponential_bucket_histogram with a push reader:
+  the SDK recorder, whose histogram Views leave the aggregation to each reader (the catalogue's buckets as the
+  instrument's advice), so OTLP gets exponential histograms and the files reader the catalogue's buckets.
 - Resource: service.name (``vllm`` unless OTEL_SERVICE_NAME/OTEL_RESOURCE_ATTRIBUTES say otherwise),
   service.instance.id, process.pid, vllm.process.role, vllm.dp_rank, vllm.pd_role.
 - Fork: the child drops the inherited pipeline (its readers are stopped, its exporters are no-ops
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING
 from .. import catalogue, context, environment, state, targets
 from ..state import STATE
 from ..version import __version__
+from . import providers
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -35,56 +41,6 @@ if TYPE_CHECKING:
     from .files_writer import FilesExporter
 
 logger = logging.getLogger(__name__)
-
-
-class _SdkInstrument:
-    """The recording layer's tuple-label interface over an OTel SDK instrument. A spec's process labels
-    (``rank`` in a worker) are added to the attributes of each measurement, as the fast path adds them
-    to each series at collection."""
-
-    __slots__ = ("_instrument", "_labels", "_process_labels")
-
-    def __init__(self, instrument, labels, process_labels=()) -> None:
-        self._instrument = instrument
-        self._labels = labels
-        self._process_labels = process_labels
-
-    def _attributes(self, labels: tuple) -> dict:
-        extra = context.process_attributes(self._process_labels) if self._process_labels else None
-        return context.series_attributes(self._labels, labels, extra)
-
-    def add(self, value, labels: tuple) -> None:
-        self._instrument.add(value, self._attributes(labels))
-
-    def record(self, value, labels: tuple) -> None:
-        self._instrument.record(value, self._attributes(labels))
-
-    def record_exemplar(self, value, labels: tuple, trace_id: int, span_id: int) -> None:
-        """One observation in the context of a sampled span of that trace: the SDK's exemplar filter and
-        reservoir (``OTEL_METRICS_EXEMPLAR_FILTER``) make it its bucket's exemplar."""
-        self._instrument.record(value, self._attributes(labels), context=exemplar_context(trace_id, span_id))
-
-    def set(self, value, labels: tuple) -> None:
-        self._instrument.set(value, self._attributes(labels))
-
-    def record_many(self, values, labels: tuple) -> None:
-        attributes = self._attributes(labels)
-        for value in values:
-            self._instrument.record(value, attributes)
-
-    def record_n(self, value, n: int, labels: tuple) -> None:
-        attributes = self._attributes(labels)
-        for _ in range(n):
-            self._instrument.record(value, attributes)
-
-
-def exemplar_context(trace_id: int, span_id: int):
-    """A context whose current span is a non-recording span of a sampled ``trace_id`` / ``span_id`` (what the
-    SDK's trace-based exemplar filter and reservoirs read; nothing is started or exported)."""
-    from opentelemetry import trace
-
-    span_context = trace.SpanContext(trace_id, span_id, is_remote=False, trace_flags=trace.TraceFlags(1))
-    return trace.set_span_in_context(trace.NonRecordingSpan(span_context))
 
 
 class Pipeline:
@@ -97,7 +53,12 @@ class Pipeline:
         self.recorder = recorder or environment.recorder()
         self.files_exporter: FilesExporter | None = None
         self.disabled = disabled
-        readers = [] if disabled else self._readers()
+        #: A push reader was built with OTLP's exponential histograms asked for (the SDK recorder then).
+        self.exponential = False
+        user_provider = STATE.meter_provider
+        readers = [] if disabled else self._readers(push=user_provider is None)
+        if self.exponential and recorder is None and self.recorder == "fast":
+            self.recorder = "sdk"  # the fast path aggregates into the catalogue's buckets only
         readers.extend(extra_readers)
         self.readers = readers
 
@@ -124,15 +85,12 @@ class Pipeline:
             # The metrics this provider has Views for: an SDK provider's Views are fixed when it is built.
             self.viewed = {spec.exposed_name for spec in specs}
             self.provider = MeterProvider(
-                metric_readers=readers, resource=resource, views=views(specs), shutdown_on_exit=False
+                metric_readers=readers,
+                resource=resource,
+                views=views(specs, buckets=not self.exponential),
+                shutdown_on_exit=False,
             )
-            meter = self.meter = self.provider.get_meter(catalogue.SCOPE_NAME, __version__)
-
-            def run_hooks(_options):  # an observable instrument that observes nothing: exports nothing
-                self._before_collect()
-                return []
-
-            meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
+            self.meter = self._meter(self.provider)
         else:
             from .fastpath import Store
 
@@ -142,6 +100,19 @@ class Pipeline:
             self.store.before_collect.append(self._before_collect)
             for reader in readers:
                 self.store.attach(reader)
+        #: The user's MeterProvider's meter (its instruments get each measurement too), None: no such provider.
+        self.user_provider = user_provider
+        self.user_meter: Meter | None = None
+        if user_provider is not None:
+            try:
+                self.user_meter = self._meter(user_provider)
+            except Exception as exc:
+                logger.error(
+                    "opentelemetry-instrumentation-vllm-ascend: the meter_provider given to instrument() gives no "
+                    "meter (%s: %s); its readers get none of our metrics",
+                    type(exc).__name__,
+                    exc,
+                )
         self._closed = False
         #: flush() or close() ran the pre-collection step for the export it makes: every reader's
         #: collection in it then sees the same values (a stage budget's open stage would otherwise grow
@@ -154,17 +125,29 @@ class Pipeline:
         if not self._final_values_taken:
             _before_collect()
 
+    def _meter(self, provider) -> Meter:
+        """``provider``'s meter of this package, with an observable gauge that observes nothing and runs the
+        pre-collection step at the start of each of its readers' collections."""
+        meter = provider.get_meter(catalogue.SCOPE_NAME, __version__)
+
+        def run_hooks(_options):  # an observable instrument that observes nothing: exports nothing
+            self._before_collect()
+            return []
+
+        meter.create_observable_gauge("otel_vllm_ascend_before_collect", callbacks=[run_hooks])
+        return meter
+
     @property
     def closing(self) -> bool:
         """close() (or abandon()) has begun: no further export but its final one."""
         return self._closed
 
-    def _readers(self) -> list:
-        """The readers the environment asks for. Each starts its export thread when it is built: if a
-        later one fails, those already started are shut down before the failure propagates."""
+    def _readers(self, push: bool = True) -> list:
+        """The readers the environment asks for (``push``: the push readers too). Each starts its export thread
+        when it is built: if a later one fails, those already started are shut down before the failure propagates."""
         readers: list = []
         try:
-            self._add_readers(readers)
+            self._add_readers(readers, push)
         except BaseException:
             for reader in readers:
                 try:
@@ -174,7 +157,7 @@ class Pipeline:
             raise
         return readers
 
-    def _add_readers(self, readers: list) -> None:
+    def _add_readers(self, readers: list, push: bool = True) -> None:
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
         directory = environment.metrics_files_dir() if environment.prometheus_enabled() else None
@@ -192,7 +175,8 @@ class Pipeline:
             )
         from .otlp import push_exporters
 
-        exporters = push_exporters()
+        exporters = push_exporters() if push else []
+        self.exponential = bool(exporters) and environment.exponential_histograms()
         if exporters:  # OTEL_METRIC_EXPORT_INTERVAL, read once and clamped (0 made the SDK's reader raise)
             push_interval = environment.interval_ms(
                 environment.METRIC_EXPORT_INTERVAL, environment.DEFAULT_METRIC_EXPORT_INTERVAL_MS
@@ -203,8 +187,13 @@ class Pipeline:
     def instrument(self, spec: catalogue.MetricSpec):
         """An instrument with the recording layer's interface: add/record/set(value, label tuple); None for a
         metric this pipeline cannot export as the catalogue defines it."""
-        if self.store is not None:
-            return self.store.instrument(spec)
+        own = self.store.instrument(spec) if self.store is not None else self._own_sdk_instrument(spec)
+        if self.user_meter is None:
+            return own
+        theirs = providers.sdk_instrument(self.user_meter, spec)
+        return theirs if own is None else providers.Both(own, theirs)
+
+    def _own_sdk_instrument(self, spec: catalogue.MetricSpec):
         meter = self.meter
         assert meter is not None  # no store: the SDK recorder
         if spec.exposed_name not in self.viewed:
@@ -218,18 +207,7 @@ class Pipeline:
                 spec.exposed_name,
             )
             return None
-        if spec.kind == catalogue.COUNTER:
-            inst = meter.create_counter(spec.instrument_name, unit=spec.unit, description=spec.description)
-        elif spec.kind == catalogue.HISTOGRAM:
-            inst = meter.create_histogram(
-                spec.instrument_name,
-                unit=spec.unit,
-                description=spec.description,
-                explicit_bucket_boundaries_advisory=list(spec.buckets or ()),
-            )
-        else:
-            inst = meter.create_gauge(spec.instrument_name, unit=spec.unit, description=spec.description)
-        return _SdkInstrument(inst, spec.labels, targets.process_labels(spec))
+        return providers.sdk_instrument(meter, spec)
 
     def observe(self, spec: catalogue.MetricSpec, callback) -> None:
         """An observable gauge: ``callback()`` returns ``[(label tuple, value), …]`` at each collection
@@ -242,22 +220,11 @@ class Pipeline:
                     instrument.set(value, labels)
 
             self.store.before_collect.append(hook)
-            return
-        from opentelemetry.metrics import Observation
-
-        process_labels = targets.process_labels(spec)
-
-        def sdk_callback(_options):
-            extra = context.process_attributes(process_labels)
-            return [
-                Observation(value, context.series_attributes(spec.labels, labels, extra))
-                for labels, value in callback()
-            ]
-
-        assert self.meter is not None  # no store: the SDK recorder
-        self.meter.create_observable_gauge(
-            spec.instrument_name, callbacks=[sdk_callback], unit=spec.unit, description=spec.description
-        )
+        else:
+            assert self.meter is not None  # no store: the SDK recorder
+            providers.observe(self.meter, spec, callback)
+        if self.user_meter is not None:
+            providers.observe(self.user_meter, spec, callback)
 
     def flush(self, timeout_millis: float = 5_000) -> None:
         """Export now, every reader the same values (the pre-collection step runs once, first)."""
@@ -271,6 +238,8 @@ class Pipeline:
             else:
                 for reader in self.readers:
                     reader.force_flush(timeout_millis)
+            if self.user_meter is not None and hasattr(self.user_provider, "force_flush"):
+                self.user_provider.force_flush(timeout_millis)
         finally:
             if not self._closed:
                 self._final_values_taken = False
@@ -359,15 +328,17 @@ def _before_collect() -> None:
         logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
 
 
-def views(specs=None):
+def views(specs=None, buckets: bool = True):
     """SDK Views of ``specs`` (default: ``catalogue.defined()``): rename each instrument to its catalogue name,
-    fix its buckets, and keep only the catalogue's labels (bounded cardinality whatever a handler passes)."""
+    fix its buckets (``buckets=False``: a histogram with buckets gets the reader's aggregation, the catalogue's
+    buckets where that is explicit), and keep only the catalogue's labels (bounded cardinality whatever a handler
+    passes)."""
     from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 
     result = []
     for spec in catalogue.defined() if specs is None else specs:
         aggregation = None
-        if spec.kind == catalogue.HISTOGRAM:
+        if spec.kind == catalogue.HISTOGRAM and (buckets or not spec.buckets):
             aggregation = ExplicitBucketHistogramAggregation(list(spec.buckets or ()), record_min_max=True)
         kwargs = {"aggregation": aggregation} if aggregation is not None else {}
         result.append(
@@ -436,14 +407,16 @@ def _register_exit(pipeline: Pipeline) -> None:
         pass
 
 
-def reset(extra_readers=()) -> None:
-    """Close this process's pipeline; the next recording builds a new one (tests, uninstrument)."""
+def reset(extra_readers=(), meter_provider=None) -> None:
+    """Close this process's pipeline; the next recording builds a new one (tests, uninstrument), with
+    ``extra_readers`` and a user's ``meter_provider`` (``instrument()``'s keywords)."""
     current = STATE.pipeline
     if current is not None and current.pid == os.getpid() and not current.closing:
         _before_collect()  # held values go in while it is still the current pipeline
     with STATE.pipeline_lock:
         old, STATE.pipeline = STATE.pipeline, None
         STATE.extra_readers = tuple(extra_readers)
+        STATE.meter_provider = meter_provider
     if old is not None:
         old.close()
     state.forget_pipeline(closed=True)
@@ -455,6 +428,7 @@ def _after_fork_in_child() -> None:
     STATE.collect_lock = threading.RLock()
     STATE.failures_lock = threading.Lock()
     STATE.extra_readers = ()  # a reader belongs to one provider: the parent's
+    STATE.meter_provider = STATE.tracer_provider = None  # the user's, in the parent: pre-fork data exported once
     old, STATE.pipeline = STATE.pipeline, None
     if old is not None:
         old.abandon()

@@ -30,7 +30,7 @@ from typing import Any
 from .. import catalogue, context, environment
 from ..state import STATE
 from ..version import __version__
-from . import otlp
+from . import otlp, providers
 
 logger = logging.getLogger(__name__)
 
@@ -533,8 +533,42 @@ def tracing() -> Tracing:
         if current is None or current.pid != os.getpid():
             from . import pipeline
 
-            current = STATE.tracing = Tracing(resource=pipeline.get().resource)
+            provider = STATE.tracer_provider
+            if provider is not None:
+                current = STATE.tracing = _for_provider(provider)
+            else:
+                current = STATE.tracing = Tracing(resource=pipeline.get().resource)
         return current
+
+
+def _for_provider(provider) -> Tracing:
+    """The trace pipeline of a user's TracerProvider: its resource and sampler; spans to its span processors. A
+    provider without the SDK's processor (not an SDK TracerProvider) is one log line, and the environment's
+    exporters."""
+    from . import pipeline
+
+    processor = getattr(provider, "_active_span_processor", None)
+    if processor is None or not hasattr(processor, "on_end"):
+        logger.warning(
+            "opentelemetry-instrumentation-vllm-ascend: the tracer_provider given to instrument() (%s) is not an "
+            "OpenTelemetry SDK TracerProvider; request traces go to OTEL_TRACES_EXPORTER instead",
+            type(provider).__name__,
+        )
+        return Tracing(resource=pipeline.get().resource)
+    return Tracing(
+        exporters=[providers.ProviderSpans(processor)],
+        resource=getattr(provider, "resource", None) or pipeline.get().resource,
+        sampler=getattr(provider, "sampler", None),
+    )
+
+
+def use_provider(provider) -> None:
+    """Request traces go to ``provider`` (a user's TracerProvider), or (None) back to OTEL_TRACES_EXPORTER's
+    exporters: the trace pipeline built before is shut down (its queue exported)."""
+    if provider is None and STATE.tracer_provider is None:
+        return
+    STATE.tracer_provider = provider
+    install(None)
 
 
 def install(instance: Tracing | None) -> None:
