@@ -184,10 +184,59 @@ def _report(patches, found: list[Neighbour], later: bool) -> bool:
     s.neighbours_reported = (names, both)
     symbols = "; ".join(f"{k} ({', '.join(sorted(v))})" for k, v in sorted(both.items())) or "none found yet"
     logger.warning(
-        "opentelemetry-instrumentation-vllm-ascend: other vLLM instrumentation loaded in this process: %s. "
+        "opentelemetry-instrumentation-vllm-ascend: other vLLM instrumentation loaded in this process: %s. %s. "
         "Both wrap the same functions (each call pays for both); double-wrapped symbols%s: %s",
         ", ".join(names),
+        owned_names(found),
         " (looked again at the first metrics collection)" if later else "",
         symbols,
     )
     return True
+
+
+#: ms-service-metric's vLLM adapter: the module that holds its metric prefix (``VLLM_METRICS_PREFIX``).
+_MSM_PREFIX_MODULE = "ms_service_metric.adapters.vllm.metrics_init"
+_MSM_DEFAULT_PREFIX = "vllm_profiling"
+
+
+def our_prefixes() -> list[str]:
+    """The prefixes of this package's Prometheus names (catalogue.py), sorted: ``catalogue.PREFIX``, else a name's
+    first two words (``gen_ai_``)."""
+    from . import catalogue
+
+    out = set()
+    for spec in catalogue.CATALOGUE:
+        name = spec.prometheus_name
+        out.add(catalogue.PREFIX if name.startswith(catalogue.PREFIX) else "_".join(name.split("_")[:2]) + "_")
+    return sorted(out)
+
+
+def incumbent_prefix(modules=None) -> str:
+    """ms-service-metric's Prometheus prefix as its loaded adapter says (its 26.0.0 default where not loaded)."""
+    modules = sys.modules if modules is None else modules
+    try:
+        prefix = getattr(modules.get(_MSM_PREFIX_MODULE), "VLLM_METRICS_PREFIX", None)
+    except Exception:
+        prefix = None
+    prefix = prefix if isinstance(prefix, str) and prefix else _MSM_DEFAULT_PREFIX
+    return prefix if prefix.endswith("_") else prefix + "_"
+
+
+def owned_names(found, modules=None) -> str:
+    """Which Prometheus names each side exports, for the warning: ours by prefix, ms-service-metric's by its
+    prefix, and the prefix both use (a name both record is then one name from two writers)."""
+    try:
+        ours = our_prefixes()
+        text = "Names: this instrumentation " + ", ".join(p + "*" for p in ours)
+        if any(n.name == "ms-service-metric" for n in found):
+            theirs = incumbent_prefix(modules)
+            text += f"; ms-service-metric {theirs}*"
+            shared = [p for p in ours if p.startswith(theirs) or theirs.startswith(p)]
+            if shared:
+                text += (
+                    f"; both write {', '.join(p + '*' for p in shared)}: a name both record appears on /metrics "
+                    "from both (switch ms-service-metric's vLLM hooks off, docs/deploy.md)"
+                )
+        return text
+    except Exception:  # never break the host
+        return ""

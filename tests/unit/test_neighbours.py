@@ -280,3 +280,34 @@ def test_real_ms_service_metric_patching_after_the_first_warning_is_found_by_the
     first, later = warnings_logged(caplog)
     assert first.endswith("none found yet")
     assert f"{vllm_module.__name__}:Scheduler.schedule (ms-service-metric)" in later
+
+
+def test_the_warning_names_the_prefixes_each_side_writes(caplog):
+    """With ms-service-metric loaded: the one warning says which Prometheus names are ours (catalogue.py's
+    prefixes), which are ms-service-metric's (its adapter's VLLM_METRICS_PREFIX), and that both write the
+    shared ``vllm_profiling_`` prefix."""
+    from opentelemetry_instrumentation_vllm_ascend import catalogue
+
+    adapter = types.ModuleType(neighbours._MSM_PREFIX_MODULE)
+    adapter.VLLM_METRICS_PREFIX = "vllm_profiling"  # as ms-service-metric 26.0.0 sets it
+    modules = {"ms_service_metric": types.ModuleType("ms_service_metric"), neighbours._MSM_PREFIX_MODULE: adapter}
+    with caplog.at_level(logging.WARNING, logger=neighbours.__name__):
+        assert neighbours.check([], modules) is True
+    [message] = warnings_logged(caplog)
+    ours = sorted(
+        {
+            "_".join(s.prometheus_name.split("_")[:2]) + "_"
+            if not s.prometheus_name.startswith(catalogue.PREFIX)
+            else catalogue.PREFIX
+            for s in catalogue.CATALOGUE
+        }
+    )
+    assert ours == ["gen_ai_", "vllm_profiling_"]
+    assert "Names: this instrumentation gen_ai_*, vllm_profiling_*; ms-service-metric vllm_profiling_*" in message
+    assert "both write vllm_profiling_*" in message
+
+
+def test_names_without_ms_service_metric_name_only_ours():
+    text = neighbours.owned_names([neighbours.NEIGHBOURS[2]], {})
+    assert text == "Names: this instrumentation gen_ai_*, vllm_profiling_*"
+    assert neighbours.incumbent_prefix({}) == "vllm_profiling_"
