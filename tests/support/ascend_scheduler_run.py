@@ -155,10 +155,8 @@ def main() -> None:
     import vllm.triton_utils
 
     vllm.triton_utils.HAS_TRITON = True  # (see real_scheduler_run.py: the Scheduler never uses Triton)
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment
-    from tests.support.process import package_warnings, set_process
+    from tests.support.process import instrument_every_metric
     from tests.support.real_scheduler_run import (
         REQUESTS,
         build,
@@ -169,18 +167,7 @@ def main() -> None:
         vllm_config,
     )
 
-    for name in (
-        environment.ENABLED,
-        environment.PROMETHEUS_MULTIPROC_DIR,
-        environment.FILES_DIR,
-        environment.METRICS_EXPORTER,
-    ):
-        os.environ.pop(name, None)
-    os.environ[environment.ENABLED_METRICS] = "*"
-    failures = package_warnings()
-    reader = InMemoryMetricReader()
-    VllmAscendInstrumentor().instrument(metric_readers=[reader])
-    set_process("engine_core", "0", "mixed")
+    _instrumentor, reader, failures = instrument_every_metric("engine_core")
 
     _bare_platform_package()
     import vllm_ascend.patch.platform.patch_balance_schedule  # noqa: F401  (rebinds vLLM's Scheduler)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 import types
 from importlib import metadata
@@ -101,23 +100,13 @@ def main() -> None:
     cases = json.loads(sys.argv[1])
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment, targets
+    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, targets
     from opentelemetry_instrumentation_vllm_ascend.handlers import eplb
     from opentelemetry_instrumentation_vllm_ascend.recording import pipeline
-    from tests.support.process import package_warnings, set_process
+    from tests.support.process import instrument_every_metric
 
-    for name in (
-        environment.ENABLED,
-        environment.PROMETHEUS_MULTIPROC_DIR,
-        environment.FILES_DIR,
-        environment.METRICS_EXPORTER,
-    ):
-        os.environ.pop(name, None)
-    os.environ[environment.ENABLED_METRICS] = "*"
-    failures = package_warnings()
-    instrumentor = VllmAscendInstrumentor()
-    instrumentor.instrument(metric_readers=[InMemoryMetricReader()])
-    set_process("worker", "0", "mixed")  # the NPU worker the EPLB process is forked from
+    # (the NPU worker the EPLB process is forked from)
+    instrumentor, _reader, failures = instrument_every_metric("worker")
 
     if metadata.version("vllm").startswith("0.23."):
         from tests.support.traces_v023_drive import _gguf_names_if_missing

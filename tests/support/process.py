@@ -26,3 +26,29 @@ def package_warnings() -> list:
 
     logging.getLogger("opentelemetry_instrumentation_vllm_ascend").addHandler(Collect())
     return messages
+
+
+def instrument_every_metric(process: str, dp: str = "0", role: str = "mixed"):
+    """A driver subprocess's set-up: the package instrumented with every metric (``ENABLED_METRICS=*``), no files,
+    no exporter, an in-memory reader, in the process context given. Returns (the instrumentor, the reader, the
+    list ``package_warnings`` fills)."""
+    import os
+
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment
+
+    for name in (
+        environment.ENABLED,
+        environment.PROMETHEUS_MULTIPROC_DIR,
+        environment.FILES_DIR,
+        environment.METRICS_EXPORTER,
+    ):
+        os.environ.pop(name, None)
+    os.environ[environment.ENABLED_METRICS] = "*"
+    failures = package_warnings()
+    reader = InMemoryMetricReader()
+    instrumentor = VllmAscendInstrumentor()
+    instrumentor.instrument(metric_readers=[reader])
+    set_process(process, dp, role)
+    return instrumentor, reader, failures

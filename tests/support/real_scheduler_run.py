@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 
 BLOCKS = 16
@@ -236,23 +235,10 @@ def main() -> None:
         import vllm.triton_utils
 
         vllm.triton_utils.HAS_TRITON = True
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from opentelemetry_instrumentation_vllm_ascend import VllmAscendInstrumentor, environment
-    from tests.support.process import package_warnings, set_process
+    from tests.support.process import instrument_every_metric
 
-    for name in (
-        environment.ENABLED,
-        environment.PROMETHEUS_MULTIPROC_DIR,
-        environment.FILES_DIR,
-        environment.METRICS_EXPORTER,
-    ):
-        os.environ.pop(name, None)
-    os.environ[environment.ENABLED_METRICS] = "*"
-    failures = package_warnings()
-    reader = InMemoryMetricReader()
-    VllmAscendInstrumentor().instrument(metric_readers=[reader])
-    set_process("engine_core", "0", "mixed")
+    _instrumentor, reader, failures = instrument_every_metric("engine_core")
 
     import vllm
     from vllm.v1.core.sched.scheduler import Scheduler
