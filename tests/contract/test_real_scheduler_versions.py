@@ -89,24 +89,8 @@ def test_real_scheduler_counts_equal_vllms_own(model, version):
     assert total(points, "scheduler:recompute_events") == preemptions  # each had computed tokens
     assert total(points, "scheduler:recomputed_tokens") == oracle["recomputed_tokens"] > 0
 
-    # No step labelled unknown, in any series; steps per phase as the oracle classified them.
-    unknown = [(m, a) for m, rows in points.items() for a, _ in rows if a.get("phase") == "unknown"]
-    assert unknown == []
-    steps = oracle["steps"]
-    assert {a["phase"]: v[0] for a, v in series(points, "scheduler:duration")} == steps
-    assert total(points, "scheduler:update_from_output:duration", 0) == sum(steps.values())
-
-    # Batch sizes by req_phase: what the SchedulerOutputs scheduled.
-    assert total(points, "scheduler:batch_size", 1) == oracle["batch"]
-    assert total(points, "scheduler:batch_size", 0) == sum(steps.values())
+    assert_steps_and_batches(points, oracle)
     for req_phase in ("prefill", "decode"):
-        assert (
-            total(points, "scheduler:phase_batch_size", 1, req_phase=req_phase) == oracle["phase_requests"][req_phase]
-        ), req_phase
-        assert (
-            total(points, "scheduler:phase_scheduled_tokens", 1, req_phase=req_phase)
-            == oracle["phase_tokens"][req_phase]
-        ), req_phase
         assert (
             total(points, "scheduler:phase_scheduled_token_counter", req_phase=req_phase)
             == oracle["phase_tokens"][req_phase]
@@ -121,3 +105,23 @@ def test_real_scheduler_counts_equal_vllms_own(model, version):
     assert total(points, "waiting_phase_batch_size", 1) == sum(oracle["waiting"])
     assert sum(oracle["waiting"]) > 0
     assert total(points, "request_prefill_pending_nums") == oracle["blocked_edges"]
+
+
+def assert_steps_and_batches(points: dict, oracle: dict) -> None:
+    """No step labelled unknown in any series; steps per phase as the oracle classified them, one
+    update_from_output each; batch sizes by req_phase as the SchedulerOutputs scheduled them."""
+    unknown = [(m, a) for m, rows in points.items() for a, _ in rows if a.get("phase") == "unknown"]
+    assert unknown == []
+    steps = oracle["steps"]
+    assert {a["phase"]: v[0] for a, v in series(points, "scheduler:duration")} == steps
+    assert total(points, "scheduler:update_from_output:duration", 0) == sum(steps.values())
+    assert total(points, "scheduler:batch_size", 1) == oracle["batch"]
+    assert total(points, "scheduler:batch_size", 0) == sum(steps.values())
+    for req_phase in ("prefill", "decode"):
+        assert (
+            total(points, "scheduler:phase_batch_size", 1, req_phase=req_phase) == oracle["phase_requests"][req_phase]
+        ), req_phase
+        assert (
+            total(points, "scheduler:phase_scheduled_tokens", 1, req_phase=req_phase)
+            == oracle["phase_tokens"][req_phase]
+        ), req_phase

@@ -80,16 +80,10 @@ def _import_profiling_chunk() -> None:
     optimize = types.ModuleType("scipy.optimize")
     optimize.nnls = nnls  # type: ignore[attr-defined]
     scipy.optimize = optimize  # type: ignore[attr-defined]
-    saved = {name: sys.modules.get(name) for name in ("scipy", "scipy.optimize")}
-    sys.modules.update({"scipy": scipy, "scipy.optimize": optimize})
-    try:
+    from tests.support.process import modules_while
+
+    with modules_while({"scipy": scipy, "scipy.optimize": optimize}):
         import vllm_ascend.core.scheduler_profiling_chunk  # noqa: F401
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
 
 
 def scheduler_class(config, scheduler_config: dict):

@@ -62,16 +62,10 @@ def _import_eplb_worker():
     stand_ins["scipy"].optimize = stand_ins["scipy.optimize"]  # type: ignore[attr-defined]
     if all(importlib.util.find_spec(name) is not None for name in ("numba", "scipy")):
         stand_ins = {}  # both installed: FlashLB's module imports the real ones (numba's import reads scipy's version)
-    saved = {name: sys.modules.get(name) for name in stand_ins}
-    sys.modules.update(stand_ins)
-    try:
+    from tests.support.process import modules_while
+
+    with modules_while(stand_ins):
         import vllm_ascend.eplb.core.eplb_worker as eplb_worker
-    finally:
-        for name, module in saved.items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
     return eplb_worker
 
 

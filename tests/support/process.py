@@ -1,6 +1,8 @@
 """The process identity set directly, as tests and benchmarks need it (the package's hooks ``claim`` it)."""
 
+import contextlib
 import logging
+import sys
 
 from opentelemetry_instrumentation_vllm_ascend import context, state
 
@@ -52,3 +54,19 @@ def instrument_every_metric(process: str, dp: str = "0", role: str = "mixed"):
     instrumentor.instrument(metric_readers=[reader])
     set_process(process, dp, role)
     return instrumentor, reader, failures
+
+
+@contextlib.contextmanager
+def modules_while(stand_ins: dict):
+    """``stand_ins`` ({module name: module}) in ``sys.modules`` only inside the block: what was there before is put
+    back, and a name that was absent is removed again."""
+    saved = {name: sys.modules.get(name) for name in stand_ins}
+    sys.modules.update(stand_ins)
+    try:
+        yield
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
