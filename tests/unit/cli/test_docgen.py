@@ -1,0 +1,95 @@
+"""docs/configuration.md reads in minutes (design rules): its settings table is generated from cli/settings.py with
+one short line per setting, each longer story under a heading of its own that the table links to; no table cell of
+the file is a paragraph."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from opentelemetry_instrumentation_vllm_ascend import environment
+from opentelemetry_instrumentation_vllm_ascend.cli import docgen, settings
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+#: The longest cell any table of docs/configuration.md may hold outside the settings table (whose cells are held to
+#: settings.MAX_CELL): longer is a paragraph, and belongs below its table.
+MAX_CELL = 300
+
+
+def _configuration() -> str:
+    return (DOCS / "configuration.md").read_text(encoding="utf-8")
+
+
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+def _tables(text: str):
+    """(line number, cells) of every table row outside code blocks."""
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.lstrip().startswith("|") and not set(line) <= set("|-: "):
+            yield number, _cells(line)
+
+
+def test_the_settings_section_of_configuration_md_is_current():
+    committed = _configuration()
+    assert docgen.render_configuration_md(committed) == committed, (
+        "docs/configuration.md is stale: run python -m opentelemetry_instrumentation_vllm_ascend.cli.docgen "
+        "--configuration docs/configuration.md"
+    )
+
+
+def test_every_cell_of_the_settings_table_is_one_short_line():
+    section = docgen.render_settings_section()
+    table = section.split("## Settings in detail")[0]
+    rows = list(_tables(table))
+    assert len(rows) == len(settings.SETTINGS) + 1  # the header
+    for number, cells in rows:
+        for cell in cells:
+            assert len(cell) <= settings.MAX_CELL, f"settings table row {number}: {len(cell)} characters: {cell}"
+
+
+def test_no_table_cell_of_configuration_md_is_a_paragraph():
+    """Outside the "Incumbent handlers" table (generated from wiring/incumbent.py: five of its cells, a handler's
+    metric list or its differences, are still 340-730 characters; not yet split)."""
+    text = _configuration()
+    text = text[: text.index(docgen.INCUMBENT_BEGIN)] + text[text.index(docgen.INCUMBENT_END) :]
+    too_long = [
+        f"line {number}: {len(cell)} characters: {cell[:60]}…"
+        for number, cells in _tables(text)
+        for cell in cells
+        if len(cell) > MAX_CELL
+    ]
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_table_links_each_setting_to_its_details_and_only_there():
+    text = _configuration()
+    headings = {docgen.anchor(line[4:]) for line in text.splitlines() if line.startswith("### ")}
+    for s in settings.SETTINGS:
+        name = ", ".join(f"`{n}`" for n in s.names)
+        if s.details:
+            assert f"[{name}](#{docgen.anchor(name)})" in text and docgen.anchor(name) in headings
+        else:
+            assert f"| {name} |" in text and f"### {name}\n" not in text
+
+
+def test_every_switch_of_ours_is_documented():
+    """Each OTEL_VLLM_ASCEND_* variable environment.py reads is a row of the settings table, or (the tail rules of
+    the traces) in docs/traces.md, which the table's traces row points to."""
+    ours = {value for name, value in vars(environment).items() if isinstance(value, str) and name.isupper()}
+    ours = {value for value in ours if value.startswith("OTEL_VLLM_ASCEND_")}
+    tabled = {name for s in settings.SETTINGS for name in s.names}
+    traces = (DOCS / "traces.md").read_text(encoding="utf-8")
+    assert {v for v in ours - tabled if v not in traces} == set()
+
+
+def test_the_anchor_is_github_s():
+    assert docgen.anchor("`OTEL_EXPORTER_OTLP_*`") == "otel_exporter_otlp_"
+    assert (
+        docgen.anchor("`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`") == "otel_service_name-otel_resource_attributes"
+    )
+    assert docgen.anchor("GenAI semantic conventions") == "genai-semantic-conventions"
