@@ -1,6 +1,6 @@
 """docs/configuration.md reads in minutes (design rules): its settings table is generated from cli/settings.py with
 one short line per setting, each longer story under a heading of its own that the table links to; no table cell of
-the file is a paragraph."""
+the file is a paragraph; docs/performance.md stays a short report."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ DOCS = Path(__file__).resolve().parents[3] / "docs"
 #: The longest cell any table of docs/configuration.md may hold outside the settings table (whose cells are held to
 #: settings.MAX_CELL): longer is a paragraph, and belongs below its table.
 MAX_CELL = 300
+#: docs/performance.md's length: a report read in minutes; the history is in benchmarks/results/.
+MAX_PERFORMANCE_LINES = 300
 
 
 def _configuration() -> str:
@@ -93,3 +95,8 @@ def test_the_anchor_is_github_s():
         docgen.anchor("`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`") == "otel_service_name-otel_resource_attributes"
     )
     assert docgen.anchor("GenAI semantic conventions") == "genai-semantic-conventions"
+
+
+def test_performance_md_reads_in_minutes():
+    lines = (DOCS / "performance.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= MAX_PERFORMANCE_LINES, f"docs/performance.md has {lines} lines: move history to benchmarks/results/"
