@@ -223,9 +223,70 @@ def render_configuration_md(text: str) -> str:
     return with_settings_section(with_incumbent_section(text))
 
 
+#: The longest cell of a table in docs/configuration.md; a longer text goes below its table.
+MAX_CELL = 300
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _incumbent_here(row: incumbent.Handler) -> str:
+    if row.fate == incumbent.BUILT_IN:
+        return f"**mapped** to {row.here}: " + ", ".join(f"`{seed}`" for seed in row.records)
+    if row.fate == incumbent.IDENTITY:
+        return f"**mapped** to {row.here}"
+    if row.fate == incumbent.METRICS:
+        return f"**its metrics load**: {row.here}"
+    if row.fate == incumbent.SELECT:
+        return f"**its metrics load**: {row.here}: " + ", ".join(
+            f"`{name}`" + (f" = `{expr}`" if expr else "") for name, expr in row.values
+        )
+    return f"**rejected**: {row.here}"
+
+
+def render_incumbent_table() -> str:
+    """The "Incumbent handlers" tables of docs/configuration.md from wiring/incumbent.py; a cell longer than
+    MAX_CELL is said in a list below the table, the cell pointing there."""
+    lines = [
+        "| ms-service-metric handler | Where | Here | Differences |",
+        "|---|---|---|---|",
+    ]
+    below = []
+    for row in incumbent.HANDLERS:
+        names = "<br>".join(f"`{name}`" for name in row.names)
+        where = "<br>".join([f"`{package}`" for package in row.packages] + [f"also `{path}`" for path in row.also])
+        differences = list(row.differences)
+        if row.phase:
+            differences.append(
+                f"`phase`: ms-service-metric labels the metrics with {row.phase}; here a hook file's own metric "
+                f"carries {incumbent.STEP_PHASE}, a built-in one its own ([labels.md](labels.md))"
+            )
+        cells = []
+        for column, text in (("here", _incumbent_here(row)), ("differences", "; ".join(differences) or "-")):
+            if len(text) > MAX_CELL:
+                below.append(f"- {', '.join(f'`{name}`' for name in row.names)}, {column}: {text}")
+                head = f"{text.split(':')[0]} " if column == "here" else ""
+                text = f"{head}([in full below](#incumbent-handlers-in-full))"
+            cells.append(_cell(text))
+        lines.append(f"| {names} | {where} | {' | '.join(cells)} |")
+    if below:
+        lines += ["", "#### Incumbent handlers in full", "", *below]
+    lines += [
+        "",
+        "Built-in metrics timed differently from ms-service-metric's hook of the same name:",
+        "",
+        "| Metric | Here |",
+        "|---|---|",
+    ]
+    for seed, words in incumbent.TIMED_DIFFERENTLY:
+        lines.append(f"| `vllm_profiling_{seed}` | {_cell(words)} |")
+    return "\n".join(lines) + "\n"
+
+
 def render_incumbent_section() -> str:
     """The generated section of docs/configuration.md, markers included."""
-    return f"{INCUMBENT_BEGIN}\n\n{incumbent.render_markdown()}\n{INCUMBENT_END}"
+    return f"{INCUMBENT_BEGIN}\n\n{render_incumbent_table()}\n{INCUMBENT_END}"
 
 
 def with_incumbent_section(text: str) -> str:
