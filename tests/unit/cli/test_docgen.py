@@ -1,18 +1,20 @@
 """docs/configuration.md reads in minutes (design rules): its settings table is generated from cli/settings.py with
 one short line per setting, each longer story under a heading of its own that the table links to; no table cell of
-the file is a paragraph; docs/performance.md stays a short report."""
+the docs is a paragraph; docs/performance.md stays a short report."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
 from opentelemetry_instrumentation_vllm_ascend import environment
 from opentelemetry_instrumentation_vllm_ascend.cli import docgen, settings
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
-#: The longest cell any table of docs/configuration.md may hold outside the settings table (whose cells are held to
-#: settings.MAX_CELL): longer is a paragraph, and belongs below its table (docgen puts it there).
+#: The longest cell a table of the docs may hold (the settings table's are held to settings.MAX_CELL): longer is a
+#: paragraph, and belongs below its table (docgen puts it there in the files it generates).
 MAX_CELL = docgen.MAX_CELL
 #: docs/performance.md's length: a report read in minutes; the history is in benchmarks/results/.
 MAX_PERFORMANCE_LINES = 300
@@ -54,11 +56,20 @@ def test_every_cell_of_the_settings_table_is_one_short_line():
             assert len(cell) <= settings.MAX_CELL, f"settings table row {number}: {len(cell)} characters: {cell}"
 
 
-def test_no_table_cell_of_configuration_md_is_a_paragraph():
-    text = _configuration()
+#: Docs whose tables still hold paragraphs, and why they are not split yet.
+NOT_YET = {
+    "metrics.md": "generated from the catalogue's descriptions and the paths' notes: about 100 cells over the limit",
+    "architecture.md": "the Layout table's module lists, which tests/unit/test_package_rules.py reads cell by cell",
+}
+
+
+@pytest.mark.parametrize("path", [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_no_table_cell_of_the_docs_is_a_paragraph(path):
+    if path.name in NOT_YET:
+        pytest.skip(NOT_YET[path.name])
     too_long = [
-        f"line {number}: {len(cell)} characters: {cell[:60]}…"
-        for number, cells in _tables(text)
+        f"{path.name} line {number}: {len(cell)} characters: {cell[:60]}…"
+        for number, cells in _tables(path.read_text(encoding="utf-8"))
         for cell in cells
         if len(cell) > MAX_CELL
     ]
