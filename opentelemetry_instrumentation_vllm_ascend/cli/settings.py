@@ -241,7 +241,10 @@ SETTINGS = (
         (env.CONFIG_MODULES,),
         "unset",
         f"Comma-separated top-level modules, besides {_ROOTS}, whose code hook files may hook.",
-        ("Your own package, a fork under another name. An entry naming any other module (`os:system`) is rejected.",),
+        (
+            "For your own package, or a fork under another name. An entry naming any other module (`os:system`) is "
+            "rejected.",
+        ),
     ),
     Setting(
         (env.HOOK_SEMANTICS,),
