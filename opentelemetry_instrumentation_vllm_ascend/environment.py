@@ -1,4 +1,5 @@
-"""Every environment switch the package reads, in one place (documented in docs/configuration.md)."""
+"""Every environment switch the package reads, in one place (what each means for users: cli/settings.py, rendered
+into docs/configuration.md)."""
 
 from __future__ import annotations
 

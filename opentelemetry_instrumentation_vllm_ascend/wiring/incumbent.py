@@ -1,6 +1,6 @@
 """ms-service-metric's handlers (the incumbent this package replaces) and what each becomes here: the one
 table hook files (wiring/userfile.py) map ``handler:`` through, and docs/configuration.md ("Incumbent
-handlers") is generated from (``render_markdown``). Nothing a file names is imported or run: a handler is
+handlers") is generated from (cli/docgen.py). Nothing a file names is imported or run: a handler is
 known by its name only.
 
 Sources: ms-service-metric master (GitHub mirror Cztk5380/msserviceprofiler, commit cf79a1ce, 2026-06-13),
@@ -404,47 +404,3 @@ def timed_differently(seed: str) -> str | None:
         if name == seed:
             return words
     return None
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def render_markdown() -> str:
-    """The "Incumbent handlers" table of docs/configuration.md (between its generated-section markers)."""
-    lines = [
-        "| ms-service-metric handler | Where | Here | Differences |",
-        "|---|---|---|---|",
-    ]
-    for row in HANDLERS:
-        names = "<br>".join(f"`{name}`" for name in row.names)
-        where = "<br>".join([f"`{package}`" for package in row.packages] + [f"also `{path}`" for path in row.also])
-        if row.fate == BUILT_IN:
-            here = f"**mapped** to {row.here}: " + ", ".join(f"`{seed}`" for seed in row.records)
-        elif row.fate == IDENTITY:
-            here = f"**mapped** to {row.here}"
-        elif row.fate == METRICS:
-            here = f"**its metrics load**: {row.here}"
-        elif row.fate == SELECT:
-            here = f"**its metrics load**: {row.here}: " + ", ".join(
-                f"`{name}`" + (f" = `{expr}`" if expr else "") for name, expr in row.values
-            )
-        else:
-            here = f"**rejected**: {row.here}"
-        differences = list(row.differences)
-        if row.phase:
-            differences.append(
-                f"`phase`: ms-service-metric labels the metrics with {row.phase}; here a hook file's own metric "
-                f"carries {STEP_PHASE}, a built-in one its own ([labels.md](labels.md))"
-            )
-        lines.append(f"| {names} | {where} | {_cell(here)} | {_cell('; '.join(differences)) or '-'} |")
-    lines += [
-        "",
-        "Built-in metrics timed differently from ms-service-metric's hook of the same name:",
-        "",
-        "| Metric | Here |",
-        "|---|---|",
-    ]
-    for seed, words in TIMED_DIFFERENTLY:
-        lines.append(f"| `vllm_profiling_{seed}` | {_cell(words)} |")
-    return "\n".join(lines) + "\n"
