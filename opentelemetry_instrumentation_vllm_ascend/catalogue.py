@@ -19,6 +19,9 @@ from types import MappingProxyType
 from .state import STATE
 
 PREFIX = "vllm_profiling_"
+#: The prefix our ``PREFIX`` names are served under on /metrics while another writer (ms-service-metric) exports
+#: names with ``PREFIX`` in the same exposition (recording/files_reader.py): one name, one writer.
+SHARED_PREFIX = "otel_" + PREFIX
 INSTRUMENT_PREFIX = "vllm_ascend."
 
 COUNTER = "counter"

@@ -184,7 +184,8 @@ def _report(patches, found: list[Neighbour], later: bool) -> bool:
     s.neighbours_reported = (names, both)
     symbols = "; ".join(f"{k} ({', '.join(sorted(v))})" for k, v in sorted(both.items())) or "none found yet"
     logger.warning(
-        "opentelemetry-instrumentation-vllm-ascend: other vLLM instrumentation loaded in this process: %s. %s. "
+        "opentelemetry-instrumentation-vllm-ascend: on, beside other vLLM instrumentation loaded in this process: "
+        "%s. %s. "
         "Both wrap the same functions (each call pays for both); double-wrapped symbols%s: %s",
         ", ".join(names),
         owned_names(found),
@@ -224,7 +225,10 @@ def incumbent_prefix(modules=None) -> str:
 
 def owned_names(found, modules=None) -> str:
     """Which Prometheus names each side exports, for the warning: ours by prefix, ms-service-metric's by its
-    prefix, and the prefix both use (a name both record is then one name from two writers)."""
+    prefix, and the prefix both use, under which ours are renamed on /metrics while it exports there
+    (recording/files_reader.py)."""
+    from . import catalogue
+
     try:
         ours = our_prefixes()
         text = "Names: this instrumentation " + ", ".join(p + "*" for p in ours)
@@ -234,8 +238,9 @@ def owned_names(found, modules=None) -> str:
             shared = [p for p in ours if p.startswith(theirs) or theirs.startswith(p)]
             if shared:
                 text += (
-                    f"; both write {', '.join(p + '*' for p in shared)}: a name both record appears on /metrics "
-                    "from both (switch ms-service-metric's vLLM hooks off, docs/deploy.md)"
+                    f"; both write {', '.join(p + '*' for p in shared)}: while ms-service-metric exports such names, "
+                    f"this instrumentation's {catalogue.PREFIX}* are served as {catalogue.SHARED_PREFIX}* on /metrics "
+                    "(OTLP names unchanged; `ms-service-metric off` switches it off, docs/deploy.md)"
                 )
         return text
     except Exception:  # never break the host

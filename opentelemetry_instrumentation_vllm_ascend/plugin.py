@@ -21,5 +21,9 @@ def register() -> None:
         instrumentor = VllmAscendInstrumentor()
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument(skip_dep_check=True)
+        installer = instrumentor.installer
+        if installer is not None:
+            # Another plugin vLLM loaded before this one may have put an import finder ahead of our hooks.
+            installer.catch_up()
     except Exception:
         logger.exception("opentelemetry-instrumentation-vllm-ascend plugin failed; vLLM runs uninstrumented")

@@ -6,6 +6,12 @@ prometheus_client's MultiProcessCollector would, with parsed keys cached across 
 whole from taking its ``/metrics`` down and adds our exemplars to its histogram buckets. Gauges of processes that
 no longer run (``identity``) are skipped.
 
+Another writer of our names: ms-service-metric exports ``vllm_profiling_*`` names too (``catalogue.PREFIX``). Both
+in one exposition would be one family from two writers (prometheus_client's multiprocess merge sums their samples:
+two tools' counts added up) or one family name twice. While any family another writer exports starts with
+``PREFIX``, every family of ours with that prefix is served as ``catalogue.SHARED_PREFIX`` + the rest of its name
+(:class:`Sharing`), decided at each scrape, in the process that serves ``/metrics``; one warning says so.
+
 Exemplars: each process's ``exemplars_otel-<pid>.json`` (``files_writer``) holds the latest exemplar of each
 bucket it recorded; :class:`ExemplarFiles` merges them (the newest per bucket over processes) and both collectors
 put them on the bucket samples (``Sample.exemplar``). prometheus_client's OpenMetrics encoder writes them; its text
@@ -20,6 +26,7 @@ import os
 import struct
 import threading
 
+from ..catalogue import PREFIX, SHARED_PREFIX
 from .identity import EXEMPLARS_FILE, FILE_TOKEN, file_pid, file_process_alive, files
 
 logger = logging.getLogger(__name__)
@@ -73,18 +80,76 @@ def _key_fields(key: str) -> None:
         raise ValueError("the labels of a key are not an object")
 
 
+def shared_name(name: str) -> str:
+    """Our ``name`` as served while another writer exports names with our prefix (unchanged without that prefix)."""
+    return SHARED_PREFIX + name[len(PREFIX) :] if name.startswith(PREFIX) else name
+
+
+def own_name(name: str) -> str:
+    """The name ``shared_name`` made ``name`` from (``name`` itself if it made none)."""
+    return PREFIX + name[len(SHARED_PREFIX) :] if name.startswith(SHARED_PREFIX) else name
+
+
+def writes_our_prefix(names) -> bool:
+    """Whether any of ``names`` (another writer's family or sample names) starts with our prefix."""
+    return any(name.startswith(PREFIX) for name in names)
+
+
+class Sharing:
+    """Whether our prefix is shared now, and the one warning the first time it is."""
+
+    __slots__ = ("warned",)
+
+    def __init__(self) -> None:
+        self.warned = False
+
+    def shared(self, names) -> bool:
+        if not writes_our_prefix(names):
+            return False
+        if not self.warned:
+            self.warned = True
+            import sys
+
+            who = "ms-service-metric" if "ms_service_metric" in sys.modules else "another exporter in this server"
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: %s also writes %s*; this instrumentation's are served "
+                "as %s* on /metrics while it does (OTLP names unchanged)",
+                who,
+                PREFIX,
+                SHARED_PREFIX,
+            )
+        return True
+
+
+def _rename_families(metrics: dict) -> dict:
+    """prometheus_client ``Metric``s by name (``MultiProcessCollector._read_metrics``'s), those with our prefix
+    renamed (``shared_name``), family and samples."""
+    out = {}
+    for name, metric in metrics.items():
+        if name.startswith(PREFIX):
+            metric.name = name = shared_name(name)
+            metric.samples = [s._replace(name=shared_name(s.name)) for s in metric.samples]
+        out[name] = metric
+    return out
+
+
 class _GuardedReadMetrics:
     """``MultiProcessCollector._read_metrics`` reads every file of ``PROMETHEUS_MULTIPROC_DIR`` at once
     and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own metrics
     too): this replacement hands it the same files less those of ours that are not whole (each
-    checked with ``read_whole``; one warning per file). Other files are passed on untouched."""
+    checked with ``read_whole``; one warning per file). Other files are passed on untouched.
+
+    Ours and the other files are read apart (each file once, as in one read) and merged as one read would merge
+    them; while another writer's families include one with our prefix, ours with that prefix are renamed first
+    (``Sharing``), so no family of ours is summed with another tool's."""
 
     def __init__(self, original) -> None:
         self.original = original  # the staticmethod object of MultiProcessCollector
         self.skipped: set = set()
+        self.sharing = Sharing()
 
     def __call__(self, files):
-        kept = []
+        ours, others = [], []
         for path in files:
             if FILE_TOKEN in os.path.basename(path):
                 try:
@@ -94,8 +159,23 @@ class _GuardedReadMetrics:
                 except Exception as exc:
                     _warn_unreadable(self.skipped, path, exc)
                     continue
-            kept.append(path)
-        return self.original.__func__(kept)
+                ours.append(path)
+            else:
+                others.append(path)
+        read = self.original.__func__
+        if not ours or not others:
+            return read(ours or others)
+        metrics = read(others)
+        mine = read(ours)
+        if self.sharing.shared(metrics):
+            mine = _rename_families(mine)
+        for name, metric in mine.items():
+            current = metrics.get(name)
+            if current is None:
+                metrics[name] = metric
+            else:  # a name both write outside our prefix: one family, as one read of every file gives
+                current.samples.extend(metric.samples)
+        return metrics
 
 
 class ExemplarFiles:
@@ -166,7 +246,7 @@ def attach_exemplars(metrics, exemplars: dict) -> None:
                 continue
             le = sample.labels.get("le")
             rest = tuple(sorted(item for item in sample.labels.items() if item[0] != "le"))
-            exemplar = exemplars.get((sample.name, rest, le))
+            exemplar = exemplars.get((own_name(sample.name), rest, le))
             if exemplar is not None:
                 samples[i] = sample._replace(exemplar=exemplar)
 
@@ -266,6 +346,9 @@ class FilesCollector:
         self.skip = _Skip()
         self._skipped: set[str] = set()
         self.exemplar_files = ExemplarFiles(directory)
+        #: The registry it is served from: the other collectors' names there tell whether our prefix is shared.
+        self.registry = None
+        self.sharing = Sharing()
 
     def describe(self):
         return []
@@ -306,8 +389,12 @@ class FilesCollector:
         """Every family merged over the directory's files: ``[(name, type, help, [(sample name, label items,
         value, exemplar or None)])]``, in exposition order (per label set, a histogram's cumulative buckets, ``_count``
         and ``_sum``: OpenMetrics keeps a label set's samples together); a bucket's exemplar is the newest any
-        process recorded for it."""
+        process recorded for it. Names with our prefix are ``shared_name``'s while another collector of
+        ``registry`` has a name with that prefix (``Sharing``)."""
         from prometheus_client.utils import floatToGoString
+
+        registry = self.registry
+        shared = registry is not None and self.sharing.shared(getattr(registry, "_names_to_collectors", {}))
 
         families: dict[str, list] = {}  # name -> [type, help, mode, values {(sample, labels): v}, buckets]
         for path in files(self.directory, "*.db"):
@@ -355,7 +442,9 @@ class FilesCollector:
             exemplars = {}
         for name, (typ, help_text, _mode, samples, buckets) in families.items():
             rows = []
+            served = shared_name(name) if shared else name
             bucket_name = name + "_bucket"
+            served_bucket = served + "_bucket"
             for rest, per in buckets.items():
                 acc = 0.0
                 for bound in sorted(per):
@@ -364,14 +453,15 @@ class FilesCollector:
                     if le is None:
                         le = le_of[bound] = floatToGoString(bound)
                     exemplar = exemplars.get((bucket_name, rest, le)) if exemplars else None
-                    rows.append((bucket_name, rest + (("le", le),), acc, exemplar))
-                rows.append((name + "_count", rest, acc, None))
+                    rows.append((served_bucket, rest + (("le", le),), acc, exemplar))
+                rows.append((served + "_count", rest, acc, None))
                 total = samples.pop((name + "_sum", rest), None)  # with its label set's buckets (OpenMetrics)
                 if total is not None:
-                    rows.append((name + "_sum", rest, total, None))
+                    rows.append((served + "_sum", rest, total, None))
             for (sample, labels), value in samples.items():
+                sample = shared_name(sample) if shared else sample
                 rows.append((sample, labels, value[0] if isinstance(value, tuple) else value, None))
-            out.append((name, typ, help_text, rows))
+            out.append((served, typ, help_text, rows))
         return out
 
     @staticmethod

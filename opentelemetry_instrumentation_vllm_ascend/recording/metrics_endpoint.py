@@ -77,6 +77,7 @@ class Exposition:
         self._set_env.append(environment.FILES_DIR)
         self.directory = directory
         self.collector = FilesCollector(directory)
+        self.collector.registry = REGISTRY  # where another writer of our prefix would register (ms-service-metric)
         REGISTRY.register(self.collector)
         try:
             from .exposition import FastExposition

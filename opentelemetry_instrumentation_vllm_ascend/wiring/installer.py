@@ -195,6 +195,7 @@ class _Ready(Handler):
         self.process = process
 
     def after(self, state, args, kwargs, result):
+        self.installer.catch_up()
         self.installer.report_unresolved(self.process)
 
 
@@ -378,6 +379,56 @@ class Installer:
             elif module_exists(target.module) is False:
                 out.append((target, f"module {target.module} does not exist"))
         return out
+
+    def catch_up(self) -> int:
+        """Put wrapt's import-hook finder back in front of ``sys.meta_path`` and hook now every pending target (and
+        hook-file entry) whose module is imported already; the number of modules hooked so. A finder put ahead of
+        wrapt's that answers an import itself (ms-service-metric's ``SymbolWatchFinder``, inserted at
+        ``sys.meta_path[0]`` by its vLLM plugin, resolves the modules it watches with ``PathFinder``) keeps wrapt
+        from seeing that import: our hooks for it would never run, silently. Called where vLLM has loaded its
+        plugins (``plugin.register``) and at each ready point; nothing to do (two look-ups) when no finder is
+        ahead and no module was missed. Never raises."""
+        import sys
+
+        try:
+            from wrapt import notify_module_loaded
+            from wrapt.importer import ImportHookFinder
+
+            meta_path = sys.meta_path
+            mine = next((f for f in meta_path if isinstance(f, ImportHookFinder)), None)
+            ahead = []
+            if mine is not None and meta_path[0] is not mine:
+                index = meta_path.index(mine)
+                ahead = [f"{type(f).__module__}.{type(f).__qualname__}" for f in meta_path[:index]]
+                meta_path.remove(mine)
+                meta_path.insert(0, mine)
+            with self._lock:
+                if not self.active:
+                    return 0
+                names = {t.module for t in self.table if self.status.get(t.symbol) == PENDING}
+                names |= {e.module for e in self.entries if e.key in self.file_pending}
+                names |= {module for module, _qualname, _process in self.ready_points}
+            missed = [sys.modules[name] for name in sorted(names) if name in sys.modules]
+            hooked = 0
+            for module in missed:
+                before = sum(1 for t in self.table if self.status.get(t.symbol) == PENDING)
+                notify_module_loaded(module)  # runs the post-import hooks still waiting for it (none: nothing)
+                hooked += before != sum(1 for t in self.table if self.status.get(t.symbol) == PENDING)
+            if ahead or hooked:
+                logger.info(
+                    "opentelemetry-instrumentation-vllm-ascend: import finder%s ahead of our import hooks: %s; "
+                    "put ours first again, %d module%s imported past them hooked now",
+                    "s" if len(ahead) != 1 else "",
+                    ", ".join(ahead) or "none",
+                    hooked,
+                    "" if hooked == 1 else "s",
+                )
+            return hooked
+        except Exception:  # never break the host
+            logger.warning(
+                "opentelemetry-instrumentation-vllm-ascend: cannot check the import hooks' place", exc_info=True
+            )
+            return 0
 
     def report_unresolved(self, process: str) -> None:
         """Once per process, when vLLM is ready to serve: one log line naming each target this process

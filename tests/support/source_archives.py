@@ -146,3 +146,48 @@ def importable_ascend(version: str) -> str:
             f"vllm_ascend-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: vllm-ascend\nVersion: {version}\n",
         },
     )
+
+
+#: The incumbent's runtime dependencies that the test env lacks (its wheel's METADATA ``Requires-Dist``: pyyaml,
+#: prometheus-client, posix_ipc on Linux, bytecode; and ``jsonschema``, imported but undeclared): installed beside it
+#: in its own directory; pyyaml, prometheus-client and jsonschema are the env's own (vLLM's), never a second copy.
+INCUMBENT_RUNTIME = ("posix_ipc", "bytecode")
+
+
+def incumbent_site() -> str:
+    """A directory holding ms-service-metric ``INCUMBENT`` and ``INCUMBENT_RUNTIME`` (``pip install --no-deps
+    --target``, once, under the source cache), for a server that gets it first on ``PYTHONPATH``: its dist-info
+    carries the ``vllm.general_plugins`` entry point, so vLLM loads it in every process of that server only (never
+    installed into the test env, where it would load into every server)."""
+    import subprocess
+    import sys
+
+    project, version = INCUMBENT
+    target = os.path.join(CACHE, f"incumbent-site-{version}")
+    if os.path.isdir(target):  # renamed into place whole
+        return target
+    os.makedirs(CACHE, exist_ok=True)
+    work = tempfile.mkdtemp(dir=CACHE, prefix=".incumbent-site-")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            work,
+            f"{project}=={version}",
+            *INCUMBENT_RUNTIME,
+        ],
+        check=True,
+        timeout=600,
+    )
+    try:
+        os.rename(work, target)
+    except OSError:  # another run installed it first
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    return target

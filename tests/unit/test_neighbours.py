@@ -311,3 +311,24 @@ def test_names_without_ms_service_metric_name_only_ours():
     text = neighbours.owned_names([neighbours.NEIGHBOURS[2]], {})
     assert text == "Names: this instrumentation gen_ai_*, vllm_profiling_*"
     assert neighbours.incumbent_prefix({}) == "vllm_profiling_"
+
+
+def test_ms_service_metric_26_discovers_no_providers():
+    """vllm-ascend 0.30.0rc2 registers an ``ms_service_metric.providers`` entry point (its in-tree hook files), but
+    ms-service-metric 26.0.0, the registry's only release, never reads that group, nor any entry point: no module of
+    its wheel names the group or an entry-point or metadata API. So, beside 26.0.0, vllm-ascend's provider is never
+    loaded and only the incumbent's own vLLM hook files run (docs/deploy.md, "Beside ms-service-metric")."""
+    import zipfile
+
+    with zipfile.ZipFile(source_archives.wheel(*source_archives.INCUMBENT)) as archive:
+        sources = {
+            name: archive.read(name).decode("utf-8")
+            for name in archive.namelist()
+            if name.startswith("ms_service_metric/") and name.endswith(".py")
+        }
+        entry_points = archive.read("ms_service_metric-26.0.0.dist-info/entry_points.txt").decode()
+    assert len(sources) > 30 and "ms_service_metric/adapters/vllm/adapter.py" in sources  # the whole package
+    for needle in ("providers", "entry_points", "importlib.metadata", "importlib_metadata", "pkg_resources"):
+        assert [name for name, text in sources.items() if needle in text] == [], needle
+    # What it registers itself: its CLI and its vLLM plugin, no provider group.
+    assert "[vllm.general_plugins]" in entry_points and "providers" not in entry_points

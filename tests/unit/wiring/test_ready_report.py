@@ -211,3 +211,74 @@ def test_the_ready_points_hook_the_installed_vllm(caplog):
     finally:
         installer.uninstall()
     assert installer.patches == [] and all(p.owner.__dict__[p.attribute] is p.original for p in patches)
+
+
+IMPORT_FINDER_AHEAD = textwrap.dedent(
+    """
+    import json, sys
+    site, root = sys.argv[1], sys.argv[2]
+    sys.path[:0] = [root, site]
+    import wrapt.importer
+    from opentelemetry_instrumentation_vllm_ascend import targets
+    from opentelemetry_instrumentation_vllm_ascend.wiring import installer as installer_module
+    from opentelemetry_instrumentation_vllm_ascend.wiring.declarative import TIMER, Measure
+    from ms_service_metric.core.module.symbol_watcher import SymbolWatcher
+
+    row = targets.Target("otel_finder_fake.sched", "Scheduler.schedule", "sync_timer",
+                         measures=(Measure("scheduler:duration", TIMER),), process="engine_core")
+    installer = installer_module.Installer([row], ready_points=[])
+    installer.install()                     # our post-import hook waits for otel_finder_fake.sched
+    watcher = SymbolWatcher()               # ms-service-metric's own finder, as its vLLM plugin starts it
+    watcher.watch_module("otel_finder_fake.sched", lambda event: None)
+    watcher.start()
+    ahead = type(sys.meta_path[0]).__name__
+    import otel_finder_fake.sched as sched
+    before = installer.status[row.symbol]
+    hooked = installer.catch_up()
+    first = isinstance(sys.meta_path[0], wrapt.importer.ImportHookFinder)
+    print(json.dumps({"ahead": ahead, "before": before, "hooked": hooked, "after": installer.status[row.symbol],
+                      "first": first, "wrapped": sched.Scheduler.__dict__["schedule"] is not sched.ORIGINAL,
+                      "result": sched.Scheduler().schedule(), "calls": sched.CALLS,
+                      "again": installer.catch_up()}))
+    """
+)
+
+
+def test_targets_imported_past_our_hook_by_ms_service_metrics_finder_are_hooked_at_catch_up(tmp_path):
+    """ms-service-metric 26.0.0's vLLM plugin puts its ``SymbolWatchFinder`` at ``sys.meta_path[0]``: for a module it
+    watches it answers the import itself (``PathFinder``), so wrapt's finder, and our post-import hook, never see it
+    (measured on the live server: every ``Scheduler`` row of ours silent beside it). The real finder (the registry's
+    release, ``source_archives.incumbent_site``), in a subprocess: the target stays pending after the import;
+    ``catch_up`` (run where vLLM has loaded its plugins and at each ready point) puts wrapt's finder first again and
+    hooks it; the original then runs once per call; a second ``catch_up`` does nothing."""
+    import json
+    import subprocess
+
+    from tests.support.source_archives import incumbent_site
+
+    package = tmp_path / "otel_finder_fake"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "sched.py").write_text(
+        "CALLS = [0]\nclass Scheduler:\n    def schedule(self):\n        CALLS[0] += 1\n        return 7\n"
+        "ORIGINAL = Scheduler.__dict__['schedule']\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT_FINDER_AHEAD, incumbent_site(), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {
+        "ahead": "SymbolWatchFinder",
+        "before": installer_module.PENDING,
+        "hooked": 1,
+        "after": installer_module.RESOLVED,
+        "first": True,
+        "wrapped": True,
+        "result": 7,
+        "calls": [1],
+        "again": 0,
+    }
