@@ -73,17 +73,24 @@ def _key_fields(key: str) -> None:
         raise ValueError("the labels of a key are not an object")
 
 
-class _GuardedReadMetrics:
-    """``MultiProcessCollector._read_metrics`` reads every file of ``PROMETHEUS_MULTIPROC_DIR`` at once
-    and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own metrics
-    too): this replacement hands it the same files less those of ours that are not whole (each
-    checked with ``read_whole``; one warning per file). Other files are passed on untouched."""
+class _Merged(threading.local):
+    #: The directory of the files the last ``MultiProcessCollector.merge`` of this thread read (its collector's).
+    directory: str | None = None
+
+
+class _GuardedMerge:
+    """``MultiProcessCollector.merge`` (public; ``collect()`` hands it every file of ``PROMETHEUS_MULTIPROC_DIR``)
+    reads them all at once and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own
+    metrics too): this replacement hands it the same files less those of ours that are not whole (each checked
+    with ``read_whole``; one warning per file). Other files are passed on untouched. It notes the files' directory
+    (``merged``), where ``_ExemplarCollect`` finds the exemplar files."""
 
     def __init__(self, original) -> None:
         self.original = original  # the staticmethod object of MultiProcessCollector
         self.skipped: set = set()
+        self.merged = _Merged()
 
-    def __call__(self, files):
+    def __call__(self, files, accumulate=True):
         kept = []
         for path in files:
             if FILE_TOKEN in os.path.basename(path):
@@ -95,7 +102,8 @@ class _GuardedReadMetrics:
                     _warn_unreadable(self.skipped, path, exc)
                     continue
             kept.append(path)
-        return self.original.__func__(kept)
+        self.merged.directory = os.path.dirname(files[0]) if files else None
+        return self.original.__func__(kept, accumulate)
 
 
 class ExemplarFiles:
@@ -175,15 +183,19 @@ class _ExemplarCollect:
     """``MultiProcessCollector.collect`` with our exemplars on its buckets (prometheus_client's multiprocess mode
     has no exemplars: the files hold values only). The merged samples are passed on otherwise untouched."""
 
-    def __init__(self, original) -> None:
+    def __init__(self, original, merged: _Merged) -> None:
         self.original = original  # the function of MultiProcessCollector
+        self.merged = merged  # where the guarded merge notes the directory it read
         self.readers: dict[str, ExemplarFiles] = {}
         self.failed = False
 
     def __call__(self, collector):
+        self.merged.directory = None
         metrics = self.original(collector)
         try:
-            directory = collector._path
+            directory = self.merged.directory
+            if directory is None:  # no files: no buckets to put exemplars on
+                return metrics
             reader = self.readers.get(directory)
             if reader is None:
                 reader = self.readers[directory] = ExemplarFiles(directory)
@@ -218,34 +230,37 @@ class MultiprocessGuard:
     def remove(self) -> None:
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        replacement: _GuardedReadMetrics = self.replacement
-        current = MultiProcessCollector.__dict__.get("_read_metrics")
+        replacement: _GuardedMerge = self.replacement
+        current = MultiProcessCollector.__dict__.get("merge")
         if isinstance(current, staticmethod) and current.__func__ is replacement:
-            MultiProcessCollector._read_metrics = replacement.original
+            MultiProcessCollector.merge = replacement.original
         if self.collect is not None and MultiProcessCollector.__dict__.get("collect") is self.collect:
             MultiProcessCollector.collect = self.collect.original
 
 
 def guard_multiprocess_collector() -> MultiprocessGuard | None:
-    """Install ``_GuardedReadMetrics`` and ``_ExemplarCollect`` in this process (where vLLM serves ``/metrics`` from
-    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or they are in place."""
+    """Install ``_GuardedMerge`` and ``_ExemplarCollect`` in this process (where vLLM serves ``/metrics`` from
+    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or they are in place. Both wrap
+    public methods of MultiProcessCollector (``merge``, ``collect``)."""
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    original = MultiProcessCollector.__dict__.get("_read_metrics")
-    if not isinstance(original, staticmethod) or isinstance(original.__func__, _GuardedReadMetrics):
+    original = MultiProcessCollector.__dict__.get("merge")
+    if not isinstance(original, staticmethod) or isinstance(original.__func__, _GuardedMerge):
         return None
-    replacement = _GuardedReadMetrics(original)
-    MultiProcessCollector._read_metrics = staticmethod(replacement)
+    replacement = _GuardedMerge(original)
+    MultiProcessCollector.merge = staticmethod(replacement)
     collect = MultiProcessCollector.__dict__.get("collect")
     exemplar_collect = None
     if callable(collect) and not isinstance(collect, _ExemplarCollect):
-        exemplar_collect = _ExemplarCollect(collect)
+        exemplar_collect = _ExemplarCollect(collect, replacement.merged)
         MultiProcessCollector.collect = exemplar_collect
     return MultiprocessGuard(replacement, exemplar_collect)
 
 
 class _Skip(threading.local):
     active = False
+    #: Set by collect() while active: the registry being encoded holds this collector (public evidence of it).
+    called = False
 
 
 class FilesCollector:
@@ -289,6 +304,7 @@ class FilesCollector:
 
     def collect(self):
         if self.skip.active:  # recording/exposition.py renders this collector's families itself
+            self.skip.called = True
             return []
         from prometheus_client.metrics_core import Metric
         from prometheus_client.samples import Sample
