@@ -41,6 +41,23 @@ def fresh_log(monkeypatch, caplog):
     return caplog
 
 
+def _sdk_version() -> tuple[int, ...]:
+    from opentelemetry.sdk.version import __version__
+
+    return tuple(int(part) for part in __version__.split(".")[:2])
+
+
+def _same_data(fast, fallback) -> None:
+    """The fast path's collections and the SDK recorder's are the same data. Below opentelemetry-sdk 1.45 the SDK
+    drops a synchronous gauge not set since the previous collection where the fast path keeps it (issue 49): the
+    fallback only runs on an SDK newer than the private shapes, so there the gauges are left out of the comparison."""
+    keep = (lambda row: True) if _sdk_version() >= (1, 45) else (lambda row: row[5] != "Gauge")
+    assert [{r for r in normalized(f) if keep(r)} for f in fast] == [
+        {r for r in normalized(s) if keep(r)} for s in fallback
+    ]
+    assert all(normalized(f) for f in fast)
+
+
 def _lines(caplog, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
 
@@ -57,7 +74,7 @@ def test_without_the_sdks_internal_instrument_classes_the_sdk_recorder_gives_the
     monkeypatch.setattr(private_otel, "INSTRUMENT_KEYS", keys)
     assert Pipeline(recorder="fast").recorder == "sdk"
     fallback = run("fast", BATCHES, temporality)
-    assert [normalized(f) for f in fast] == [normalized(s) for s in fallback]
+    _same_data(fast, fallback)
     assert len(_lines(fresh_log, "_internal.instrument._Counter")) == 1  # two pipelines, one line
 
 
@@ -69,7 +86,7 @@ def test_without_a_readers_private_hand_off_the_sdk_recorder_gives_the_same_data
     monkeypatch.setattr(private_otel, shape, "_renamed_in_a_newer_sdk")
     assert Pipeline(recorder="fast").recorder == "sdk"
     fallback = run("fast", BATCHES, DELTA)
-    assert [normalized(f) for f in fast] == [normalized(s) for s in fallback]
+    _same_data(fast, fallback)
     assert len(_lines(fresh_log, "this opentelemetry-sdk has no MetricReader.")) == 1
 
 
