@@ -102,6 +102,27 @@ def _injected(obj) -> list:
     return found
 
 
+def wrapt_wrapper(layer):
+    """The wrapper function of a ``wrapt.FunctionWrapper`` layer (wrapt keeps it in ``_self_wrapper``: the
+    package's one private name of wrapt, here), None for any other layer. A wrapt proxy without it (a wrapt that
+    moved it) is one log line: a neighbour wrapping through wrapt is then known by its layers' own modules only."""
+    try:
+        return object.__getattribute__(layer, "_self_wrapper")
+    except AttributeError:
+        pass
+    import wrapt
+
+    if isinstance(layer, (wrapt.FunctionWrapper, wrapt.BoundFunctionWrapper)):
+        from . import environment
+
+        environment.warn_once(
+            ("private shape", "wrapt._self_wrapper"),
+            "opentelemetry-instrumentation-vllm-ascend: this wrapt keeps no _self_wrapper on its FunctionWrapper; "
+            "a neighbour that wraps a symbol through wrapt is recognised by its layers' own modules only",
+        )
+    return None
+
+
 def _wrapped_by(obj, neighbours, stop=None) -> set[str]:
     found = set()
     for layer in _layers(obj):
@@ -109,7 +130,9 @@ def _wrapped_by(obj, neighbours, stop=None) -> set[str]:
             break
         modules = [_defined_in(layer)]
         try:
-            modules.append(_defined_in(object.__getattribute__(layer, "_self_wrapper")))  # wrapt.FunctionWrapper
+            wrapper = wrapt_wrapper(layer)
+            if wrapper is not None:
+                modules.append(_defined_in(wrapper))
         except Exception:
             pass
         try:

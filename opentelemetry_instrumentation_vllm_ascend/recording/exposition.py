@@ -196,15 +196,18 @@ class FastExposition:
         def generate_latest(registry=None, *args, **kwargs):
             if registry is None:
                 registry = self.registry
-            if not self._active or self._failed or registry is not self.registry or not self._registered():
+            if not self._active or self._failed or registry is not self.registry:
                 return original(registry, *args, **kwargs)
             encoder = _Bound(original, args, kwargs) if args or kwargs else original
             skip = self.collector.skip
             skip.active = True
+            skip.called = False
             try:
                 head = original(registry, *args, **kwargs)
             finally:
                 skip.active = False
+            if not skip.called:  # our collector is not (or no longer) registered: nothing of ours to add
+                return head
             try:
                 ours = self.renderer.render(encoder).encode("utf-8")
             except Exception:
@@ -222,9 +225,6 @@ class FastExposition:
         generate_latest._otel_vllm_ascend_exposition = self  # type: ignore[attr-defined]
         generate_latest.__wrapped__ = original  # type: ignore[attr-defined]
         return generate_latest
-
-    def _registered(self) -> bool:
-        return self.collector in getattr(self.registry, "_collector_to_names", {})
 
     def remove(self) -> None:
         """Put the originals back; a copy another module took of a wrapper meanwhile (``from prometheus_client

@@ -49,15 +49,11 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import catalogue, environment, targets
 from ..context import series_attributes as _attributes
+from . import private_otel
 
-try:  # MetricReader keys its temporality table by the SDK's internal instrument classes
-    from opentelemetry.sdk.metrics._internal.instrument import _Counter as _COUNTER_KEY
-    from opentelemetry.sdk.metrics._internal.instrument import _Gauge as _GAUGE_KEY
-    from opentelemetry.sdk.metrics._internal.instrument import _Histogram as _HISTOGRAM_KEY
-except ImportError:  # pragma: no cover - older/newer SDK layouts
-    from opentelemetry.sdk.metrics import _Gauge as _GAUGE_KEY
-
-    _COUNTER_KEY, _HISTOGRAM_KEY = Counter, HistogramInstrument
+# MetricReader keys its temporality table by the SDK's internal instrument classes (recording/private_otel.py;
+# without them the pipeline records with the SDK recorder, and this table's keys are the public classes).
+_COUNTER_KEY, _HISTOGRAM_KEY, _GAUGE_KEY = private_otel.INSTRUMENT_KEYS or (Counter, HistogramInstrument, None)
 
 _INF = float("inf")
 #: Orders exemplars across instruments: a reader's collection takes those numbered after its previous one.
@@ -337,15 +333,15 @@ class Store:
     # -- collection -------------------------------------------------------------------------
     def attach(self, reader) -> None:
         """Make ``reader.collect()`` read this store (as a MeterProvider would)."""
-        temporalities = getattr(reader, "_instrument_class_temporality", {})
+        temporalities = private_otel.temporalities(reader)
         if temporalities.get(_HISTOGRAM_KEY, temporalities.get(HistogramInstrument)) == DELTA:
             self._windows = True
-        reader._set_collect_callback(self.collect_for)
+        private_otel.set_collect_callback(reader, self.collect_for)
 
     def collect_for(self, reader, timeout_millis: float = 10_000) -> MetricsData | None:
         for hook in list(self.before_collect):
             hook()
-        temporalities = getattr(reader, "_instrument_class_temporality", {})
+        temporalities = private_otel.temporalities(reader)
         counter_t = temporalities.get(_COUNTER_KEY, temporalities.get(Counter, CUMULATIVE))
         histogram_t = temporalities.get(_HISTOGRAM_KEY, temporalities.get(HistogramInstrument, CUMULATIVE))
         gauge_t = temporalities.get(_GAUGE_KEY, CUMULATIVE)

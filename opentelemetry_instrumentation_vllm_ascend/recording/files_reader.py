@@ -28,6 +28,7 @@ import threading
 
 from ..catalogue import PREFIX, SHARED_PREFIX
 from .identity import EXEMPLARS_FILE, FILE_TOKEN, file_pid, file_process_alive, files
+from .private_prometheus import registered_names
 
 logger = logging.getLogger(__name__)
 
@@ -121,34 +122,41 @@ class Sharing:
         return True
 
 
-def _rename_families(metrics: dict) -> dict:
-    """prometheus_client ``Metric``s by name (``MultiProcessCollector._read_metrics``'s), those with our prefix
-    renamed (``shared_name``), family and samples."""
-    out = {}
-    for name, metric in metrics.items():
-        if name.startswith(PREFIX):
-            metric.name = name = shared_name(name)
+def _rename_families(metrics) -> list:
+    """prometheus_client ``Metric``s (``MultiProcessCollector.merge``'s), those with our prefix renamed
+    (``shared_name``), family and samples."""
+    out = []
+    for metric in metrics:
+        if metric.name.startswith(PREFIX):
+            metric.name = shared_name(metric.name)
             metric.samples = [s._replace(name=shared_name(s.name)) for s in metric.samples]
-        out[name] = metric
+        out.append(metric)
     return out
 
 
-class _GuardedReadMetrics:
-    """``MultiProcessCollector._read_metrics`` reads every file of ``PROMETHEUS_MULTIPROC_DIR`` at once
-    and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own metrics
-    too): this replacement hands it the same files less those of ours that are not whole (each
-    checked with ``read_whole``; one warning per file). Other files are passed on untouched.
+class _Merged(threading.local):
+    #: The directory of the files the last ``MultiProcessCollector.merge`` of this thread read (its collector's).
+    directory: str | None = None
 
-    Ours and the other files are read apart (each file once, as in one read) and merged as one read would merge
-    them; while another writer's families include one with our prefix, ours with that prefix are renamed first
-    (``Sharing``), so no family of ours is summed with another tool's."""
+
+class _GuardedMerge:
+    """``MultiProcessCollector.merge`` (public; ``collect()`` hands it every file of ``PROMETHEUS_MULTIPROC_DIR``)
+    reads them all at once and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own
+    metrics too): this replacement hands it the same files less those of ours that are not whole (each checked
+    with ``read_whole``; one warning per file). Other files are passed on untouched. It notes the files' directory
+    (``merged``), where ``_ExemplarCollect`` finds the exemplar files.
+
+    Ours and the other files are merged apart (each file once) and put together; while another writer's families
+    include one with our prefix, ours with that prefix are renamed first (``Sharing``), so no family of ours is
+    summed with another tool's. Where both write a name outside our prefix, one merge of every file, as before."""
 
     def __init__(self, original) -> None:
         self.original = original  # the staticmethod object of MultiProcessCollector
         self.skipped: set = set()
         self.sharing = Sharing()
+        self.merged = _Merged()
 
-    def __call__(self, files):
+    def __call__(self, files, accumulate=True):
         ours, others = [], []
         for path in files:
             if FILE_TOKEN in os.path.basename(path):
@@ -162,18 +170,23 @@ class _GuardedReadMetrics:
                 ours.append(path)
             else:
                 others.append(path)
-        read = self.original.__func__
+        self.merged.directory = os.path.dirname(files[0]) if files else None
+        merge = self.original.__func__
         if not ours or not others:
-            return read(ours or others)
-        metrics = read(others)
-        mine = read(ours)
-        if self.sharing.shared(metrics):
-            mine = _rename_families(mine)
-        for name, metric in mine.items():
-            current = metrics.get(name)
+            return merge(ours or others, accumulate)
+        metrics = list(merge(others, accumulate))
+        mine = list(merge(ours, accumulate))
+        names = {m.name for m in metrics}
+        if not self.sharing.shared(names):
+            if names.isdisjoint(m.name for m in mine):
+                return metrics + mine
+            return merge(ours + others, accumulate)  # a name both write: one merge sums it, as always
+        by_name = {m.name: m for m in metrics}
+        for metric in _rename_families(mine):
+            current = by_name.get(metric.name)
             if current is None:
-                metrics[name] = metric
-            else:  # a name both write outside our prefix: one family, as one read of every file gives
+                metrics.append(metric)
+            else:  # a name both write outside our prefix: one family, the two writers' series side by side
                 current.samples.extend(metric.samples)
         return metrics
 
@@ -255,15 +268,19 @@ class _ExemplarCollect:
     """``MultiProcessCollector.collect`` with our exemplars on its buckets (prometheus_client's multiprocess mode
     has no exemplars: the files hold values only). The merged samples are passed on otherwise untouched."""
 
-    def __init__(self, original) -> None:
+    def __init__(self, original, merged: _Merged) -> None:
         self.original = original  # the function of MultiProcessCollector
+        self.merged = merged  # where the guarded merge notes the directory it read
         self.readers: dict[str, ExemplarFiles] = {}
         self.failed = False
 
     def __call__(self, collector):
+        self.merged.directory = None
         metrics = self.original(collector)
         try:
-            directory = collector._path
+            directory = self.merged.directory
+            if directory is None:  # no files: no buckets to put exemplars on
+                return metrics
             reader = self.readers.get(directory)
             if reader is None:
                 reader = self.readers[directory] = ExemplarFiles(directory)
@@ -298,34 +315,37 @@ class MultiprocessGuard:
     def remove(self) -> None:
         from prometheus_client.multiprocess import MultiProcessCollector
 
-        replacement: _GuardedReadMetrics = self.replacement
-        current = MultiProcessCollector.__dict__.get("_read_metrics")
+        replacement: _GuardedMerge = self.replacement
+        current = MultiProcessCollector.__dict__.get("merge")
         if isinstance(current, staticmethod) and current.__func__ is replacement:
-            MultiProcessCollector._read_metrics = replacement.original
+            MultiProcessCollector.merge = replacement.original
         if self.collect is not None and MultiProcessCollector.__dict__.get("collect") is self.collect:
             MultiProcessCollector.collect = self.collect.original
 
 
 def guard_multiprocess_collector() -> MultiprocessGuard | None:
-    """Install ``_GuardedReadMetrics`` and ``_ExemplarCollect`` in this process (where vLLM serves ``/metrics`` from
-    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or they are in place."""
+    """Install ``_GuardedMerge`` and ``_ExemplarCollect`` in this process (where vLLM serves ``/metrics`` from
+    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or they are in place. Both wrap
+    public methods of MultiProcessCollector (``merge``, ``collect``)."""
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    original = MultiProcessCollector.__dict__.get("_read_metrics")
-    if not isinstance(original, staticmethod) or isinstance(original.__func__, _GuardedReadMetrics):
+    original = MultiProcessCollector.__dict__.get("merge")
+    if not isinstance(original, staticmethod) or isinstance(original.__func__, _GuardedMerge):
         return None
-    replacement = _GuardedReadMetrics(original)
-    MultiProcessCollector._read_metrics = staticmethod(replacement)
+    replacement = _GuardedMerge(original)
+    MultiProcessCollector.merge = staticmethod(replacement)
     collect = MultiProcessCollector.__dict__.get("collect")
     exemplar_collect = None
     if callable(collect) and not isinstance(collect, _ExemplarCollect):
-        exemplar_collect = _ExemplarCollect(collect)
+        exemplar_collect = _ExemplarCollect(collect, replacement.merged)
         MultiProcessCollector.collect = exemplar_collect
     return MultiprocessGuard(replacement, exemplar_collect)
 
 
 class _Skip(threading.local):
     active = False
+    #: Set by collect() while active: the registry being encoded holds this collector (public evidence of it).
+    called = False
 
 
 class FilesCollector:
@@ -372,6 +392,7 @@ class FilesCollector:
 
     def collect(self):
         if self.skip.active:  # recording/exposition.py renders this collector's families itself
+            self.skip.called = True
             return []
         from prometheus_client.metrics_core import Metric
         from prometheus_client.samples import Sample
@@ -394,8 +415,6 @@ class FilesCollector:
         from prometheus_client.utils import floatToGoString
 
         registry = self.registry
-        shared = registry is not None and self.sharing.shared(getattr(registry, "_names_to_collectors", {}))
-
         families: dict[str, list] = {}  # name -> [type, help, mode, values {(sample, labels): v}, buckets]
         for path in files(self.directory, "*.db"):
             parts = os.path.basename(path).split("_")
@@ -433,6 +452,7 @@ class FilesCollector:
                     self._gauge(samples, mode, sample, labels, value, timestamp, parts)
                 else:
                     samples[(sample, labels)] = samples.get((sample, labels), 0.0) + value
+        shared = registry is not None and self.sharing.shared(registered_names(registry, families))
         out = []
         le_of = self._le
         try:

@@ -117,7 +117,7 @@ class FilesExporter(MetricExporter):
         self._names = named if genai else {}
         #: Metric names not written at all.
         self._skip = frozenset() if genai else frozenset(named)
-        self._files: dict[str, Any] = {}  # file type -> prometheus_client MmapedDict
+        self._files: dict[str, _File] = {}  # file type -> its prometheus_client MmapedDict and what it holds
         #: Per series (kind, OTel name, attribute items): its file keys and the values last written.
         #: series key -> a histogram's or counter's [keys, values written] list, a gauge's (key, file type)
         self._series: dict[tuple, Any] = {}
@@ -130,21 +130,19 @@ class FilesExporter(MetricExporter):
     def _path(self, typ: str) -> str:
         return os.path.join(self._dir, f"{typ}_{FILE_TOKEN}{self._pid}.db")
 
-    def _file(self, typ: str):
+    def _file(self, typ: str) -> _File:
         f = self._files.get(typ)
         if f is None:
-            from prometheus_client.mmap_dict import _INITIAL_MMAP_SIZE, MmapedDict
-
             if not self._files:
                 write_identity(self._dir, self._pid)
             path = self._path(typ)
-            _allocate(path, _INITIAL_MMAP_SIZE)
-            f = self._files[typ] = MmapedDict(path)
+            _allocate(path, _INITIAL_SIZE)
+            f = self._files[typ] = _File(path)
         return f
 
     def _write(self, typ: str, key: str, value: float, timestamp: float) -> None:
         f = self._files.get(typ) or self._file(typ)
-        if key not in f._positions:
+        if key not in f.keys:
             _reserve(f, key)
         f.write_value(key, value, timestamp)
 
@@ -322,7 +320,7 @@ class FilesExporter(MetricExporter):
         self._closed = True
         for f in self._files.values():
             try:
-                f.close()
+                f.mmaped.close()
             except Exception:
                 pass
         self._files.clear()
@@ -363,13 +361,45 @@ def _allocate(path: str, size: int) -> None:
         os.close(fd)
 
 
-def _reserve(f, key: str) -> None:
-    """Before ``key`` is added to the MmapedDict ``f``: if it will grow the file (doubling it, as
-    prometheus_client does), allocate the grown size first (see _allocate)."""
+def _entry_size(key: str) -> int:
+    """Bytes a key's entry takes in a prometheus_client mmap file: its length (4), the key padded to 8-byte
+    alignment, value and timestamp (8 each) — the file format ``MmapedDict`` writes."""
     n = len(key.encode("utf-8"))
-    need = f._used + 4 + n + (8 - (n + 4) % 8) + 16
-    capacity = f._capacity
+    return 4 + n + (8 - (n + 4) % 8) + 16
+
+
+def _reserve(f: _File, key: str) -> None:
+    """Before ``key`` is added to the MmapedDict of ``f``: if it will grow the file (doubling it, as
+    prometheus_client does), allocate the grown size first (see _allocate)."""
+    size = _entry_size(key)
+    need = f.used + size
+    capacity = f.capacity
     while need > capacity:
         capacity *= 2
-    if capacity != f._capacity:
-        _allocate(f._fname, capacity)
+    if capacity != f.capacity:
+        _allocate(f.path, capacity)
+        f.capacity = capacity
+    f.used = need
+    f.keys.add(key)
+
+
+#: The size a new file starts at (prometheus_client's own first size; a file we allocated first keeps its size).
+_INITIAL_SIZE = 1 << 20
+
+
+class _File:
+    """One prometheus_client ``MmapedDict`` of this process and what it holds, counted here from its public
+    ``read_all_values()`` and the file format, so that no private field of prometheus_client is read: the keys
+    written, the bytes used and the file's size (which ``_reserve`` grows before prometheus_client does)."""
+
+    __slots__ = ("path", "mmaped", "write_value", "keys", "used", "capacity")
+
+    def __init__(self, path: str) -> None:
+        from prometheus_client.mmap_dict import MmapedDict
+
+        self.path = path
+        self.mmaped = MmapedDict(path)
+        self.write_value = self.mmaped.write_value
+        self.keys = {key for key, _, _ in self.mmaped.read_all_values()}
+        self.used = 8 + sum(_entry_size(key) for key in self.keys)  # an 8-byte header, then the entries
+        self.capacity = os.path.getsize(path)

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult
 
 from .. import environment
+from . import private_otel
 
 logger = logging.getLogger(__name__)
 
@@ -19,11 +20,8 @@ class PidGuardedExporter(MetricExporter):
     """Delegates to ``inner`` in the process that built it; a copy inherited through fork exports
     nothing (the child builds its own pipeline), so pre-fork data is never exported twice."""
 
-    def __init__(self, inner: MetricExporter) -> None:
-        super().__init__(
-            preferred_temporality=getattr(inner, "_preferred_temporality", None),
-            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
-        )
+    def __init__(self, inner: MetricExporter, preferences: tuple = (None, None)) -> None:
+        super().__init__(preferred_temporality=preferences[0], preferred_aggregation=preferences[1])
         self.inner = inner
         self.pid = os.getpid()
 
@@ -77,14 +75,42 @@ def entry_point_name(name: str, signal: str = "metrics") -> str:
 
 def push_exporters() -> list[MetricExporter]:
     """Exporters named by OTEL_METRICS_EXPORTER, loaded through the same entry points the SDK uses."""
-    return [PidGuardedExporter(e) for e in load_exporters(environment.otlp_exporter_names(), "metrics")]
+    return [fork_guarded(e) for e in load_exporters(environment.otlp_exporter_names(), "metrics")]
+
+
+def fork_guarded(inner: MetricExporter) -> MetricExporter:
+    """``inner`` behind a PidGuardedExporter that carries its temporality and aggregation preferences; where the
+    SDK does not hold them where private_otel reads them, ``inner`` itself with its methods guarded in place (the
+    reader then reads its preferences, whatever their shape)."""
+    preferences = private_otel.exporter_preferences(inner)
+    if preferences is not None:
+        return PidGuardedExporter(inner, preferences)
+    pid = os.getpid()
+    export, force_flush, shutdown = inner.export, inner.force_flush, inner.shutdown
+
+    def guarded_export(metrics_data, timeout_millis: float = 10_000, **kwargs) -> MetricExportResult:
+        if os.getpid() != pid:
+            return MetricExportResult.SUCCESS
+        return export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def guarded_force_flush(timeout_millis: float = 10_000) -> bool:
+        return True if os.getpid() != pid else force_flush(timeout_millis=timeout_millis)
+
+    def guarded_shutdown(timeout_millis: float = 30_000, **kwargs) -> None:
+        if os.getpid() == pid:
+            shutdown(timeout_millis=timeout_millis, **kwargs)
+
+    inner.export = guarded_export
+    inner.force_flush = guarded_force_flush
+    inner.shutdown = guarded_shutdown
+    return inner
 
 
 def load_exporters(names, signal: str) -> list:
     """One exporter per name of OTEL_METRICS_EXPORTER (``signal="metrics"``) or OTEL_TRACES_EXPORTER (``"traces"``),
     created from the entry point the SDK's configurator would load (:func:`entry_point_name`); a name that cannot be
     loaded is one warning (or logged error) and no exporter."""
-    from opentelemetry.util._importlib_metadata import entry_points
+    from importlib.metadata import entry_points
 
     variable = f"OTEL_{signal.upper()}_EXPORTER"
     exporters = []

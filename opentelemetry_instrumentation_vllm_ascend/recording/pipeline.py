@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 from .. import catalogue, context, environment, state, targets
 from ..state import STATE
 from ..version import __version__
-from . import providers
+from . import private_otel, providers
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -61,6 +61,8 @@ class Pipeline:
             self.recorder = "sdk"  # the fast path aggregates into the catalogue's buckets only
         readers.extend(extra_readers)
         self.readers = readers
+        if self.recorder == "fast" and not private_otel.fast_path_fits(readers):
+            self.recorder = "sdk"  # the SDK's private reader shapes are gone: its public recorder (one log line)
 
         ctx = context.PROCESS
         attributes = {
@@ -278,9 +280,7 @@ class Pipeline:
         """In a forked child: stop the inherited reader threads without exporting anything."""
         self._closed = True
         for reader in self.readers:
-            event = getattr(reader, "_shutdown_event", None)
-            if event is not None:
-                event.set()
+            private_otel.stop_inherited_reader(reader)
 
 
 def _final_export_failed(timeout_millis: float, exc: Exception) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from .. import catalogue, context, environment
 from ..state import STATE
 from ..version import __version__
-from . import otlp, providers
+from . import otlp, private_otel, providers
 
 logger = logging.getLogger(__name__)
 
@@ -188,10 +188,11 @@ class Tracing:
     # -- configuration ------------------------------------------------------------------------------------------
     @staticmethod
     def _sampler():
-        from opentelemetry.sdk.trace import sampling
+        from opentelemetry.sdk.trace import TracerProvider
 
-        # The SDK's own reading of OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG (TracerProvider does the same).
-        return sampling._get_from_env_or_default()
+        # The SDK's own reading of OTEL_TRACES_SAMPLER / OTEL_TRACES_SAMPLER_ARG: the sampler a TracerProvider
+        # built without one takes (public API; once per pipeline).
+        return TracerProvider(shutdown_on_exit=False).sampler
 
     @staticmethod
     def _exporters() -> list:
@@ -545,10 +546,14 @@ def _for_provider(provider) -> Tracing:
     """The trace pipeline of a user's TracerProvider: its resource and sampler; spans to its span processors. A
     provider without the SDK's processor (not an SDK TracerProvider) is one log line, and the environment's
     exporters."""
+    from opentelemetry.sdk.trace import TracerProvider
+
     from . import pipeline
 
-    processor = getattr(provider, "_active_span_processor", None)
-    if processor is None or not hasattr(processor, "on_end"):
+    processor = private_otel.span_processor(provider)
+    if processor is None:
+        if isinstance(provider, TracerProvider):  # an SDK without the private shape: private_otel said so
+            return Tracing(resource=pipeline.get().resource)
         logger.warning(
             "opentelemetry-instrumentation-vllm-ascend: the tracer_provider given to instrument() (%s) is not an "
             "OpenTelemetry SDK TracerProvider; request traces go to OTEL_TRACES_EXPORTER instead",

@@ -190,3 +190,26 @@ def test_single_process_without_another_writer_keeps_our_names(tmp_path):
     fams = families(generate_latest(registry).decode())
     assert count(fams, NAME) == 2
     assert not any(name.startswith(SHARED_PREFIX) for name in fams)
+
+
+def test_single_process_without_the_registrys_private_names_finds_the_other_writer_by_its_samples(
+    tmp_path, monkeypatch, caplog
+):
+    """recording/private_prometheus.py's fallback: prometheus_client without ``_names_to_collectors`` (the name the
+    module reads, renamed): the same families, served under the same names, and one line saying so."""
+    from opentelemetry_instrumentation_vllm_ascend import environment
+    from opentelemetry_instrumentation_vllm_ascend.recording import private_prometheus
+
+    registry, _ = _single_process(tmp_path, foreign=True)
+    private = families(generate_latest(registry).decode())
+    (tmp_path / "public").mkdir()
+    registry, _ = _single_process(tmp_path / "public", foreign=True)
+    monkeypatch.setattr(private_prometheus, "_NAMES", "_names_to_collectors_gone")
+    monkeypatch.setattr(environment, "_WARNED", set())
+    with caplog.at_level(logging.WARNING):
+        public = families(generate_latest(registry).decode())
+        generate_latest(registry)
+    created = lambda fams: {n: v for n, v in fams.items() if not n.endswith("_created")}  # noqa: E731 (two clocks)
+    assert created(public) == created(private)
+    assert count(public, SHARED_PREFIX + "scheduler:add_request:duration") == 2
+    assert len([r for r in caplog.records if "_names_to_collectors" in r.getMessage()]) == 1
