@@ -10,6 +10,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler, report
+from ..recording import step_records
 from ..recording.deferred import MAX_VALUES
 from ..state import STATE, UNKNOWN
 from . import budget
@@ -422,6 +423,8 @@ def _count_preemptions(handler, scheduler, result, step: Step) -> None:
             report(handler, "resumes")
 
 
+#: Records waiting at which the update hook wakes the stream's thread (step_records.WAKE_AT).
+_WAKE_AT = step_records.WAKE_AT
 #: Steps scheduled and not yet updated that a stream keeps at most (the batch queue's depth is 2-3): an older one
 #: whose update never came (update_from_output raised, or ran outside the hook) is dropped as ``incomplete``.
 _MAX_PENDING = 8
@@ -442,25 +445,42 @@ def _keep_step(stream, result, scheduler, counter, start, end, step, step_class,
             preempted = dict(preempted) if preempted else None
         except Exception:
             waiting = preempted = None
+    # Only the parts of the SchedulerOutput the record reads (not the output: its per-request lists, kept alive
+    # until the background thread has built the record, would start the garbage collector on this thread).
+    cached = result.scheduled_cached_reqs
+    kept = (
+        result.num_scheduled_tokens,
+        result.scheduled_new_reqs,
+        cached.req_ids,
+        cached.num_computed_tokens,
+        cached.num_output_tokens,
+        getattr(cached, "resumed_req_ids", None),
+        result.finished_req_ids,
+    )
     pending = stream.pending
     if len(pending) >= _MAX_PENDING:
         pending.popleft()
         stream.dropped["incomplete"] += 1
-    pending.append((result, scheduler, counter, start, end, step, step_class, queues, blocks, waiting, preempted))
+    pending.append(
+        (id(result), scheduler, counter, start, end, step, step_class, queues, blocks, waiting, preempted, kept)
+    )
 
 
 def _complete_later(stream, output, start: float, end: float) -> None:
     """An update whose step is not the oldest kept: the older ones never got theirs (``incomplete``); an update
     of a step not kept (nothing scheduled) leaves them."""
     pending = stream.pending
+    key = id(output)
     for index, kept in enumerate(pending):
-        if kept[0] is output:
+        if kept[0] == key:
             for _ in range(index):
                 pending.popleft()
                 stream.dropped["incomplete"] += 1
             pending.popleft()
             if len(stream.queue) < stream.capacity:
                 stream.queue.append((kept, start, end))
+                if len(stream.queue) == _WAKE_AT:
+                    stream.wake.set()
             else:
                 stream.queue_full += 1
             if not stream.started:
@@ -654,11 +674,13 @@ class UpdateFromOutput(Handler):
         if stream is not None and stream.pending and len(args) > 1:  # complete the step's record (docs/steps.md)
             pending = stream.pending
             head = pending[0]
-            if head[0] is args[1]:
+            if head[0] == id(args[1]):
                 pending.popleft()
                 queue = stream.queue
                 if len(queue) < stream.capacity:
                     queue.append((head, state, end))
+                    if len(queue) == _WAKE_AT:
+                        stream.wake.set()
                 else:
                     stream.queue_full += 1
                 if not stream.started:
