@@ -18,7 +18,9 @@ import pytest
 vllm = pytest.importorskip("vllm")
 msgspec = pytest.importorskip("msgspec")
 
+from opentelemetry_instrumentation_vllm_ascend import supported  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
+from tests.support.source_archives import importable  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support")
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -54,22 +56,38 @@ class ForwardPassMetrics(msgspec.Struct, frozen=True, gc=False):
     queued_requests: QueuedRequestMetrics = QueuedRequestMetrics()
 
 
+INSTALLED = vllm.__version__.split("+")[0]
+#: The live release (installed) and the newest (0.34: resumed requests come back among the new ones).
+VERSIONS = sorted({supported.LIVE, supported.NEWEST}, key=lambda v: tuple(int(p) for p in v.split(".")[:3]))
+
+
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
-    model = tiny_model.build(str(tmp_path_factory.mktemp("tiny-llama")))
+def model(tmp_path_factory):
+    return tiny_model.build(str(tmp_path_factory.mktemp("tiny-llama")))
+
+
+@pytest.fixture(scope="module", params=VERSIONS)
+def result(request, model, tmp_path_factory):
+    version = request.param
     where = tmp_path_factory.mktemp("steps")
+    path = [ROOT, HERE]
+    args = [sys.executable, os.path.join(HERE, "step_records_run.py"), model]
+    if version != INSTALLED:
+        path.insert(0, importable(version))
+        args.append("--triton")
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([ROOT, HERE]),
+        "PYTHONPATH": os.pathsep.join(path),
         "HF_HUB_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "OTEL_VLLM_ASCEND_STEPS_ZMQ": f"ipc://{where}/steps.sock",
         "OTEL_VLLM_ASCEND_STEPS_FILE": f"{where}/steps-{{pid}}.jsonl",
     }
-    args = [sys.executable, os.path.join(HERE, "step_records_run.py"), model]
     done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300, cwd=HERE)
     assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["vllm"].split("+")[0] == version
+    return out
 
 
 def _decoded(result) -> list:
@@ -130,7 +148,7 @@ def test_each_record_matches_what_its_step_scheduled_and_preempted(result):
         assert ours["phase"] in ("prefill", "decode", "mixed")
         assert ours["kv_blocks_total"] == 16 and 0 <= ours["kv_blocks_used"] <= 15
         assert ours["schedule_s"] >= 0 and ours["execute_s"] >= 0 and ours["update_s"] >= 0
-        assert ours["vllm_version"] == vllm.__version__
+        assert ours["vllm_version"] == result["vllm"]
     total_preemptions = sum(r["otel_vllm_ascend"]["preemptions"] for r in payloads)
     assert total_preemptions == result["preempted_events"] == result["num_preemptions"] > 0
 

@@ -32,6 +32,7 @@ def main() -> None:
     _instrumentor, reader, failures = instrument_every_metric("engine_core")
 
     import real_scheduler_run as run
+    import vllm
     from vllm.v1.engine import EngineCoreEventType
 
     from opentelemetry_instrumentation_vllm_ascend.recording import step_records
@@ -125,6 +126,7 @@ def main() -> None:
     print(
         json.dumps(
             {
+                "vllm": vllm.__version__,
                 "frames": frames,
                 "lines": lines,
                 "steps": steps,
