@@ -236,6 +236,7 @@ class Stream:
         self.prompts: dict = {}  # request id -> prompt length (the background thread's)
         self.clock_offset = time.time() - time.perf_counter()
         self.closed = False
+        self.busy = False  # the thread is draining
 
     def forked(self) -> Stream:
         """A forked child's own stream (same settings; nothing of the parent's queue, thread or sockets)."""
@@ -299,7 +300,24 @@ class Stream:
             if stopping:
                 break
 
+    def flush(self, timeout_s: float) -> None:
+        """Wake the thread and wait (``timeout_s`` at most) until the records queued so far reached the sinks
+        (a flush request before the server stops: ``recording.shutdown.flush_here``); the stream goes on."""
+        if not self.started or self.closed or self.pid != os.getpid() or self.thread is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        self.wake.set()
+        while (self.queue or self.busy) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     def drain(self) -> None:
+        self.busy = True
+        try:
+            self._drain()
+        finally:
+            self.busy = False
+
+    def _drain(self) -> None:
         queue = self.queue
         for sink in self.sinks:
             if isinstance(sink, _ZmqSink):
@@ -471,6 +489,13 @@ def close() -> None:
     current, STATE.step_stream = STATE.step_stream, None
     if current is not None:
         current.close()
+
+
+def flush(timeout_s: float) -> None:
+    """This process's records queued so far, to their sinks now (``Stream.flush``)."""
+    current = STATE.step_stream
+    if current is not None:
+        current.flush(timeout_s)
 
 
 def export_drops() -> None:

@@ -157,3 +157,13 @@ def test_the_file_rotates_within_its_bound(stream_env, tmp_path):
     assert last["counter_id"] == 199 and last["scheduled_requests"]["sum_decode_kv_tokens"] == 10 * N_REQ
     assert last["scheduled_requests"]["num_decode_requests"] == N_REQ
     assert last["otel_vllm_ascend"]["kv_blocks_used"] == 5  # 16 total, 10 free, the null block
+
+
+def test_a_flush_request_sends_what_is_queued(stream_env, tmp_path):
+    stream_env.setenv(environment.STEPS_FILE, str(tmp_path / "steps.jsonl"))
+    stream = step_records.configure()
+    scheduler = _scheduler()
+    for counter in range(10):
+        _step(stream, scheduler, counter)  # (the first starts the thread, which waits 20 ms before a drain)
+    step_records.flush(5.0)
+    assert stream.written == 10 and not stream.queue and not stream.closed
