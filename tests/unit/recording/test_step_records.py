@@ -115,10 +115,10 @@ def test_a_subscriber_that_never_reads_never_blocks_a_step(stream_env, tmp_path)
         time.sleep(0.01)
     scheduler = _scheduler()
     n = 5000
-    times = sorted(_step(stream, scheduler, counter) for counter in range(n))
-    # A step that waited for the socket would wait for a reader that never comes; these wait only for the GIL
-    # the background thread hands back after each record.
-    assert times[n // 2] < 50e-6 and times[-1] < 0.05, (times[n // 2], times[-1])
+    # A step that waited for the socket would wait for a reader that never comes: every step returns, while the
+    # socket is full (zmq_full below). (No timing is asserted: benchmarks/step_record_cost.py measures the cost.)
+    for counter in range(n):
+        _step(stream, scheduler, counter)
     deadline = time.monotonic() + 30
     while stream.queue or stream.written < n:
         assert time.monotonic() < deadline
