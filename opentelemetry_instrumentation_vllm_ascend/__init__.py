@@ -110,6 +110,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
             os.environ[environment.ENABLED] = "true"
             VllmAscendInstrumentor._set_enabled = True
         register_collection_steps()
+        from .recording import step_records
+
+        step_records.configure()  # the per-step records' sinks (docs/steps.md): none unless the environment says
         readers, meter_provider = kwargs.get("metric_readers"), kwargs.get("meter_provider")
         if readers or meter_provider is not None:
             pipeline.reset(extra_readers=readers or (), meter_provider=meter_provider)
@@ -142,8 +145,9 @@ class VllmAscendInstrumentor(BaseInstrumentor):
         installer, VllmAscendInstrumentor._installer = VllmAscendInstrumentor._installer, None
         if installer is not None:
             installer.remove_hook_files()
-        from .recording import services
+        from .recording import services, step_records
 
+        step_records.close()  # the records queued so far reach their sinks
         services.stop()  # the control's callbacks (the hook files' reloader and summary) and the flush listener
         if installer is not None:
             installer.uninstall()

@@ -1003,9 +1003,29 @@ TRACES_CATALOGUE: tuple[MetricSpec, ...] = (
         labels=TRACES_DROPPED_LABELS,
     ),
 )
+#: The per-step records' own health (recording/step_records.py; docs/steps.md).
+STEPS_CATALOGUE: tuple[MetricSpec, ...] = (
+    _counter(
+        "step_record_dropped",
+        "{record}",
+        "Per-step records lost (docs/steps.md; a sink on: OTEL_VLLM_ASCEND_STEPS_ZMQ or OTEL_VLLM_ASCEND_STEPS_FILE), "
+        "per EngineCore: reason queue_full (more completed steps waiting for the background thread than "
+        "OTEL_VLLM_ASCEND_STEPS_QUEUE: the step was not slowed, its record not kept), zmq_full (a subscriber lagged "
+        "OTEL_VLLM_ASCEND_STEPS_ZMQ_HWM messages behind: not sent), file_error (the JSON-lines write failed) or "
+        "incomplete (a step whose update_from_output never returned, or whose record could not be built). Absent "
+        "while none is lost.",
+        labels=TRACES_DROPPED_LABELS,
+    ),
+)
 #: Every metric of the catalogue: its parts, in this order.
 CATALOGUE: tuple[MetricSpec, ...] = (
-    CORE_CATALOGUE + KV_TRANSFER_CATALOGUE + GENAI_SERVER + KV_CONNECTOR_CATALOGUE + TRACES_CATALOGUE + SELF_CATALOGUE
+    CORE_CATALOGUE
+    + KV_TRANSFER_CATALOGUE
+    + GENAI_SERVER
+    + KV_CONNECTOR_CATALOGUE
+    + TRACES_CATALOGUE
+    + STEPS_CATALOGUE
+    + SELF_CATALOGUE
 )
 #: Metrics about the package itself, fed by no row of the target table: every process that runs hooks records
 #: them (``targets.recorded_in``), and a worker's carry its rank.
@@ -1027,6 +1047,7 @@ RPC_ERRORS = BY_SEED["rpc_errors"]
 INSTRUMENTED_PROCESSES = BY_SEED["instrumented_processes"]
 HOOK_ERRORS = BY_SEED["hook_errors"]
 TRACES_DROPPED = BY_SEED["traces_dropped"]
+STEP_RECORD_DROPPED = BY_SEED["step_record_dropped"]
 #: Every catalogue entry by its seed, a short alias of ``BY_SEED``: ``catalogue.M["scheduler:duration"]``.
 M = BY_SEED
 

@@ -91,6 +91,22 @@ TRACES_KEEP_CHOICES = ("error", "abort", "preempted")
 #: At most this many requests followed at once (default 65536); a request beyond it gets no trace (counted).
 TRACES_MAX_INFLIGHT = "OTEL_VLLM_ASCEND_TRACES_MAX_INFLIGHT"
 DEFAULT_TRACES_MAX_INFLIGHT = 65_536
+#: The per-step records (docs/steps.md), each sink off unless set. ``STEPS_ZMQ``: a ZMQ endpoint the EngineCore
+#: binds a PUB socket to (``tcp://*:20380``: one port per DP rank, the port plus the engine's dp index; ``{dp}`` in
+#: any endpoint is replaced by it), msgpack records wire-compatible with NVIDIA Dynamo's forward-pass metrics v1.
+STEPS_ZMQ = "OTEL_VLLM_ASCEND_STEPS_ZMQ"
+#: ``STEPS_FILE``: a JSON-lines file per EngineCore (``{dp}`` / ``{pid}`` replaced; without either, ``-<pid>`` goes
+#: before the extension), rotated past ``STEPS_FILE_MAX_BYTES`` (default 64 MiB) keeping ``STEPS_FILE_BACKUPS``
+#: older files (default 2).
+STEPS_FILE = "OTEL_VLLM_ASCEND_STEPS_FILE"
+STEPS_FILE_MAX_BYTES = "OTEL_VLLM_ASCEND_STEPS_FILE_MAX_BYTES"
+STEPS_FILE_BACKUPS = "OTEL_VLLM_ASCEND_STEPS_FILE_BACKUPS"
+#: Records waiting for the background thread at most (default 4096; beyond: dropped, counted).
+STEPS_QUEUE = "OTEL_VLLM_ASCEND_STEPS_QUEUE"
+#: Messages a ZMQ subscriber may lag behind (its pipe's high-water mark, default 10000; beyond: dropped, counted).
+STEPS_ZMQ_HWM = "OTEL_VLLM_ASCEND_STEPS_ZMQ_HWM"
+#: The records' ``worker_id`` (Dynamo's; default ``<hostname>:<pid>``).
+STEPS_WORKER_ID = "OTEL_VLLM_ASCEND_STEPS_WORKER_ID"
 TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 #: The standard batch span processor settings, applied to finished requests waiting for export.

@@ -62,6 +62,7 @@ class State:
         "current_engine",
         "served_model",
         "tracing",
+        "step_stream",
         "genai_labels",
         "memory_captured",
         "blocked",
@@ -154,6 +155,8 @@ class State:
         self.served_model: str | None = None
         #: The request traces' pipeline (recording.traces.Tracing) of this process, None: not built.
         self.tracing: Any = None
+        #: The per-step records' stream (recording.step_records.Stream) of this process, None: no sink on.
+        self.step_stream: Any = None
         #: (operation, error type) -> the gen_ai.server.* label tuples (handlers.api).
         self.genai_labels: dict[tuple, tuple] = {}
         #: ids of workers whose memory was recorded (handlers.memory).
@@ -366,6 +369,8 @@ def reset(*, registrations: bool = False) -> None:
     s.input_in_step = 0.0
     s.current_engine = None
     s.served_model = None
+    if s.step_stream is not None:  # a forked child's own (the parent's thread and sockets are not its)
+        s.step_stream = s.step_stream.forked()
     s.genai_labels.clear()
     s.memory_captured.clear()
     s.blocked.clear()

@@ -143,6 +143,7 @@ _ALLM, _CC = "vllm.v1.engine.async_llm", "vllm.v1.engine.core_client"
 API_SERVER, ENGINE_CORE, WORKER, EPLB = "api_server", "engine_core", "worker", "eplb"
 
 _SCHEDULE_FEEDS = (
+    c.STEP_RECORD_DROPPED.seed,
     c.RUNNING_TO_WAITING.seed,
     c.RECOMPUTE_EVENTS.seed,
     c.RECOMPUTED_TOKENS.seed,
@@ -235,7 +236,7 @@ TARGETS: tuple[Target, ...] = (
         "Scheduler.update_from_output",
         SYNC,
         "scheduler:UpdateFromOutput",
-        feeds=("scheduler:update_from_output:duration", "engine_core:stage_seconds"),
+        feeds=("scheduler:update_from_output:duration", "engine_core:stage_seconds", "step_record_dropped"),
         process=ENGINE_CORE,
     ),
     Target(

@@ -166,6 +166,21 @@ SETTINGS = (
         ),
     ),
     Setting(
+        (env.STEPS_ZMQ, env.STEPS_FILE),
+        "unset",
+        "Per-step records ([steps.md](steps.md)) in each EngineCore: to a ZMQ PUB endpoint and / or a JSON-lines file.",
+        (
+            "One record per engine step that scheduled work. `…_ZMQ`: an endpoint to bind a PUB socket to "
+            "(`tcp://*:20380`: the port plus the engine's dp index; `{dp}` is replaced), msgpack, wire-compatible with "
+            "NVIDIA Dynamo's forward-pass metrics v1. `…_FILE`: JSON lines (`{dp}`, `{pid}` replaced; neither: "
+            f"`-<pid>` before the extension), rotated past `{env.STEPS_FILE_MAX_BYTES}` (64 MiB) keeping "
+            f"`{env.STEPS_FILE_BACKUPS}` (2) older files.",
+            f"Bounded by `{env.STEPS_QUEUE}` (4096 records waiting) and `{env.STEPS_ZMQ_HWM}` (10000 messages a "
+            f"subscriber may lag); `{env.STEPS_WORKER_ID}` sets the records' `worker_id` (`<hostname>:<pid>`). "
+            "Losses: `vllm_profiling_step_record_dropped`. Both unset: no record is built.",
+        ),
+    ),
+    Setting(
         (env.METRICS_EXPORTER,),
         "unset",
         "Standard. Each push exporter named (`otlp`, `otlp_proto_http`, `otlp_proto_grpc`, `console`): a reader in "

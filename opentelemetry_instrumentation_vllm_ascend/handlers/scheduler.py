@@ -10,6 +10,7 @@ from time import perf_counter
 from .. import catalogue, context, recording
 from ..catalogue import ALL, M
 from ..hooks.handler import Handler, report
+from ..recording import step_records
 from ..recording.deferred import MAX_VALUES
 from ..state import STATE, UNKNOWN
 from . import budget
@@ -422,6 +423,71 @@ def _count_preemptions(handler, scheduler, result, step: Step) -> None:
             report(handler, "resumes")
 
 
+#: Records waiting at which the update hook wakes the stream's thread (step_records.WAKE_AT).
+_WAKE_AT = step_records.WAKE_AT
+#: Steps scheduled and not yet updated that a stream keeps at most (the batch queue's depth is 2-3): an older one
+#: whose update never came (update_from_output raised, or ran outside the hook) is dropped as ``incomplete``.
+_MAX_PENDING = 8
+
+
+def _keep_step(stream, result, scheduler, counter, start, end, step, step_class, queues, blocks) -> None:
+    """The scheduler hook's part of a step record (recording/step_records.py): one tuple of what it read,
+    and a C-level copy of the waiting queue (FCFS: the deque's own iteration) when it holds requests; the
+    update hook completes it."""
+    waiting = preempted = None
+    if queues is not None and queues[2]:
+        try:
+            queue = scheduler.waiting
+            waiting = tuple(_deque_iter(queue)) if isinstance(queue, deque) else tuple(queue)
+            # {request id: tokens it had computed when preempted} of those not resumed (_count_preemptions
+            # made it current): the queued decode requests' KV, as the preemption hooks read it.
+            preempted = scheduler.__dict__.get(_PREEMPTED)
+            preempted = dict(preempted) if preempted else None
+        except Exception:
+            waiting = preempted = None
+    # Only the parts of the SchedulerOutput the record reads (not the output: its per-request lists, kept alive
+    # until the background thread has built the record, would start the garbage collector on this thread).
+    cached = result.scheduled_cached_reqs
+    kept = (
+        result.num_scheduled_tokens,
+        result.scheduled_new_reqs,
+        cached.req_ids,
+        cached.num_computed_tokens,
+        cached.num_output_tokens,
+        getattr(cached, "resumed_req_ids", None),
+        result.finished_req_ids,
+    )
+    pending = stream.pending
+    if len(pending) >= _MAX_PENDING:
+        pending.popleft()
+        stream.dropped["incomplete"] += 1
+    pending.append(
+        (id(result), scheduler, counter, start, end, step, step_class, queues, blocks, waiting, preempted, kept)
+    )
+
+
+def _complete_later(stream, output, start: float, end: float) -> None:
+    """An update whose step is not the oldest kept: the older ones never got theirs (``incomplete``); an update
+    of a step not kept (nothing scheduled) leaves them."""
+    pending = stream.pending
+    key = id(output)
+    for index, kept in enumerate(pending):
+        if kept[0] == key:
+            for _ in range(index):
+                pending.popleft()
+                stream.dropped["incomplete"] += 1
+            pending.popleft()
+            if len(stream.queue) < stream.capacity:
+                stream.queue.append((kept, start, end))
+                if len(stream.queue) == _WAKE_AT:
+                    stream.wake.set()
+            else:
+                stream.queue_full += 1
+            if not stream.started:
+                stream.start()
+            return
+
+
 class Schedule(Handler):
     """``Scheduler.schedule``: the step's phase is computed once, from its SchedulerOutput, stored on
     that output (it travels with it to the workers) and used for every value of the step: its
@@ -496,6 +562,9 @@ class Schedule(Handler):
             report(self, "_step_sizes")
         if step.timers is not None:
             step.timers = None  # the step's shared scope timers are done with
+        stream = _state.step_stream
+        if stream is not None and sizes is not None and sizes[0]:  # a sink is on and the step scheduled work
+            _keep_step(stream, result, scheduler, _state.schedule_calls, start, end, step, step_class, queues, blocks)
         records = (id(scheduler), step, phase, end - start, sizes, step_class, queues, blocks)
         if _state.pipeline is None:
             recording.defer(_record_schedule, *records)  # (makes the pipeline, whose collections run them)
@@ -601,6 +670,23 @@ class UpdateFromOutput(Handler):
     def after(self, state, args, kwargs, result, _labels=context.STEP_LABELS, _values=STATE.deferred_values):
         end = perf_counter()
         ENGINE_TO(_OUTPUT, end)
+        stream = STATE.step_stream
+        if stream is not None and stream.pending and len(args) > 1:  # complete the step's record (docs/steps.md)
+            pending = stream.pending
+            head = pending[0]
+            if head[0] == id(args[1]):
+                pending.popleft()
+                queue = stream.queue
+                if len(queue) < stream.capacity:
+                    queue.append((head, state, end))
+                    if len(queue) == _WAKE_AT:
+                        stream.wake.set()
+                else:
+                    stream.queue_full += 1
+                if not stream.started:
+                    stream.start()
+            else:
+                _complete_later(stream, args[1], state, end)
         phase = (getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None) or STATE.last_step_phase
         labels = _labels.get(phase) or context.step_labels(phase)
         # Recorded with the scheduler hook's records (the step scheduled: they run soon): recording.record_later,

@@ -15,7 +15,7 @@ own pre-collection work is registered by ``instrument()`` (``pipeline.add_pre_co
 
 from __future__ import annotations
 
-from . import control, failures, pipeline, shutdown, traces
+from . import control, failures, pipeline, shutdown, step_records, traces
 from .control import control_changed
 from .deferred import defer, flush, record_in_step, record_later, run_deferred
 from .instruments import (
@@ -54,6 +54,7 @@ __all__ = [
 pipeline.add_pre_collect(run_deferred, pipeline.RECORDS)
 pipeline.add_pre_collect(failures.export, pipeline.REPORTS)  # those of the records just made included
 pipeline.add_pre_collect(traces.export_drops, pipeline.REPORTS)  # traces_dropped
+pipeline.add_pre_collect(step_records.export_drops, pipeline.REPORTS)  # step_record_dropped
 pipeline.add_pre_collect(control.exported, pipeline.REPORTS)  # the last export's time, for `control status`
 pipeline.add_after_fork(shutdown.after_fork_in_child)  # the child answers flush requests on its own socket
 pipeline.add_after_fork(control.after_fork_in_child)  # …and polls the control file on its own thread

@@ -138,9 +138,10 @@ def _serve(sock, pid: int) -> None:
 
 def flush_here() -> None:
     """Export what this process recorded, now (or wait for the final export already under way)."""
-    from . import pipeline
+    from . import pipeline, step_records
     from .deferred import flush
 
+    step_records.flush(environment.shutdown_timeout_ms() / 1000)  # the per-step records queued so far
     current = pipeline.current()
     if current is None or current.pid != os.getpid():
         return

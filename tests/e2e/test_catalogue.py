@@ -41,6 +41,7 @@ NOT_ON_CPU = {
     "prefill_over_threshold_count": "needs a time to first token over 5 s",
     "npu:utilization": "no device",
     "traces_dropped": "needs request traces on and a full export queue (tests/unit/handlers/test_traces.py)",
+    "step_record_dropped": "needs a step-record sink on and a full queue (tests/unit/recording/test_step_records.py)",
     **{
         f"kv_transfer:{m}": "needs a KV connector (tests/e2e/test_kv_transfer.py, tests/e2e/test_kv_offload.py)"
         for m in ("bytes", "count", "duration", "blocking:duration")

@@ -1,0 +1,514 @@
+"""The per-step record (docs/steps.md): one record per engine step that scheduled work, in each EngineCore,
+sent to the sinks the environment turns on (``OTEL_VLLM_ASCEND_STEPS_ZMQ``: a ZMQ PUB socket, msgpack,
+wire-compatible with NVIDIA Dynamo's forward-pass metrics v1; ``OTEL_VLLM_ASCEND_STEPS_FILE``: JSON lines,
+rotated, size-bounded). With no sink on there is no ``Stream`` (``STATE.step_stream`` is None) and the
+scheduler hooks add nothing.
+
+Cost on the EngineCore: the scheduler hook appends one tuple of what it already read (the SchedulerOutput, the
+step's events, classification, queue and block state, a C-level copy of the waiting queue) to ``pending``; the
+update hook completes it with its two clock readings and moves it to ``queue`` (bounded: a full queue drops the
+record and counts it). Everything else — the per-request sums and variances, encoding, sending, writing — runs
+on the stream's one background thread, which wakes every ``INTERVAL_S`` and drains the queue. At a clean stop
+(atexit, multiprocessing's exit finalizers, ``uninstrument()``) the thread drains what is left before the
+sockets close (``close``).
+
+Drops are counted on ``/metrics`` as ``step_record_dropped`` (``export_drops``, a pre-collection step), by
+reason: ``queue_full`` (the background thread fell behind), ``zmq_full`` (a subscriber stopped reading: the
+socket is an XPUB with ``XPUB_NODROP``, so a full subscriber pipe is seen, never silent), ``file_error`` (a
+write failed), ``incomplete`` (a step whose ``update_from_output`` never returned).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+from .. import catalogue, context, environment
+from ..state import STATE
+from ..version import __version__
+
+logger = logging.getLogger(__name__)
+
+#: The record's schema version (Dynamo's ``FPM_VERSION``: the fields below keep its names and units).
+VERSION = 1
+#: How often the background thread drains the queue (seconds) at most; it also drains as soon as ``WAKE_AT``
+#: records wait (the update hook wakes it): each waiting record keeps a few of its step's containers alive, and
+#: hundreds of them (fast steps) would start the garbage collector on the EngineCore's thread.
+INTERVAL_S = 0.02
+WAKE_AT = 32
+#: Records the background thread builds and sends between two hand-backs of the GIL (~20-40 µs each).
+YIELD_EVERY = 8
+#: The key of our own fields in a record (Dynamo's decoder ignores keys it does not know).
+EXTENSION = "otel_vllm_ascend"
+DEFAULT_QUEUE = 4096
+DEFAULT_FILE_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_FILE_BACKUPS = 2
+DEFAULT_ZMQ_HWM = 10_000
+#: The reasons of ``step_record_dropped``.
+REASONS = ("queue_full", "zmq_full", "file_error", "incomplete")
+
+
+def _int_setting(name: str, default: int, low: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        environment.warn_once(
+            (name, raw), "opentelemetry-instrumentation-vllm-ascend: %s=%r is invalid; using %d", name, raw, default
+        )
+        return default
+    return value
+
+
+def _variance(values: list) -> float:
+    """Population variance (Dynamo's ``var_*`` fields); 0.0 for no value."""
+    n = len(values)
+    if not n:
+        return 0.0
+    mean = sum(values) / n
+    return float(sum((v - mean) ** 2 for v in values) / n)
+
+
+def _port_plus(endpoint: str, dp: int) -> str:
+    """``tcp://host:PORT`` → ``tcp://host:PORT+dp`` (Dynamo's rule: one port per DP rank); ``{dp}`` in any
+    endpoint is replaced by the rank."""
+    if "{dp}" in endpoint:
+        return endpoint.replace("{dp}", str(max(dp, 0)))
+    if endpoint.startswith("tcp://"):
+        head, _, port = endpoint.rpartition(":")
+        if port.isdigit():
+            return f"{head}:{int(port) + max(dp, 0)}"
+    return endpoint
+
+
+def _file_path(template: str) -> str:
+    """``{dp}`` and ``{pid}`` replaced; a path with neither gets ``-<pid>`` before its extension (several
+    EngineCores never share a file)."""
+    if "{dp}" in template or "{pid}" in template:
+        return template.replace("{dp}", context.PROCESS.dp).replace("{pid}", str(os.getpid()))
+    root, ext = os.path.splitext(template)
+    return f"{root}-{os.getpid()}{ext}"
+
+
+class _ZmqSink:
+    def __init__(self, stream: Stream, endpoint: str, hwm: int) -> None:
+        import msgspec
+        import zmq
+
+        self.zmq = zmq
+        self.encode = msgspec.msgpack.Encoder().encode
+        self.context = zmq.Context()
+        sock = self.context.socket(zmq.XPUB)
+        sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber pipe raises Again: counted, never silent
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        sock.bind(endpoint)
+        self.socket = sock
+        self.endpoint = endpoint
+        self.stream = stream
+        self.seq = 0
+
+    def poll_subscriptions(self) -> None:
+        zmq = self.zmq
+        while True:
+            try:
+                message = self.socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if message[:1] == b"\x01":
+                self.stream.subscribers += 1
+            elif message[:1] == b"\x00":
+                self.stream.subscribers -= 1
+
+    def send(self, record: dict) -> None:
+        payload = self.encode(record)
+        try:
+            # Dynamo's frames: topic (empty), an 8-byte big-endian sequence number, the msgpack payload.
+            self.socket.send_multipart((b"", self.seq.to_bytes(8, "big"), payload), flags=self.zmq.NOBLOCK)
+        except self.zmq.Again:
+            self.stream.dropped["zmq_full"] += 1
+            return
+        self.seq += 1
+        self.stream.sent += 1
+
+    def close(self, linger_ms: int) -> None:
+        try:
+            self.socket.close(linger=linger_ms)
+            self.context.term()
+        except Exception:
+            logger.debug("step records: closing the ZMQ socket failed", exc_info=True)
+
+
+class _FileSink:
+    """JSON lines, rotated past ``max_bytes`` (``path.1`` … ``path.<backups>``): at most
+    ``max_bytes * (backups + 1)`` bytes on disk."""
+
+    def __init__(self, stream: Stream, path: str, max_bytes: int, backups: int) -> None:
+        self.stream = stream
+        self.path = path
+        self.max_bytes = max_bytes
+        self.backups = backups
+        self.file: Any = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open; closed by close())
+        self.size = self.file.tell()
+
+    def _rotate(self) -> None:
+        self.file.close()
+        if self.backups:
+            for n in range(self.backups - 1, 0, -1):
+                older = f"{self.path}.{n}"
+                if os.path.exists(older):
+                    os.replace(older, f"{self.path}.{n + 1}")
+            os.replace(self.path, f"{self.path}.1")
+        else:
+            os.remove(self.path)
+        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        self.size = 0
+
+    def send(self, record: dict) -> None:
+        line = json.dumps(record, separators=(",", ":")) + "\n"
+        try:
+            if self.size and self.size + len(line) > self.max_bytes:
+                self._rotate()
+            self.file.write(line)
+            self.size += len(line)
+        except Exception:
+            self.stream.dropped["file_error"] += 1
+            environment.warn_once(
+                ("step records file", self.path),
+                "opentelemetry-instrumentation-vllm-ascend: step records: writing %s failed",
+                self.path,
+            )
+
+    def batch_done(self) -> None:
+        try:
+            self.file.flush()
+        except Exception:
+            pass
+
+    def close(self, linger_ms: int) -> None:
+        try:
+            self.file.close()
+        except Exception:
+            pass
+
+
+class Stream:
+    """This process's step records: the two deques the EngineCore's hooks append to, the background thread,
+    the sinks (made in that thread, at its start: the EngineCore's dp is known by then) and the drop counts."""
+
+    def __init__(self, zmq_endpoint: str | None, file_path: str | None) -> None:
+        self.zmq_endpoint = zmq_endpoint
+        self.file_path = file_path
+        self.capacity = _int_setting(environment.STEPS_QUEUE, DEFAULT_QUEUE, 1)
+        self.file_max_bytes = _int_setting(environment.STEPS_FILE_MAX_BYTES, DEFAULT_FILE_MAX_BYTES, 1024)
+        self.file_backups = _int_setting(environment.STEPS_FILE_BACKUPS, DEFAULT_FILE_BACKUPS, 0)
+        self.zmq_hwm = _int_setting(environment.STEPS_ZMQ_HWM, DEFAULT_ZMQ_HWM, 1)
+        self.worker_id = os.environ.get(environment.STEPS_WORKER_ID) or f"{socket.gethostname()}:{os.getpid()}"
+        #: Steps scheduled, waiting for their update_from_output (the hooks' side; FIFO, a few at most).
+        self.pending: deque = deque()
+        #: Completed steps waiting for the background thread (at most ``capacity``).
+        self.queue: deque = deque()
+        #: Records dropped because ``queue`` was full (the EngineCore thread's count; the others' are in ``dropped``).
+        self.queue_full = 0
+        self.dropped = dict.fromkeys(REASONS, 0)
+        self.exported = dict.fromkeys(REASONS, 0)
+        self.sent = 0  # records the ZMQ sink sent
+        self.written = 0  # records built and handed to the sinks
+        self.subscribers = 0
+        self.started = False
+        self.pid = os.getpid()
+        self.thread: threading.Thread | None = None
+        self.stop = threading.Event()
+        #: Set by the update hook when ``WAKE_AT`` records wait, and by ``close``.
+        self.wake = threading.Event()
+        self.sinks: list = []
+        self.prompts: dict = {}  # request id -> prompt length (the background thread's)
+        self.clock_offset = time.time() - time.perf_counter()
+        self.closed = False
+        self.busy = False  # the thread is draining
+
+    def forked(self) -> Stream:
+        """A forked child's own stream (same settings; nothing of the parent's queue, thread or sockets)."""
+        return Stream(self.zmq_endpoint, self.file_path)
+
+    # -- the EngineCore thread ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the background thread (the first completed step calls it)."""
+        if self.started:
+            return
+        self.started = True
+        self.thread = threading.Thread(target=self._run, name="otel-vllm-ascend-steps", daemon=True)
+        self.thread.start()
+        atexit.register(self.close)
+        try:
+            from multiprocessing import util
+
+            util.Finalize(None, self.close, exitpriority=101)  # before the pipeline's final export (100)
+        except Exception:
+            pass
+
+    # -- the background thread ----------------------------------------------------------------------------
+    def open_sinks(self) -> None:
+        dp = context.PROCESS.dp
+        rank = int(dp) if dp.isdigit() else 0
+        if self.zmq_endpoint:
+            try:
+                self.sinks.append(_ZmqSink(self, _port_plus(self.zmq_endpoint, rank), self.zmq_hwm))
+            except Exception as exc:
+                logger.warning(
+                    "opentelemetry-instrumentation-vllm-ascend: step records: no ZMQ sink on %s (%s: %s)",
+                    self.zmq_endpoint,
+                    type(exc).__name__,
+                    exc,
+                )
+        if self.file_path:
+            try:
+                self.sinks.append(_FileSink(self, _file_path(self.file_path), self.file_max_bytes, self.file_backups))
+            except Exception as exc:
+                logger.warning(
+                    "opentelemetry-instrumentation-vllm-ascend: step records: no file sink at %s (%s: %s)",
+                    self.file_path,
+                    type(exc).__name__,
+                    exc,
+                )
+
+    def _run(self) -> None:
+        try:
+            self.open_sinks()
+        except Exception:
+            logger.warning("opentelemetry-instrumentation-vllm-ascend: step records: no sink", exc_info=True)
+        wake = self.wake
+        while True:
+            wake.wait(INTERVAL_S)
+            wake.clear()
+            stopping = self.stop.is_set()
+            try:
+                self.drain()
+            except Exception:
+                logger.warning("opentelemetry-instrumentation-vllm-ascend: step records: a drain failed", exc_info=True)
+            if stopping:
+                break
+
+    def flush(self, timeout_s: float) -> None:
+        """Wake the thread and wait (``timeout_s`` at most) until the records queued so far reached the sinks
+        (a flush request before the server stops: ``recording.shutdown.flush_here``); the stream goes on."""
+        if not self.started or self.closed or self.pid != os.getpid() or self.thread is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        self.wake.set()
+        while (self.queue or self.busy) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def drain(self) -> None:
+        self.busy = True
+        try:
+            self._drain()
+        finally:
+            self.busy = False
+
+    def _drain(self) -> None:
+        queue = self.queue
+        for sink in self.sinks:
+            if isinstance(sink, _ZmqSink):
+                sink.poll_subscriptions()
+        if not queue:
+            return
+        while queue:
+            item = queue.popleft()
+            try:
+                record = self.build(*item)
+            except Exception:
+                self.dropped["incomplete"] += 1
+                environment.warn_once(
+                    ("step record build",),
+                    "opentelemetry-instrumentation-vllm-ascend: step records: a record could not be built",
+                )
+                continue
+            self.written += 1
+            for sink in self.sinks:
+                sink.send(record)
+            # Hand the GIL back every few records: the EngineCore thread, if it waits for it, runs now rather
+            # than after the interpreter's switch interval (5 ms).
+            if not self.written % YIELD_EVERY:
+                _yield(0)
+        for sink in self.sinks:
+            done = getattr(sink, "batch_done", None)
+            if done is not None:
+                done()
+
+    def build(self, scheduled, update_start: float, update_end: float) -> dict:
+        """One record from what the hooks kept (``handlers.scheduler.Schedule`` / ``UpdateFromOutput``)."""
+        _key, scheduler, counter, start, end, step, step_class, queues, blocks, waiting, preempted, kept = scheduled
+        tokens, new, cached_ids, cached_computed, cached_outputs, resumed, finished = kept
+        prompts = self.prompts
+        requests = getattr(scheduler, "requests", None) or {}
+        prefill_tokens = prefill_kv = 0
+        prefill_lengths: list = []
+        decode_tokens = 0
+        decode_kv: list = []
+        for r in new:
+            ids = r.prompt_token_ids
+            if ids is not None:
+                length = len(ids)
+            else:
+                req = requests.get(r.req_id)
+                length = req.num_prompt_tokens if req is not None else 0
+            prompts[r.req_id] = length
+            prefill_lengths.append(length)
+            prefill_tokens += tokens[r.req_id]
+            prefill_kv += r.num_computed_tokens
+        resumed = resumed or ()
+        for req_id, before, outputs in zip(cached_ids, cached_computed, cached_outputs):
+            known = prompts.get(req_id)
+            if known is None:
+                req = requests.get(req_id)
+                known = prompts[req_id] = req.num_prompt_tokens if req is not None else 0
+            length = known
+            # The step's classification (handlers.steps.classify_step): resumed, no output yet, or more
+            # than one uncomputed token before the step is prefill work; the rest decodes.
+            if req_id in resumed or not outputs or before + 1 < length + outputs:
+                prefill_lengths.append(length)
+                prefill_tokens += tokens[req_id]
+                prefill_kv += before
+            else:
+                decode_kv.append(before)
+                decode_tokens += tokens[req_id]
+        for req_id in finished or ():
+            prompts.pop(req_id, None)
+        queued_prefill: list = []
+        queued_decode: list = []
+        preempted = preempted or {}
+        for request in waiting or ():
+            # Both values were fixed at the step: a preempted request's computed tokens when it was preempted
+            # (its KV to rebuild), another's prompt (a request never read after it was queued).
+            req_id = request.request_id
+            if req_id in preempted:
+                queued_decode.append(preempted[req_id] or 0)
+            else:
+                queued_prefill.append(request.num_prompt_tokens)
+        running = queues[0] if queues is not None else None
+        waiting_count = queues[2] if queues is not None else None
+        total, free = blocks if blocks is not None else (None, None)
+        dp = context.PROCESS.dp
+        return {
+            "version": VERSION,
+            "worker_id": self.worker_id,
+            "dp_rank": int(dp) if dp.isdigit() else -1,
+            "counter_id": counter,
+            "wall_time": float(update_end - start),
+            "scheduled_requests": {
+                "num_prefill_requests": len(prefill_lengths),
+                "sum_prefill_tokens": prefill_tokens,
+                "var_prefill_length": _variance(prefill_lengths),
+                "sum_prefill_kv_tokens": prefill_kv,
+                "num_decode_requests": len(decode_kv),
+                "sum_decode_kv_tokens": sum(decode_kv),
+                "var_decode_kv_tokens": _variance(decode_kv),
+            },
+            "queued_requests": {
+                "num_prefill_requests": len(queued_prefill),
+                "sum_prefill_tokens": sum(queued_prefill),
+                "var_prefill_length": _variance(queued_prefill),
+                "num_decode_requests": len(queued_decode),
+                "sum_decode_kv_tokens": sum(queued_decode),
+                "var_decode_kv_tokens": _variance(queued_decode),
+            },
+            EXTENSION: {
+                "engine_id": self.worker_id,
+                "dp": dp,
+                "role": context.PROCESS.role,
+                "pid": self.pid,
+                "vllm_version": _vllm_version(),
+                "package_version": __version__,
+                "step": counter,
+                "phase": step_class[0] if step_class is not None else "unknown",
+                "start_time_unix": start + self.clock_offset,
+                "schedule_s": end - start,
+                "execute_s": update_start - end,
+                "update_s": update_end - update_start,
+                "sum_decode_tokens": decode_tokens,
+                "preemptions": step.preemptions,
+                "recomputes": step.recomputes,
+                "recomputed_tokens": step.recomputed_tokens,
+                "block_allocate_failures": step.allocate_failures,
+                "running": running,
+                "waiting": waiting_count,
+                "kv_blocks_total": total,
+                "kv_blocks_free": free,
+                "kv_blocks_used": total - free - 1 if total is not None else None,  # the null block is never free
+            },
+        }
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Drain and close (a clean stop): the records queued so far reach the sinks; idempotent."""
+        if self.closed or self.pid != os.getpid():
+            return
+        self.closed = True
+        thread = self.thread
+        if thread is not None:
+            self.stop.set()
+            self.wake.set()
+            thread.join(timeout_s)
+        for sink in self.sinks:
+            sink.close(int(timeout_s * 1000))
+        self.sinks = []
+
+
+_yield = time.sleep
+
+
+def _vllm_version() -> str:
+    module = sys.modules.get("vllm")
+    return str(getattr(module, "__version__", "unknown")) if module is not None else "unknown"
+
+
+def configure() -> Stream | None:
+    """This process's stream from the environment (``instrument()`` calls it): None when no sink is on."""
+    endpoint = os.environ.get(environment.STEPS_ZMQ) or None
+    path = os.environ.get(environment.STEPS_FILE) or None
+    current = STATE.step_stream
+    if current is not None:
+        current.close()
+    STATE.step_stream = Stream(endpoint, path) if (endpoint or path) else None
+    return STATE.step_stream
+
+
+def close() -> None:
+    """Drain and close this process's stream (``uninstrument()``); the hooks stop adding records."""
+    current, STATE.step_stream = STATE.step_stream, None
+    if current is not None:
+        current.close()
+
+
+def flush(timeout_s: float) -> None:
+    """This process's records queued so far, to their sinks now (``Stream.flush``)."""
+    current = STATE.step_stream
+    if current is not None:
+        current.flush(timeout_s)
+
+
+def export_drops() -> None:
+    """Add the records dropped since the last collection to ``step_record_dropped`` (a pre-collection step)."""
+    current = STATE.step_stream
+    if current is None or current.pid != os.getpid():
+        return
+    from .instruments import add
+
+    current.dropped["queue_full"] = current.queue_full
+    ctx = context.PROCESS
+    for reason in REASONS:
+        count = current.dropped[reason] - current.exported[reason]
+        if count > 0:
+            current.exported[reason] += count
+            add(catalogue.STEP_RECORD_DROPPED, count, (ctx.dp, ctx.role, reason))
