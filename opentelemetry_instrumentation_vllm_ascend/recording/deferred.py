@@ -103,10 +103,11 @@ def _record_values(_popleft=_values.popleft) -> None:
             series.append(value)
             continue
         key = (spec.seed, labels)
-        series = by_series.get(key)
-        if series is None:
+        found = by_series.get(key)
+        if found is None:
             series = by_series[key] = [spec, value]
         else:
+            series = found
             series.append(value)
         last_spec, last_labels = spec, labels
     if by_series:
