@@ -47,6 +47,10 @@ class StepTimer(Handler):
     def timed(self, seconds, args, kwargs, result, _record=recording.record_in_step):
         _record(self.spec, seconds)
 
+    def timed_inline(self):
+        # The wrapper runs record_in_step's lines itself; a subclass with its own ``timed`` is called.
+        return recording.in_step_inline(self.spec) if type(self).timed is StepTimer.timed else None
+
 
 class AllPhaseTimer(Handler):
     """SYNC_TIMER / COROUTINE_TIMER: the (awaited) call's duration into ``spec``, labelled with this

@@ -110,6 +110,23 @@ TIMER_BODY = """
     return _otel_result
 """
 
+#: A timer whose handler hands its ``timed`` over as lines (``Handler.timed_inline``): they run here, in place of
+#: the call, under the same guard.
+TIMER_INLINE_BODY = """
+{def_} {name}({params}):
+    _otel_handler = _otel_hook.handler
+    if _otel_handler is None:
+        return {await_}_otel_original({call})
+    _otel_start = _otel_clock()
+    _otel_result = {await_}_otel_original({call})  # to completion: awaiting included
+    _otel_seconds = _otel_clock() - _otel_start
+    try:
+{inline}
+    except Exception:
+        _otel_report(_otel_handler, "timed")
+    return _otel_result
+"""
+
 _GENERIC = "*_otel_a, **_otel_k"
 
 
@@ -158,7 +175,7 @@ _GUARD = """\
 """
 
 
-def generate(original, hook, body: str, *, is_async: bool, head, guard: str | None = None, **extra):
+def generate(original, hook, body: str, *, is_async: bool, head, guard: str | None = None, inline: str = "", **extra):
     namespace = {
         "_otel_hook": hook,
         "_otel_original": original,
@@ -185,6 +202,7 @@ def generate(original, hook, body: str, *, is_async: bool, head, guard: str | No
         guard=guard,
         def_="async def" if is_async else "def",
         await_="await " if is_async else "",
+        inline="".join(f"        {line}\n" for line in inline.splitlines()).rstrip("\n"),
     )
     filename = f"{FILENAME_PREFIX}{getattr(original, '__qualname__', original)} #{id(hook):x}>"
     # Registered so that tracebacks and debuggers show the wrapper's lines (no file holds them); a

@@ -77,6 +77,12 @@ class Handler:
     def timed(self, seconds, args, kwargs, result):
         """Timer kinds only: the call returned after ``seconds`` (perf_counter)."""
 
+    def timed_inline(self):
+        """Timer kinds only: None, or ``(lines, names)`` that do exactly what ``timed`` does, for the wrapper to run
+        in place of the call (one frame less per call): ``lines`` read ``_otel_seconds`` (nothing else of the call)
+        and the names of ``names``, each of which begins with ``_otel_``."""
+        return None
+
 
 class Hook:
     """The mutable part of one installed wrapper: ``handler`` is None once removed while another

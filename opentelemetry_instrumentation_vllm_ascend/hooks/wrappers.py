@@ -48,11 +48,30 @@ def _coroutine(original, hook):
 
 
 def _sync_timer(original, hook):
-    return codegen.generate(original, hook, codegen.TIMER_BODY, is_async=False, head=hook.handler.reads_args)
+    return _timer(original, hook, is_async=False)
 
 
 def _coroutine_timer(original, hook):
-    return codegen.generate(original, hook, codegen.TIMER_BODY, is_async=True, head=hook.handler.reads_args)
+    return _timer(original, hook, is_async=True)
+
+
+def _timer(original, hook, is_async: bool):
+    handler = hook.handler
+    inline = handler.timed_inline()
+    if inline is None:
+        return codegen.generate(original, hook, codegen.TIMER_BODY, is_async=is_async, head=handler.reads_args)
+    # The handler's class is fixed for the hook's life (the hook only ever holds it or None): its ``timed`` runs
+    # as lines of the wrapper, one frame less on every call.
+    lines, names = inline
+    return codegen.generate(
+        original,
+        hook,
+        codegen.TIMER_INLINE_BODY,
+        is_async=is_async,
+        head=handler.reads_args,
+        inline=lines,
+        **{name.removeprefix("_otel_"): value for name, value in names.items()},
+    )
 
 
 def _build(original, hook, is_async: bool):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from . import control, failures, pipeline, shutdown, step_records, traces
 from .control import control_changed
-from .deferred import defer, flush, record_in_step, record_later, run_deferred
+from .deferred import defer, flush, in_step_inline, record_in_step, record_later, run_deferred
 from .instruments import (
     add,
     generation,
@@ -39,6 +39,7 @@ __all__ = [
     "defer",
     "flush",
     "generation",
+    "in_step_inline",
     "observe",
     "process_started",
     "record",

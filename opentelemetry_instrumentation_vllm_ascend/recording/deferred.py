@@ -34,6 +34,7 @@ def defer(function, *args, _state=STATE) -> None:
 MAX_VALUES = 4096
 
 _values = STATE.deferred_values
+_append_value = _values.append
 
 
 def record_later(spec, value: float, labels: tuple, _append=_values.append, _state=STATE) -> None:
@@ -58,18 +59,57 @@ def record_in_step(spec, value: float, _append=_values.append, _state=STATE, _la
         run_deferred()
 
 
+#: ``record_in_step(_otel_spec, _otel_seconds)``, line for line, as a generated timer wrapper runs it in place of
+#: the two calls (``in_step_inline``; tests/unit/recording checks that both leave the same).
+_IN_STEP_LINES = """\
+_otel_phase = _otel_state.last_step_phase
+_otel_append((_otel_spec, _otel_seconds, _otel_labels.get(_otel_phase) or _otel_step_labels(_otel_phase)))
+if _otel_state.pipeline is None:
+    _otel_pipeline.get()
+elif _otel_len(_otel_values) >= _otel_deferred.MAX_VALUES:
+    _otel_deferred.run_deferred()
+"""
+
+
+def in_step_inline(spec) -> tuple[str, dict]:
+    """``(lines, names)`` that do what ``record_in_step(spec, _otel_seconds)`` does, for a timer's generated wrapper
+    (``Handler.timed_inline``)."""
+    import sys
+
+    names = {
+        "_otel_state": STATE,
+        "_otel_append": _append_value,
+        "_otel_spec": spec,
+        "_otel_labels": STEP_LABELS,
+        "_otel_step_labels": step_labels,
+        "_otel_pipeline": pipeline,
+        "_otel_len": len,
+        "_otel_values": _values,
+        "_otel_deferred": sys.modules[__name__],
+    }
+    return _IN_STEP_LINES, names
+
+
 def _record_values(_popleft=_values.popleft) -> None:
     by_series: dict = {}  # (seed, labels) -> [spec, values…]
+    last_spec = last_labels = None
+    series: list = []
     while _values:
         try:
             spec, value, labels = _popleft()
         except IndexError:  # another thread took the last one
             break
-        series = by_series.get((spec.seed, labels))
-        if series is None:
-            by_series[(spec.seed, labels)] = [spec, value]
-        else:
+        if spec is last_spec and labels is last_labels:  # the series of the value before: no key to build
             series.append(value)
+            continue
+        key = (spec.seed, labels)
+        found = by_series.get(key)
+        if found is None:
+            series = by_series[key] = [spec, value]
+        else:
+            series = found
+            series.append(value)
+        last_spec, last_labels = spec, labels
     if by_series:
         for (_seed, labels), (spec, *values) in by_series.items():
             _guarded(record_many, record_many, spec, values, labels)
