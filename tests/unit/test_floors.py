@@ -52,13 +52,14 @@ def test_every_runtime_dependency_declares_a_floor_and_the_constraints_pin_it_th
 
 def test_the_opentelemetry_floors_are_one_release_train():
     """API, SDK, exporter and proto share a version 1.N; the instrumentation and test-utils packages of that
-    release are 0.(N+21)b0. Floors off the train do not resolve together (or resolve to a newer SDK)."""
+    release are 0.(N+21)bP for the API's 1.N.P. Floors off the train do not resolve together (or resolve to a newer SDK)."""
     pinned = floors.floors()
     stable = {name: v for name, v in pinned.items() if name.startswith("opentelemetry-") and not v.startswith("0.")}
     contrib = {name: v for name, v in pinned.items() if name.startswith("opentelemetry-") and v.startswith("0.")}
     assert len(set(stable.values())) == 1, stable
-    (minor,) = {int(v.split(".")[1]) for v in stable.values()}
-    assert set(contrib.values()) == {f"0.{minor + 21}b0"}, contrib
+    (release,) = set(stable.values())
+    minor, patch = (int(part) for part in (release.split(".") + ["0"])[1:3])
+    assert set(contrib.values()) == {f"0.{minor + 21}b{patch}"}, contrib
 
 
 def test_the_floors_environment_installs_through_the_generated_constraints():
