@@ -187,6 +187,7 @@ def test_a_collection_runs_the_recheck(metrics, caplog):
 @pytest.fixture
 def ms_service_metric(monkeypatch):
     """Its wheel (and bytecode's) on sys.path, as a zip import; its modules gone from sys.modules afterwards."""
+    pytest.importorskip("jsonschema", reason="ms-service-metric imports it (tox -e bench and the py env have it)")
     for project in (source_archives.INCUMBENT, BYTECODE):
         monkeypatch.syspath_prepend(source_archives.wheel(*project))
     try:

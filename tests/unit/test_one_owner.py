@@ -439,6 +439,7 @@ def test_every_symbol_has_one_row():
 
 
 def test_the_worked_examples_of_contributing_md_run(recipe, monkeypatch):
+    pytest.importorskip("vllm", reason="the example's symbol resolves in the installed vLLM")
     from opentelemetry_instrumentation_vllm_ascend.handlers import scheduler as scheduler_handlers
     from opentelemetry_instrumentation_vllm_ascend.wiring import installer as installer_module
 

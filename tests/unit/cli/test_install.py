@@ -27,6 +27,9 @@ PACKAGE = "opentelemetry_instrumentation_vllm_ascend"
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(the built wheel, the fresh environment's python) once per module."""
+    # Built without isolation, from this environment's packaging: setuptools reads the PEP 639 license with
+    # packaging.licenses (packaging >= 24.2; the package itself needs only its floor, 21, at run time).
+    pytest.importorskip("packaging.licenses", reason="building without isolation needs packaging >= 24.2")
     base = tmp_path_factory.mktemp("install")
     # What the sdist holds, copied: setuptools builds in the source tree (build/, *.egg-info), never the checkout's.
     source = base / "source"

@@ -183,7 +183,7 @@ def test_a_request_preempted_inline_is_counted_whatever_its_queue(metrics, clock
     """A scheduler that preempts without _preempt_request (vllm-ascend's SchedulerDynamicBatch) puts the request
     back in ``waiting``, status PREEMPTED. Schedule decides a step with nothing of the kind without the full
     preemption count; a step with one is counted: one preemption, one recompute event."""
-    from vllm.v1.request import RequestStatus
+    RequestStatus = pytest.importorskip("vllm.v1.request").RequestStatus
 
     requests = {"decode": req(12, 13, prompt=10), "victim": req(0, 9, prompt=5, request_id="victim")}
     requests["victim"].status = RequestStatus.PREEMPTED
@@ -203,7 +203,7 @@ def test_a_load_balancing_pause_is_one_preemption_that_recomputes_nothing(metric
     waiting queue (here ``skipped_waiting``, where a step that does not admit it leaves it), its KV kept, its
     id in ``_lb_paused_req_ids`` until it resumes. Paused for two steps, then resumed (its 13 computed tokens
     kept): one preemption, no recompute event, no tokens computed again."""
-    from vllm.v1.request import RequestStatus
+    RequestStatus = pytest.importorskip("vllm.v1.request").RequestStatus
 
     requests = {"decode": req(12, 13, prompt=10), "paused": req(13, 14, prompt=10, request_id="paused")}
     requests["paused"].status = RequestStatus.PREEMPTED

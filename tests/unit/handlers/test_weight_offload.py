@@ -6,7 +6,8 @@
 from types import SimpleNamespace
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="needs vLLM's torch (the cpu extra)")
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue
 from opentelemetry_instrumentation_vllm_ascend.handlers import weight_offload

@@ -46,6 +46,8 @@ def test_the_exporter_is_the_one_the_sdk_configurator_picks(monkeypatch, name, g
     ],
 )
 def test_otlp_follows_the_metrics_protocol_then_the_general_one(monkeypatch, general, metrics, expected):
+    if expected == "otlp_proto_grpc":
+        pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc", reason="the otlp extra's gRPC exporter")
     _set(monkeypatch, environment.OTLP_PROTOCOL, general)
     _set(monkeypatch, environment.OTLP_METRICS_PROTOCOL, metrics)
     assert otlp.entry_point_name("otlp") == expected
