@@ -1008,10 +1008,12 @@ STEPS_CATALOGUE: tuple[MetricSpec, ...] = (
     _counter(
         "step_record_dropped",
         "{record}",
-        "Per-step records lost (docs/steps.md; a sink on: OTEL_VLLM_ASCEND_STEPS_ZMQ or OTEL_VLLM_ASCEND_STEPS_FILE), "
-        "per EngineCore: reason queue_full (more completed steps waiting for the background thread than "
-        "OTEL_VLLM_ASCEND_STEPS_QUEUE: the step was not slowed, its record not kept), zmq_full (a subscriber lagged "
-        "OTEL_VLLM_ASCEND_STEPS_ZMQ_HWM messages behind: not sent), file_error (the JSON-lines write failed) or "
+        "Per-step records lost (docs/steps.md; a sink on: OTEL_VLLM_ASCEND_STEPS_ZMQ, OTEL_VLLM_ASCEND_STEPS_FILE or "
+        "OTEL_VLLM_ASCEND_STEPS_OTLP_LOGS), per EngineCore: reason queue_full (more completed steps waiting for the "
+        "background thread than OTEL_VLLM_ASCEND_STEPS_QUEUE: the step was not slowed, its record not kept), "
+        "zmq_full (a subscriber lagged OTEL_VLLM_ASCEND_STEPS_ZMQ_HWM messages behind: not sent), file_error (the "
+        "JSON-lines write failed), otlp_full (OTEL_BLRP_MAX_QUEUE_SIZE records already waiting for the OTLP log "
+        "exporter), otlp_error (the OTLP log exporter reported a failure) or "
         "incomplete (a step whose update_from_output never returned, or whose record could not be built). Absent "
         "while none is lost.",
         labels=TRACES_DROPPED_LABELS,

@@ -107,6 +107,9 @@ STEPS_QUEUE = "OTEL_VLLM_ASCEND_STEPS_QUEUE"
 STEPS_ZMQ_HWM = "OTEL_VLLM_ASCEND_STEPS_ZMQ_HWM"
 #: The records' ``worker_id`` (Dynamo's; default ``<hostname>:<pid>``).
 STEPS_WORKER_ID = "OTEL_VLLM_ASCEND_STEPS_WORKER_ID"
+#: ``true``: each record also as an OTLP log record (event ``vllm_ascend.step``), through the logs SDK and the OTLP
+#: log exporter ``OTEL_EXPORTER_OTLP_[LOGS_]*`` choose.
+STEPS_OTLP_LOGS = "OTEL_VLLM_ASCEND_STEPS_OTLP_LOGS"
 TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 #: The standard batch span processor settings, applied to finished requests waiting for export.

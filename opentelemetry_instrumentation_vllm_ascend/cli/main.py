@@ -90,9 +90,16 @@ def main(argv=None) -> int:
 
     add_parser(sub)
     add_summary_parser(sub)
+    from .steps import add_parser as add_steps_parser
+
+    add_steps_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "summary":
         return summary_command(args)
+    if args.command == "steps":
+        from .steps import run_steps
+
+        return run_steps(args)
     if args.command == "control":
         return run_control(args)
 

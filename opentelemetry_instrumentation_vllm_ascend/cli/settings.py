@@ -177,7 +177,19 @@ SETTINGS = (
             f"`{env.STEPS_FILE_BACKUPS}` (2) older files.",
             f"Bounded by `{env.STEPS_QUEUE}` (4096 records waiting) and `{env.STEPS_ZMQ_HWM}` (10000 messages a "
             f"subscriber may lag); `{env.STEPS_WORKER_ID}` sets the records' `worker_id` (`<hostname>:<pid>`). "
-            "Losses: `vllm_profiling_step_record_dropped`. Both unset: no record is built.",
+            "Losses: `vllm_profiling_step_record_dropped`. Every sink unset: no record is built.",
+        ),
+    ),
+    Setting(
+        (env.STEPS_OTLP_LOGS,),
+        "unset",
+        "`true`: each step record also as an OTLP log record, event `vllm_ascend.step` ([steps.md](steps.md)).",
+        (
+            "Through the OpenTelemetry logs SDK (a `BatchLogRecordProcessor`, `OTEL_BLRP_*`) and the OTLP log "
+            "exporter `OTEL_EXPORTER_OTLP_LOGS_PROTOCOL` / `OTEL_EXPORTER_OTLP_PROTOCOL` choose (gRPC when unset), "
+            "which reads its own `OTEL_EXPORTER_OTLP_[LOGS_]ENDPOINT`, headers, timeout and compression; the "
+            "resource is the metrics'. The record's fields are the log record's attributes, nested keys dotted "
+            "(`scheduled_requests.num_prefill_requests`). No exporter installed: one log line, the other sinks go on.",
         ),
     ),
     Setting(

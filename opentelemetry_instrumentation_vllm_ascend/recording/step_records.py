@@ -1,7 +1,8 @@
 """The per-step record (docs/steps.md): one record per engine step that scheduled work, in each EngineCore,
 sent to the sinks the environment turns on (``OTEL_VLLM_ASCEND_STEPS_ZMQ``: a ZMQ PUB socket, msgpack,
 wire-compatible with NVIDIA Dynamo's forward-pass metrics v1; ``OTEL_VLLM_ASCEND_STEPS_FILE``: JSON lines,
-rotated, size-bounded). With no sink on there is no ``Stream`` (``STATE.step_stream`` is None) and the
+rotated, size-bounded; ``OTEL_VLLM_ASCEND_STEPS_OTLP_LOGS``: OTLP log records; the sinks are step_sinks.py's). With
+no sink on there is no ``Stream`` (``STATE.step_stream`` is None) and the
 scheduler hooks add nothing.
 
 Cost on the EngineCore: the scheduler hook appends one tuple of what it already read (the SchedulerOutput, the
@@ -15,13 +16,14 @@ sockets close (``close``).
 Drops are counted on ``/metrics`` as ``step_record_dropped`` (``export_drops``, a pre-collection step), by
 reason: ``queue_full`` (the background thread fell behind), ``zmq_full`` (a subscriber stopped reading: the
 socket is an XPUB with ``XPUB_NODROP``, so a full subscriber pipe is seen, never silent), ``file_error`` (a
-write failed), ``incomplete`` (a step whose ``update_from_output`` never returned).
+write failed), ``otlp_full`` (more records in the OTLP logs' batch processor than its queue holds),
+``otlp_error`` (the OTLP log exporter reported a failure), ``incomplete`` (a step whose ``update_from_output``
+never returned).
 """
 
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import socket
@@ -29,11 +31,11 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
 
 from .. import catalogue, context, environment
 from ..state import STATE
 from ..version import __version__
+from .step_sinks import ZmqSink, open_sinks
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ DEFAULT_FILE_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_FILE_BACKUPS = 2
 DEFAULT_ZMQ_HWM = 10_000
 #: The reasons of ``step_record_dropped``.
-REASONS = ("queue_full", "zmq_full", "file_error", "incomplete")
+REASONS = ("queue_full", "zmq_full", "file_error", "otlp_full", "otlp_error", "incomplete")
 
 
 def _int_setting(name: str, default: int, low: int) -> int:
@@ -81,135 +83,14 @@ def _variance(values: list) -> float:
     return float(sum((v - mean) ** 2 for v in values) / n)
 
 
-def _port_plus(endpoint: str, dp: int) -> str:
-    """``tcp://host:PORT`` → ``tcp://host:PORT+dp`` (Dynamo's rule: one port per DP rank); ``{dp}`` in any
-    endpoint is replaced by the rank."""
-    if "{dp}" in endpoint:
-        return endpoint.replace("{dp}", str(max(dp, 0)))
-    if endpoint.startswith("tcp://"):
-        head, _, port = endpoint.rpartition(":")
-        if port.isdigit():
-            return f"{head}:{int(port) + max(dp, 0)}"
-    return endpoint
-
-
-def _file_path(template: str) -> str:
-    """``{dp}`` and ``{pid}`` replaced; a path with neither gets ``-<pid>`` before its extension (several
-    EngineCores never share a file)."""
-    if "{dp}" in template or "{pid}" in template:
-        return template.replace("{dp}", context.PROCESS.dp).replace("{pid}", str(os.getpid()))
-    root, ext = os.path.splitext(template)
-    return f"{root}-{os.getpid()}{ext}"
-
-
-class _ZmqSink:
-    def __init__(self, stream: Stream, endpoint: str, hwm: int) -> None:
-        import msgspec
-        import zmq
-
-        self.zmq = zmq
-        self.encode = msgspec.msgpack.Encoder().encode
-        self.context = zmq.Context()
-        sock = self.context.socket(zmq.XPUB)
-        sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full subscriber pipe raises Again: counted, never silent
-        sock.setsockopt(zmq.SNDHWM, hwm)
-        sock.bind(endpoint)
-        self.socket = sock
-        self.endpoint = endpoint
-        self.stream = stream
-        self.seq = 0
-
-    def poll_subscriptions(self) -> None:
-        zmq = self.zmq
-        while True:
-            try:
-                message = self.socket.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if message[:1] == b"\x01":
-                self.stream.subscribers += 1
-            elif message[:1] == b"\x00":
-                self.stream.subscribers -= 1
-
-    def send(self, record: dict) -> None:
-        payload = self.encode(record)
-        try:
-            # Dynamo's frames: topic (empty), an 8-byte big-endian sequence number, the msgpack payload.
-            self.socket.send_multipart((b"", self.seq.to_bytes(8, "big"), payload), flags=self.zmq.NOBLOCK)
-        except self.zmq.Again:
-            self.stream.dropped["zmq_full"] += 1
-            return
-        self.seq += 1
-        self.stream.sent += 1
-
-    def close(self, linger_ms: int) -> None:
-        try:
-            self.socket.close(linger=linger_ms)
-            self.context.term()
-        except Exception:
-            logger.debug("step records: closing the ZMQ socket failed", exc_info=True)
-
-
-class _FileSink:
-    """JSON lines, rotated past ``max_bytes`` (``path.1`` … ``path.<backups>``): at most
-    ``max_bytes * (backups + 1)`` bytes on disk."""
-
-    def __init__(self, stream: Stream, path: str, max_bytes: int, backups: int) -> None:
-        self.stream = stream
-        self.path = path
-        self.max_bytes = max_bytes
-        self.backups = backups
-        self.file: Any = open(path, "a", encoding="utf-8")  # noqa: SIM115 (kept open; closed by close())
-        self.size = self.file.tell()
-
-    def _rotate(self) -> None:
-        self.file.close()
-        if self.backups:
-            for n in range(self.backups - 1, 0, -1):
-                older = f"{self.path}.{n}"
-                if os.path.exists(older):
-                    os.replace(older, f"{self.path}.{n + 1}")
-            os.replace(self.path, f"{self.path}.1")
-        else:
-            os.remove(self.path)
-        self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-        self.size = 0
-
-    def send(self, record: dict) -> None:
-        line = json.dumps(record, separators=(",", ":")) + "\n"
-        try:
-            if self.size and self.size + len(line) > self.max_bytes:
-                self._rotate()
-            self.file.write(line)
-            self.size += len(line)
-        except Exception:
-            self.stream.dropped["file_error"] += 1
-            environment.warn_once(
-                ("step records file", self.path),
-                "opentelemetry-instrumentation-vllm-ascend: step records: writing %s failed",
-                self.path,
-            )
-
-    def batch_done(self) -> None:
-        try:
-            self.file.flush()
-        except Exception:
-            pass
-
-    def close(self, linger_ms: int) -> None:
-        try:
-            self.file.close()
-        except Exception:
-            pass
-
-
 class Stream:
     """This process's step records: the two deques the EngineCore's hooks append to, the background thread,
     the sinks (made in that thread, at its start: the EngineCore's dp is known by then) and the drop counts."""
 
-    def __init__(self, zmq_endpoint: str | None, file_path: str | None) -> None:
+    def __init__(self, zmq_endpoint: str | None, file_path: str | None, otlp_logs: bool = False) -> None:
         self.zmq_endpoint = zmq_endpoint
         self.file_path = file_path
+        self.otlp_logs = otlp_logs
         self.capacity = _int_setting(environment.STEPS_QUEUE, DEFAULT_QUEUE, 1)
         self.file_max_bytes = _int_setting(environment.STEPS_FILE_MAX_BYTES, DEFAULT_FILE_MAX_BYTES, 1024)
         self.file_backups = _int_setting(environment.STEPS_FILE_BACKUPS, DEFAULT_FILE_BACKUPS, 0)
@@ -240,7 +121,7 @@ class Stream:
 
     def forked(self) -> Stream:
         """A forked child's own stream (same settings; nothing of the parent's queue, thread or sockets)."""
-        return Stream(self.zmq_endpoint, self.file_path)
+        return Stream(self.zmq_endpoint, self.file_path, self.otlp_logs)
 
     # -- the EngineCore thread ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -260,28 +141,7 @@ class Stream:
 
     # -- the background thread ----------------------------------------------------------------------------
     def open_sinks(self) -> None:
-        dp = context.PROCESS.dp
-        rank = int(dp) if dp.isdigit() else 0
-        if self.zmq_endpoint:
-            try:
-                self.sinks.append(_ZmqSink(self, _port_plus(self.zmq_endpoint, rank), self.zmq_hwm))
-            except Exception as exc:
-                logger.warning(
-                    "opentelemetry-instrumentation-vllm-ascend: step records: no ZMQ sink on %s (%s: %s)",
-                    self.zmq_endpoint,
-                    type(exc).__name__,
-                    exc,
-                )
-        if self.file_path:
-            try:
-                self.sinks.append(_FileSink(self, _file_path(self.file_path), self.file_max_bytes, self.file_backups))
-            except Exception as exc:
-                logger.warning(
-                    "opentelemetry-instrumentation-vllm-ascend: step records: no file sink at %s (%s: %s)",
-                    self.file_path,
-                    type(exc).__name__,
-                    exc,
-                )
+        open_sinks(self)
 
     def _run(self) -> None:
         try:
@@ -309,6 +169,13 @@ class Stream:
         self.wake.set()
         while (self.queue or self.busy) and time.monotonic() < deadline:
             time.sleep(0.001)
+        for sink in list(self.sinks):
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                try:
+                    flush(max(deadline - time.monotonic(), 0.0))
+                except Exception:
+                    logger.debug("step records: a sink's flush failed", exc_info=True)
 
     def drain(self) -> None:
         self.busy = True
@@ -320,7 +187,7 @@ class Stream:
     def _drain(self) -> None:
         queue = self.queue
         for sink in self.sinks:
-            if isinstance(sink, _ZmqSink):
+            if isinstance(sink, ZmqSink):
                 sink.poll_subscriptions()
         if not queue:
             return
@@ -477,10 +344,11 @@ def configure() -> Stream | None:
     """This process's stream from the environment (``instrument()`` calls it): None when no sink is on."""
     endpoint = os.environ.get(environment.STEPS_ZMQ) or None
     path = os.environ.get(environment.STEPS_FILE) or None
+    otlp_logs = environment.flag(environment.STEPS_OTLP_LOGS) is True
     current = STATE.step_stream
     if current is not None:
         current.close()
-    STATE.step_stream = Stream(endpoint, path) if (endpoint or path) else None
+    STATE.step_stream = Stream(endpoint, path, otlp_logs) if (endpoint or path or otlp_logs) else None
     return STATE.step_stream
 
 
