@@ -201,26 +201,34 @@ MAX_INTERVAL_MS = 86_400_000
 DEFAULT_METRIC_EXPORT_INTERVAL_MS = 60_000  # the OTel SDK's default for OTEL_METRIC_EXPORT_INTERVAL
 
 
-def _milliseconds(name: str, default: int, low: int, high: int) -> int:
-    """A duration in milliseconds from ``name``: ``default`` when unset, or (with one warning) when not
-    a positive integer; clamped, with one warning, to [low, high]."""
+def integer(name: str, default: int, low: int, high: int | None = None, *, clamp: bool = False, unit: str = "") -> int:
+    """An integer setting from ``name``: ``default`` when unset. With one warning: ``default`` when it is not an
+    integer or is below ``low`` (``clamp``: when not a positive integer, and ``low`` when positive but below it);
+    ``high`` when above it."""
     raw = os.environ.get(name)
     if raw is None:
         return default
     try:
-        value = int(raw)
+        value: int | None = int(raw)
     except ValueError:
-        value = 0
-    if value <= 0:
-        using, why = default, "is not a positive integer"
+        value = None
+    if value is None or value < (1 if clamp else low):
+        positive = clamp or low == 1
+        using, why = default, "is not a positive integer" if positive else f"is not an integer of at least {low}"
     elif value < low:
-        using, why = low, f"is below {low} ms"
-    elif value > high:
-        using, why = high, f"is above {high} ms"
+        using, why = low, f"is below {low}{unit}"
+    elif high is not None and value > high:
+        using, why = high, f"is above {high}{unit}"
     else:
         return value
     warn_once((name, raw), "opentelemetry-instrumentation-vllm-ascend: %s=%r %s; using %d", name, raw, why, using)
     return using
+
+
+def _milliseconds(name: str, default: int, low: int, high: int) -> int:
+    """A duration in milliseconds from ``name``: ``default`` when unset, or (with one warning) when not
+    a positive integer; clamped, with one warning, to [low, high]."""
+    return integer(name, default, low, high, clamp=True, unit=" ms")
 
 
 def interval_ms(name: str, default: int) -> int:
@@ -353,23 +361,7 @@ def traces_enabled() -> bool:
 
 def positive_int(name: str, default: int) -> int:
     """A positive integer from ``name``: ``default`` when unset or (with one warning) not a positive integer."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value > 0:
-        return value
-    warn_once(
-        (name, raw),
-        "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a positive integer; using %d",
-        name,
-        raw,
-        default,
-    )
-    return default
+    return integer(name, default, 1)
 
 
 def threshold_seconds(name: str) -> float | None:

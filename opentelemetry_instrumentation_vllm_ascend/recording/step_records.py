@@ -58,22 +58,6 @@ DEFAULT_ZMQ_HWM = 10_000
 REASONS = ("queue_full", "zmq_full", "file_error", "otlp_full", "otlp_error", "incomplete")
 
 
-def _int_setting(name: str, default: int, low: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        environment.warn_once(
-            (name, raw), "opentelemetry-instrumentation-vllm-ascend: %s=%r is invalid; using %d", name, raw, default
-        )
-        return default
-    return value
-
-
 def _variance(values: list) -> float:
     """Population variance (Dynamo's ``var_*`` fields); 0.0 for no value."""
     n = len(values)
@@ -91,10 +75,10 @@ class Stream:
         self.zmq_endpoint = zmq_endpoint
         self.file_path = file_path
         self.otlp_logs = otlp_logs
-        self.capacity = _int_setting(environment.STEPS_QUEUE, DEFAULT_QUEUE, 1)
-        self.file_max_bytes = _int_setting(environment.STEPS_FILE_MAX_BYTES, DEFAULT_FILE_MAX_BYTES, 1024)
-        self.file_backups = _int_setting(environment.STEPS_FILE_BACKUPS, DEFAULT_FILE_BACKUPS, 0)
-        self.zmq_hwm = _int_setting(environment.STEPS_ZMQ_HWM, DEFAULT_ZMQ_HWM, 1)
+        self.capacity = environment.integer(environment.STEPS_QUEUE, DEFAULT_QUEUE, 1)
+        self.file_max_bytes = environment.integer(environment.STEPS_FILE_MAX_BYTES, DEFAULT_FILE_MAX_BYTES, 1024)
+        self.file_backups = environment.integer(environment.STEPS_FILE_BACKUPS, DEFAULT_FILE_BACKUPS, 0)
+        self.zmq_hwm = environment.integer(environment.STEPS_ZMQ_HWM, DEFAULT_ZMQ_HWM, 1)
         self.worker_id = os.environ.get(environment.STEPS_WORKER_ID) or f"{socket.gethostname()}:{os.getpid()}"
         #: Steps scheduled, waiting for their update_from_output (the hooks' side; FIFO, a few at most).
         self.pending: deque = deque()

@@ -114,6 +114,30 @@ def test_bad_interval_is_a_log_line_and_the_default(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize(
+    "raw, expected, lines",
+    [(None, 7, 0), ("4096", 4096, 0), ("1024", 1024, 0), ("1023", 7, 1), ("-5", 7, 1), ("1e3", 7, 1), ("", 7, 1)],
+)
+def test_an_integer_setting_below_its_floor_or_not_an_integer_is_one_line_and_the_default(
+    monkeypatch, caplog, raw, expected, lines
+):
+    from opentelemetry_instrumentation_vllm_ascend import state
+
+    state.reset()  # warnings not yet given
+    name = environment.STEPS_FILE_MAX_BYTES
+    if raw is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, raw)
+    assert [environment.integer(name, 7, 1024) for _ in range(3)] == [expected] * 3
+    said = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(said) == lines
+    if lines:
+        assert said == [
+            f"opentelemetry-instrumentation-vllm-ascend: {name}={raw!r} is not an integer of at least 1024; using 7"
+        ]
+
+
+@pytest.mark.parametrize(
     "raw, expected",
     [
         ("0", 2000),
