@@ -95,24 +95,9 @@ FUTURE_AFTER = """\
         else:
     """ + AFTER.replace("\n", "\n    ")
 
+#: A timer: the call's duration in ``_otel_seconds``, then ``{inline}`` under the guard — the handler's ``timed``
+#: called, or the lines it hands over to run in place of that call (``Handler.timed_inline``, one frame less).
 TIMER_BODY = """
-{def_} {name}({params}):
-    _otel_handler = _otel_hook.handler
-    if _otel_handler is None:
-        return {await_}_otel_original({call})
-    _otel_start = _otel_clock()
-    _otel_result = {await_}_otel_original({call})  # to completion: awaiting included
-    _otel_end = _otel_clock()
-    try:
-        _otel_handler.timed(_otel_end - _otel_start, {args}, {kwargs}, _otel_result)
-    except Exception:
-        _otel_report(_otel_handler, "timed")
-    return _otel_result
-"""
-
-#: A timer whose handler hands its ``timed`` over as lines (``Handler.timed_inline``): they run here, in place of
-#: the call, under the same guard.
-TIMER_INLINE_BODY = """
 {def_} {name}({params}):
     _otel_handler = _otel_hook.handler
     if _otel_handler is None:
@@ -126,6 +111,8 @@ TIMER_INLINE_BODY = """
         _otel_report(_otel_handler, "timed")
     return _otel_result
 """
+#: TIMER_BODY's ``{inline}`` where the handler hands over no lines.
+TIMED_CALL = "_otel_handler.timed(_otel_seconds, {args}, {kwargs}, _otel_result)"
 
 _GENERIC = "*_otel_a, **_otel_k"
 
@@ -175,7 +162,9 @@ _GUARD = """\
 """
 
 
-def generate(original, hook, body: str, *, is_async: bool, head, guard: str | None = None, inline: str = "", **extra):
+def generate(
+    original, hook, body: str, *, is_async: bool, head, guard: str | None = None, inline: str | None = None, **extra
+):
     namespace = {
         "_otel_hook": hook,
         "_otel_original": original,
@@ -193,6 +182,8 @@ def generate(original, hook, body: str, *, is_async: bool, head, guard: str | No
         args, kwargs = "_otel_a", "_otel_k"
     # A handler's after_if needs the target's parameter names: only in the signature form.
     guard = _GUARD.format(guard=guard) if guard and signature is not None else ""
+    if inline is None:
+        inline = TIMED_CALL.format(args=args, kwargs=kwargs)
     source = body.format(
         name="_otel_vllm_ascend_wrapper",
         params=params,

@@ -66,7 +66,7 @@ def _timer(original, hook, is_async: bool):
     return codegen.generate(
         original,
         hook,
-        codegen.TIMER_INLINE_BODY,
+        codegen.TIMER_BODY,
         is_async=is_async,
         head=handler.reads_args,
         inline=lines,
