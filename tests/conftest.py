@@ -2,6 +2,7 @@ import contextlib
 import os
 
 import pytest
+from hypothesis import settings
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from opentelemetry_instrumentation_vllm_ascend import (
@@ -22,6 +23,12 @@ os.environ.setdefault(environment.ENABLED_METRICS, "*")
 #: Collections run the handlers' pre-collection steps (the stage budgets' flush, the neighbours' re-check) as in
 #: an instrumented process, also in tests that drive handlers without ``instrument()``.
 register_collection_steps()
+#: CI (``CI`` set, as .ci/run does) runs the property tests on the same examples each time, so a run's result is
+#: the code's; locally they draw new ones each run (what they found became tests, e.g. test_pipeline.py's
+#: several-exporters case).
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 
 class Metrics:

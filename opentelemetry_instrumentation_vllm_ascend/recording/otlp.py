@@ -108,32 +108,28 @@ def fork_guarded(inner: MetricExporter) -> MetricExporter:
 
 def load_exporters(names, signal: str) -> list:
     """One exporter per name of OTEL_METRICS_EXPORTER (``signal="metrics"``) or OTEL_TRACES_EXPORTER (``"traces"``),
-    created from the entry point the SDK's configurator would load (:func:`entry_point_name`); a name that cannot be
-    loaded is one warning (or logged error) and no exporter."""
+    created from the entry point the SDK's configurator would load (:func:`entry_point_name`); the names that cannot
+    be loaded are one warning together (one that raises while created, a logged error) and no exporter."""
     from importlib.metadata import entry_points
 
     variable = f"OTEL_{signal.upper()}_EXPORTER"
-    exporters = []
+    exporters, problems = [], []
     for name in names:
         try:
             try:
                 chosen = entry_point_name(name, signal)
             except ValueError as exc:
-                environment.warn_once(
-                    (signal, "exporter", name, str(exc)), "%s=%s: %s; not exporting there", variable, name, exc
-                )
+                problems.append(f"{name!r}: {exc}")
                 continue
             found = list(entry_points(group=f"opentelemetry_{signal}_exporter", name=chosen))
             if not found:
-                environment.warn_once(
-                    (signal, "exporter", name),
-                    "%s names %r (exporter %r), which is not installed: not exporting there",
-                    variable,
-                    name,
-                    chosen,
-                )
+                problems.append(f"{name!r} (exporter {chosen!r}) is not installed")
                 continue
             exporters.append(found[0].load()())
         except Exception:
             logger.exception("could not create the %r %s exporter; continuing without it", name, signal)
+    if problems:
+        environment.warn_once(
+            (signal, "exporter", tuple(problems)), "%s: %s; not exporting there", variable, "; ".join(problems)
+        )
     return exporters

@@ -11,6 +11,8 @@ line naming the shape that is gone.
   is what the SDK's reader reads).
 - ``PeriodicExportingMetricReader._shutdown_event``: a forked child stops the reader thread it inherited.
   Without it: the reader's public ``shutdown()`` (its exporters are fork-guarded: nothing is exported twice).
+- ``opentelemetry.sdk._logs`` (the logs SDK has no public module yet): the step records' OTLP logs sink. Without
+  it: that sink is off (one log line); the other sinks go on.
 - ``TracerProvider._active_span_processor``: request spans go to a user's TracerProvider's processors. Without it:
   they go to OTEL_TRACES_EXPORTER's exporters (as for a provider that is not the SDK's), said in the log line.
 """
@@ -138,3 +140,14 @@ def span_processor(provider):
             "request traces go to OTEL_TRACES_EXPORTER, not to the tracer_provider given to instrument()",
         )
     return None
+
+
+# -- the logs SDK ---------------------------------------------------------------------------------------------------
+def logs_sdk() -> tuple:
+    """(LoggerProvider, BatchLogRecordProcessor) of the SDK's logs module, still private
+    (``opentelemetry.sdk._logs``). Raises ImportError where it is gone: the step records' OTLP logs sink is then
+    off, with its one log line (``step_sinks.open_sinks``)."""
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+    return LoggerProvider, BatchLogRecordProcessor

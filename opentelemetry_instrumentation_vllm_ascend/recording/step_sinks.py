@@ -219,10 +219,10 @@ class OtlpLogsSink:
     here and counted (``otlp_full``)."""
 
     def __init__(self, stream: Stream, exporter=None, resource=None) -> None:
-        from opentelemetry.sdk._logs import LoggerProvider
-        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
-
         from ..version import __version__
+        from .private_otel import logs_sdk
+
+        LoggerProvider, BatchLogRecordProcessor = logs_sdk()
 
         if resource is None:
             from . import pipeline

@@ -33,6 +33,8 @@ ALLOWED = {
         "_preferred_aggregation",
         "_shutdown_event",
         "_active_span_processor",
+        "opentelemetry.sdk._logs",
+        "opentelemetry.sdk._logs.export",
     },
     "recording/private_prometheus.py": {"_names_to_collectors"},
     "neighbours.py": {"_self_wrapper"},  # wrapt's, on a neighbour's FunctionWrapper

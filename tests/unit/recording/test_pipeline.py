@@ -107,6 +107,21 @@ def test_unknown_exporter_name_is_a_log_line_not_a_failure(monkeypatch, tmp_path
     pipeline.reset()
 
 
+def test_several_unknown_exporter_names_are_one_log_line_naming_each(monkeypatch, tmp_path, caplog):
+    """One line per setting, however many of its names fail (found by the configuration fuzzer: 'bogus,otlp'
+    where the gRPC exporter is not installed gave two)."""
+    monkeypatch.setenv(environment.FILES_DIR, str(tmp_path))
+    monkeypatch.setenv(environment.METRICS_EXPORTER, "no_such_exporter,console,nor_this_one")
+    pipeline.reset()
+    recording.add(catalogue.RUNNING_TO_WAITING, 1, context.step_labels("decode"))
+    said = [r.getMessage() for r in caplog.records if environment.METRICS_EXPORTER in r.getMessage()]
+    assert said == [
+        f"{environment.METRICS_EXPORTER}: 'no_such_exporter' (exporter 'no_such_exporter') is not installed; "
+        "'nor_this_one' (exporter 'nor_this_one') is not installed; not exporting there"
+    ]
+    pipeline.reset()
+
+
 def test_bad_interval_is_a_log_line_and_the_default(monkeypatch, caplog):
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "soon")
     assert environment.interval_ms(environment.PROMETHEUS_INTERVAL_MS, 2000) == 2000
