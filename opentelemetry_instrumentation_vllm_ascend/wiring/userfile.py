@@ -82,9 +82,6 @@ _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _QUALNAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _DUNDER_OK = frozenset({"__init__", "__call__"})
 
-#: The incumbent's handlers and their fates here: wiring/incumbent.py (one table, docs generated from it).
-_MSM = incumbent.CURRENT
-
 
 @dataclass
 class Entry:
