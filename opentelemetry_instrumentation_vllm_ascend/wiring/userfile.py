@@ -36,7 +36,7 @@ from packaging.version import InvalidVersion, Version
 from .. import catalogue, environment
 from ..hooks.patches import original_class
 from ..kinds import ASYNC_GENERATOR, COROUTINE, COROUTINE_TIMER, SYNC, SYNC_TIMER
-from ..targets import TARGETS, Target, all_labels
+from ..targets import TARGETS, Target
 from . import incumbent
 from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: the bounds this format documents)
     COUNTER,
@@ -52,6 +52,7 @@ from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: t
     argument_names,
     expressions_of,
 )
+from .differences import builtin_differences, phase_difference, plain, recorded_differences, user_differences
 from .expressions import SPECIAL, ExpressionError, compile_expression
 from .versions import vllm_ascend_version, vllm_version
 
@@ -306,11 +307,11 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     name = handler.rsplit(":", 1)[1] if isinstance(handler, str) else ""
     if row is not None:
         if row.fate in (incumbent.BUILT_IN, incumbent.IDENTITY):
-            handler_note = f"handler {name} -> built-in {_plain(row.here)}"
+            handler_note = f"handler {name} -> built-in {plain(row.here)}"
             if row.records:  # which of our metrics record what it recorded
                 handler_note += ": records " + ", ".join(row.records)
-            differences += map(_plain, row.differences)
-            differences += _recorded_differences(row.records, entry.symbol, feeds)
+            differences += map(plain, row.differences)
+            differences += recorded_differences(row.records, entry.symbol, feeds)
             if metrics:
                 differences.append(
                     f"ms-service-metric calls a handler given with metrics as a factory of the metrics' hook; {name} "
@@ -324,8 +325,8 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
                 )
             if row.fate == incumbent.SELECT:
                 metrics = _selected(row, name, metrics)
-            handler_note = f"handler {name}: {_plain(row.here)}"
-            differences += map(_plain, row.differences)
+            handler_note = f"handler {name}: {plain(row.here)}"
+            differences += map(plain, row.differences)
     if row is not None and not metrics:
         entry.differences = tuple(dict.fromkeys(differences))
         if raw.get("enabled", True) is False:
@@ -358,19 +359,19 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
             here = "this symbol" if entry.symbol in by else (", ".join(by) or "a built-in hook")
             unused = " (its expr/labels/buckets are not used)" if set(raw_metric) - {"name", "type"} else ""
             mapped_names.append(f"{measure.metric} by {here}{unused}")
-            differences += _builtin_differences(raw_metric, measure.metric, entry.symbol, feeds)
+            differences += builtin_differences(raw_metric, measure.metric, entry.symbol, feeds)
             if row is not None and row.phase:
-                differences += _phase_difference(measure.metric, row, name)
+                differences += phase_difference(measure.metric, row, name)
             continue
         measures.append(measure)
         if row is None or row.fate != incumbent.SELECT:  # a SELECT handler's values are not the file's expr
-            differences += _user_differences(raw_metric, measure)
+            differences += user_differences(raw_metric, measure)
     seen.update(local)
     entry.measures = tuple(measures)
     if measures and row is not None and row.phase:
         differences.append(
             f"phase of {', '.join(m.metric for m in measures)}: ms-service-metric's {name} "
-            f"labels it with {_plain(row.phase)}; here {_plain(incumbent.STEP_PHASE)}"
+            f"labels it with {plain(row.phase)}; here {plain(incumbent.STEP_PHASE)}"
         )
     entry.differences = tuple(dict.fromkeys(differences))  # each once, in order
     ignored = lock_note + notes
@@ -394,11 +395,6 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     )
 
 
-def _plain(text: str) -> str:
-    """Docs text (markdown code spans) as a log line says it."""
-    return text.replace("`", "")
-
-
 def _handler_row(handler) -> incumbent.Handler:
     """The incumbent table's row for ``handler:`` (wiring/incumbent.py); raises _Rejected for a name it does not
     know or a handler whose fate is rejected, saying what to write instead."""
@@ -410,7 +406,7 @@ def _handler_row(handler) -> incumbent.Handler:
             "(or counter, or histogram / gauge with expr) on the symbol instead"
         )
     if row.fate == incumbent.REJECTED:
-        raise _Rejected(f"handler {handler.rsplit(':', 1)[1]}: {_plain(row.here)}")
+        raise _Rejected(f"handler {handler.rsplit(':', 1)[1]}: {plain(row.here)}")
     return row
 
 
@@ -431,111 +427,6 @@ def _selected(row: incumbent.Handler, name: str, metrics) -> list:
             )
         expr = values[metric_name]  # the handler records a gauge whatever the entry's type says
         out.append({**raw_metric, "type": GAUGE, **({"expr": expr} if expr else {})})
-    return out
-
-
-def _user_differences(raw: dict, measure: Measure) -> list[str]:
-    """How a hook file's own metric records differently from ms-service-metric's recording of the same entry
-    (its builtin.default_handler). None under OTEL_VLLM_ASCEND_HOOK_SEMANTICS=ms-service-metric, which records as
-    the incumbent does (``Measure.incumbent``)."""
-    out: list[str] = []
-    if measure.incumbent:
-        return out
-    if raw.get("type") == HISTOGRAM and measure.value is None:
-        out.append(
-            f"{measure.metric}: a histogram without expr records the call's duration here; ms-service-metric "
-            "records 1 per call"
-        )
-    if measure.value is not None:
-        out.append(
-            f"{measure.metric}: where expr fails or is not a number the sample is skipped here (counted in "
-            f"{catalogue.PREFIX}hook_errors_total); ms-service-metric records 1"
-        )
-        if measure.kind == COUNTER:
-            out.append(
-                f"{measure.metric}: an expr value of 0 adds nothing here and a negative one is skipped; "
-                "ms-service-metric adds 1 for any value <= 0"
-            )
-    return out
-
-
-#: The phase label a built-in declarative measure carries, in words (targets.MEASURE_PHASES).
-_OUR_PHASE = (
-    (PHASE_ALL, 'phase="all"'),
-    (PHASE_STEP, _plain(incumbent.STEP_PHASE)),
-    (PHASE_ENGINE_STEP, "the phase of the step scheduled during the call (idle where none was)"),
-)
-
-
-def _phase_difference(seed: str, row: incumbent.Handler, handler: str) -> list[str]:
-    """How the ``phase`` label of built-in ``seed`` differs from the one the incumbent's ``handler`` (its function
-    name) gives it."""
-    phases = {m.phase for target in TARGETS for m in target.measures if m.metric == seed}
-    ours = dict(_OUR_PHASE).get(phases.pop()) if len(phases) == 1 else None
-    theirs = _plain(row.phase)
-    if ours is None or theirs == ours:
-        return []
-    return [f"{seed}: phase: ms-service-metric's {handler} labels it with {theirs}; here {ours}"]
-
-
-def _opt_in(seed: str) -> list[str]:
-    if environment.opt_in_off(seed):
-        return [f"{seed} is opt-in and off: name it in {environment.ENABLED_METRICS} to record it"]
-    return []
-
-
-def _hook_point(seed: str, symbol: str, feeds: dict) -> list[str]:
-    by = sorted(feeds.get(seed, ()))
-    if not by or symbol in by:
-        return []
-    shown = ", ".join(by[:3]) + (f" (+{len(by) - 3} more)" if len(by) > 3 else "")
-    return [f"{seed}: hook point: recorded at {shown}, not at {symbol}"]
-
-
-def _recorded_differences(seeds, symbol: str, feeds: dict) -> list[str]:
-    """What differs for the built-in metrics an incumbent handler records (hook point, timing, opt-in)."""
-    out: list[str] = []
-    points = [d for seed in seeds for d in _hook_point(seed, symbol, feeds)]
-    if len(points) > 2:
-        shown = ", ".join(sorted({s for seed in seeds for s in feeds.get(seed, ())})[:3])
-        out.append(f"hook point: these metrics are recorded at {shown}…, not at {symbol}")
-    else:
-        out += points
-    for seed in seeds:
-        timed = incumbent.timed_differently(seed)
-        if timed:
-            out.append(f"{seed}: what is timed: {timed}")
-        out += _opt_in(seed)
-    return out
-
-
-def _builtin_differences(raw: dict, seed: str, symbol: str, feeds: dict) -> list[str]:
-    """What differs between a hook file's metric named like a built-in one and the built-in that records it:
-    type, buckets, expr, labels, hook point, what is timed, opt-in state."""
-    spec = catalogue.BY_SEED[seed]
-    out: list[str] = []
-    kind = raw.get("type", TIMER)
-    declared = {TIMER: catalogue.HISTOGRAM, HISTOGRAM: catalogue.HISTOGRAM, COUNTER: catalogue.COUNTER}.get(
-        kind, catalogue.GAUGE
-    )
-    if declared != spec.kind or (kind == TIMER and spec.unit != "s"):
-        lost = " (no _bucket/_sum/_count series)" if declared == catalogue.HISTOGRAM else ""
-        out.append(f"{seed}: type: declared {kind}, recorded as the built-in {spec.kind} of {spec.unit}{lost}")
-    if raw.get("buckets") is not None:
-        named = next((n for n, b in catalogue.BUCKET_SETS.items() if tuple(b) == tuple(spec.buckets or ())), None)
-        theirs = f"the built-in's {named} buckets" if named else "the built-in's buckets"
-        out.append(f"{seed}: buckets: yours ({len(raw['buckets'])} bounds) are not used; {theirs} apply")
-    if raw.get("expr") not in (None, ""):
-        first = spec.description.split(". ")[0].rstrip(".")
-        out.append(f"{seed}: expr {raw['expr']!r} is not used; the built-in records: {first}")
-    if raw.get("labels"):
-        names = ", ".join(str(label.get("name")) for label in raw["labels"] if isinstance(label, dict))
-        out.append(f"{seed}: labels {names} are not added; the built-in's labels are " + ", ".join(all_labels(spec)))
-    out += _hook_point(seed, symbol, feeds)
-    timed = incumbent.timed_differently(seed)
-    if timed:
-        out.append(f"{seed}: what is timed: {timed}")
-    out += _opt_in(seed)
     return out
 
 
