@@ -608,7 +608,6 @@ LONG_MODULES = {
     "wiring/installer.py": "tests patch its vllm_version / configuration / check as the one seam of the versions",
     "wiring/userfile.py": "the entry compiler is one unit; its hook-row helpers are what cli/* imports",
     "recording/step_records.py": "issue 51's step records, changed by other work at the same time",
-    "recording/pipeline.py": "the fork handler's module; its pre-collection registry and views are imported widely",
     "recording/fastpath.py": "the fast-path aggregator: code on the step, not moved",
     "recording/files_writer.py": "the /metrics files' writer: code on the step, not moved",
     "handlers/scheduler.py": "the scheduler's step handlers: code on the step, not moved",
