@@ -1,18 +1,55 @@
-"""What a loaded or mapped hook-file entry (wiring/userfile.py) records differently from ms-service-metric
-(``Entry.differences``, in its log line and in ``check --config``): type, buckets, expr, labels, hook point, what
-is timed, opt-in state, phase."""
+"""A hook-file entry (wiring/userfile.py) against ms-service-metric: the incumbent table's row for its ``handler:``
+and the metrics such a handler records (``handler_row``, ``selected``), and what a loaded or mapped entry records
+differently (``Entry.differences``, in its log line and in ``check --config``): type, buckets, expr, labels, hook
+point, what is timed, opt-in state, phase."""
 
 from __future__ import annotations
 
 from .. import catalogue, environment
 from ..targets import TARGETS, all_labels
 from . import incumbent
-from .declarative import COUNTER, HISTOGRAM, PHASE_ALL, PHASE_ENGINE_STEP, PHASE_STEP, TIMER, Measure
+from .declarative import COUNTER, GAUGE, HISTOGRAM, PHASE_ALL, PHASE_ENGINE_STEP, PHASE_STEP, TIMER, Measure
+from .entries import Rejected
 
 
 def plain(text: str) -> str:
     """Docs text (markdown code spans) as a log line says it."""
     return text.replace("`", "")
+
+
+def handler_row(handler) -> incumbent.Handler:
+    """The incumbent table's row for ``handler:`` (wiring/incumbent.py); raises Rejected for a name it does not
+    know or a handler whose fate is rejected, saying what to write instead."""
+    row = incumbent.find(handler) if isinstance(handler, str) else None
+    if row is None:
+        raise Rejected(
+            f"handler {handler!r} is not one of ms-service-metric's handlers (docs/configuration.md, Incumbent "
+            "handlers; nothing named in a file is imported or run): write metrics: [{name: <yours>, type: timer}] "
+            "(or counter, or histogram / gauge with expr) on the symbol instead"
+        )
+    if row.fate == incumbent.REJECTED:
+        raise Rejected(f"handler {handler.rsplit(':', 1)[1]}: {plain(row.here)}")
+    return row
+
+
+def selected(row: incumbent.Handler, name: str, metrics) -> list:
+    """The entry's metrics under a handler that records fixed values picked by name: each one it knows, as the
+    built-in metric or a gauge with the handler's value as its expression; any other is rejected (the incumbent
+    skips it silently)."""
+    if not isinstance(metrics, list):
+        raise Rejected("metrics must be a list")
+    values = dict(row.values)
+    out = []
+    for n, raw_metric in enumerate(metrics, 1):
+        metric_name = raw_metric.get("name") if isinstance(raw_metric, dict) else None
+        if metric_name not in values:
+            raise Rejected(
+                f"metric {n} ({metric_name}): {name} records only {', '.join(values)} (ms-service-metric skips any "
+                "other name): remove it, or give it an expr in an entry without handler"
+            )
+        expr = values[metric_name]  # the handler records a gauge whatever the entry's type says
+        out.append({**raw_metric, "type": GAUGE, **({"expr": expr} if expr else {})})
+    return out
 
 
 def user_differences(raw: dict, measure: Measure) -> list[str]:
