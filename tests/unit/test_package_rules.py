@@ -605,7 +605,6 @@ LONG_MODULES = {
     "paths.py": "the path table (what each metric measures per path) and its detection; cli/* imports both",
     "environment.py": "every setting's reader, in one place; a file other work edits at the same time",
     "wiring/incumbent.py": "the incumbent's handlers and their fates: one table, docs generated from it",
-    "recording/step_records.py": "issue 51's step records, changed by other work at the same time",
     "recording/fastpath.py": "the fast-path aggregator: code on the step, not moved",
     "recording/files_writer.py": "the /metrics files' writer: code on the step, not moved",
     "handlers/scheduler.py": "the scheduler's step handlers: code on the step, not moved",
