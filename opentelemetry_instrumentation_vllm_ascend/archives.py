@@ -165,37 +165,6 @@ def _version_of(project: str, filename: str) -> str | None:
     return version if name and normalize(name) == normalize(project) else None
 
 
-def newest_release(project: str, indexes: list[str] | None = None, prereleases: bool = False) -> str:
-    """The newest release of ``project`` on the configured index that has an sdist or a wheel there (a release
-    whose files are all yanked does not count): the newest final one, or with ``prereleases`` the newest
-    including release candidates, alphas and betas (vllm-ascend publishes release candidates for months before a
-    final: what Ascend users run). Development releases never count."""
-    from packaging.version import InvalidVersion, Version
-
-    page = project_page(project, indexes)
-    with_files: set[str] = set()
-    for entry in page.get("files", ()):
-        if entry.get("yanked"):
-            continue
-        version = _version_of(project, entry["filename"])
-        if version:
-            with_files.add(version)
-    best: tuple[Version, str] | None = None
-    for text in with_files:
-        try:
-            parsed = Version(text)
-        except InvalidVersion:
-            continue
-        if parsed.is_devrelease or (parsed.is_prerelease and not prereleases):
-            continue
-        if best is None or parsed > best[0]:
-            best = (parsed, text)
-    if best is None:
-        kind = "release" if prereleases else "final release"
-        raise NotOnIndex(f"no {kind} of {project} on the configured index")
-    return best[1]
-
-
 # -- archives ------------------------------------------------------------------------------------------------------
 
 

@@ -47,7 +47,7 @@ from types import MappingProxyType
 from .. import catalogue, environment, targets
 from ..hooks.handler import Handler, report
 from ..recording import traces as pipeline
-from ..recording.traces import KV_LOADED, KV_START, KV_WAIT_KEY, MAX_KV_MARKS, PREEMPTED, QUEUED, SCHEDULED, Journey
+from ..recording.journeys import KV_LOADED, KV_START, KV_WAIT_KEY, MAX_KV_MARKS, PREEMPTED, QUEUED, SCHEDULED, Journey
 from ..state import STATE
 
 logger = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 :class:`FilesCollector` merges every process's files of one directory (written by ``files_writer``) as
 prometheus_client's MultiProcessCollector would, with parsed keys cached across scrapes; where vLLM merges
-``PROMETHEUS_MULTIPROC_DIR`` itself, :func:`guard_multiprocess_collector` keeps a file of ours that is not
+``PROMETHEUS_MULTIPROC_DIR`` itself, ``multiprocess_guard`` keeps a file of ours that is not
 whole from taking its ``/metrics`` down and adds our exemplars to its histogram buckets. Gauges of processes that
 no longer run (``identity``) are skipped.
 
@@ -57,7 +57,7 @@ def read_whole(path: str, parse) -> list:
     return [(parse(key), value, timestamp) for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path)]
 
 
-def _warn_unreadable(seen: set, path: str, exc: Exception) -> None:
+def warn_unreadable(seen: set, path: str, exc: Exception) -> None:
     """One warning per unreadable file (each scrape skips it again, silently)."""
     if path in seen:
         return
@@ -71,7 +71,7 @@ def _warn_unreadable(seen: set, path: str, exc: Exception) -> None:
     )
 
 
-def _key_fields(key: str) -> None:
+def key_fields(key: str) -> None:
     """A key as prometheus_client's multiprocess collector unpacks it: a JSON list of metric name,
     sample name, labels object, help text."""
     import json
@@ -122,7 +122,7 @@ class Sharing:
         return True
 
 
-def _rename_families(metrics) -> list:
+def rename_families(metrics) -> list:
     """prometheus_client ``Metric``s (``MultiProcessCollector.merge``'s), those with our prefix renamed
     (``shared_name``), family and samples."""
     out = []
@@ -132,63 +132,6 @@ def _rename_families(metrics) -> list:
             metric.samples = [s._replace(name=shared_name(s.name)) for s in metric.samples]
         out.append(metric)
     return out
-
-
-class _Merged(threading.local):
-    #: The directory of the files the last ``MultiProcessCollector.merge`` of this thread read (its collector's).
-    directory: str | None = None
-
-
-class _GuardedMerge:
-    """``MultiProcessCollector.merge`` (public; ``collect()`` hands it every file of ``PROMETHEUS_MULTIPROC_DIR``)
-    reads them all at once and raises on the first it cannot read, taking vLLM's whole ``/metrics`` down (its own
-    metrics too): this replacement hands it the same files less those of ours that are not whole (each checked
-    with ``read_whole``; one warning per file). Other files are passed on untouched. It notes the files' directory
-    (``merged``), where ``_ExemplarCollect`` finds the exemplar files.
-
-    Ours and the other files are merged apart (each file once) and put together; while another writer's families
-    include one with our prefix, ours with that prefix are renamed first (``Sharing``), so no family of ours is
-    summed with another tool's. Where both write a name outside our prefix, one merge of every file, as before."""
-
-    def __init__(self, original) -> None:
-        self.original = original  # the staticmethod object of MultiProcessCollector
-        self.skipped: set = set()
-        self.sharing = Sharing()
-        self.merged = _Merged()
-
-    def __call__(self, files, accumulate=True):
-        ours, others = [], []
-        for path in files:
-            if FILE_TOKEN in os.path.basename(path):
-                try:
-                    read_whole(path, _key_fields)
-                except FileNotFoundError:
-                    continue
-                except Exception as exc:
-                    _warn_unreadable(self.skipped, path, exc)
-                    continue
-                ours.append(path)
-            else:
-                others.append(path)
-        self.merged.directory = os.path.dirname(files[0]) if files else None
-        merge = self.original.__func__
-        if not ours or not others:
-            return merge(ours or others, accumulate)
-        metrics = list(merge(others, accumulate))
-        mine = list(merge(ours, accumulate))
-        names = {m.name for m in metrics}
-        if not self.sharing.shared(names):
-            if names.isdisjoint(m.name for m in mine):
-                return metrics + mine
-            return merge(ours + others, accumulate)  # a name both write: one merge sums it, as always
-        by_name = {m.name: m for m in metrics}
-        for metric in _rename_families(mine):
-            current = by_name.get(metric.name)
-            if current is None:
-                metrics.append(metric)
-            else:  # a name both write outside our prefix: one family, the two writers' series side by side
-                current.samples.extend(metric.samples)
-        return metrics
 
 
 class ExemplarFiles:
@@ -226,7 +169,7 @@ class ExemplarFiles:
             except FileNotFoundError:
                 continue
             except Exception as exc:
-                _warn_unreadable(self._skipped, path, exc)
+                warn_unreadable(self._skipped, path, exc)
                 continue
             for key, value, timestamp, trace_id, span_id in rows:
                 current = newest.get(key)
@@ -264,84 +207,6 @@ def attach_exemplars(metrics, exemplars: dict) -> None:
                 samples[i] = sample._replace(exemplar=exemplar)
 
 
-class _ExemplarCollect:
-    """``MultiProcessCollector.collect`` with our exemplars on its buckets (prometheus_client's multiprocess mode
-    has no exemplars: the files hold values only). The merged samples are passed on otherwise untouched."""
-
-    def __init__(self, original, merged: _Merged) -> None:
-        self.original = original  # the function of MultiProcessCollector
-        self.merged = merged  # where the guarded merge notes the directory it read
-        self.readers: dict[str, ExemplarFiles] = {}
-        self.failed = False
-
-    def __call__(self, collector):
-        self.merged.directory = None
-        metrics = self.original(collector)
-        try:
-            directory = self.merged.directory
-            if directory is None:  # no files: no buckets to put exemplars on
-                return metrics
-            reader = self.readers.get(directory)
-            if reader is None:
-                reader = self.readers[directory] = ExemplarFiles(directory)
-            metrics = list(metrics)
-            attach_exemplars(metrics, reader.read())
-        except Exception:  # never /metrics down for an exemplar
-            if not self.failed:
-                self.failed = True
-                logger.warning(
-                    "opentelemetry-instrumentation-vllm-ascend: cannot add exemplars to /metrics", exc_info=True
-                )
-        return metrics
-
-    def __get__(self, instance, owner=None):  # a method of the collector, as the function it replaces
-        return self if instance is None else _bound(self, instance)
-
-
-def _bound(replacement: _ExemplarCollect, instance):
-    def collect():
-        return replacement(instance)
-
-    return collect
-
-
-class MultiprocessGuard:
-    __slots__ = ("replacement", "collect")
-
-    def __init__(self, replacement, collect=None) -> None:
-        self.replacement = replacement
-        self.collect = collect
-
-    def remove(self) -> None:
-        from prometheus_client.multiprocess import MultiProcessCollector
-
-        replacement: _GuardedMerge = self.replacement
-        current = MultiProcessCollector.__dict__.get("merge")
-        if isinstance(current, staticmethod) and current.__func__ is replacement:
-            MultiProcessCollector.merge = replacement.original
-        if self.collect is not None and MultiProcessCollector.__dict__.get("collect") is self.collect:
-            MultiProcessCollector.collect = self.collect.original
-
-
-def guard_multiprocess_collector() -> MultiprocessGuard | None:
-    """Install ``_GuardedMerge`` and ``_ExemplarCollect`` in this process (where vLLM serves ``/metrics`` from
-    ``PROMETHEUS_MULTIPROC_DIR``); None when prometheus_client has no such method or they are in place. Both wrap
-    public methods of MultiProcessCollector (``merge``, ``collect``)."""
-    from prometheus_client.multiprocess import MultiProcessCollector
-
-    original = MultiProcessCollector.__dict__.get("merge")
-    if not isinstance(original, staticmethod) or isinstance(original.__func__, _GuardedMerge):
-        return None
-    replacement = _GuardedMerge(original)
-    MultiProcessCollector.merge = staticmethod(replacement)
-    collect = MultiProcessCollector.__dict__.get("collect")
-    exemplar_collect = None
-    if callable(collect) and not isinstance(collect, _ExemplarCollect):
-        exemplar_collect = _ExemplarCollect(collect, replacement.merged)
-        MultiProcessCollector.collect = exemplar_collect
-    return MultiprocessGuard(replacement, exemplar_collect)
-
-
 class _Skip(threading.local):
     active = False
     #: Set by collect() while active: the registry being encoded holds this collector (public evidence of it).
@@ -374,7 +239,7 @@ class FilesCollector:
         return []
 
     def _unreadable(self, path: str, exc: Exception) -> None:
-        _warn_unreadable(self._skipped, path, exc)
+        warn_unreadable(self._skipped, path, exc)
 
     def _parse(self, key: str) -> tuple:
         parsed = self._keys.get(key)

@@ -22,7 +22,8 @@ from .. import environment
 
 if TYPE_CHECKING:
     from .exposition import FastExposition
-    from .files_reader import FilesCollector, MultiprocessGuard
+    from .files_reader import FilesCollector
+    from .multiprocess_guard import MultiprocessGuard
     from .openmetrics_names import KeptNames
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Exposition:
         if os.environ.get(environment.PROMETHEUS_MULTIPROC_DIR):
             # vLLM serves /metrics from that directory in this process or its children (several API
             # servers): a file of ours that cannot be read must not take it down.
-            from .files_reader import guard_multiprocess_collector
+            from .multiprocess_guard import guard_multiprocess_collector
 
             try:
                 self._guard = guard_multiprocess_collector()

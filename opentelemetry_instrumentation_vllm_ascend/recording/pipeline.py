@@ -28,10 +28,20 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import catalogue, context, environment, state, targets
+from .. import catalogue, context, environment, state
 from ..state import STATE
 from ..version import __version__
 from . import private_otel, providers
+from .collect_steps import (  # noqa: F401  (the recording facade and instrument() register through pipeline)
+    HANDLERS,
+    LAST,
+    RECORDS,
+    REPORTS,
+    add_after_fork,
+    add_pre_collect,
+    before_collect,
+)
+from .views import views
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -125,7 +135,7 @@ class Pipeline:
 
     def _before_collect(self) -> None:
         if not self._final_values_taken:
-            _before_collect()
+            before_collect()
 
     def _meter(self, provider) -> Meter:
         """``provider``'s meter of this package, with an observable gauge that observes nothing and runs the
@@ -232,7 +242,7 @@ class Pipeline:
         """Export now, every reader the same values (the pre-collection step runs once, first)."""
         if os.getpid() != self.pid or self._closed:
             return
-        _before_collect()
+        before_collect()
         self._final_values_taken = True
         try:
             if self.provider is not None:
@@ -259,7 +269,7 @@ class Pipeline:
         try:
             # Values a hook still holds (deferred records) go in before the final export (at exit;
             # reset() has run them already), and are there for a reader read after the close.
-            _before_collect()
+            before_collect()
             self._final_values_taken = True
             if self.provider is not None:
                 self.provider.shutdown(timeout_millis=timeout_millis)
@@ -290,68 +300,6 @@ def _final_export_failed(timeout_millis: float, exc: Exception) -> None:
         timeout_millis,
         exc,
     )
-
-
-#: Where a pre-collection step runs among the others (``add_pre_collect``): the records left for later go in
-#: first, then what the handlers hold (a stage budget's seconds so far), then what is reported about them
-#: (handler failures, those of the records just made included), then work that only looks (``LAST``).
-RECORDS, HANDLERS, REPORTS, LAST = 0, 1, 2, 3
-
-
-def add_pre_collect(step, place: int = LAST) -> None:
-    """Run ``step()`` at the start of every collection (and before a flush's or the final export), in the
-    collecting thread, at ``place`` among the others (``RECORDS``, ``HANDLERS``, ``REPORTS``, ``LAST``); the
-    recording facade registers the recording layer's, ``instrument()`` the handlers'. Registered once: a
-    second registration of the same step is ignored."""
-    steps = STATE.pre_collect
-    if any(registered is step for _place, registered in steps):
-        return
-    steps.insert(sum(1 for registered_place, _step in steps if registered_place <= place), (place, step))
-
-
-def add_after_fork(step) -> None:
-    """Run ``step()`` in a forked child, after its fork handler dropped the parent's pipeline and state."""
-    if step not in STATE.after_fork:
-        STATE.after_fork.append(step)
-
-
-def _before_collect() -> None:
-    """Run at the start of every collection, in the collecting thread: the registered steps in order
-    (``add_pre_collect``): the deferred records go in, then the stage clocks' seconds so far
-    (handlers.budget), then the handler failures counted since the last one (``hook_errors``). A step that
-    raises is logged and skips those after it until the next collection."""
-    try:
-        with STATE.collect_lock:
-            for _place, step in STATE.pre_collect:
-                step()
-    except Exception:
-        logger.warning("opentelemetry-instrumentation-vllm-ascend: a pre-collection hook failed", exc_info=True)
-
-
-def views(specs=None, buckets: bool = True):
-    """SDK Views of ``specs`` (default: ``catalogue.defined()``): rename each instrument to its catalogue name,
-    fix its buckets (``buckets=False``: a histogram with buckets gets the reader's aggregation, the catalogue's
-    buckets where that is explicit), and keep only the catalogue's labels (bounded cardinality whatever a handler
-    passes)."""
-    from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
-
-    result = []
-    for spec in catalogue.defined() if specs is None else specs:
-        aggregation = None
-        if spec.kind == catalogue.HISTOGRAM and (buckets or not spec.buckets):
-            aggregation = ExplicitBucketHistogramAggregation(list(spec.buckets or ()), record_min_max=True)
-        kwargs = {"aggregation": aggregation} if aggregation is not None else {}
-        result.append(
-            View(
-                instrument_name=spec.instrument_name,
-                meter_name=catalogue.SCOPE_NAME,
-                name=spec.exposed_name,
-                description=spec.description,
-                attribute_keys=set(targets.all_labels(spec)),
-                **kwargs,
-            )
-        )
-    return result
 
 
 def get() -> Pipeline:
@@ -412,7 +360,7 @@ def reset(extra_readers=(), meter_provider=None) -> None:
     ``extra_readers`` and a user's ``meter_provider`` (``instrument()``'s keywords)."""
     current = STATE.pipeline
     if current is not None and current.pid == os.getpid() and not current.closing:
-        _before_collect()  # held values go in while it is still the current pipeline
+        before_collect()  # held values go in while it is still the current pipeline
     with STATE.pipeline_lock:
         old, STATE.pipeline = STATE.pipeline, None
         STATE.extra_readers = tuple(extra_readers)

@@ -1,14 +1,15 @@
 """Request traces (docs/traces.md): the sampling decision for a finished request's journey, and the export of its
 spans from a thread of this module's own.
 
-The API server's handlers (``handlers/traces.py``) follow each request in a :class:`Journey`: plain numbers and
-short lists, appended in vLLM's output loop; no OpenTelemetry object exists for a request while it runs. When it
-finishes, :meth:`Tracing.decide` makes the head sampling decision (``OTEL_TRACES_SAMPLER``, the SDK's own sampler,
-given the parent the request arrived with) and, where that says drop, the tail rules (error, abort, preempted, TTFT
-or end-to-end over a threshold); a kept journey goes into a bounded queue (``OTEL_BSP_MAX_QUEUE_SIZE``, full: the
-journey is dropped and counted in ``traces_dropped``). The export thread turns queued journeys into SDK
-``ReadableSpan`` objects and hands them to the exporters OTEL_TRACES_EXPORTER names (chosen as the SDK's configurator
-chooses them), every ``OTEL_BSP_SCHEDULE_DELAY`` ms or as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` wait.
+The API server's handlers (``handlers/traces.py``) follow each request in a ``Journey`` (``recording/journeys.py``):
+plain numbers and short lists, appended in vLLM's output loop; no OpenTelemetry object exists for a request while it
+runs. When it finishes, :meth:`Tracing.decide` makes the head sampling decision (``OTEL_TRACES_SAMPLER``, the SDK's
+own sampler, given the parent the request arrived with) and, where that says drop, the tail rules (error, abort,
+preempted, TTFT or end-to-end over a threshold); a kept journey goes into a bounded queue
+(``OTEL_BSP_MAX_QUEUE_SIZE``, full: the journey is dropped and counted in ``traces_dropped``). The export thread
+turns queued journeys into SDK ``ReadableSpan`` objects (``recording/spans.py``) and hands them to the exporters
+OTEL_TRACES_EXPORTER names (chosen as the SDK's configurator chooses them), every ``OTEL_BSP_SCHEDULE_DELAY`` ms or
+as soon as ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` wait.
 
 Clock: engine events carry the EngineCore's ``time.monotonic()``; the API server (same host, the same
 CLOCK_MONOTONIC) maps them to wall time with ``time.time_ns() - time.monotonic_ns()`` read when the batch is built.
@@ -25,134 +26,17 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any
 
 from .. import catalogue, context, environment
 from ..state import STATE
-from ..version import __version__
 from . import otlp, private_otel, providers
+from .journeys import Journey
+from .spans import journey_spans
 
 logger = logging.getLogger(__name__)
 
-#: Journey event kinds (the EngineCore's QUEUED / SCHEDULED / PREEMPTED).
-QUEUED, SCHEDULED, PREEMPTED = "queued", "scheduled", "preempted"
 #: Why a journey that head sampling dropped was kept (``vllm.trace.kept_by``).
 ERROR, ABORT, PREEMPT, TTFT, E2E = "error", "abort", "preempted", "ttft", "e2e"
-#: At most this many engine events kept per request (a request preempted over and over): the rest is counted.
-MAX_EVENTS = 120
-#: The key of ``trace_headers`` under which the EngineCore notes a request's async KV loads (``handlers/traces.py``:
-#: ``KvFetchStage``): ``{mark}{EngineCore monotonic seconds};`` per moment, :data:`KV_START` when the load began (the
-#: request went to WAITING_FOR_REMOTE_KVS), :data:`KV_LOADED` when the worker reported it received.
-KV_WAIT_KEY = "otel-vllm-ascend-kv-wait"
-KV_START, KV_LOADED = "s", "l"
-#: At most this many moments noted per request (a request preempted and loading again, over and over).
-MAX_KV_MARKS = 32
-
-
-class Journey:
-    """One request as the API server saw it. Times: ``arrival`` and ``end`` wall-clock seconds (the API server's),
-    ``events`` / ``first_ts`` / ``last_ts`` the EngineCore's monotonic clock. A request vLLM rejected before
-    registering it has no request id (``request_id`` None): ``arrival`` is when its OpenAI handler was entered,
-    ``e2e`` how long the handler ran, ``status`` the HTTP status of its error response."""
-
-    __slots__ = (
-        "request_id",
-        "external_id",
-        "operation",
-        "model",
-        "arrival",
-        "parent",
-        "attributes",
-        "events",
-        "lost_events",
-        "first_ts",
-        "last_ts",
-        "tokens",
-        "cached_tokens",
-        "dp",
-        "reason",
-        "error",
-        "first_latency",
-        "e2e",
-        "preemptions",
-        "trace_id",
-        "span_id",
-        "parent_span",
-        "kept_by",
-        "decided",
-        "stats",
-        "status",
-        "kv_waits",
-        "kv_tokens",
-    )
-
-    def __init__(self, request_id, external_id, operation, model, arrival, parent=None, attributes=None) -> None:
-        self.request_id = request_id
-        self.external_id = external_id
-        self.operation = operation
-        self.model = model
-        self.arrival = arrival
-        #: The SpanContext the request arrived with (traceparent, or the context current when it was added).
-        self.parent = parent
-        #: Request attributes known at arrival (semantic-convention names).
-        self.attributes = attributes or {}
-        self.events: list = []  # [(kind, monotonic ts)]
-        self.lost_events = 0
-        self.first_ts: Any = None
-        self.last_ts: Any = None
-        self.tokens = 0
-        self.cached_tokens: int | None = None
-        self.dp: str | None = None
-        self.reason: str | None = None  # finish reason: stop, length, abort, error, …
-        self.error: str | None = None  # error.type
-        self.first_latency: float | None = None  # seconds from arrival to the first token (vLLM's first_token_latency)
-        self.e2e: float | None = None  # seconds from arrival to finish
-        self.preemptions = 0
-        self.trace_id = 0
-        self.span_id = 0
-        self.parent_span: Any = None
-        self.kept_by: str | None = None
-        self.decided: bool | None = None  # None: not yet; True: exported; False: not kept
-        self.stats: Any = None  # vLLM's RequestStateStats of the request, while it runs (None without log stats)
-        self.status: int | None = None  # a rejected request's HTTP status (None: none was sent)
-        #: The EngineCore's notes of the request's async KV loads (``KV_WAIT_KEY``'s value, parsed on export).
-        self.kv_waits: str | None = None
-        self.kv_tokens: int | None = None  # tokens the KV connector loads for its first scheduling
-
-    def add_events(self, events, names) -> None:
-        """Append vLLM EngineCoreEvents (``names``: event type -> kind, unknown types skipped)."""
-        for event in events:
-            kind = names.get(event.type)
-            if kind is None:
-                continue
-            if kind is PREEMPTED:
-                self.preemptions += 1
-            if len(self.events) < MAX_EVENTS:
-                self.events.append((kind, event.timestamp))
-            else:
-                self.lost_events += 1
-
-
-def _ns(seconds: float) -> int:
-    return int(round(seconds * 1e9))
-
-
-def kv_waits(notes: str | None) -> list[tuple[float, float | None]]:
-    """(start, loaded or None) of each async KV load ``notes`` (``KV_WAIT_KEY``'s value) tells of, in order; a
-    malformed note is skipped."""
-    waits: list[tuple[float, float | None]] = []
-    for note in (notes or "").split(";"):
-        if len(note) < 2:
-            continue
-        try:
-            ts = float(note[1:])
-        except ValueError:
-            continue
-        if note[0] == KV_START:
-            waits.append((ts, None))
-        elif note[0] == KV_LOADED and waits and waits[-1][1] is None:
-            waits[-1] = (waits[-1][0], ts)
-    return waits
 
 
 class Tracing:
@@ -290,7 +174,7 @@ class Tracing:
                 spans = []
                 for journey in batch:
                     try:
-                        spans.extend(self.spans(journey, offset))
+                        spans.extend(journey_spans(journey, offset, self.resource, self.ids))
                     except Exception:
                         if not self._build_failed:  # once: the count says how often
                             self._build_failed = True
@@ -333,192 +217,6 @@ class Tracing:
         worker = threading.Thread(target=final, name="otel-vllm-ascend-traces-final", daemon=True)
         worker.start()
         worker.join(environment.shutdown_timeout_ms() / 1000.0)
-
-    # -- spans ---------------------------------------------------------------------------------------------------
-    def spans(self, journey: Journey, offset: int) -> list:
-        """The ReadableSpans of a kept journey: the request span and its children (docs/traces.md). ``offset``: wall
-        minus monotonic clock, in nanoseconds."""
-        from opentelemetry import trace as trace_api
-        from opentelemetry.sdk.trace import Event, ReadableSpan
-        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-        from opentelemetry.trace import SpanContext, TraceFlags
-        from opentelemetry.trace.status import Status, StatusCode
-
-        sampled = TraceFlags(TraceFlags.SAMPLED)
-        scope = InstrumentationScope(catalogue.SCOPE_NAME, __version__)
-        trace_id = journey.trace_id
-        root_ctx = SpanContext(trace_id, journey.span_id, is_remote=False, trace_flags=sampled)
-        start = _ns(journey.arrival)
-        end = start + _ns(journey.e2e or 0.0)
-        if journey.request_id is None:
-            return [self._rejected(journey, root_ctx, scope, start, end)]
-
-        def wall(ts: float) -> int:
-            return _ns(ts) + offset
-
-        children = []
-
-        def child(name, begin, finish, attributes=None, span_events=()):
-            ctx = SpanContext(trace_id, self.ids.generate_span_id(), is_remote=False, trace_flags=sampled)
-            children.append(
-                ReadableSpan(
-                    name=name,
-                    context=ctx,
-                    parent=root_ctx,
-                    resource=self.resource,
-                    attributes=attributes or {},
-                    events=span_events,
-                    kind=trace_api.SpanKind.INTERNAL,
-                    instrumentation_scope=scope,
-                    start_time=begin,
-                    end_time=max(begin, finish),
-                )
-            )
-
-        events = []
-        queued: Any = None
-        scheduled: Any = None
-        preempted_at: Any = None
-        for kind, ts in journey.events:
-            if kind is QUEUED:
-                queued = ts
-                events.append(Event("queued", {}, wall(ts)))
-            elif kind is SCHEDULED:
-                resumed = preempted_at is not None
-                events.append(Event("scheduled", {"vllm.resumed": resumed}, wall(ts)))
-                if scheduled is None:
-                    scheduled = ts
-                if resumed:
-                    child("preempted", wall(preempted_at), wall(ts), {"vllm.resumed": True})
-                    preempted_at = None
-            elif kind is PREEMPTED:
-                if preempted_at is not None:  # preempted again before a resume we saw: close the first
-                    child("preempted", wall(preempted_at), wall(ts), {"vllm.resumed": False})
-                preempted_at = ts
-                events.append(Event("preempted", {}, wall(ts)))
-        if preempted_at is not None:
-            child("preempted", wall(preempted_at), end, {"vllm.resumed": False})
-
-        if journey.kv_waits:
-            self._kv_spans(journey, child, wall, end)
-
-        first, last = journey.first_ts, journey.last_ts
-        latency = {}
-        if queued is not None:
-            child("queued", wall(queued), wall(scheduled) if scheduled is not None else end)
-            if scheduled is not None:
-                latency["gen_ai.latency.time_in_queue"] = scheduled - queued
-        if scheduled is not None and first is not None:
-            child("prefill", wall(scheduled), wall(first))
-            latency["gen_ai.latency.time_in_model_prefill"] = first - scheduled
-        if first is not None and last is not None:
-            child("decode", wall(first), wall(last))
-            latency["gen_ai.latency.time_in_model_decode"] = last - first
-            events.append(Event("first_token", {}, wall(first)))
-            if scheduled is not None:
-                latency["gen_ai.latency.time_in_model_inference"] = last - scheduled
-        if journey.first_latency is not None:
-            latency["gen_ai.latency.time_to_first_token"] = journey.first_latency
-        if journey.e2e is not None:
-            latency["gen_ai.latency.e2e"] = journey.e2e
-        finish: dict = {"gen_ai.response.finish_reasons": (journey.reason,)} if journey.reason else {}
-        events.append(Event("finish", finish, end))
-        events.sort(key=lambda event: event.timestamp)
-
-        attributes = {
-            "gen_ai.operation.name": journey.operation,
-            "gen_ai.provider.name": catalogue.GENAI_PROVIDER,
-            "gen_ai.request.id": journey.external_id,  # vLLM's own llm_request span's name for it
-            "gen_ai.response.id": journey.external_id,
-            "vllm.request.id": journey.request_id,
-            "vllm.dp_rank": journey.dp if journey.dp is not None else context.PROCESS.dp,
-            "vllm.pd_role": context.PROCESS.role,
-            "vllm.request.preemptions": journey.preemptions,
-            "gen_ai.usage.output_tokens": journey.tokens,
-        }
-        if journey.model:
-            attributes["gen_ai.request.model"] = journey.model
-            attributes["gen_ai.response.model"] = journey.model
-        attributes.update(journey.attributes)
-        if journey.cached_tokens is not None:
-            attributes["gen_ai.usage.cache_read.input_tokens"] = journey.cached_tokens
-        if journey.reason:
-            attributes["gen_ai.response.finish_reasons"] = (journey.reason,)
-        if journey.lost_events:
-            attributes["vllm.request.events_dropped"] = journey.lost_events
-        attributes.update(latency)
-        status = Status(StatusCode.UNSET)
-        if journey.error is not None:
-            attributes["error.type"] = journey.error
-            status = Status(StatusCode.ERROR, journey.error)
-        return [self._request_span(journey, root_ctx, scope, attributes, status, start, end, events), *children]
-
-    @staticmethod
-    def _kv_spans(journey: Journey, child, wall, end: int) -> None:
-        """One ``kv_load_wait`` span per async KV load: from its start to the ``SCHEDULED`` that took the request in
-        after it (the end of the request when none did), with a ``loaded`` event when the worker reported the load
-        received."""
-        from opentelemetry.sdk.trace import Event
-
-        scheduled = [ts for kind, ts in journey.events if kind is SCHEDULED]
-        for index, (start, loaded) in enumerate(kv_waits(journey.kv_waits)):
-            until = next((ts for ts in scheduled if ts >= start), None)
-            attributes: dict = {"vllm.kv_transfer.loaded": loaded is not None}
-            if index == 0 and journey.kv_tokens is not None:
-                attributes["vllm.kv_transfer.tokens"] = journey.kv_tokens
-            marks = (Event("loaded", {}, wall(loaded)),) if loaded is not None else ()
-            child("kv_load_wait", wall(start), wall(until) if until is not None else end, attributes, marks)
-
-    def _rejected(self, journey: Journey, context_, scope, start: int, end: int):
-        """The one span of a request vLLM rejected before registering it: its OpenAI handler's call."""
-        from opentelemetry.trace.status import Status, StatusCode
-
-        attributes: dict = {
-            "gen_ai.operation.name": journey.operation,
-            "gen_ai.provider.name": catalogue.GENAI_PROVIDER,
-        }
-        if journey.model:
-            attributes["gen_ai.request.model"] = journey.model
-        attributes.update(journey.attributes)
-        attributes["error.type"] = journey.error or "error"
-        if journey.status is not None:
-            attributes["http.response.status_code"] = journey.status
-        # A client error (4xx) is no failure of the server: status left unset, as the HTTP conventions ask of a
-        # SERVER span; a server error, or a request that ended without a response, is one.
-        if journey.status is not None and 400 <= journey.status < 500:
-            status = Status(StatusCode.UNSET)
-        else:
-            status = Status(StatusCode.ERROR, attributes["error.type"])
-        return self._request_span(journey, context_, scope, attributes, status, start, end)
-
-    def _request_span(
-        self, journey: Journey, context_, scope, attributes: dict, status, start: int, end: int, events=()
-    ):
-        """A journey's request span (SERVER), named ``{operation} {model}``; a journey the tail rules kept says why
-        (``vllm.trace.kept_by``) and links its unsampled parent."""
-        from opentelemetry import trace as trace_api
-        from opentelemetry.sdk.trace import ReadableSpan
-        from opentelemetry.trace import Link
-
-        links: tuple = ()
-        if journey.kept_by is not None:
-            attributes["vllm.trace.kept_by"] = journey.kept_by
-            if journey.parent is not None:
-                links = (Link(journey.parent, {"vllm.trace.link": "unsampled parent"}),)
-        return ReadableSpan(
-            name=f"{journey.operation} {journey.model}" if journey.model else journey.operation,
-            context=context_,
-            parent=journey.parent_span,
-            resource=self.resource,
-            attributes=attributes,
-            events=events,
-            links=links,
-            kind=trace_api.SpanKind.SERVER,
-            instrumentation_scope=scope,
-            status=status,
-            start_time=start,
-            end_time=end,
-        )
 
 
 _LOCK = threading.Lock()

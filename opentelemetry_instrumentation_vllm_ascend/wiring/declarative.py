@@ -34,9 +34,6 @@ from .expressions import Expression
 #: Where ``Target.handler`` names live ("module:Class").
 HANDLERS_PACKAGE = common.__name__.rsplit(".", 1)[0]
 
-#: The catalogue kind each measure kind records into.
-CATALOGUE_KIND = {TIMER: "histogram", COUNTER: "counter", HISTOGRAM: "histogram", GAUGE: "gauge"}
-
 
 def spec_of(measure: Measure) -> catalogue.MetricSpec:
     """The metric ``measure`` records into: its own spec, else the catalogue's."""

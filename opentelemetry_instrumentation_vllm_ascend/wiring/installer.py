@@ -10,8 +10,6 @@ import logging
 import threading
 from typing import Any
 
-from packaging.version import Version
-
 from .. import catalogue, neighbours, supported
 from .. import targets as targets_module
 from ..environment import traces_enabled
@@ -22,64 +20,24 @@ from ..recording import control
 from ..state import STATE
 from . import userfile
 from .declarative import load_handler, spec_of
+from .ready_points import READY_POINTS, module_exists
+from .target_status import (  # noqa: F401  (check's statuses: cli/* and the tests read them through installer)
+    DISABLED,
+    GATED,
+    MISSING,
+    NOT_INSTALLED,
+    PENDING,
+    RESOLVED,
+    TRACES_OFF,
+    exposed_name,
+    gate_of,
+    metric_status,
+    resolve,
+    target_row,
+)
 from .versions import in_range, installed_version, vllm_ascend_version, vllm_distribution, vllm_version  # noqa: F401
 
 logger = logging.getLogger(__name__)
-
-RESOLVED = "resolved"
-GATED = "gated off by version"
-NOT_INSTALLED = "dormant: vllm-ascend not installed"
-MISSING = "missing"
-DISABLED = "disabled by configuration (OTEL_VLLM_ASCEND_DISABLED_METRICS, or opt-in)"
-TRACES_OFF = "request traces off (OTEL_VLLM_ASCEND_TRACES)"
-PENDING = "waiting for import"
-
-
-def gate_of(target, vllm: Version | None, ascend: Version | None, checking: bool = False) -> str | None:
-    """Why a target is not to be hooked with these installed versions and this configuration, or None.
-    ``checking`` (the ``check`` command): request-trace rows are resolved whether traces are on or not."""
-    from ..environment import disabled_metric_patterns, metric_disabled, traces_enabled
-
-    if target.traces and not checking and not traces_enabled():
-        return TRACES_OFF
-    patterns = disabled_metric_patterns()
-    if (
-        patterns
-        and target.feeds
-        and not target.provides_context
-        and not (target.feeds_traces and traces_enabled())
-        and all(metric_disabled(seed, patterns) for seed in target.feeds)
-    ):
-        return DISABLED
-    if target.vllm_ascend is not None:
-        if ascend is None:
-            return NOT_INSTALLED
-        if not in_range(ascend, target.vllm_ascend):
-            return GATED
-    if not in_range(vllm, target.vllm):
-        return GATED
-    return None
-
-
-def resolve(target) -> tuple[str, str]:
-    """Import the target's module and look the symbol up, without patching: (status, detail)."""
-    import importlib
-
-    try:
-        module = importlib.import_module(target.module)
-    except Exception as exc:
-        return MISSING, f"import failed: {type(exc).__name__}: {exc}"
-    if target.owner_qualname is None:  # a module-level attribute
-        if not hasattr(module, target.attribute):
-            return MISSING, f"{target.module}.{target.attribute} is not defined"
-        return RESOLVED, ""
-    try:
-        owner = original_class(module, target.owner_qualname)
-    except AttributeError as exc:
-        return MISSING, str(exc)
-    if target.attribute is not None and target.attribute not in getattr(owner, "__dict__", {}):
-        return MISSING, f"{target.owner_qualname}.{target.attribute} is not defined"
-    return RESOLVED, ""
 
 
 def check(table=None) -> list[dict]:
@@ -91,26 +49,6 @@ def check(table=None) -> list[dict]:
         status, detail = (gate, "") if gate is not None else resolve(target)
         rows.append(target_row(target, status, detail))
     return rows
-
-
-def exposed_name(seed: str) -> str:
-    """The name a seed's metric is exposed under (``MetricSpec.exposed_name``: the prefix, or the explicit name of
-    the ``gen_ai.server.*`` ones), what ``metric_status`` matches the rows' feeds against."""
-    spec = catalogue.BY_SEED.get(seed)
-    return spec.exposed_name if spec is not None else catalogue.PREFIX + seed
-
-
-def target_row(target, status: str, detail: str) -> dict:
-    """One target's row of ``check`` (installed, or ``check --vllm`` on a release's source)."""
-    return {
-        "symbol": target.symbol,
-        "status": status,
-        "detail": detail,
-        "kind": target.kind,
-        "vllm": target.vllm,
-        "vllm_ascend": target.vllm_ascend,
-        "feeds": [exposed_name(seed) for seed in target.feeds],
-    }
 
 
 def configuration(overrides: dict | None = None):
@@ -141,52 +79,7 @@ def uncovered_overrides(table=None) -> list[dict]:
     return out
 
 
-def metric_status(rows: list[dict], config) -> list[dict]:
-    """Per catalogue metric, whether a server with this environment and ``config`` will feed it:
-    ``fed`` / ``depends`` (on a path the environment cannot tell) with what it measures there where
-    that differs from its description, ``absent`` on this path (why), or ``not hooked`` (no resolved
-    target feeds it: each feeding target's status), ``disabled`` by configuration."""
-    from .. import paths
-    from ..environment import ENABLED_METRICS, metric_disabled, opt_in_off
-
-    feeding: dict[str, list[dict]] = {}
-    for row in rows:
-        for name in row["feeds"]:
-            feeding.setdefault(name, []).append(row)
-    out = []
-    for spec in catalogue.CATALOGUE:
-        sources = feeding.get(spec.exposed_name, [])
-        if metric_disabled(spec.seed):
-            status, detail = DISABLED, f"opt-in: {ENABLED_METRICS} records it" if opt_in_off(spec.seed) else ""
-        elif spec.seed in catalogue.SELF_SEEDS:  # the package's own (hook_errors): no row feeds it, every hook does
-            status, detail = paths.verdict(spec.seed, config)
-            detail = detail or "the package's own: recorded in every instrumented process (no target row feeds it)"
-        elif not any(r["status"] == RESOLVED for r in sources):
-            status = "not hooked"
-            detail = "; ".join(f"{r['symbol']}: {r['status']}" for r in sources) or "no target feeds it"
-        else:
-            status, detail = paths.verdict(spec.seed, config)
-        out.append({"metric": spec.exposed_name, "status": status, "detail": detail})
-    return out
-
-
-# -- the report of targets that never resolved, once a process is ready to serve --------------------------------
-
-#: Where each kind of process is ready to serve: (module, "Class.method", process kind). When the method
-#: returns, the targets this process's kinds expect on the detected execution path and that never resolved
-#: are reported, once (``Installer.report_unresolved``). Each runs once per process, at start-up: no cost
-#: on any step. The contract test checks them in every supported vLLM.
-READY_POINTS: tuple[tuple[str, str, str], ...] = (
-    # The API server: its client has the engines' start-up handshake (their READY); the app is served next.
-    # (Not AsyncLLM.__init__: a target's own, and each target's wrapper wraps vLLM's function directly.)
-    ("vllm.v1.engine.core_client", "AsyncMPClient.__init__", "api_server"),
-    # The EngineCore (and the worker it hosts in process): model loaded, KV cache allocated, READY sent.
-    ("vllm.v1.engine.core", "EngineCoreProc.__init__", "engine_core"),
-    # A worker process: device initialised and model loaded (its runner's modules imported).
-    ("vllm.v1.executor.multiproc_executor", "WorkerProc.__init__", "worker"),
-)
-
-
+# -- the report of targets that never resolved, once a process is ready to serve (``ready_points``) -------------
 class _Ready(Handler):
     """After a ready point returns: the installer's report (``Installer.report_unresolved``)."""
 
@@ -197,33 +90,6 @@ class _Ready(Handler):
     def after(self, state, args, kwargs, result):
         self.installer.catch_up()
         self.installer.report_unresolved(self.process)
-
-
-def module_exists(name: str) -> bool | None:
-    """Whether module ``name`` exists, found on the path of its nearest imported parent package without
-    importing anything (a parent's ``__init__`` may be heavy); None when no parent is imported."""
-    import importlib.machinery
-    import os
-    import sys
-
-    parts = name.split(".")
-    for depth in range(len(parts) - 1, 0, -1):
-        parent = sys.modules.get(".".join(parts[:depth]))
-        if parent is not None:
-            break
-    else:
-        return None
-    directories = list(getattr(parent, "__path__", None) or ())
-    suffixes = importlib.machinery.all_suffixes()
-    for index, part in enumerate(parts[depth:], start=depth):
-        last = index == len(parts) - 1
-        packages = [os.path.join(d, part) for d in directories if os.path.isdir(os.path.join(d, part))]
-        if last and (packages or any(os.path.isfile(os.path.join(d, part + x)) for d in directories for x in suffixes)):
-            return True
-        if not packages:
-            return False
-        directories = packages
-    return False
 
 
 class Installer:

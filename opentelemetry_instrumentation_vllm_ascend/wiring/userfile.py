@@ -26,17 +26,13 @@ phase), in its log line and in ``check --config``."""
 
 from __future__ import annotations
 
-import inspect
 import logging
 import re
-from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from .. import catalogue, environment
-from ..hooks.patches import original_class
-from ..kinds import ASYNC_GENERATOR, COROUTINE, COROUTINE_TIMER, SYNC, SYNC_TIMER
-from ..targets import TARGETS, Target, all_labels
+from ..targets import TARGETS
 from . import incumbent
 from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: the bounds this format documents)
     COUNTER,
@@ -52,91 +48,55 @@ from .declarative import (  # noqa: F401  (MAX_LABEL_VALUES, MAX_LABEL_LENGTH: t
     argument_names,
     expressions_of,
 )
-from .expressions import SPECIAL, ExpressionError, compile_expression
+from .differences import (
+    builtin_differences,
+    handler_row,
+    phase_difference,
+    plain,
+    recorded_differences,
+    selected,
+    user_differences,
+)
+from .entries import (  # noqa: F401  (the format's vocabulary, read through userfile by cli/* and the tests)
+    ENTRY_COMPAT_KEYS,
+    ENTRY_KEYS,
+    GATED,
+    HISTOGRAM_BUCKETS,
+    LOADED,
+    MAPPED,
+    MAX_ENTRIES,
+    MAX_FILE_BYTES,
+    MAX_LABELS,
+    METRIC_KEYS,
+    REJECTED,
+    RESERVED_LABELS,
+    TIMER_BUCKETS,
+    TYPES,
+    Entry,
+    Rejected,
+    buckets_of,
+    outside,
+    short,
+    version_of,
+    within,
+)
+from .expressions import ExpressionError, compile_expression
+from .hook_rows import (  # noqa: F401  (cli/*, the installer and the tests reach them through userfile)
+    check_names,
+    function_of,
+    resolve_entries,
+    row_of,
+    unresolved,
+)
 from .versions import vllm_ascend_version, vllm_version
 
 logger = logging.getLogger(__name__)
-
-LOADED, MAPPED, GATED, REJECTED = "loaded", "mapped", "gated", "rejected"
-
-#: The ``type:`` of a metric: the declarative measure kinds (a ``histogram`` without ``expr`` is a timer
-#: with the histogram's default buckets).
-TYPES = (TIMER, HISTOGRAM, COUNTER, GAUGE)
-ENTRY_KEYS = frozenset({"symbol", "handler", "metrics", "min_version", "max_version", "lock_patch", "need_locals"})
-#: Keys of the incumbent's entries accepted with a fixed meaning (see ``_entry``).
-ENTRY_COMPAT_KEYS = frozenset({"type", "enabled"})
-METRIC_KEYS = frozenset({"name", "type", "expr", "buckets", "labels"})
-#: Labels every series gets from the process / step: a user label may not take these names.
-RESERVED_LABELS = frozenset({"dp", "role", "phase", "rank", "process", "le", "quantile"})
-MAX_LABELS = 4
-MAX_BUCKETS = 64
-MAX_ENTRIES = 256
-MAX_FILE_BYTES = 1 << 20
-#: Default bounds of a ``timer`` (seconds: 1 µs … 5 min) and of a ``histogram`` without ``buckets``.
-TIMER_BUCKETS = catalogue.FINE_SECONDS + (30.0, 60.0, 120.0, 300.0)
-HISTOGRAM_BUCKETS = catalogue.TOKENS
 
 _NAME = re.compile(r"^[A-Za-z_:][A-Za-z0-9_:\-]{0,127}$")
 _LABEL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _QUALNAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _DUNDER_OK = frozenset({"__init__", "__call__"})
-
-#: The incumbent's handlers and their fates here: wiring/incumbent.py (one table, docs generated from it).
-_MSM = incumbent.CURRENT
-
-
-@dataclass
-class Entry:
-    file: str
-    index: int  # 1-based position in its file (0: the file itself)
-    symbol: str = ""
-    status: str = REJECTED
-    reason: str = ""
-    #: ``targets.Measure`` per metric of the entry that is not a built-in one.
-    measures: tuple[Measure, ...] = ()
-    min_version: str | None = None
-    max_version: str | None = None
-    lock_patch: bool = False
-    #: Something in the entry is ignored that its author may rely on: its log line is a warning.
-    warning: bool = False
-    #: What differs from ms-service-metric for this entry, each in words (type, buckets, labels, hook point,
-    #: what is timed, opt-in state, phase).
-    differences: tuple[str, ...] = ()
-
-    @property
-    def key(self) -> tuple:
-        """What the entry installs: equal keys, the same hook (expressions compare by source; the
-        measures carry their metrics' specs, buckets and labels included)."""
-        return (self.symbol, self.measures)
-
-    @property
-    def where(self) -> str:
-        return f"{self.file}" + (f" entry {self.index}" if self.index else "")
-
-    @property
-    def module(self) -> str:
-        return self.symbol.split(":", 1)[0]
-
-    @property
-    def qualname(self) -> str:
-        return self.symbol.split(":", 1)[1]
-
-    def as_row(self) -> dict:
-        return {
-            "file": self.file,
-            "entry": self.index,
-            "symbol": self.symbol,
-            "status": self.status,
-            "reason": self.reason,
-            "metrics": [catalogue.PREFIX + m.metric for m in self.measures],
-            "differences": list(self.differences),
-        }
-
-    @property
-    def verdict(self) -> str:
-        """The status as ``check --config`` and the log say it: ``mapped with differences`` where any."""
-        return self.status + (" with differences" if self.differences and self.status != REJECTED else "")
 
 
 def _builtin_feeds() -> dict[str, set[str]]:
@@ -148,88 +108,59 @@ def _builtin_feeds() -> dict[str, set[str]]:
     return out
 
 
-def _version(value, key: str) -> str:
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise ValueError(f"{key} must be a version string, not {type(value).__name__}")
-    try:
-        Version(str(value))
-    except InvalidVersion:
-        raise ValueError(f"{key} {value!r} is not a version") from None
-    return str(value)
-
-
-def _buckets(value) -> tuple:
-    if not isinstance(value, list) or not value:
-        raise ValueError("buckets must be a non-empty list of numbers")
-    if len(value) > MAX_BUCKETS:
-        raise ValueError(f"more than {MAX_BUCKETS} buckets")
-    if any(
-        isinstance(b, bool) or not isinstance(b, (int, float)) or b != b or b in (float("inf"), float("-inf"))
-        for b in value
-    ):
-        raise ValueError("buckets must be finite numbers")
-    if any(later <= earlier for earlier, later in zip(value, value[1:])):
-        raise ValueError("buckets must be strictly increasing")
-    return tuple(float(b) for b in value)
-
-
-class _Rejected(Exception):
-    pass
-
-
 def _metric(raw, n: int, seen: dict, defined: dict) -> Measure:
     """The measure of the YAML metric ``raw`` (the entry's ``n``-th); ``seen``: the specs of user metrics
     of this load so far, ``defined``: those this process defined before (earlier loads)."""
     if not isinstance(raw, dict):
-        raise _Rejected(f"metric {n} is not a mapping")
+        raise Rejected(f"metric {n} is not a mapping")
     unknown = sorted(set(map(str, raw)) - METRIC_KEYS)
     if unknown:
-        raise _Rejected(f"metric {n}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(METRIC_KEYS))})")
+        raise Rejected(f"metric {n}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(METRIC_KEYS))})")
     name = raw.get("name")
     if not isinstance(name, str) or not _NAME.match(name.strip()):
-        raise _Rejected(f"metric {n}: name {name!r} is not a metric name ([A-Za-z_:][A-Za-z0-9_:-]*)")
+        raise Rejected(f"metric {n}: name {name!r} is not a metric name ([A-Za-z_:][A-Za-z0-9_:-]*)")
     kind = raw.get("type", TIMER)
     if kind not in TYPES:
-        raise _Rejected(f"metric {n} ({name}): type {kind!r} is not one of {', '.join(TYPES)}")
+        raise Rejected(f"metric {n} ({name}): type {kind!r} is not one of {', '.join(TYPES)}")
     seed = name.strip().replace("-", "_")
     if kind == COUNTER and seed.endswith("_total"):
         seed = seed[: -len("_total")]  # exposed with _total once, never doubled
     try:
         value = compile_expression(raw["expr"], None) if raw.get("expr") not in (None, "") else None
     except ExpressionError as exc:
-        raise _Rejected(f"metric {n} ({name}): expr: {exc}") from None
+        raise Rejected(f"metric {n} ({name}): expr: {exc}") from None
     # OTEL_VLLM_ASCEND_HOOK_SEMANTICS=ms-service-metric: the incumbent's value rules (declarative._incumbent_reader;
     # a timer records the duration, its expr unused; a histogram or gauge without expr records 1).
     incumbent = environment.hook_semantics() == environment.INCUMBENT_SEMANTICS
     if incumbent and kind == TIMER:
         value = None
     if kind == GAUGE and value is None and seed not in catalogue.BY_SEED and not incumbent:  # a built-in is mapped
-        raise _Rejected(f"metric {n} ({name}): a gauge needs expr")
+        raise Rejected(f"metric {n} ({name}): a gauge needs expr")
     buckets = None
     if kind in (TIMER, HISTOGRAM):
         try:
-            buckets = _buckets(raw["buckets"]) if raw.get("buckets") is not None else None
+            buckets = buckets_of(raw["buckets"]) if raw.get("buckets") is not None else None
         except ValueError as exc:
-            raise _Rejected(f"metric {n} ({name}): {exc}") from None
+            raise Rejected(f"metric {n} ({name}): {exc}") from None
         buckets = buckets or (TIMER_BUCKETS if kind == TIMER else HISTOGRAM_BUCKETS)
     elif raw.get("buckets") is not None:
-        raise _Rejected(f"metric {n} ({name}): buckets only apply to timer and histogram")
+        raise Rejected(f"metric {n} ({name}): buckets only apply to timer and histogram")
     labels = []
     raw_labels = raw.get("labels") or []
     if not isinstance(raw_labels, list) or len(raw_labels) > MAX_LABELS:
-        raise _Rejected(f"metric {n} ({name}): labels must be a list of at most {MAX_LABELS} {{name, expr}}")
+        raise Rejected(f"metric {n} ({name}): labels must be a list of at most {MAX_LABELS} {{name, expr}}")
     for label in raw_labels:
         if not isinstance(label, dict) or set(label) - {"name", "expr"}:
-            raise _Rejected(f"metric {n} ({name}): a label is a mapping with name and expr")
+            raise Rejected(f"metric {n} ({name}): a label is a mapping with name and expr")
         lname = label.get("name")
         if not isinstance(lname, str) or not _LABEL.match(lname) or lname in RESERVED_LABELS:
-            raise _Rejected(f"metric {n} ({name}): label name {lname!r} is not allowed")
+            raise Rejected(f"metric {n} ({name}): label name {lname!r} is not allowed")
         try:
             labels.append((lname, compile_expression(label.get("expr"), None)))
         except ExpressionError as exc:
-            raise _Rejected(f"metric {n} ({name}): label {lname}: {exc}") from None
+            raise Rejected(f"metric {n} ({name}): label {lname}: {exc}") from None
     if len({lname for lname, _ in labels}) != len(labels):
-        raise _Rejected(f"metric {n} ({name}): a label name appears twice")
+        raise Rejected(f"metric {n} ({name}): a label name appears twice")
     spec = catalogue.MetricSpec(
         seed,
         catalogue.HISTOGRAM
@@ -247,11 +178,11 @@ def _metric(raw, n: int, seen: dict, defined: dict) -> Measure:
         if defined.get(seed) == known:
             # Its series exist with that definition (the /metrics files keep a process's series for its
             # life): a histogram whose buckets changed would show both sets, a label set two shapes.
-            raise _Rejected(
+            raise Rejected(
                 f"metric {n} ({name}): {seed} is defined since start-up with another type, unit, buckets or "
                 "labels, which cannot change while the server runs: rename the metric, or restart"
             )
-        raise _Rejected(f"metric {n} ({name}): declared before with another type, unit, buckets or labels")
+        raise Rejected(f"metric {n} ({name}): declared before with another type, unit, buckets or labels")
     # A histogram without expr records the duration: a timer measure, with a histogram's default buckets.
     measure_kind = TIMER if kind == HISTOGRAM and value is None and not incumbent else kind
     return Measure(seed, measure_kind, value, PHASE_STEP, tuple(labels), spec, incumbent)
@@ -261,59 +192,59 @@ OTEL_CONFIG_NAME = "OTEL_VLLM_ASCEND_CONFIG"
 
 
 def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, ascend) -> None:
-    """Fill ``entry`` from the YAML item ``raw`` (status and reason); raises _Rejected."""
+    """Fill ``entry`` from the YAML item ``raw`` (status and reason); raises Rejected."""
 
     if not isinstance(raw, dict):
-        raise _Rejected(f"an entry must be a mapping, not {type(raw).__name__}")
+        raise Rejected(f"an entry must be a mapping, not {type(raw).__name__}")
     symbol = raw.get("symbol")
     if isinstance(symbol, str):
         entry.symbol = symbol.strip()
     keys = set(map(str, raw))
     unknown = sorted(keys - ENTRY_KEYS - ENTRY_COMPAT_KEYS)
     if unknown:
-        raise _Rejected(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(ENTRY_KEYS | ENTRY_COMPAT_KEYS))})")
+        raise Rejected(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(ENTRY_KEYS | ENTRY_COMPAT_KEYS))})")
     if not isinstance(symbol, str) or symbol.count(":") != 1:
-        raise _Rejected(f"symbol {symbol!r} is not 'module:Class.method' or 'module:function'")
+        raise Rejected(f"symbol {symbol!r} is not 'module:Class.method' or 'module:function'")
     module, qualname = entry.symbol.split(":")
     if not _MODULE.match(module) or not _QUALNAME.match(qualname):
-        raise _Rejected(f"symbol {symbol!r} is not 'module:Class.method' or 'module:function'")
+        raise Rejected(f"symbol {symbol!r} is not 'module:Class.method' or 'module:function'")
     if any(p.startswith("__") and p not in _DUNDER_OK for p in (*module.split("."), *qualname.split("."))):
-        raise _Rejected(f"symbol {symbol!r}: dunder names other than __init__ / __call__ are not hooked")
+        raise Rejected(f"symbol {symbol!r}: dunder names other than __init__ / __call__ are not hooked")
     roots = environment.hook_module_roots()
     if module.split(".")[0] not in roots:
-        raise _Rejected(
+        raise Rejected(
             f"symbol {symbol!r}: hook files hook the code of {', '.join(roots)} only (name another module root "
             f"in {environment.CONFIG_MODULES})"
         )
     if raw.get("type", "wrap") != "wrap":
-        raise _Rejected(f"type {raw.get('type')!r}: only the incumbent's default 'wrap' is supported")
+        raise Rejected(f"type {raw.get('type')!r}: only the incumbent's default 'wrap' is supported")
     if raw.get("need_locals") not in (None, False):
-        raise _Rejected("need_locals: reading a function's local variables needs bytecode injection, never done here")
+        raise Rejected("need_locals: reading a function's local variables needs bytecode injection, never done here")
     lock = raw.get("lock_patch", False)
     if not isinstance(lock, bool):
-        raise _Rejected(f"lock_patch must be true or false, not {lock!r}")
+        raise Rejected(f"lock_patch must be true or false, not {lock!r}")
     entry.lock_patch = lock
     try:
-        entry.min_version = _version(raw["min_version"], "min_version") if "min_version" in raw else None
-        entry.max_version = _version(raw["max_version"], "max_version") if "max_version" in raw else None
+        entry.min_version = version_of(raw["min_version"], "min_version") if "min_version" in raw else None
+        entry.max_version = version_of(raw["max_version"], "max_version") if "max_version" in raw else None
     except ValueError as exc:
-        raise _Rejected(str(exc)) from None
+        raise Rejected(str(exc)) from None
     if entry.min_version and entry.max_version and Version(entry.min_version) > Version(entry.max_version):
-        raise _Rejected(f"min_version {entry.min_version} is above max_version {entry.max_version}")
+        raise Rejected(f"min_version {entry.min_version} is above max_version {entry.max_version}")
     handler, metrics = raw.get("handler"), raw.get("metrics")
     version = ascend if module.split(".")[0] == "vllm_ascend" else vllm
     lock_note = "; lock_patch ignored (control gates every hook alike)" if lock else ""
     differences: list[str] = []
-    row = _handler_row(handler) if handler is not None else None
+    row = handler_row(handler) if handler is not None else None
     handler_note = ""
     name = handler.rsplit(":", 1)[1] if isinstance(handler, str) else ""
     if row is not None:
         if row.fate in (incumbent.BUILT_IN, incumbent.IDENTITY):
-            handler_note = f"handler {name} -> built-in {_plain(row.here)}"
+            handler_note = f"handler {name} -> built-in {plain(row.here)}"
             if row.records:  # which of our metrics record what it recorded
                 handler_note += ": records " + ", ".join(row.records)
-            differences += map(_plain, row.differences)
-            differences += _recorded_differences(row.records, entry.symbol, feeds)
+            differences += map(plain, row.differences)
+            differences += recorded_differences(row.records, entry.symbol, feeds)
             if metrics:
                 differences.append(
                     f"ms-service-metric calls a handler given with metrics as a factory of the metrics' hook; {name} "
@@ -321,26 +252,26 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
                 )
         else:
             if not metrics:
-                raise _Rejected(
+                raise Rejected(
                     f"handler {name} records the entry's metrics and the entry has none (ms-service-metric's hook "
                     "would fail to build): add metrics: [{name: <yours>, type: timer}], or drop the entry"
                 )
             if row.fate == incumbent.SELECT:
-                metrics = _selected(row, name, metrics)
-            handler_note = f"handler {name}: {_plain(row.here)}"
-            differences += map(_plain, row.differences)
+                metrics = selected(row, name, metrics)
+            handler_note = f"handler {name}: {plain(row.here)}"
+            differences += map(plain, row.differences)
     if row is not None and not metrics:
         entry.differences = tuple(dict.fromkeys(differences))
         if raw.get("enabled", True) is False:
             entry.status, entry.reason = GATED, "enabled: false" + lock_note
             return
-        if not _within(version, entry.min_version, entry.max_version):
-            entry.status, entry.reason = GATED, _outside(version, vllm, entry) + lock_note
+        if not within(version, entry.min_version, entry.max_version):
+            entry.status, entry.reason = GATED, outside(version, vllm, entry) + lock_note
             return
         entry.status, entry.reason = MAPPED, handler_note + lock_note
         return
     if not isinstance(metrics, list) or not metrics:
-        raise _Rejected("an entry needs a non-empty metrics list (or a handler)")
+        raise Rejected("an entry needs a non-empty metrics list (or a handler)")
     measures: list[Measure] = []
     mapped_names: list[str] = []
     notes = ""
@@ -353,7 +284,7 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
             entry.warning = True
         measure = _metric(raw_metric, n, local, defined)
         if any(m.metric == measure.metric for m in measures):
-            raise _Rejected(f"metric {n}: {measure.metric} appears twice in this entry")
+            raise Rejected(f"metric {n}: {measure.metric} appears twice in this entry")
         local.setdefault(measure.metric, measure.spec)
         if measure.metric in catalogue.BY_SEED:
             # A built-in metric: the built-in definition and hooks apply (a file cannot redefine it).
@@ -361,19 +292,19 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
             here = "this symbol" if entry.symbol in by else (", ".join(by) or "a built-in hook")
             unused = " (its expr/labels/buckets are not used)" if set(raw_metric) - {"name", "type"} else ""
             mapped_names.append(f"{measure.metric} by {here}{unused}")
-            differences += _builtin_differences(raw_metric, measure.metric, entry.symbol, feeds)
+            differences += builtin_differences(raw_metric, measure.metric, entry.symbol, feeds)
             if row is not None and row.phase:
-                differences += _phase_difference(measure.metric, row, name)
+                differences += phase_difference(measure.metric, row, name)
             continue
         measures.append(measure)
         if row is None or row.fate != incumbent.SELECT:  # a SELECT handler's values are not the file's expr
-            differences += _user_differences(raw_metric, measure)
+            differences += user_differences(raw_metric, measure)
     seen.update(local)
     entry.measures = tuple(measures)
     if measures and row is not None and row.phase:
         differences.append(
             f"phase of {', '.join(m.metric for m in measures)}: ms-service-metric's {name} "
-            f"labels it with {_plain(row.phase)}; here {_plain(incumbent.STEP_PHASE)}"
+            f"labels it with {plain(row.phase)}; here {plain(incumbent.STEP_PHASE)}"
         )
     entry.differences = tuple(dict.fromkeys(differences))  # each once, in order
     ignored = lock_note + notes
@@ -381,8 +312,8 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
     if raw.get("enabled", True) is False:
         entry.status, entry.reason = GATED, "enabled: false" + ignored
         return
-    if not _within(version, entry.min_version, entry.max_version):
-        entry.status, entry.reason = GATED, _outside(version, vllm, entry) + ignored
+    if not within(version, entry.min_version, entry.max_version):
+        entry.status, entry.reason = GATED, outside(version, vllm, entry) + ignored
         return
     if not measures:
         entry.status = MAPPED
@@ -395,175 +326,6 @@ def _entry(raw, entry: Entry, seen: dict, defined: dict, feeds: dict, vllm, asce
         + (f" (built-in: {'; '.join(mapped_names)})" if mapped_names else "")
         + ignored
     )
-
-
-def _plain(text: str) -> str:
-    """Docs text (markdown code spans) as a log line says it."""
-    return text.replace("`", "")
-
-
-def _handler_row(handler) -> incumbent.Handler:
-    """The incumbent table's row for ``handler:`` (wiring/incumbent.py); raises _Rejected for a name it does not
-    know or a handler whose fate is rejected, saying what to write instead."""
-    row = incumbent.find(handler) if isinstance(handler, str) else None
-    if row is None:
-        raise _Rejected(
-            f"handler {handler!r} is not one of ms-service-metric's handlers (docs/configuration.md, Incumbent "
-            "handlers; nothing named in a file is imported or run): write metrics: [{name: <yours>, type: timer}] "
-            "(or counter, or histogram / gauge with expr) on the symbol instead"
-        )
-    if row.fate == incumbent.REJECTED:
-        raise _Rejected(f"handler {handler.rsplit(':', 1)[1]}: {_plain(row.here)}")
-    return row
-
-
-def _selected(row: incumbent.Handler, name: str, metrics) -> list:
-    """The entry's metrics under a handler that records fixed values picked by name: each one it knows, as the
-    built-in metric or a gauge with the handler's value as its expression; any other is rejected (the incumbent
-    skips it silently)."""
-    if not isinstance(metrics, list):
-        raise _Rejected("metrics must be a list")
-    values = dict(row.values)
-    out = []
-    for n, raw_metric in enumerate(metrics, 1):
-        metric_name = raw_metric.get("name") if isinstance(raw_metric, dict) else None
-        if metric_name not in values:
-            raise _Rejected(
-                f"metric {n} ({metric_name}): {name} records only {', '.join(values)} (ms-service-metric skips any "
-                "other name): remove it, or give it an expr in an entry without handler"
-            )
-        expr = values[metric_name]  # the handler records a gauge whatever the entry's type says
-        out.append({**raw_metric, "type": GAUGE, **({"expr": expr} if expr else {})})
-    return out
-
-
-def _user_differences(raw: dict, measure: Measure) -> list[str]:
-    """How a hook file's own metric records differently from ms-service-metric's recording of the same entry
-    (its builtin.default_handler). None under OTEL_VLLM_ASCEND_HOOK_SEMANTICS=ms-service-metric, which records as
-    the incumbent does (``Measure.incumbent``)."""
-    out: list[str] = []
-    if measure.incumbent:
-        return out
-    if raw.get("type") == HISTOGRAM and measure.value is None:
-        out.append(
-            f"{measure.metric}: a histogram without expr records the call's duration here; ms-service-metric "
-            "records 1 per call"
-        )
-    if measure.value is not None:
-        out.append(
-            f"{measure.metric}: where expr fails or is not a number the sample is skipped here (counted in "
-            f"{catalogue.PREFIX}hook_errors_total); ms-service-metric records 1"
-        )
-        if measure.kind == COUNTER:
-            out.append(
-                f"{measure.metric}: an expr value of 0 adds nothing here and a negative one is skipped; "
-                "ms-service-metric adds 1 for any value <= 0"
-            )
-    return out
-
-
-#: The phase label a built-in declarative measure carries, in words (targets.MEASURE_PHASES).
-_OUR_PHASE = (
-    (PHASE_ALL, 'phase="all"'),
-    (PHASE_STEP, _plain(incumbent.STEP_PHASE)),
-    (PHASE_ENGINE_STEP, "the phase of the step scheduled during the call (idle where none was)"),
-)
-
-
-def _phase_difference(seed: str, row: incumbent.Handler, handler: str) -> list[str]:
-    """How the ``phase`` label of built-in ``seed`` differs from the one the incumbent's ``handler`` (its function
-    name) gives it."""
-    phases = {m.phase for target in TARGETS for m in target.measures if m.metric == seed}
-    ours = dict(_OUR_PHASE).get(phases.pop()) if len(phases) == 1 else None
-    theirs = _plain(row.phase)
-    if ours is None or theirs == ours:
-        return []
-    return [f"{seed}: phase: ms-service-metric's {handler} labels it with {theirs}; here {ours}"]
-
-
-def _opt_in(seed: str) -> list[str]:
-    if environment.opt_in_off(seed):
-        return [f"{seed} is opt-in and off: name it in {environment.ENABLED_METRICS} to record it"]
-    return []
-
-
-def _hook_point(seed: str, symbol: str, feeds: dict) -> list[str]:
-    by = sorted(feeds.get(seed, ()))
-    if not by or symbol in by:
-        return []
-    shown = ", ".join(by[:3]) + (f" (+{len(by) - 3} more)" if len(by) > 3 else "")
-    return [f"{seed}: hook point: recorded at {shown}, not at {symbol}"]
-
-
-def _recorded_differences(seeds, symbol: str, feeds: dict) -> list[str]:
-    """What differs for the built-in metrics an incumbent handler records (hook point, timing, opt-in)."""
-    out: list[str] = []
-    points = [d for seed in seeds for d in _hook_point(seed, symbol, feeds)]
-    if len(points) > 2:
-        shown = ", ".join(sorted({s for seed in seeds for s in feeds.get(seed, ())})[:3])
-        out.append(f"hook point: these metrics are recorded at {shown}…, not at {symbol}")
-    else:
-        out += points
-    for seed in seeds:
-        timed = incumbent.timed_differently(seed)
-        if timed:
-            out.append(f"{seed}: what is timed: {timed}")
-        out += _opt_in(seed)
-    return out
-
-
-def _builtin_differences(raw: dict, seed: str, symbol: str, feeds: dict) -> list[str]:
-    """What differs between a hook file's metric named like a built-in one and the built-in that records it:
-    type, buckets, expr, labels, hook point, what is timed, opt-in state."""
-    spec = catalogue.BY_SEED[seed]
-    out: list[str] = []
-    kind = raw.get("type", TIMER)
-    declared = {TIMER: catalogue.HISTOGRAM, HISTOGRAM: catalogue.HISTOGRAM, COUNTER: catalogue.COUNTER}.get(
-        kind, catalogue.GAUGE
-    )
-    if declared != spec.kind or (kind == TIMER and spec.unit != "s"):
-        lost = " (no _bucket/_sum/_count series)" if declared == catalogue.HISTOGRAM else ""
-        out.append(f"{seed}: type: declared {kind}, recorded as the built-in {spec.kind} of {spec.unit}{lost}")
-    if raw.get("buckets") is not None:
-        named = next((n for n, b in catalogue.BUCKET_SETS.items() if tuple(b) == tuple(spec.buckets or ())), None)
-        theirs = f"the built-in's {named} buckets" if named else "the built-in's buckets"
-        out.append(f"{seed}: buckets: yours ({len(raw['buckets'])} bounds) are not used; {theirs} apply")
-    if raw.get("expr") not in (None, ""):
-        first = spec.description.split(". ")[0].rstrip(".")
-        out.append(f"{seed}: expr {raw['expr']!r} is not used; the built-in records: {first}")
-    if raw.get("labels"):
-        names = ", ".join(str(label.get("name")) for label in raw["labels"] if isinstance(label, dict))
-        out.append(f"{seed}: labels {names} are not added; the built-in's labels are " + ", ".join(all_labels(spec)))
-    out += _hook_point(seed, symbol, feeds)
-    timed = incumbent.timed_differently(seed)
-    if timed:
-        out.append(f"{seed}: what is timed: {timed}")
-    out += _opt_in(seed)
-    return out
-
-
-def _within(version, min_version: str | None, max_version: str | None) -> bool:
-    """Whether the installed ``version`` is within an entry's bounds, both inclusive (unknown: yes). A bound that is
-    a pre-release is compared with the installed pre-release itself (``max_version: 0.13.0rc1`` keeps 0.13.0rc1);
-    a final bound with the installed release (0.13.0rc1 counts as 0.13.0, as the target table counts it)."""
-    if version is None:
-        return True
-    for bound, below in ((min_version, False), (max_version, True)):
-        if bound is None:
-            continue
-        limit = Version(bound)
-        installed = Version(version.public if limit.is_prerelease else version.base_version)
-        if (installed > limit) if below else (installed < limit):
-            return False
-    return True
-
-
-def _outside(version, vllm, entry: Entry) -> str:
-    which = "vLLM" if version is vllm else "vllm-ascend"
-    spec = ",".join(
-        s for s in (entry.min_version and f">={entry.min_version}", entry.max_version and f"<={entry.max_version}") if s
-    )
-    return f"{which} {version} is outside {spec}"
 
 
 def paths_from_environment() -> list[str]:
@@ -606,18 +368,12 @@ def load(paths, vllm=None, ascend=None, *, log: bool = True, defined=None) -> li
             entry = Entry(path, index)
             try:
                 _entry(raw, entry, seen, defined, feeds, vllm, ascend)
-            except _Rejected as exc:
+            except Rejected as exc:
                 entry.status, entry.reason, entry.measures, entry.differences = REJECTED, str(exc), (), ()
             except Exception as exc:  # a defect of ours: the entry, not the host, pays
                 entry.status, entry.reason = REJECTED, f"internal error: {type(exc).__name__}: {exc}"
             entries.append(_log(entry, log))
     return entries
-
-
-def short(exc) -> str:
-    """An exception's text on one line, at most 200 characters (what an entry's reason quotes)."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 200 else text[:200] + "…"
 
 
 def _log(entry: Entry, log: bool) -> Entry:
@@ -633,108 +389,6 @@ def _log(entry: Entry, log: bool) -> Entry:
             "".join(f" | {d}" for d in entry.differences) if entry.status != REJECTED else "",
         )
     return entry
-
-
-# -- the hook: a declarative row ------------------------------------------------------------------
-def parameters_of(function) -> tuple[str, ...]:
-    """Names of ``function``'s parameters, in order (``self`` first for a method)."""
-    try:
-        return tuple(inspect.signature(function).parameters)
-    except (TypeError, ValueError):
-        return ()
-
-
-def kind_of(function) -> str:
-    """The wrapper kind of ``function`` itself: the original's, through wrappers of ours (a built-in
-    hook on the same function: an async generator's wrapper is a plain function returning one)."""
-
-    original = inspect.unwrap(function, stop=lambda f: not hasattr(f, "__otel_vllm_ascend_hook__"))
-    if inspect.isasyncgenfunction(original):
-        return ASYNC_GENERATOR
-    if inspect.iscoroutinefunction(original):
-        return COROUTINE
-    return SYNC
-
-
-def row_of(entry: Entry, function):
-    """The declarative row of ``entry`` on ``function`` (what it names, found by ``function_of``): the
-    timer wrapper kind of a sync function or a coroutine, the stream kind of an async generator, the
-    function's parameters (after ``self`` for a method) as the row's ``params``. Raises ValueError
-    when an expression reads a name the function does not have."""
-
-    kind = {COROUTINE: COROUTINE_TIMER, ASYNC_GENERATOR: ASYNC_GENERATOR}.get(kind_of(function), SYNC_TIMER)
-    parameters = parameters_of(function)
-    params = parameters[1:] if "." in entry.qualname else parameters
-    row = Target(entry.module, entry.qualname, kind, vllm="", params=params, measures=entry.measures)
-    why = check_names(entry, argument_names(row))
-    if why is not None:
-        raise ValueError(why)
-    return row
-
-
-def check_names(entry: Entry, names: tuple[str, ...]) -> str | None:
-    """Why the entry's expressions cannot run on a target whose arguments are ``names``, or None."""
-
-    allowed = set(names) | set(SPECIAL)
-    for m in entry.measures:
-        for expression in expressions_of(m):
-            unknown = [n for n in expression.names if n not in allowed]
-            if unknown:
-                return (
-                    f"{m.metric}: expr {expression.source!r} reads {unknown[0]!r}, not a parameter of "
-                    f"{entry.symbol} ({', '.join(names) or 'none'})"
-                )
-    return None
-
-
-def function_of(module, entry: Entry):
-    """(owner, attribute, function) that ``entry`` names in ``module``, on the original class (a name
-    the module rebinds to a subclass is walked back to the definition, as for the built-in rows)."""
-
-    if "." in entry.qualname:
-        owner_name, attribute = entry.qualname.rsplit(".", 1)
-        owner = original_class(module, owner_name)
-    else:
-        owner, attribute = module, entry.qualname
-    function = getattr(owner, "__dict__", {}).get(attribute)
-    if function is None:
-        raise AttributeError(f"{entry.qualname} is not defined in {module.__name__}")
-    return owner, attribute, function
-
-
-def unresolved(entries: list[Entry]) -> list[Entry]:
-    """For ``check --config`` where vLLM is not installed: loaded entries say that their symbol was not resolved."""
-    for entry in entries:
-        if entry.status == LOADED:
-            entry.reason += " (not resolved: vLLM is not installed here)"
-    return entries
-
-
-def resolve_entries(entries: list[Entry]) -> list[Entry]:
-    """For ``check --config``: import each loaded entry's module (never anything the file names
-    besides it) and check the symbol exists and its expressions read only its parameters (a vllm_ascend symbol
-    where vllm-ascend is not installed: not resolved, as every symbol where vLLM is not)."""
-    import importlib
-    import importlib.util
-
-    for entry in entries:
-        if entry.status != LOADED:
-            continue
-        if entry.module.split(".")[0] not in ("vllm", "vllm_ascend"):
-            entry.reason += " (not resolved: check imports only vllm and vllm_ascend modules)"
-            continue
-        if entry.module.split(".")[0] == "vllm_ascend" and importlib.util.find_spec("vllm_ascend") is None:
-            entry.reason += " (not resolved: vllm-ascend is not installed here)"
-            continue
-        try:
-            module = importlib.import_module(entry.module)
-            _, _, function = function_of(module, entry)
-            if isinstance(function, (staticmethod, classmethod)):
-                raise TypeError("static and class methods are not hooked")
-            row_of(entry, function)
-        except Exception as exc:
-            entry.status, entry.reason = REJECTED, f"cannot hook: {type(exc).__name__}: {short(exc)}"
-    return entries
 
 
 def reject(entry: Entry, reason: str) -> None:

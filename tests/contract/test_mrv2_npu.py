@@ -20,10 +20,11 @@ import pytest
 from packaging.version import Version
 
 from opentelemetry_instrumentation_vllm_ascend import targets
-from opentelemetry_instrumentation_vllm_ascend.source import calls_base, positional_params
+from opentelemetry_instrumentation_vllm_ascend.source import positional_params
 from opentelemetry_instrumentation_vllm_ascend.wiring.installer import in_range
 from tests.support.contract import ASCEND_VERSIONS, SourceTree, ascend_tree, fake_problems
 from tests.support.fakes import MRV2_NPU_FAKES
+from tests.support.source_checks import calls_base
 
 V2 = ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner")
 NPU = ("vllm_ascend.worker.v2.model_runner", "NPUModelRunner")

@@ -166,8 +166,8 @@ def test_no_package_index_host_is_written_in_the_projects_code():
 
 def test_the_newest_release_is_the_newest_final_one_with_a_file(index):
     index(hashlib.sha256(PAYLOAD).hexdigest())
-    assert archives.newest_release("demo") == "1.0"  # 1.1rc1: a pre-release; 1.2: yanked
-    assert archives.newest_release("demo", prereleases=True) == "1.1rc1"  # 1.2's only file is yanked
+    assert source_archives.newest_release("demo") == "1.0"  # 1.1rc1: a pre-release; 1.2: yanked
+    assert source_archives.newest_release("demo", prereleases=True) == "1.1rc1"  # 1.2's only file is yanked
     assert archives.release_archive("demo", "1.0", source_archives.CACHE).endswith("demo-1.0.tar.gz")
 
 

@@ -1,8 +1,8 @@
 """Checks the target table against vLLM / vllm-ascend *source*, without importing it: every hooked
 symbol exists, its parameters are where the handler reads them, and every attribute a handler reads
 is defined. The machinery lives in the package (``opentelemetry_instrumentation_vllm_ascend.source``,
-which ``check --vllm`` uses too); the contract tests import it from here, with ``READS``, the
-attributes handlers read."""
+which ``check --vllm`` uses too) and, for what only the tests ask, in ``tests.support.source_checks``; the
+contract tests import both from here, with ``READS``, the attributes handlers read."""
 
 from __future__ import annotations
 
@@ -12,14 +12,16 @@ import os
 from opentelemetry_instrumentation_vllm_ascend import supported
 from opentelemetry_instrumentation_vllm_ascend.source import (  # noqa: F401  (re-exported for the tests)
     PACKAGES,
+    check_target,
+    positional_params,
+)
+from tests.support.source_checks import (  # noqa: F401  (re-exported for the tests)
     Read,
     SourceTree,
     calls_base,
     check_read,
-    check_target,
     fake_problems,
     overrides_without_base_call,
-    positional_params,
 )
 
 #: Set by the drift canary (``tox -e drift``): a vLLM release, and a vllm-ascend one as ``VERSION:VLLM_VERSION``,

@@ -39,15 +39,16 @@ CONTRACT = sorted(
 
 
 def main(argv=None) -> int:
-    from opentelemetry_instrumentation_vllm_ascend import archives, supported
+    from opentelemetry_instrumentation_vllm_ascend import supported
     from opentelemetry_instrumentation_vllm_ascend.cli.release import _vllm_for_ascend
+    from tests.support import source_archives
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vllm", help="the vLLM release to try (default: the newest on the index)")
     parser.add_argument("--vllm-ascend", help="the vllm-ascend release to try (default: the newest on the index)")
     args, pytest_args = parser.parse_known_args(argv)
-    vllm = args.vllm or archives.newest_release("vllm", prereleases=True)
-    ascend = args.vllm_ascend or archives.newest_release("vllm-ascend", prereleases=True)
+    vllm = args.vllm or source_archives.newest_release("vllm", prereleases=True)
+    ascend = args.vllm_ascend or source_archives.newest_release("vllm-ascend", prereleases=True)
     ascend_vllm = _vllm_for_ascend(ascend)
     print(
         f"drift canary: vLLM {vllm} (supported: {', '.join(supported.VLLM)}); vllm-ascend {ascend} over vLLM "

@@ -17,6 +17,14 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC, SYNC_
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from opentelemetry_instrumentation_vllm_ascend.wiring import declarative
 
+#: The catalogue kind each measure kind records into.
+CATALOGUE_KIND = {
+    declarative.TIMER: "histogram",
+    declarative.COUNTER: "counter",
+    declarative.HISTOGRAM: "histogram",
+    declarative.GAUGE: "gauge",
+}
+
 S, R, T = catalogue.STEP_SECONDS, catalogue.REQUESTS, catalogue.TOKENS
 F = catalogue.FINE_SECONDS  # µs-scale timers: scheduler calls, add_request, the input queue
 SC = catalogue.SCOPE_SECONDS  # vLLM's profiling scopes
@@ -890,7 +898,7 @@ def problems(target, catalogue_by_seed) -> list[str]:
             continue
         if m.kind not in declarative.MEASURE_KINDS:
             out.append(f"{target.symbol}: {m.metric}: unknown measure kind {m.kind!r}")
-        elif declarative.CATALOGUE_KIND[m.kind] != spec.kind:
+        elif CATALOGUE_KIND[m.kind] != spec.kind:
             out.append(f"{target.symbol}: {m.metric} is a {spec.kind}, the measure a {m.kind}")
         engine_step = m.phase == declarative.PHASE_ENGINE_STEP
         if m.phase not in declarative.MEASURE_PHASES or (

@@ -16,6 +16,37 @@ from opentelemetry_instrumentation_vllm_ascend import archives
 CACHE = archives.cache_dir()
 
 
+def newest_release(project: str, indexes: list[str] | None = None, prereleases: bool = False) -> str:
+    """The newest release of ``project`` on the configured index (``archives.project_page``) that has an sdist or a wheel there (a release
+    whose files are all yanked does not count): the newest final one, or with ``prereleases`` the newest
+    including release candidates, alphas and betas (vllm-ascend publishes release candidates for months before a
+    final: what Ascend users run). Development releases never count. The drift canary's (tests/support/drift.py) default."""
+    from packaging.version import InvalidVersion, Version
+
+    page = archives.project_page(project, indexes)
+    with_files: set[str] = set()
+    for entry in page.get("files", ()):
+        if entry.get("yanked"):
+            continue
+        version = archives._version_of(project, entry["filename"])
+        if version:
+            with_files.add(version)
+    best: tuple[Version, str] | None = None
+    for text in with_files:
+        try:
+            parsed = Version(text)
+        except InvalidVersion:
+            continue
+        if parsed.is_devrelease or (parsed.is_prerelease and not prereleases):
+            continue
+        if best is None or parsed > best[0]:
+            best = (parsed, text)
+    if best is None:
+        kind = "release" if prereleases else "final release"
+        raise archives.NotOnIndex(f"no {kind} of {project} on the configured index")
+    return best[1]
+
+
 def sdist(project: str, version: str) -> str:
     """Path of ``project``'s sdist for ``version`` in the cache, downloaded first if absent."""
     return archives.cached(project, f"{re.sub(r'[-_.]+', '_', project)}-{version}.tar.gz", CACHE)

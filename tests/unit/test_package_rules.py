@@ -6,7 +6,12 @@ private names; docs/architecture.md names every module. Each exception is in an 
 from __future__ import annotations
 
 import ast
+import collections
+import importlib
+import io
 import pathlib
+import re
+import tokenize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
 PACKAGE = ROOT / "opentelemetry_instrumentation_vllm_ascend"
@@ -26,7 +31,6 @@ ALLOWED_CONTAINERS = {
     ("catalogue", "BY_SEED"): "constant",
     # Constant tables kept as dicts (read only, as the next test checks).
     ("cli.dashboards", "EVENT_ONLY"): "constant",
-    ("wiring.declarative", "CATALOGUE_KIND"): "constant",
     # A log-once flag kept as a one-element list: it belongs in STATE.warned.
 }
 
@@ -472,3 +476,153 @@ def test_the_layer_and_cycle_rules_see_function_level_imports():
         "targets": ast.parse("from . import catalogue\n"),
     }
     assert _cycles(pair) == [["catalogue", "targets"]]
+
+
+# -- no test-only code in the wheel ---------------------------------------------------------------------
+
+#: Module-level names no other line of the package reads, with why they ship: facts the package states
+#: (design numbers, version lists, label vocabularies) that tests, the bench and the docs read from here.
+#: Code only tests use belongs in tests/support.
+ALLOWED_UNREFERENCED = {
+    ("catalogue", "SERIES_BUDGET"): "a documented design number (performance.md); the bench and e2e read it",
+    ("catalogue", "WORKER_SERIES_BUDGET"): "a documented design number (performance.md); the bench and e2e read it",
+    ("catalogue", "SCRAPE_BUDGET_MS"): "a documented design number (performance.md); the bench reads it",
+    ("catalogue", "KV_DIRECTIONS"): "the ``direction`` label's values, stated beside the label",
+    ("supported", "LIVE"): "the one list of supported versions: the release the live e2e tests run",
+    ("supported", "NEWEST"): "the one list of supported versions: its newest vLLM",
+    ("paths", "AXES"): "the vocabulary of ``Path.axis``, stated beside it",
+    ("cli.demo.tiny_model", "STEP_SIZED"): "the bench's model size, beside the tests' (one place for model sizes)",
+    ("handlers.kv_transfer", "MemcacheStorePut"): "a handler targets.py names as f'{prefix}StorePut'",
+    ("handlers.kv_transfer", "MemcacheStoreGet"): "a handler targets.py names as f'{prefix}StoreGet'",
+}
+
+#: Test helpers that moved to tests/support (test_no_test_only_helpers_ship): (module, name, attribute).
+TEST_HELPERS = (
+    ("source", "fake_problems", None),
+    ("source", "overrides_without_base_call", None),
+    ("source", "calls_base", None),
+    ("source", "check_read", None),
+    ("source", "Read", None),
+    ("source", "SourceTree", "members"),
+    ("source", "SourceTree", "subclasses"),
+    ("source", "SourceTree", "classes"),
+    ("source", "SourceTree", "resolve_base"),
+    ("archives", "newest_release", None),
+    ("wiring.declarative", "CATALOGUE_KIND", None),
+)
+
+#: ``module:Name`` and ``module.Name`` inside a string (a target row's ``handler``), or a string that is a name.
+_NAME_IN_STRING = re.compile(r"[\w.]+[:.](\w+)|^(\w+)$")
+
+
+def _defined_names(tree: ast.Module) -> list[str]:
+    """Public module-level names a module defines (functions, classes, assignments)."""
+    names = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        else:
+            names.extend(_bound_names(node))
+    return [n for n in names if not n.startswith("_")]
+
+
+def _used_words(text: str) -> collections.Counter:
+    """The names a module's code uses: its NAME tokens (definitions included) and the names its strings hold
+    (``"kv_transfer:AscendStorePut"``), docstrings and comments aside."""
+    words: collections.Counter = collections.Counter()
+    docstrings = {
+        (node.lineno, node.col_offset)
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.start in docstrings:
+            continue
+        if token.type == tokenize.NAME:
+            words[token.string] += 1
+        elif token.type == tokenize.STRING and "f" in token.string.split(token.string[-1], 1)[0].lower():
+            words.update(re.findall(r"[A-Za-z_]\w*", token.string))  # an f-string: its every word (before 3.12)
+        elif token.type == tokenize.STRING:
+            try:
+                value = ast.literal_eval(token.string)
+            except (ValueError, SyntaxError):
+                continue
+            if isinstance(value, str) and "\n" not in value:
+                for match in _NAME_IN_STRING.finditer(value.strip()):
+                    words[match.group(1) or match.group(2)] += 1
+    return words
+
+
+def _unreferenced() -> list[str]:
+    """Public module-level names of the package that no line of the package (nor pyproject's entry points)
+    uses besides their definition: what only tests (or nothing) use. A name that is also a word elsewhere in
+    the package's code passes unseen, so this finds the clear cases, never a false one."""
+    used: collections.Counter = collections.Counter()
+    for path in PACKAGE.rglob("*.py"):
+        used.update(_used_words(path.read_text()))
+    used.update(re.findall(r"\w+", (ROOT / "pyproject.toml").read_text()))
+    return [
+        f"{module}.{name}"
+        for module, tree in MODULES.items()
+        for name in _defined_names(tree)
+        if used[name] <= 1 and (module, name) not in ALLOWED_UNREFERENCED
+    ]
+
+
+def test_every_public_name_of_the_package_is_used_by_the_package():
+    """No test-only code in the wheel: a function, class or constant that only tests use goes to tests/support
+    (``ALLOWED_UNREFERENCED``: facts the package states for its readers)."""
+    assert _unreferenced() == []
+    for module, name in ALLOWED_UNREFERENCED:  # a stale entry is an error too
+        assert name in _defined_names(MODULES[module]), (module, name)
+
+
+def test_no_test_only_helpers_ship():
+    """The helpers that moved to tests/support (tests/support/source_checks.py, source_archives.py, fakes.py)
+    are not importable from the package."""
+    shipped = []
+    for module, name, attribute in TEST_HELPERS:
+        found = getattr(importlib.import_module(f"{PACKAGE_NAME}.{module}"), name, None)
+        if found is not None and (attribute is None or hasattr(found, attribute)):
+            shipped.append(f"{module}.{name}" + (f".{attribute}" if attribute else ""))
+    assert shipped == []
+
+
+def test_the_unused_name_rule_sees_a_test_only_function():
+    words = _used_words('def helper():\n    """helper"""\n    # helper\nX = "handlers.kv:Put"\nY = f"{Z.a}"\n')
+    assert words["helper"] == 1 and words["Put"] == 1 and words["Z"] == 1 and words["a"] == 1
+
+
+# -- modules a newcomer can read ----------------------------------------------------------------------
+
+MAX_MODULE_LINES = 400
+
+#: Modules over MAX_MODULE_LINES, each with why (package-relative path -> reason). An entry whose module is back
+#: under the bound is an error too, so the list only shrinks.
+LONG_MODULES = {
+    "catalogue.py": "the metric catalogue: one table, one fact per metric (each fact in one place)",
+    "targets.py": "the target table: one row per hooked symbol (each fact in one place)",
+    "paths.py": "the path table (what each metric measures per path) and its detection; cli/* imports both",
+    "environment.py": "every setting's reader, in one place; a file other work edits at the same time",
+    "wiring/incumbent.py": "the incumbent's handlers and their fates: one table, docs generated from it",
+    "recording/fastpath.py": "the fast-path aggregator: code on the step, not moved",
+    "recording/files_writer.py": "the /metrics files' writer: code on the step, not moved",
+    "handlers/scheduler.py": "the scheduler's step handlers: code on the step, not moved",
+    "handlers/model_runner.py": "the worker's step handlers: code on the step, not moved",
+    "handlers/kv_transfer.py": "KV-transfer handlers; target rows name their classes by module (kv_transfer:…)",
+    "handlers/traces.py": "request-trace handlers; target rows name their classes by module (traces:…)",
+    "handlers/api.py": "the API server's per-request handlers: code on each request, not moved",
+    "cli/dashboards.py": "the dashboards and alerts generator: one table of panels; cli/* is other work's this round",
+}
+
+
+def _lengths() -> dict[str, int]:
+    return {
+        str(path.relative_to(PACKAGE)): len(path.read_text().splitlines()) for path in sorted(PACKAGE.rglob("*.py"))
+    }
+
+
+def test_every_module_is_at_most_400_lines_but_the_named_ones():
+    lengths = _lengths()
+    assert {m: n for m, n in lengths.items() if n > MAX_MODULE_LINES and m not in LONG_MODULES} == {}
+    assert {m: lengths.get(m) for m in LONG_MODULES if lengths.get(m, 0) <= MAX_MODULE_LINES} == {}

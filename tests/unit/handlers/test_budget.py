@@ -413,7 +413,7 @@ def test_two_readers_collecting_at_once_count_a_stage_once(metrics, monkeypatch)
             return value
 
     clock.reported = Reported(clock.reported)
-    threads = [threading.Thread(target=pipeline._before_collect) for _ in range(2)]
+    threads = [threading.Thread(target=pipeline.before_collect) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:

@@ -13,9 +13,8 @@ import pytest
 
 from opentelemetry_instrumentation_vllm_ascend import environment
 from opentelemetry_instrumentation_vllm_ascend.handlers import kv_transfer, traces
-from opentelemetry_instrumentation_vllm_ascend.recording import control
-from opentelemetry_instrumentation_vllm_ascend.recording import traces as recording_traces
-from opentelemetry_instrumentation_vllm_ascend.recording.traces import KV_WAIT_KEY, MAX_KV_MARKS, kv_waits
+from opentelemetry_instrumentation_vllm_ascend.recording import control, journeys
+from opentelemetry_instrumentation_vllm_ascend.recording.journeys import KV_WAIT_KEY, MAX_KV_MARKS, kv_waits
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
 from tests.unit.handlers import test_traces as base
 
@@ -258,4 +257,4 @@ def test_a_wait_after_a_preemption_is_a_second_span_and_an_unfinished_one_ends_w
     (unfinished,) = [s for s in of("cmpl-2") if s.name == "kv_load_wait"]
     assert unfinished.end_time == roots["cmpl-2"].end_time and not unfinished.events
     assert dict(unfinished.attributes) == {"vllm.kv_transfer.loaded": False}
-    assert recording_traces.MAX_KV_MARKS == MAX_KV_MARKS
+    assert journeys.MAX_KV_MARKS == MAX_KV_MARKS

@@ -20,7 +20,7 @@ import pytest
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment
 from opentelemetry_instrumentation_vllm_ascend.cli import control as cli_control
 from opentelemetry_instrumentation_vllm_ascend.cli import main as cli
-from opentelemetry_instrumentation_vllm_ascend.recording import control
+from opentelemetry_instrumentation_vllm_ascend.recording import control, control_files
 from opentelemetry_instrumentation_vllm_ascend.recording.identity import process_identity
 from opentelemetry_instrumentation_vllm_ascend.recording.metrics_endpoint import DIRECTORY_PREFIX
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
@@ -108,12 +108,12 @@ def test_with_two_servers_a_command_without_server_names_both_and_status_lists_b
 def test_status_names_a_process_by_its_title_and_the_command_shows_it_for_one_of_unknown_kind(capsys):
     """vLLM's DP coordinator and the ``vllm serve`` parent of several API servers are processes of the server that no
     hook gives a kind: their title says which they are."""
-    assert control.title_of(["VLLM::DPCoordinator", "", ""]) == "VLLM::DPCoordinator"
+    assert control_files.title_of(["VLLM::DPCoordinator", "", ""]) == "VLLM::DPCoordinator"
     assert (
-        control.title_of(["/venv/bin/python3.11", "/venv/bin/vllm", "serve", "/models/m"])
+        control_files.title_of(["/venv/bin/python3.11", "/venv/bin/vllm", "serve", "/models/m"])
         == "python3.11 vllm serve /models/m"
     )
-    assert control.title_of(["python", "-m", "x" * 80], limit=20) == "python -m " + "x" * 9 + "…"
+    assert control_files.title_of(["python", "-m", "x" * 80], limit=20) == "python -m " + "x" * 9 + "…"
     # As vLLM names its processes (vllm.utils.system_utils.set_process_title: setproctitle).
     pytest.importorskip("setproctitle")  # vLLM's dependency: the child imports it
     code = (

@@ -22,7 +22,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, recording
-from opentelemetry_instrumentation_vllm_ascend.recording import exposition, files_reader, pipeline
+from opentelemetry_instrumentation_vllm_ascend.recording import exposition, multiprocess_guard, pipeline
 from opentelemetry_instrumentation_vllm_ascend.recording.files_reader import FilesCollector
 from opentelemetry_instrumentation_vllm_ascend.recording.identity import remove_dead_files
 from tests.support.process import set_process
@@ -227,7 +227,7 @@ def multiproc_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(environment.PROMETHEUS_INTERVAL_MS, "3600000")
     pipeline.reset()
     set_process("api_server", "0", "mixed")
-    guard = files_reader.guard_multiprocess_collector()
+    guard = multiprocess_guard.guard_multiprocess_collector()
     assert guard is not None
     yield str(tmp_path), guard
     guard.remove()

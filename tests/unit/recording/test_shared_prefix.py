@@ -19,7 +19,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from opentelemetry_instrumentation_vllm_ascend.catalogue import PREFIX, SHARED_PREFIX
-from opentelemetry_instrumentation_vllm_ascend.recording import files_reader
+from opentelemetry_instrumentation_vllm_ascend.recording import files_reader, multiprocess_guard
 
 NAME = PREFIX + "scheduler:add_request:duration"
 WRITER = textwrap.dedent(
@@ -71,7 +71,7 @@ def no_series_twice(text):
 
 @pytest.fixture
 def guarded():
-    guard = files_reader.guard_multiprocess_collector()
+    guard = multiprocess_guard.guard_multiprocess_collector()
     yield
     if guard is not None:
         guard.remove()
@@ -114,7 +114,7 @@ def test_multiprocess_without_another_writer_of_our_prefix_is_unchanged(tmp_path
     write(tmp_path, "ours", 2)
     write(tmp_path, "vllm", 5)
     plain = multiprocess_scrape(tmp_path)
-    guard = files_reader.guard_multiprocess_collector()
+    guard = multiprocess_guard.guard_multiprocess_collector()
     try:
         with caplog.at_level(logging.WARNING, logger=files_reader.__name__):
             guarded_text = multiprocess_scrape(tmp_path)
@@ -138,7 +138,7 @@ def test_multiprocess_exemplars_follow_the_renamed_buckets(tmp_path):
     write(tmp_path, "ours", 2)
     registry = CollectorRegistry()
     collector = MultiProcessCollector(registry, path=str(tmp_path))
-    guard = files_reader.guard_multiprocess_collector()
+    guard = multiprocess_guard.guard_multiprocess_collector()
     try:
         metrics = list(collector.collect())
     finally:

@@ -17,7 +17,7 @@ from opentelemetry_instrumentation_vllm_ascend.hooks.patches import patch_method
 from opentelemetry_instrumentation_vllm_ascend.hooks.wrappers import SYNC_TIMER
 from opentelemetry_instrumentation_vllm_ascend.recording import control
 from opentelemetry_instrumentation_vllm_ascend.state import STATE
-from opentelemetry_instrumentation_vllm_ascend.wiring import installer, userfile
+from opentelemetry_instrumentation_vllm_ascend.wiring import incumbent, installer, userfile
 from opentelemetry_instrumentation_vllm_ascend.wiring.expressions import ExpressionError, compile_expression
 from tests.support import source_archives
 from tests.support.fakes import handler_of, problems
@@ -220,11 +220,11 @@ MALFORMED = {
     "foreign handler": "- symbol: m:C.f\n  handler: os:system\n",
     "handler a list": "- symbol: m:C.f\n  handler: [a]\n",
     "metrics handler without metrics": "- symbol: m:C.f\n  handler: "
-    + userfile._MSM
+    + incumbent.CURRENT
     + "metric_handlers:phase_all_handler\n",
     "tracing handler": "- symbol: m:C.f\n  handler: ms_service_profiler.patcher.vllm.handlers.v1.batch_handlers:schedule\n",
     "memory handler, a name it does not record": "- symbol: m:C.f\n  handler: "
-    + userfile._MSM
+    + incumbent.CURRENT
     + "metric_handlers:engine_memory_phase_handler\n  metrics: [{name: engine:memory:free_gb, type: gauge}]\n",
     "no metrics": "- symbol: m:C.f\n",
     "metrics empty": "- symbol: m:C.f\n  metrics: []\n",
@@ -306,7 +306,7 @@ def test_counter_names_ending_in_total_are_not_doubled(tmp_path):
 
 
 def test_incumbent_handlers_map_and_lock_patch_is_accepted_with_a_reason(tmp_path):
-    text = f"- symbol: vllm.v1.metrics.loggers:StatLoggerManager.record\n  handler: {userfile._MSM}meta_handlers:record_dp_rank\n  lock_patch: true\n"
+    text = f"- symbol: vllm.v1.metrics.loggers:StatLoggerManager.record\n  handler: {incumbent.CURRENT}meta_handlers:record_dp_rank\n  lock_patch: true\n"
     (entry,) = load(tmp_path, text)
     assert entry.status == userfile.MAPPED and "lock_patch ignored" in entry.reason
 
@@ -314,7 +314,7 @@ def test_incumbent_handlers_map_and_lock_patch_is_accepted_with_a_reason(tmp_pat
 def test_a_mapped_scope_handler_says_when_its_opt_in_histogram_is_off(tmp_path, monkeypatch):
     text = (
         "- symbol: vllm.v1.utils:record_function_or_nullcontext\n"
-        f"  handler: {userfile._MSM}metric_handlers:record_function_timer_hook\n"
+        f"  handler: {incumbent.CURRENT}metric_handlers:record_function_timer_hook\n"
     )
     monkeypatch.delenv("OTEL_VLLM_ASCEND_ENABLED_METRICS", raising=False)  # the default: scopes off
     (entry,) = load(tmp_path, text)
@@ -385,7 +385,7 @@ def test_a_built_in_gauge_without_expr_is_mapped_not_rejected(tmp_path):
 def test_a_handler_entry_keeps_its_version_bounds(tmp_path):
     text = (
         "- symbol: vllm.v1.metrics.loggers:StatLoggerManager.record\n"
-        f"  handler: {userfile._MSM}meta_handlers:record_dp_rank\n"
+        f"  handler: {incumbent.CURRENT}meta_handlers:record_dp_rank\n"
         '  max_version: "0.31.0"\n'
     )
     (entry,) = load(tmp_path, text)  # vLLM 0.32.0
