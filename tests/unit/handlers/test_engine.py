@@ -186,8 +186,8 @@ def test_process_input_queue_excludes_idle_waits_after_requests_that_gave_no_wor
         idle.input_queue.put(("ADD", None))
 
     thread = threading.Thread(target=client)
+    start = time.perf_counter()  # before the client's first sleep begins: the 0.55 s lie after it
     thread.start()
-    start = time.perf_counter()
     idle._process_input_queue()
     elapsed = time.perf_counter() - start
     thread.join()
