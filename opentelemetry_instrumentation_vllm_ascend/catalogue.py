@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from . import semconv
 from .state import STATE
 
 PREFIX = "vllm_profiling_"
@@ -881,7 +882,7 @@ GENAI_PROVIDER = "vllm"
 #: request (Responses API, offline LLM, other endpoints) carries ``GENAI_OTHER``.
 GENAI_OPERATIONS = (("chatcmpl-", "chat"), ("cmpl-", "text_completion"))
 GENAI_OTHER = "_OTHER"
-GENAI_LABELS = ("gen_ai.operation.name", "gen_ai.provider.name", "gen_ai.request.model")
+GENAI_LABELS = (semconv.GEN_AI_OPERATION_NAME, semconv.GEN_AI_PROVIDER_NAME, semconv.GEN_AI_REQUEST_MODEL)
 #: ``error.type`` (request.duration only): the finish reason of a request that vLLM finished as failed.
 GENAI_ERROR_TYPES = ("abort", "error")
 #: The conventions' advised ExplicitBucketBoundaries.
@@ -921,22 +922,22 @@ def _genai(name, description, buckets, labels=GENAI_LABELS):
 
 GENAI_SERVER = (
     _genai(
-        "gen_ai.server.request.duration",
+        semconv.GEN_AI_SERVER_REQUEST_DURATION,
         "GenAI semantic conventions: a request's duration, arrival to its last output — vLLM's "
         "vllm:e2e_request_latency_seconds value, per finished request. error.type: abort or error for a request "
         "vLLM finished so (absent otherwise)." + _GENAI_WHEN,
         GENAI_REQUEST_SECONDS,
-        labels=GENAI_LABELS + ("error.type",),
+        labels=GENAI_LABELS + (semconv.ERROR_TYPE,),
     ),
     _genai(
-        "gen_ai.server.time_per_output_token",
+        semconv.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN,
         "GenAI semantic conventions: a successful request's time per output token after the first, "
         "decode_time / (generated tokens - 1) — vLLM's vllm:request_time_per_output_token_seconds value, for "
         "requests of two tokens or more (vLLM observes 0 for shorter ones)." + _GENAI_WHEN,
         GENAI_TPOT_SECONDS,
     ),
     _genai(
-        "gen_ai.server.time_to_first_token",
+        semconv.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN,
         "GenAI semantic conventions: a successful request's time to first token, arrival to its first token "
         "(queue and prefill) — vLLM's vllm:time_to_first_token_seconds value of that request." + _GENAI_WHEN,
         GENAI_TTFT_SECONDS,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from time import perf_counter
 
-from .. import catalogue, context, recording
+from .. import catalogue, context, recording, semconv
 from ..catalogue import ALL, TTFT_THRESHOLDS
 from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
@@ -329,9 +329,9 @@ class ProcessOutputs(Handler):
 
 # -- IterationStats.update_from_finished_request: the GenAI semantic conventions' server metrics ---------
 
-GENAI_DURATION = M["gen_ai.server.request.duration"]
-GENAI_TPOT = M["gen_ai.server.time_per_output_token"]
-GENAI_TTFT = M["gen_ai.server.time_to_first_token"]
+GENAI_DURATION = M[semconv.GEN_AI_SERVER_REQUEST_DURATION]
+GENAI_TPOT = M[semconv.GEN_AI_SERVER_TIME_PER_OUTPUT_TOKEN]
+GENAI_TTFT = M[semconv.GEN_AI_SERVER_TIME_TO_FIRST_TOKEN]
 _GENAI_ERRORS = frozenset(catalogue.GENAI_ERROR_TYPES)
 
 

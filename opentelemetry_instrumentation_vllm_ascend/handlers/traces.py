@@ -44,7 +44,7 @@ from contextvars import ContextVar
 from time import monotonic, time
 from types import MappingProxyType
 
-from .. import catalogue, environment, targets
+from .. import catalogue, environment, semconv, targets
 from ..hooks.handler import Handler, report
 from ..recording import traces as pipeline
 from ..recording.journeys import KV_LOADED, KV_START, KV_WAIT_KEY, MAX_KV_MARKS, PREEMPTED, QUEUED, SCHEDULED, Journey
@@ -98,16 +98,16 @@ class Handling:
 _OPERATIONS = MappingProxyType({"ChatCompletionRequest": "chat", "CompletionRequest": "text_completion"})
 #: SamplingParams attribute -> span attribute.
 _PARAMS = (
-    ("max_tokens", "gen_ai.request.max_tokens"),
-    ("temperature", "gen_ai.request.temperature"),
-    ("top_p", "gen_ai.request.top_p"),
-    ("top_k", "gen_ai.request.top_k"),
-    ("seed", "gen_ai.request.seed"),
-    ("presence_penalty", "gen_ai.request.presence_penalty"),
-    ("frequency_penalty", "gen_ai.request.frequency_penalty"),
+    ("max_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS),
+    ("temperature", semconv.GEN_AI_REQUEST_TEMPERATURE),
+    ("top_p", semconv.GEN_AI_REQUEST_TOP_P),
+    ("top_k", semconv.GEN_AI_REQUEST_TOP_K),
+    ("seed", semconv.GEN_AI_REQUEST_SEED),
+    ("presence_penalty", semconv.GEN_AI_REQUEST_PRESENCE_PENALTY),
+    ("frequency_penalty", semconv.GEN_AI_REQUEST_FREQUENCY_PENALTY),
 )
 #: Client-given request fields -> span attributes of a rejected request (chat's max_completion_tokens first).
-_REQUEST_FIELDS = (("max_completion_tokens", "gen_ai.request.max_tokens"), *_PARAMS)
+_REQUEST_FIELDS = (("max_completion_tokens", semconv.GEN_AI_REQUEST_MAX_TOKENS), *_PARAMS)
 #: A client-given model name longer than this is cut (it names the span).
 _MAX_MODEL_CHARS = 256
 #: The OpenAI generation paths (their ends: a ``--root-path`` may precede them) -> ``gen_ai.operation.name`` of a
@@ -176,10 +176,10 @@ class Tracker:
                 if isinstance(index, int):
                     attributes["vllm.request.choice_index"] = index
             if isinstance(n, int) and n != 1:
-                attributes["gen_ai.request.choice.count"] = n
+                attributes[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = n
         prompt = getattr(request, "prompt_token_ids", None)
         if prompt is not None:
-            attributes["gen_ai.usage.input_tokens"] = len(prompt)
+            attributes[semconv.GEN_AI_USAGE_INPUT_TOKENS] = len(prompt)
         arrival = getattr(request, "arrival_time", None) or time()
         journey = Journey(
             request_id, external, genai_operation(external), STATE.served_model, arrival, parent, attributes
@@ -313,7 +313,7 @@ class Tracker:
                 attributes[attribute] = value
         n = fields.get("n", 1)
         if isinstance(n, int) and not isinstance(n, bool) and n != 1:
-            attributes["gen_ai.request.choice.count"] = n
+            attributes[semconv.GEN_AI_REQUEST_CHOICE_COUNT] = n
         if operation is None:
             operation = _OPERATIONS.get(type(request).__name__, catalogue.GENAI_OTHER)
         journey = Journey(None, None, operation, model, handling.entered, parent, attributes)

@@ -28,7 +28,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from .. import catalogue, context, environment, state
+from .. import catalogue, context, environment, semconv, state
 from ..state import STATE
 from ..version import __version__
 from . import private_otel, providers
@@ -76,7 +76,7 @@ class Pipeline:
 
         ctx = context.PROCESS
         attributes = {
-            "service.instance.id": str(uuid.uuid4()),
+            semconv.SERVICE_INSTANCE_ID: str(uuid.uuid4()),
             "process.pid": self.pid,
             "vllm.process.role": ctx.process,
             "vllm.dp_rank": ctx.dp,
@@ -84,7 +84,7 @@ class Pipeline:
         }
         env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
         if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
-            attributes["service.name"] = "vllm"
+            attributes[semconv.SERVICE_NAME] = "vllm"
         resource = self.resource = Resource.create(attributes)
         self.provider: MeterProvider | None = None
         self.meter: Meter | None = None  # the SDK recorder's

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import catalogue, context
+from .. import catalogue, context, semconv
 from ..version import __version__
 from .journeys import PREEMPTED, QUEUED, SCHEDULED, Journey, kv_waits
 
@@ -101,35 +101,35 @@ def journey_spans(journey: Journey, offset: int, resource, ids) -> list:
         latency["gen_ai.latency.time_to_first_token"] = journey.first_latency
     if journey.e2e is not None:
         latency["gen_ai.latency.e2e"] = journey.e2e
-    finish: dict = {"gen_ai.response.finish_reasons": (journey.reason,)} if journey.reason else {}
+    finish: dict = {semconv.GEN_AI_RESPONSE_FINISH_REASONS: (journey.reason,)} if journey.reason else {}
     events.append(Event("finish", finish, end))
     events.sort(key=lambda event: event.timestamp)
 
     attributes = {
-        "gen_ai.operation.name": journey.operation,
-        "gen_ai.provider.name": catalogue.GENAI_PROVIDER,
+        semconv.GEN_AI_OPERATION_NAME: journey.operation,
+        semconv.GEN_AI_PROVIDER_NAME: catalogue.GENAI_PROVIDER,
         "gen_ai.request.id": journey.external_id,  # vLLM's own llm_request span's name for it
-        "gen_ai.response.id": journey.external_id,
+        semconv.GEN_AI_RESPONSE_ID: journey.external_id,
         "vllm.request.id": journey.request_id,
         "vllm.dp_rank": journey.dp if journey.dp is not None else context.PROCESS.dp,
         "vllm.pd_role": context.PROCESS.role,
         "vllm.request.preemptions": journey.preemptions,
-        "gen_ai.usage.output_tokens": journey.tokens,
+        semconv.GEN_AI_USAGE_OUTPUT_TOKENS: journey.tokens,
     }
     if journey.model:
-        attributes["gen_ai.request.model"] = journey.model
-        attributes["gen_ai.response.model"] = journey.model
+        attributes[semconv.GEN_AI_REQUEST_MODEL] = journey.model
+        attributes[semconv.GEN_AI_RESPONSE_MODEL] = journey.model
     attributes.update(journey.attributes)
     if journey.cached_tokens is not None:
-        attributes["gen_ai.usage.cache_read.input_tokens"] = journey.cached_tokens
+        attributes[semconv.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] = journey.cached_tokens
     if journey.reason:
-        attributes["gen_ai.response.finish_reasons"] = (journey.reason,)
+        attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = (journey.reason,)
     if journey.lost_events:
         attributes["vllm.request.events_dropped"] = journey.lost_events
     attributes.update(latency)
     status = Status(StatusCode.UNSET)
     if journey.error is not None:
-        attributes["error.type"] = journey.error
+        attributes[semconv.ERROR_TYPE] = journey.error
         status = Status(StatusCode.ERROR, journey.error)
     return [_request_span(journey, root_ctx, scope, attributes, status, start, end, resource, events), *children]
 
@@ -155,21 +155,21 @@ def _rejected(journey: Journey, context_, scope, start: int, end: int, resource)
     from opentelemetry.trace.status import Status, StatusCode
 
     attributes: dict = {
-        "gen_ai.operation.name": journey.operation,
-        "gen_ai.provider.name": catalogue.GENAI_PROVIDER,
+        semconv.GEN_AI_OPERATION_NAME: journey.operation,
+        semconv.GEN_AI_PROVIDER_NAME: catalogue.GENAI_PROVIDER,
     }
     if journey.model:
-        attributes["gen_ai.request.model"] = journey.model
+        attributes[semconv.GEN_AI_REQUEST_MODEL] = journey.model
     attributes.update(journey.attributes)
-    attributes["error.type"] = journey.error or "error"
+    attributes[semconv.ERROR_TYPE] = journey.error or "error"
     if journey.status is not None:
-        attributes["http.response.status_code"] = journey.status
+        attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = journey.status
     # A client error (4xx) is no failure of the server: status left unset, as the HTTP conventions ask of a
     # SERVER span; a server error, or a request that ended without a response, is one.
     if journey.status is not None and 400 <= journey.status < 500:
         status = Status(StatusCode.UNSET)
     else:
-        status = Status(StatusCode.ERROR, attributes["error.type"])
+        status = Status(StatusCode.ERROR, attributes[semconv.ERROR_TYPE])
     return _request_span(journey, context_, scope, attributes, status, start, end, resource)
 
 

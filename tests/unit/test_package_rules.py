@@ -373,7 +373,7 @@ def test_the_rules_see_what_they_forbid():
 #: (recording/ and hooks/: recording knows nothing of hooks, the mechanism nothing of recording) a package
 #: imports none of the others. No imports form a cycle (test_no_import_cycle), within a layer neither.
 LAYERS = (
-    ("base", ("state", "supported", "version", "package", "errors", "kinds", "archives")),
+    ("base", ("state", "supported", "version", "package", "errors", "kinds", "archives", "semconv")),
     ("facts", ("catalogue", "targets", "environment", "context", "paths", "neighbours")),
     ("recording and mechanism", ("recording", "hooks")),
     ("handlers", ("handlers",)),
