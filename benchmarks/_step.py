@@ -467,6 +467,7 @@ def count_calls(step, steps: int, key):
     """Run ``step`` ``steps`` times under ``sys.setprofile``: a Counter of the profile events by ``key(event, frame,
     arg)`` (None: not counted)."""
     import collections
+    import gc
     import sys
 
     calls: collections.Counter = collections.Counter()
@@ -476,12 +477,18 @@ def count_calls(step, steps: int, key):
         if counted is not None:
             calls[counted] += 1
 
+    # The collector off while counting: a collection runs gc.callbacks' Python code (hypothesis installs one) in
+    # whichever step allocates past the threshold, which would count as the step's calls.
+    enabled = gc.isenabled()
+    gc.disable()
     sys.setprofile(profile)
     try:
         for _ in range(steps):
             step()
     finally:
         sys.setprofile(None)
+        if enabled:
+            gc.enable()
     return calls
 
 
