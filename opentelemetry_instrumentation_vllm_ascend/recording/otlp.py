@@ -43,16 +43,21 @@ class PidGuardedExporter(MetricExporter):
 #: The metrics exporter entry point each OTLP protocol selects for ``otlp`` (the SDK configurator's map).
 BY_PROTOCOL = MappingProxyType({"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"})
 OTLP = "otlp"
+#: The step records' log exporter's own protocol setting.
+OTLP_LOGS_PROTOCOL = "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"
 
 
 def entry_point_name(name: str, signal: str = "metrics") -> str:
-    """The entry point OTEL_METRICS_EXPORTER's (``signal="traces"``: OTEL_TRACES_EXPORTER's) ``name`` loads, by the
+    """The entry point OTEL_METRICS_EXPORTER's (``signal="traces"``: OTEL_TRACES_EXPORTER's; ``"logs"``: the step
+    records' log exporter's) ``name`` loads, by the
     SDK configurator's rule: ``otlp`` follows OTEL_EXPORTER_OTLP_METRICS_PROTOCOL (…_TRACES_PROTOCOL), else
     OTEL_EXPORTER_OTLP_PROTOCOL (gRPC when neither is set); an explicit ``otlp_proto_grpc`` / ``otlp_proto_http`` is
     kept even where the protocol disagrees (with a warning). Raises ValueError for a protocol the SDK does not know."""
     if name not in (OTLP, *BY_PROTOCOL.values()):
         return name
-    own = environment.OTLP_TRACES_PROTOCOL if signal == "traces" else environment.OTLP_METRICS_PROTOCOL
+    own = {"traces": environment.OTLP_TRACES_PROTOCOL, "logs": OTLP_LOGS_PROTOCOL}.get(
+        signal, environment.OTLP_METRICS_PROTOCOL
+    )
     protocol = os.environ.get(own) or os.environ.get(environment.OTLP_PROTOCOL)
     if not protocol:
         return BY_PROTOCOL["grpc"] if name == OTLP else name

@@ -25,7 +25,7 @@ EVENT_NAME = "vllm_ascend.step"
 #: The SDK's default for ``OTEL_BLRP_MAX_QUEUE_SIZE``.
 DEFAULT_BLRP_QUEUE = 2048
 BLRP_MAX_QUEUE_SIZE = "OTEL_BLRP_MAX_QUEUE_SIZE"
-OTLP_LOGS_PROTOCOL = "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"
+from .otlp import OTLP_LOGS_PROTOCOL  # noqa: E402, F401  (named in otlp.py; tests read it here)
 
 
 def _port_plus(endpoint: str, dp: int) -> str:
@@ -172,12 +172,9 @@ def otlp_log_exporter():
     protocol is unknown or its exporter is not installed."""
     from importlib.metadata import entry_points
 
-    from .otlp import BY_PROTOCOL
+    from .otlp import OTLP, entry_point_name
 
-    protocol = (os.environ.get(OTLP_LOGS_PROTOCOL) or os.environ.get(environment.OTLP_PROTOCOL) or "grpc").strip()
-    if protocol not in BY_PROTOCOL:
-        raise ValueError(f"unsupported OTLP protocol {protocol!r} (supported: {', '.join(BY_PROTOCOL)})")
-    name = BY_PROTOCOL[protocol]
+    name = entry_point_name(OTLP, "logs")
     found = list(entry_points(group="opentelemetry_logs_exporter", name=name))
     if not found:
         raise RuntimeError(f"the {name} log exporter is not installed (pip install opentelemetry-exporter-otlp)")
