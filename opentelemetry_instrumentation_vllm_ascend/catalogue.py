@@ -1000,7 +1000,8 @@ TRACES_CATALOGUE: tuple[MetricSpec, ...] = (
         "Requests whose trace was lost (OTEL_VLLM_ASCEND_TRACES=true, docs/traces.md): reason inflight_full (more "
         "requests in flight than OTEL_VLLM_ASCEND_TRACES_MAX_INFLIGHT: the request was not followed), queue_full "
         "(more finished traces waiting for export than OTEL_BSP_MAX_QUEUE_SIZE) or export_failed (the exporter "
-        "reported a failure). Requests that sampling did not keep are not counted. Absent while none is lost.",
+        "reported a failure). Requests that sampling did not keep are not counted. Absent while none is lost. From an "
+        "EngineCore (OTEL_VLLM_ASCEND_STEP_TRACES=true, docs/steps.md): kept steps whose trace was lost.",
         labels=TRACES_DROPPED_LABELS,
     ),
 )

@@ -110,6 +110,15 @@ STEPS_WORKER_ID = "OTEL_VLLM_ASCEND_STEPS_WORKER_ID"
 #: ``true``: each record also as an OTLP log record (event ``vllm_ascend.step``), through the logs SDK and the OTLP
 #: log exporter ``OTEL_EXPORTER_OTLP_[LOGS_]*`` choose.
 STEPS_OTLP_LOGS = "OTEL_VLLM_ASCEND_STEPS_OTLP_LOGS"
+#: Slow-step traces (docs/steps.md#slow-step-traces), ``true`` to turn on: a trace per step a tail rule keeps, from
+#: each EngineCore. Rules: above ``_THRESHOLD_MS``; above ``_P99_FACTOR`` (default 3, ``0``: no such rule) times the
+#: recent p99; a preemption or a failed executor call (``_KEEP``); at most ``_PER_S`` (default 10) a second.
+STEP_TRACES = "OTEL_VLLM_ASCEND_STEP_TRACES"
+STEP_TRACES_THRESHOLD_MS = "OTEL_VLLM_ASCEND_STEP_TRACES_THRESHOLD_MS"
+STEP_TRACES_P99_FACTOR = "OTEL_VLLM_ASCEND_STEP_TRACES_P99_FACTOR"
+STEP_TRACES_KEEP = "OTEL_VLLM_ASCEND_STEP_TRACES_KEEP"
+STEP_TRACES_KEEP_CHOICES = ("preempted", "error")
+STEP_TRACES_PER_S = "OTEL_VLLM_ASCEND_STEP_TRACES_PER_S"
 TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
 OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 #: The standard batch span processor settings, applied to finished requests waiting for export.
@@ -366,41 +375,43 @@ def positive_int(name: str, default: int) -> int:
 
 def threshold_seconds(name: str) -> float | None:
     """A threshold in milliseconds from ``name``, in seconds; None when unset or (one warning) not a number >= 0."""
+    value = number(name, None, "a number of milliseconds")
+    return value / 1000.0 if value is not None else None
+
+
+def number(name: str, default: float | None, what: str = "a number >= 0") -> float | None:
+    """A finite number >= 0 from ``name``: ``default`` when unset or (one warning) not such a number."""
     raw = os.environ.get(name)
     if raw is None or not raw.strip():
-        return None
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value >= 0 and value == value:
-        return value / 1000.0
-    warn_once(
-        (name, raw),
-        "opentelemetry-instrumentation-vllm-ascend: %s=%r is not a number of milliseconds; ignored",
-        name,
-        raw,
-    )
-    return None
+    if 0 <= value < float("inf"):
+        return value
+    warn_once((name, raw), "opentelemetry-instrumentation-vllm-ascend: %s=%r is not %s; ignored", name, raw, what)
+    return default
 
 
-def traces_keep() -> frozenset:
-    """OTEL_VLLM_ASCEND_TRACES_KEEP: the outcomes kept whatever head sampling said (default all of them)."""
-    raw = os.environ.get(TRACES_KEEP)
+def traces_keep(name: str = TRACES_KEEP, choices: tuple = TRACES_KEEP_CHOICES) -> frozenset:
+    """OTEL_VLLM_ASCEND_TRACES_KEEP (or ``name``): the outcomes kept whatever head sampling said (default all of
+    ``choices``; ``none``: no outcome)."""
+    raw = os.environ.get(name)
     if raw is None:
-        return frozenset(TRACES_KEEP_CHOICES)
+        return frozenset(choices)
     names = {n.strip().lower() for n in raw.split(",") if n.strip()}
-    unknown = names - set(TRACES_KEEP_CHOICES) - {"none"}
+    unknown = names - set(choices) - {"none"}
     if unknown:
         warn_once(
-            (TRACES_KEEP, raw),
+            (name, raw),
             "opentelemetry-instrumentation-vllm-ascend: %s=%r: unknown %s ignored (known: %s)",
-            TRACES_KEEP,
+            name,
             raw,
             ", ".join(sorted(unknown)),
-            ", ".join(TRACES_KEEP_CHOICES),
+            ", ".join(choices),
         )
-    return frozenset(names & set(TRACES_KEEP_CHOICES))
+    return frozenset(names & set(choices))
 
 
 def trace_exporter_names() -> list[str]:

@@ -193,6 +193,18 @@ SETTINGS = (
         ),
     ),
     Setting(
+        (env.STEP_TRACES,),
+        "`false`",
+        "`true`: a trace per engine step a tail rule keeps, from each EngineCore, linked both ways to its requests' "
+        "spans ([steps.md](steps.md#slow-step-traces)).",
+        (
+            f"Rules: `{env.STEP_TRACES_THRESHOLD_MS}` (unset: none), `{env.STEP_TRACES_P99_FACTOR}` (3 × the p99 of "
+            f"the engine's last 1000 steps; `0`: none), `{env.STEP_TRACES_KEEP}` (`preempted,error`; `none`), at most "
+            f"`{env.STEP_TRACES_PER_S}` (10) steps a second. Exported like request traces (`OTEL_TRACES_EXPORTER`, "
+            "`OTEL_EXPORTER_OTLP_TRACES_*`). The links back need request traces on too.",
+        ),
+    ),
+    Setting(
         (env.METRICS_EXPORTER,),
         "unset",
         "Standard. Each push exporter named (`otlp`, `otlp_proto_http`, `otlp_proto_grpc`, `console`): a reader in "

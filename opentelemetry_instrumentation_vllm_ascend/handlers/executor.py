@@ -39,8 +39,25 @@ def exception_type(exc: BaseException | None) -> str:
     return "other"
 
 
-def _count(labels: tuple, exc: BaseException | None) -> None:
+def _count(labels: tuple, exc: BaseException | None, step: bool = False) -> None:
+    """+1 ``rpc_errors``; ``step``: the RPC carried a step's work (execute_model, sample_tokens), which failed."""
     recording.add(catalogue.RPC_ERRORS, 1, labels + (exception_type(exc),))
+    stream = STATE.step_stream
+    if step and stream is not None and stream.tracer is not None and stream.pending:
+        _failed_step(stream, exception_type(exc))
+
+
+def _failed_step(stream, error: str) -> None:
+    """The step in flight ends here (slow-step traces' ``error`` rule, recording/step_traces.py): its record,
+    with no update, and its trace if the rule keeps it."""
+    head = stream.pending.popleft()
+    now = perf_counter()
+    if len(stream.queue) < stream.capacity:
+        stream.queue.append(stream.tracer.keep(head, now, now, None, error))
+    else:
+        stream.queue_full += 1
+    if not stream.started:
+        stream.start()
 
 
 #: RPCs whose duration is measured.
@@ -143,7 +160,7 @@ class CollectiveRpc(Handler):
         return _labels(phase), _timed(method), perf_counter(), None
 
     def error(self, state, args, kwargs, exc):
-        _count(state[0], exc)
+        _count(state[0], exc, state[1] is not None)
 
     def after(self, state, args, kwargs, result):
         """A blocking RPC returned its reply."""
@@ -161,10 +178,10 @@ class CollectiveRpc(Handler):
         (UniProcExecutor's AsyncOutputFuture runs get_output then: lazy). A FutureWrapper comes
         through ``future_result``."""
         if future.cancelled():
-            _count(state[0], CancelledError())
+            _count(state[0], CancelledError(), state[1] is not None)
             return
         exc = future.exception()
         if exc is not None:
-            _count(state[0], exc)
+            _count(state[0], exc, state[1] is not None)
         elif state[1] is not None:
             record_reply(state, future.result(), lazy=future.__class__ is not _plain)

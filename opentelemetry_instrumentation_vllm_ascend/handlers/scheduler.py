@@ -466,7 +466,7 @@ def _keep_step(stream, result, scheduler, counter, start, end, step, step_class,
     )
 
 
-def _complete_later(stream, output, start: float, end: float) -> None:
+def _complete_later(stream, output, start: float, end: float, result=None) -> None:
     """An update whose step is not the oldest kept: the older ones never got theirs (``incomplete``); an update
     of a step not kept (nothing scheduled) leaves them."""
     pending = stream.pending
@@ -478,7 +478,9 @@ def _complete_later(stream, output, start: float, end: float) -> None:
                 stream.dropped["incomplete"] += 1
             pending.popleft()
             if len(stream.queue) < stream.capacity:
-                stream.queue.append((kept, start, end))
+                tracer = stream.tracer
+                item = (kept, start, end) if tracer is None else tracer.keep(kept, start, end, result)
+                stream.queue.append(item)
                 if len(stream.queue) == _WAKE_AT:
                     stream.wake.set()
             else:
@@ -678,7 +680,11 @@ class UpdateFromOutput(Handler):
                 pending.popleft()
                 queue = stream.queue
                 if len(queue) < stream.capacity:
-                    queue.append((head, state, end))
+                    tracer = stream.tracer  # slow-step traces (recording/step_traces.py): one comparison a step
+                    if tracer is None or (end - head[3] <= tracer.slow_s and not head[5].preemptions):
+                        queue.append((head, state, end))
+                    else:
+                        queue.append(tracer.keep(head, state, end, result))
                     if len(queue) == _WAKE_AT:
                         stream.wake.set()
                 else:
@@ -686,7 +692,7 @@ class UpdateFromOutput(Handler):
                 if not stream.started:
                     stream.start()
             else:
-                _complete_later(stream, args[1], state, end)
+                _complete_later(stream, args[1], state, end, result)
         phase = (getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None) or STATE.last_step_phase
         labels = _labels.get(phase) or context.step_labels(phase)
         # Recorded with the scheduler hook's records (the step scheduled: they run soon): recording.record_later,

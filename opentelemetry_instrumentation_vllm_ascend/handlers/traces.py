@@ -46,6 +46,7 @@ from types import MappingProxyType
 
 from .. import catalogue, environment, semconv, targets
 from ..hooks.handler import Handler, report
+from ..recording import step_traces
 from ..recording import traces as pipeline
 from ..recording.journeys import KV_LOADED, KV_START, KV_WAIT_KEY, MAX_KV_MARKS, PREEMPTED, QUEUED, SCHEDULED, Journey
 from ..state import STATE
@@ -62,6 +63,16 @@ _ERRORS = frozenset(catalogue.GENAI_ERROR_TYPES)
 #: The stop reason of a request vllm-ascend's RecomputeScheduler handed back to the P/D proxy (finished here as a
 #: stop, no preemption; the proxy resubmits it).
 RECOMPUTED = "recomputed"
+
+
+def _note_steps(journey: Journey, value) -> None:
+    """The kept steps an output says carried the request (``STEP_KEY``), added to those noted before."""
+    links = journey.step_links
+    if links is None:
+        links = journey.step_links = []
+    for ids in step_traces.decode_all(value):
+        if ids not in links and len(links) < step_traces.MAX_STEP_LINKS:
+            links.append(ids)
 
 
 def genai_operation(request_id) -> str:
@@ -136,6 +147,8 @@ class Tracker:
         self._tracing = tracing
         self._propagator = None
         self._warned_vllm = False
+        #: Slow-step traces on (docs/steps.md): request span ids go to the EngineCore, kept steps come back.
+        self.step_traces = step_traces.enabled()
 
     def tracing(self):
         return self._tracing if self._tracing is not None else pipeline.tracing()
@@ -187,6 +200,12 @@ class Tracker:
         states = getattr(processor, "request_states", None)
         state = states.get(request_id) if states is not None else None
         journey.stats = getattr(state, "stats", None)
+        if self.step_traces:
+            # The request span's ids now, for the EngineCore's step traces to link to (recording/step_traces.py).
+            self.tracing().assign(journey)
+            noted = dict(request.trace_headers or {})
+            noted[step_traces.REQUEST_KEY] = step_traces.encode(journey.trace_id, journey.span_id)
+            request.trace_headers = noted
         inflight[request_id] = journey
 
     def _forget_gone(self, processor) -> bool:
@@ -222,10 +241,15 @@ class Tracker:
         if not inflight or not outputs:
             return
         engine = STATE.current_engine
+        steps = self.step_traces
         for output in outputs:
             journey = inflight.get(output.request_id)
             if journey is None:
                 continue
+            if steps:
+                headers = output.trace_headers
+                if headers and step_traces.STEP_KEY in headers:
+                    _note_steps(journey, headers[step_traces.STEP_KEY])
             if journey.first_ts is None:
                 journey.first_ts = timestamp
                 journey.dp = engine

@@ -54,6 +54,8 @@ class Journey:
         "status",
         "kv_waits",
         "kv_tokens",
+        "head",
+        "step_links",
     )
 
     def __init__(self, request_id, external_id, operation, model, arrival, parent=None, attributes=None) -> None:
@@ -83,6 +85,9 @@ class Journey:
         self.parent_span: Any = None
         self.kept_by: str | None = None
         self.decided: bool | None = None  # None: not yet; True: exported; False: not kept
+        self.head: bool | None = None  # head sampling's decision (None: not yet taken: Tracing.assign)
+        #: The kept steps that carried it, ``[(trace id, span id)]`` (docs/steps.md#slow-step-traces).
+        self.step_links: list | None = None
         self.stats: Any = None  # vLLM's RequestStateStats of the request, while it runs (None without log stats)
         self.status: int | None = None  # a rejected request's HTTP status (None: none was sent)
         #: The EngineCore's notes of the request's async KV loads (``KV_WAIT_KEY``'s value, parsed on export).

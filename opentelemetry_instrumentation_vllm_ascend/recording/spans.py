@@ -180,13 +180,16 @@ def _request_span(
     (``vllm.trace.kept_by``) and links its unsampled parent."""
     from opentelemetry import trace as trace_api
     from opentelemetry.sdk.trace import ReadableSpan
-    from opentelemetry.trace import Link
+    from opentelemetry.trace import Link, SpanContext, TraceFlags
 
-    links: tuple = ()
+    links: list = []
     if journey.kept_by is not None:
         attributes["vllm.trace.kept_by"] = journey.kept_by
         if journey.parent is not None:
-            links = (Link(journey.parent, {"vllm.trace.link": "unsampled parent"}),)
+            links.append(Link(journey.parent, {"vllm.trace.link": "unsampled parent"}))
+    for trace_id, span_id in journey.step_links or ():  # the kept steps that carried it (docs/steps.md)
+        step = SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        links.append(Link(step, {"vllm.trace.link": "engine step"}))
     return ReadableSpan(
         name=f"{journey.operation} {journey.model}" if journey.model else journey.operation,
         context=context_,

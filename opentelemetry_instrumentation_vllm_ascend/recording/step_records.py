@@ -35,6 +35,7 @@ from collections import deque
 from .. import catalogue, context, environment
 from ..state import STATE
 from ..version import __version__
+from . import step_traces
 from .step_sinks import ZmqSink, open_sinks
 
 logger = logging.getLogger(__name__)
@@ -71,10 +72,12 @@ class Stream:
     """This process's step records: the two deques the EngineCore's hooks append to, the background thread,
     the sinks (made in that thread, at its start: the EngineCore's dp is known by then) and the drop counts."""
 
-    def __init__(self, zmq_endpoint: str | None, file_path: str | None, otlp_logs: bool = False) -> None:
+    def __init__(self, zmq_endpoint: str | None, file_path: str | None, otlp_logs: bool = False, tracer=None) -> None:
         self.zmq_endpoint = zmq_endpoint
         self.file_path = file_path
         self.otlp_logs = otlp_logs
+        #: Slow-step traces (``step_traces.StepTracer``), or None: off.
+        self.tracer = tracer
         self.capacity = environment.integer(environment.STEPS_QUEUE, DEFAULT_QUEUE, 1)
         self.file_max_bytes = environment.integer(environment.STEPS_FILE_MAX_BYTES, DEFAULT_FILE_MAX_BYTES, 1024)
         self.file_backups = environment.integer(environment.STEPS_FILE_BACKUPS, DEFAULT_FILE_BACKUPS, 0)
@@ -105,7 +108,8 @@ class Stream:
 
     def forked(self) -> Stream:
         """A forked child's own stream (same settings; nothing of the parent's queue, thread or sockets)."""
-        return Stream(self.zmq_endpoint, self.file_path, self.otlp_logs)
+        tracer = step_traces.StepTracer() if self.tracer is not None else None
+        return Stream(self.zmq_endpoint, self.file_path, self.otlp_logs, tracer)
 
     # -- the EngineCore thread ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -198,8 +202,27 @@ class Stream:
             if done is not None:
                 done()
 
-    def build(self, scheduled, update_start: float, update_end: float) -> dict:
-        """One record from what the hooks kept (``handlers.scheduler.Schedule`` / ``UpdateFromOutput``)."""
+    def build(self, scheduled, update_start: float, update_end: float, trace: tuple | None = None) -> dict:
+        """One record from what the hooks kept (``handlers.scheduler.Schedule`` / ``UpdateFromOutput``); ``trace``:
+        the step was kept for a step trace (``step_traces.StepTracer.keep``), which is exported from it."""
+        record = self._record(scheduled, update_start, update_end)
+        tracer = self.tracer
+        if tracer is not None:
+            kept = scheduled[11]
+            tracer.note_new(kept[1], getattr(scheduled[1], "requests", None) or {})
+            tracer.observe(record["wall_time"])
+            if trace is not None:
+                from .step_spans import StepTrace
+                from .traces import tracing
+
+                ours = record[EXTENSION]
+                if trace[3] is not None:
+                    ours["error"] = trace[3]
+                tracing().submit(StepTrace(record, ours, trace, tracer.carried(kept[0])))
+            tracer.forget(kept[6])
+        return record
+
+    def _record(self, scheduled, update_start: float, update_end: float) -> dict:
         _key, scheduler, counter, start, end, step, step_class, queues, blocks, waiting, preempted, kept = scheduled
         tokens, new, cached_ids, cached_computed, cached_outputs, resumed, finished = kept
         prompts = self.prompts
@@ -329,10 +352,12 @@ def configure() -> Stream | None:
     endpoint = os.environ.get(environment.STEPS_ZMQ) or None
     path = os.environ.get(environment.STEPS_FILE) or None
     otlp_logs = environment.flag(environment.STEPS_OTLP_LOGS) is True
+    tracer = step_traces.StepTracer() if step_traces.enabled() else None
     current = STATE.step_stream
     if current is not None:
         current.close()
-    STATE.step_stream = Stream(endpoint, path, otlp_logs) if (endpoint or path or otlp_logs) else None
+    on = endpoint or path or otlp_logs or tracer is not None
+    STATE.step_stream = Stream(endpoint, path, otlp_logs, tracer) if on else None
     return STATE.step_stream
 
 

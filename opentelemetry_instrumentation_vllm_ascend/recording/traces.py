@@ -26,6 +26,7 @@ import os
 import threading
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from .. import catalogue, context, environment
 from ..state import STATE
@@ -33,10 +34,13 @@ from . import otlp, private_otel, providers
 from .journeys import Journey
 from .spans import journey_spans
 
+if TYPE_CHECKING:
+    from .step_spans import StepTrace
+
 logger = logging.getLogger(__name__)
 
-#: Why a journey that head sampling dropped was kept (``vllm.trace.kept_by``).
-ERROR, ABORT, PREEMPT, TTFT, E2E = "error", "abort", "preempted", "ttft", "e2e"
+#: Why a journey that head sampling dropped was kept (``vllm.trace.kept_by``); ``step``: a kept step carried it.
+ERROR, ABORT, PREEMPT, TTFT, E2E, STEP = "error", "abort", "preempted", "ttft", "e2e", "step"
 
 
 class Tracing:
@@ -94,20 +98,30 @@ class Tracing:
         which is linked instead)."""
         if journey.decided is not None:
             return journey.decided
-        parent = journey.parent
-        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
-        if self._head(parent, trace_id, journey):
-            journey.trace_id, journey.parent_span = trace_id, parent
+        if journey.head is None:
+            self.assign(journey)
+        if journey.head:
+            journey.parent_span = journey.parent
         else:
             reason = self._tail(journey)
             if reason is None:
                 journey.decided = False
                 return False
             journey.kept_by = reason
-            journey.trace_id = self.ids.generate_trace_id() if parent is not None else trace_id
-        journey.span_id = self.ids.generate_span_id()
         journey.decided = True
         return True
+
+    def assign(self, journey: Journey) -> None:
+        """Head sampling, and the ids the journey's request span will have if it is kept: the parent's trace (or a
+        new one) when head sampling keeps it, a new trace (a root linked to the parent) when only a tail rule may.
+        ``decide`` calls it at the end; with slow-step traces on, ``handlers/traces.py`` at the start, so that the
+        EngineCore can link a step to the request span before the request ends."""
+        parent = journey.parent
+        trace_id = parent.trace_id if parent is not None else self.ids.generate_trace_id()
+        journey.head = self._head(parent, trace_id, journey)
+        if not journey.head and parent is not None:
+            trace_id = self.ids.generate_trace_id()
+        journey.trace_id, journey.span_id = trace_id, self.ids.generate_span_id()
 
     def _head(self, parent, trace_id, journey) -> bool:
         from opentelemetry import trace as trace_api
@@ -134,9 +148,11 @@ class Tracing:
                 return TTFT
         if self.e2e_threshold is not None and journey.e2e is not None and journey.e2e > self.e2e_threshold:
             return E2E
+        if journey.step_links:
+            return STEP
         return None
 
-    def submit(self, journey: Journey) -> bool:
+    def submit(self, journey: Journey | StepTrace) -> bool:
         """Queue a kept journey for export; False where it is not queued (no exporter; the queue full: dropped and
         counted), so that no exemplar names a trace that will not be sent."""
         if not self.exporters:
@@ -174,11 +190,17 @@ class Tracing:
                 spans = []
                 for journey in batch:
                     try:
-                        spans.extend(journey_spans(journey, offset, self.resource, self.ids))
+                        build = getattr(journey, "spans", None)  # a kept step (recording/step_spans.py)
+                        if build is not None:
+                            spans.extend(build(offset, self.resource, self.ids))
+                        else:
+                            spans.extend(journey_spans(journey, offset, self.resource, self.ids))
                     except Exception:
                         if not self._build_failed:  # once: the count says how often
                             self._build_failed = True
-                            logger.exception("could not build the spans of request %s", journey.request_id)
+                            logger.exception(
+                                "could not build the spans of request %s", getattr(journey, "request_id", None)
+                            )
                         self.drop("export_failed")
                 if not spans:
                     continue

@@ -234,6 +234,10 @@ def served(model, tmp_path_factory):
             "OTEL_BSP_SCHEDULE_DELAY": "200",
             "OTEL_VLLM_ASCEND_TRACES_TTFT_THRESHOLD_MS": "1",
             "OTEL_VLLM_ASCEND_GENAI_PROMETHEUS": "true",  # the GenAI histograms on /metrics too, with exemplars
+            # Slow-step traces: every step that preempts (no other rule, no rate limit), from the EngineCore.
+            "OTEL_VLLM_ASCEND_STEP_TRACES": "true",
+            "OTEL_VLLM_ASCEND_STEP_TRACES_P99_FACTOR": "0",
+            "OTEL_VLLM_ASCEND_STEP_TRACES_PER_S": "100000",
         }
         args = ("--enable-per-request-metrics", "--max-num-queued-reqs", str(MAX_QUEUED))
         with Server(model, env=env, log_path=log, extra_args=args) as server:
@@ -276,6 +280,8 @@ def served(model, tmp_path_factory):
             refusals = 2 + len(out["burst"]["in_stream"]) + len(out["burst"]["refused"])
             wait_for(lambda: len(traces.traces()) >= expected and len(rejections(traces.spans())) >= refusals)
             time.sleep(1.0)  # nothing more is on its way
+            out["total_preemptions"] = settled_preemptions(server)
+            wait_for(lambda: step_preemptions(traces.spans()) >= out["total_preemptions"])
             wait_for(lambda: bool(metrics._histograms("gen_ai.server.request.duration", "process.pid")))
             time.sleep(2.5)  # one more metrics export after the last request
             out["traces"] = traces.traces()
@@ -285,6 +291,10 @@ def served(model, tmp_path_factory):
             out["text"] = server.scrape()
             out["server"] = server
             yield out
+
+
+def step_preemptions(spans) -> int:
+    return sum(s.attributes["vllm.step.preemptions"] for s in spans if s.name == "engine_step")
 
 
 def rejections(spans) -> list:
@@ -341,6 +351,32 @@ def test_preemptions_over_all_traces_equal_vllms_counter_each_with_its_resume(se
     assert all(s.attributes["vllm.resumed"] is True for s in spans)
     counted = sum(trace_of(served, batch_id, i)[0].attributes["vllm.request.preemptions"] for i in range(16))
     assert counted == served["preemptions"]
+
+
+def test_each_preempting_step_is_a_step_trace_linked_both_ways_to_the_request_spans_it_carried(served):
+    """Slow-step traces (docs/steps.md): the preemption rule keeps every step that preempted; over the run their
+    preemptions add up to vLLM's counter; each step span's links resolve to exported request spans (one per
+    request it scheduled), and those request spans link back to it."""
+    spans = served["spans"]
+    steps = [s for s in spans if s.name == "engine_step"]
+    assert served["total_preemptions"] > 0, "the load did not preempt"
+    assert step_preemptions(spans) == served["total_preemptions"]
+    assert {s.attributes["vllm.trace.kept_by"] for s in steps} == {"preempted"}
+    assert {s.resource["vllm.process.role"] for s in steps} == {"engine_core"}
+    requests = {(s.trace_id, s.span_id): s for s in spans if s.kind == 2}
+    for step in steps:
+        parts = sorted((s for s in spans if s.parent_span_id == step.span_id), key=lambda s: s.start)
+        assert [p.name for p in parts] == ["schedule", "execute", "update"]
+        assert parts[0].start == step.start and abs(parts[-1].end - step.end) <= 3
+        assert len(step.links) == step.attributes["vllm.step.requests"] > 0
+        for trace_id, span_id, attributes in step.links:
+            request = requests[(trace_id, span_id)]  # resolves to an exported request span
+            assert request.attributes["vllm.request.id"] == attributes["vllm.request.id"]
+            back = [(t, s) for t, s, a in request.links if a.get("vllm.trace.link") == "engine step"]
+            assert (step.trace_id, step.span_id) in back or len(back) == 8  # at most 8 noted
+    steps_by_id = {(s.trace_id, s.span_id) for s in steps}
+    back_links = [(t, s) for r in requests.values() for t, s, a in r.links if a.get("vllm.trace.link") == "engine step"]
+    assert back_links and set(back_links) <= steps_by_id
 
 
 def test_a_client_traceparent_is_continued(served):

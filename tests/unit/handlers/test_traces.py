@@ -336,6 +336,47 @@ def test_head_sampling_off_keeps_errors_aborts_and_preemptions(tracked):
     ] == []
 
 
+def test_with_step_traces_the_request_span_ids_go_to_the_engine_and_a_kept_step_links_back(tracked):
+    """Slow-step traces (docs/steps.md): the request span's ids are chosen at registration and sent in the request's
+    trace_headers (beside the client's traceparent); an output noting a kept step keeps the request (head sampling
+    off: the tail rule ``step``), and its request span, with exactly the ids sent, links to that step."""
+    from opentelemetry_instrumentation_vllm_ascend.recording import step_traces
+
+    tracing, exporter = tracked(sampler=ALWAYS_OFF)
+    tracker = traces.TRACKER
+    saved, tracker.step_traces = tracker.step_traces, True
+    try:
+        processor = OutputProcessor(None, log_stats=True)
+        t = time.monotonic() - 1.0
+        parent = {"traceparent": f"00-{TRACE_ID:032x}-{PARENT_SPAN:016x}-00"}
+        plain, carried = request("cmpl-plain", headers=dict(parent)), request("cmpl-carried", headers=dict(parent))
+        processor.add_request(plain, None)
+        processor.add_request(carried, None)
+        sent = {
+            r.external_req_id: step_traces.decode(r.trace_headers[step_traces.REQUEST_KEY]) for r in (plain, carried)
+        }
+        assert plain.trace_headers["traceparent"] == parent["traceparent"]  # the client's headers stay
+        assert len({ids[1] for ids in sent.values()}) == 2 and TRACE_ID not in {ids[0] for ids in sent.values()}
+        step = step_traces.encode(0xABC, 0xDEF)
+        for req, headers in ((plain, None), (carried, {step_traces.STEP_KEY: step})):
+            output = EngineCoreOutput(
+                request_id=req.request_id,
+                new_token_ids=[1],
+                events=[EngineCoreEvent(Q, t)],
+                finish_reason=FinishReason.STOP,
+                trace_headers=headers,
+            )
+            processor.process_outputs([output], t + 0.1, IterationStats())
+        tracing.flush()
+    finally:
+        tracker.step_traces = saved
+    (root,) = [s for s in exporter.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert root.attributes["gen_ai.request.id"] == "cmpl-carried" and root.attributes["vllm.trace.kept_by"] == "step"
+    assert (root.context.trace_id, root.context.span_id) == sent["cmpl-carried"]
+    links = {(li.context.trace_id, li.context.span_id): li.attributes["vllm.trace.link"] for li in root.links}
+    assert links == {(TRACE_ID, PARENT_SPAN): "unsampled parent", (0xABC, 0xDEF): "engine step"}
+
+
 def test_without_log_stats_it_degrades_to_what_the_outputs_tell(tracked):
     tracing, exporter = tracked()
     processor = OutputProcessor(None, log_stats=False)
