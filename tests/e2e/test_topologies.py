@@ -323,21 +323,29 @@ def test_dp_step_records_one_per_non_idle_step_per_engine_and_none_lost_at_a_cle
     module's last use of it): one per step its scheduler hook counted as non-idle (= its execute_model
     dispatches with tokens, test_dp_engines_and_workers_know_their_dp), each step once and in order, the
     engine's dp; its records' preemptions are vLLM's own counter for that engine, their scheduled tokens the
-    scheduler hook's token counter; the stop lost and tore nothing."""
+    scheduler hook's token counter. Then one more request, and the server stopped (SIGINT to its process group)
+    the moment its response is back: its steps' records were still in the queue the background thread drains
+    every 20 ms; the stop's drain wrote them all (one prefill step and a decode step per further token, the
+    client's own count), and tore nothing."""
     text = dp["text"]
     paths = {engine: str(dp["root"] / "steps" / f"steps-{engine}.jsonl") for engine in ("0", "1")}
     live = {engine: step_files.read(path) for engine, path in paths.items()}
+    last = dp["server"].complete(tiny_model.prompt(990), max_tokens=24)  # 8 words: one prefill step
+    written = sum(len(step_files.read(path)) for path in paths.values())  # before the stop (for the log)
     dp["server"].stop()
     assert sorted(os.listdir(dp["root"] / "steps")) == ["steps-0.jsonl", "steps-1.jsonl"]
     pids = set()
+    after = []
     for engine, path in paths.items():
         records = step_files.read(path)
         with open(path, "rb") as f:
             assert f.read().endswith(b"\n")  # no record cut off
         steps = value(text, P + "scheduler:duration_count", dp=engine)
-        busy = steps - value(text, P + "scheduler:duration_count", dp=engine, phase="idle")
-        assert len(records) == busy == value(text, P + "executor:execute_model:duration_count", dp=engine) > 0
-        assert records[: len(live[engine])] == live[engine] and len(live[engine]) == busy  # live: all there already
+        busy = int(steps - value(text, P + "scheduler:duration_count", dp=engine, phase="idle"))
+        assert len(live[engine]) == busy == value(text, P + "executor:execute_model:duration_count", dp=engine) > 0
+        assert records[:busy] == live[engine]  # live: all there already, and kept
+        after += records[busy:]
+        records = records[:busy]
         step_files.check_counters(records, steps)
         assert {(r["dp_rank"], r["otel_vllm_ascend"]["dp"]) for r in records} == {(int(engine), engine)}
         theirs = value(text, "vllm:num_preemptions_total", engine=engine)
@@ -348,6 +356,17 @@ def test_dp_step_records_one_per_non_idle_step_per_engine_and_none_lost_at_a_cle
         )
         pids |= {r["otel_vllm_ascend"]["pid"] for r in records}
     assert len(pids) == 2  # one EngineCore each
+    # The last request's steps, on whichever engine took it: none lost at the stop.
+    generated = last["usage"]["completion_tokens"]
+    assert generated == 24
+    assert len(after) == generated and len({r["dp_rank"] for r in after}) == 1
+    print(f"last request: {generated} records, {written - sum(map(len, live.values()))} in the file before the stop")
+    step_files.check_token_sums(after, 16 * 32)
+    sched = [r["scheduled_requests"] for r in after]
+    assert [s["num_prefill_requests"] for s in sched] == [1] + [0] * (generated - 1)
+    assert [s["num_decode_requests"] for s in sched] == [0] + [1] * (generated - 1)
+    assert sum(r["otel_vllm_ascend"]["sum_decode_tokens"] for r in after) == generated - 1
+    assert sched[0]["sum_prefill_tokens"] <= last["usage"]["prompt_tokens"]  # less what the prefix cache had
 
 
 # -- 2. --tensor-parallel-size 2 (two workers of one engine) ---------------------------------------------
