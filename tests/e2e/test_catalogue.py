@@ -15,6 +15,7 @@ vLLM's iterations, token and preemption counters, and to a ZMQ subscriber that s
 import http.client
 import json
 import math
+import re
 import time
 
 import pytest
@@ -22,6 +23,8 @@ import pytest
 pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, targets  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli import summary  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import __main__ as demo  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
 from tests.support import step_files  # noqa: E402
@@ -520,6 +523,34 @@ def test_step_records_a_subscriber_that_stops_reading_loses_only_its_own_records
     assert value(text, dropped, reason="zmq_full") > 0
     assert first + len(received) + value(text, dropped, reason="zmq_full") == len(records)
     assert value(text, dropped) == value(text, dropped, reason="zmq_full")  # no other loss: queue_full 0
+
+
+def test_demo_shares_and_steps_table_of_a_live_server(server, run, steps):
+    """What the demo prints after its load (cli/demo/__main__.py), on this server: the engine step's shares, the
+    listed parts and an ``other`` row (the step's measured total less theirs, never negative here: no batch
+    queue), add to 100 % within the rounding of their one decimal; the ``steps --once`` table over the step-record
+    file counts every record in it, all on dp 0."""
+    text = settle(
+        server, lambda t: where(t, P + "scheduler:duration_count", non_idle) == len(step_files.read(steps["path"]))
+    )
+    lines = summary.summarize(text)
+    start = next(i for i, line in enumerate(lines) if "of the step time:" in line)
+    shares = []
+    for line in lines[start + 1 :]:
+        found = re.match(r"  (\S.*?)\s+(-?[\d.]+)%", line)
+        if not found:
+            break
+        shares.append((found.group(1), float(found.group(2))))
+    assert shares[-1][0] == "other" and shares[-1][1] >= 0, lines
+    assert [label for label, _ in shares[:-1]] == [
+        label for label, seed in summary.STEP_PARTS if value(text, P + seed + "_count") > 0
+    ]
+    assert abs(sum(p for _, p in shares) - 100.0) <= 0.05 * len(shares), shares
+    records = step_files.read(steps["path"])
+    table = demo.steps_table(steps["path"])
+    assert table[0] == f"{len(records)} steps", table[:3]
+    assert table[2].split()[:3] == ["0", "all", str(len(records))], table[:3]
+    assert sum(int(row.split()[-6]) for row in table[3:]) == len(records)  # the batch shapes' rows, all steps
 
 
 def _identity_of_a_child(server) -> dict:
