@@ -22,10 +22,11 @@ STEP_PARTS = (
     ("sample_tokens RPC", "executor:sample_tokens:duration"),
     ("update_from_output", "scheduler:update_from_output:duration"),
 )
-#: What the step's time holds besides the parts above, printed as "the rest" so the shares add to 100 %.
+#: What the step's time holds besides the parts above, printed as "other" (the step's measured total less the parts'
+#: measured totals) so the shares add to 100 %.
 STEP_REST = "the engine core's own work between them: grammar bitmask, outputs, stats"
 #: In the workers, the model runner's execute_model and the two parts of it that are timed: (label, seed). What is
-#: left of execute_model (post-processing, bookkeeping) is printed as "the rest"; sample_tokens follows
+#: left of execute_model (post-processing, bookkeeping) is printed as "other"; sample_tokens follows
 #: execute_model and is not part of it.
 WORKER = "executor:model_runner_execute_model:duration"
 WORKER_PARTS = (
@@ -88,7 +89,7 @@ def summarize(text: str) -> list[str]:
                 timed += part
                 lines.append(f"  {label:<20} {100 * part / total:5.1f}%  (mean {_ms(part / n)} x {n:g})")
         if total - timed >= 0:  # (overlapping parts, as with the batch queue, leave no rest to show)
-            lines.append(f"  {'the rest':<20} {100 * (total - timed) / total:5.1f}%  ({STEP_REST})")
+            lines.append(f"  {'other':<20} {100 * (total - timed) / total:5.1f}%  ({STEP_REST})")
         w_count = _sum(s, P + WORKER + "_count", _busy)
         w_total = _sum(s, P + WORKER + "_sum", _busy)
         if w_count:
@@ -101,7 +102,7 @@ def summarize(text: str) -> list[str]:
                     lines.append(f"    {label:<18} {100 * part / w_total:5.1f}%")
             rest = w_total - sum(parts)
             if len(parts) == len(WORKER_PARTS) and rest >= 0:
-                lines.append(f"    {'the rest':<18} {100 * rest / w_total:5.1f}%  (post-processing, bookkeeping)")
+                lines.append(f"    {'other':<18} {100 * rest / w_total:5.1f}%  (post-processing, bookkeeping)")
             n = _sum(s, P + NON_FORWARD + "_count", _busy)
             if n:
                 mean = _ms(_sum(s, P + NON_FORWARD + "_sum", _busy) / n)

@@ -9,11 +9,13 @@
 
 then every catalogue metric that can fire on CPU must be on /metrics. The server also pushes OTLP to a local
 receiver, and writes the GenAI semantic conventions' gen_ai.server.* histograms to /metrics too: both checked
-against vLLM's own request histograms."""
+against vLLM's own request histograms. Its step records (docs/steps.md) go to a JSON-lines file, checked against
+vLLM's iterations, token and preemption counters, and to a ZMQ subscriber that stops reading (drops counted)."""
 
 import http.client
 import json
 import math
+import re
 import time
 
 import pytest
@@ -21,10 +23,14 @@ import pytest
 pytest.importorskip("vllm")
 
 from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, targets  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli import summary  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend.cli.demo import __main__ as demo  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
+from tests.support import step_files  # noqa: E402
 from tests.support.otlp_receiver import Receiver  # noqa: E402
 from tests.support.scrape import series_counts, settle  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +47,6 @@ NOT_ON_CPU = {
     "prefill_over_threshold_count": "needs a time to first token over 5 s",
     "npu:utilization": "no device",
     "traces_dropped": "needs request traces on and a full export queue (tests/unit/handlers/test_traces.py)",
-    "step_record_dropped": "needs a step-record sink on and a full queue (tests/unit/recording/test_step_records.py)",
     **{
         f"kv_transfer:{m}": "needs a KV connector (tests/e2e/test_kv_transfer.py, tests/e2e/test_kv_offload.py)"
         for m in ("bytes", "count", "duration", "blocking:duration")
@@ -84,7 +89,28 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, receiver):
+def steps(tmp_path_factory):
+    """The step records' sinks of this server (docs/steps.md): a JSON-lines file, and a ZMQ endpoint whose one
+    subscriber connects, then reads nothing until the last test (its pipe fills: drops, counted)."""
+    root = tmp_path_factory.mktemp("steps")
+    endpoint = f"ipc://{root}/steps.sock"
+    subscriber = step_files.StalledSubscriber(endpoint)
+    try:
+        yield {
+            "path": str(root / "steps-0.jsonl"),
+            "subscriber": subscriber,
+            "env": {
+                environment.STEPS_FILE: str(root / "steps-{dp}.jsonl"),
+                environment.STEPS_ZMQ: endpoint,
+                environment.STEPS_ZMQ_HWM: "1",
+            },
+        }
+    finally:
+        subscriber.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, receiver, steps):
     root = tmp_path_factory.mktemp("catalogue-e2e")
     model = tiny_model.build(str(root / "model"))
     template = root / "chat.jinja"
@@ -106,6 +132,7 @@ def server(tmp_path_factory, receiver):
     env = {"VLLM_SERVER_DEV_MODE": "1"}  # exposes /collective_rpc, to make a worker RPC fail for real
     env.update(receiver.env(1000))
     env[environment.GENAI_PROMETHEUS] = "true"
+    env.update(steps["env"])
     with Server(model, extra_args=args, env=env, log_path=log) as s:
         yield s
     with open(log, errors="replace") as f:
@@ -135,11 +162,19 @@ def stream(server, path, body, keep_reading=True):
     return (last - first if first else 0.0), chunks
 
 
+def records_at_least(path, n, timeout=10.0) -> list:
+    """The step records of ``path`` once it holds ``n`` (its background thread writes every 20 ms)."""
+    return wait_for(lambda: (lambda r: r if len(r) >= n else None)(step_files.read(path)), timeout, 0.1) or (
+        step_files.read(path)
+    )
+
+
 @pytest.fixture(scope="module")
-def run(server, receiver):
+def run(server, receiver, steps):
     """Drive the three loads; returns the scrapes and what the client saw."""
     seen = {}
     before = server.scrape()
+    seen["records_before"] = len(step_files.read(steps["path"]))
     prompts = [tiny_model.prompt(200 + i, words=100) for i in range(3)]
     prompt_lengths = []
     for p in prompts:
@@ -158,6 +193,9 @@ def run(server, receiver):
         ),
     )
     seen["before_steps"] = before_steps
+    seen["sequential_records"] = records_at_least(steps["path"], seen["records_before"] + seen["steps"])[
+        seen["records_before"] :
+    ]
     # 2. streaming chat, timed to the end of its stream; an abandoned streaming completion.
     pre_chat = server.scrape()
     seen["chat_stream_seconds"], seen["chat_chunks"] = stream(
@@ -408,6 +446,111 @@ def test_every_catalogue_metric_that_can_fire_on_cpu_is_exposed(run):
         if n.startswith(P) and "phase" in labels:
             assert labels["phase"] in catalogue.PHASES
             assert labels["dp"] == "0" and labels["role"] == "mixed"
+
+
+def test_step_records_of_the_sequential_load_match_vllms_iterations_and_token_counters(run):
+    """The step records (docs/steps.md) of load 1: one per engine step, as many as vLLM's own iterations plus the
+    prefill chunks that gave no output (the hand count), and their token sums are vLLM's token counters."""
+    before, after, _, seen = run
+    records = seen["sequential_records"]
+    chunks_without_output = sum(math.ceil(n / BUDGET) - 1 for n in seen["prompt_lengths"])
+    assert len(records) == seen["steps"]
+    assert len(records) == delta(after, before, "vllm:iteration_tokens_total_count") + chunks_without_output
+    step_files.check_token_sums(records, BUDGET)
+    sched = [r["scheduled_requests"] for r in records]
+    prompt = delta(after, before, "vllm:prompt_tokens_total") - delta(after, before, "vllm:prefix_cache_hits_total")
+    assert sum(s["sum_prefill_tokens"] for s in sched) == prompt == sum(seen["prompt_lengths"])
+    requests = delta(after, before, "vllm:request_success_total")
+    decode = sum(r["otel_vllm_ascend"]["sum_decode_tokens"] for r in records)
+    assert decode == delta(after, before, "vllm:generation_tokens_total") - requests == 27
+    # One request at a time: each prefill chunk is one prefill request's step, each decode step one decode request's.
+    assert sum(s["num_prefill_requests"] for s in sched) == sum(math.ceil(n / BUDGET) for n in seen["prompt_lengths"])
+    assert sum(s["num_decode_requests"] for s in sched) == 27
+    assert [r["otel_vllm_ascend"]["preemptions"] for r in records] == [0] * len(records)
+
+
+def test_step_records_one_per_non_idle_step_and_preemptions_equal_vllms(server, run, steps):
+    """After every load: one record per step the scheduler hook counted as non-idle (the count
+    test_engine_steps_match_vllms_iterations_and_the_hand_count holds against vLLM's iterations), the records'
+    preemptions vLLM's own counter, their scheduled tokens the scheduler hook's token counter; every record of
+    the one engine (dp 0), each step once, in order."""
+    _, _, final, _ = run
+
+    def written(text):
+        return where(text, P + "scheduler:duration_count", non_idle) == len(step_files.read(steps["path"]))
+
+    text = settle(server, written)
+    records = step_files.read(steps["path"])
+    busy = where(text, P + "scheduler:duration_count", non_idle)
+    assert len(records) == busy > 0
+    assert len(records) == where(text, P + "executor:execute_model:duration_count", non_idle)
+    step_files.check_counters(records, value(text, P + "scheduler:duration_count"))
+    preemptions = value(text, "vllm:num_preemptions_total")
+    assert preemptions == value(final, "vllm:num_preemptions_total") > 0
+    assert sum(r["otel_vllm_ascend"]["preemptions"] for r in records) == preemptions
+    step_files.check_token_sums(records, BUDGET)
+    assert sum(map(step_files.scheduled_tokens, records)) == value(
+        text, P + "scheduler:phase_scheduled_token_counter_total"
+    )
+    assert {(r["dp_rank"], r["otel_vllm_ascend"]["dp"], r["otel_vllm_ascend"]["role"]) for r in records} == {
+        (0, "0", "mixed")
+    }
+    assert len({r["otel_vllm_ascend"]["pid"] for r in records}) == 1
+    assert {r["otel_vllm_ascend"]["kv_blocks_total"] for r in records} == {16}
+
+
+def test_step_records_a_subscriber_that_stops_reading_loses_only_its_own_records(server, run, steps):
+    """The ZMQ subscriber connected, then read nothing through every load: once its pipe was full its records
+    were dropped and counted (step_record_dropped{reason="zmq_full"}) while the file sink still got every record
+    (the test above) and the background thread kept up (no queue_full). What it receives now is in sequence
+    (no loss unseen), each message the file's record of that step, value for value; every other record is in
+    the drop count."""
+    import msgspec
+
+    records = step_files.read(steps["path"])
+    received = steps["subscriber"].drain()
+    assert received
+    first = received[0][0]  # records sent before the subscription reached the socket went to no one
+    assert [seq for seq, _ in received] == list(range(first, first + len(received)))
+    # Only what the socket's pipe had room for went out (a few messages, whenever ZMQ's I/O thread moved some
+    # into the kernel's buffer): a subset of the steps, in order.
+    by_step = {r["counter_id"]: r for r in records}
+    decoded = [msgspec.msgpack.decode(payload) for _, payload in received]
+    assert [by_step.get(r["counter_id"]) for r in decoded] == decoded
+    assert [r["counter_id"] for r in decoded] == sorted({r["counter_id"] for r in decoded})
+    dropped = P + "step_record_dropped_total"
+    text = settle(server, lambda t: first + len(received) + value(t, dropped, reason="zmq_full") == len(records))
+    assert value(text, dropped, reason="zmq_full") > 0
+    assert first + len(received) + value(text, dropped, reason="zmq_full") == len(records)
+    assert value(text, dropped) == value(text, dropped, reason="zmq_full")  # no other loss: queue_full 0
+
+
+def test_demo_shares_and_steps_table_of_a_live_server(server, run, steps):
+    """What the demo prints after its load (cli/demo/__main__.py), on this server: the engine step's shares, the
+    listed parts and an ``other`` row (the step's measured total less theirs, never negative here: no batch
+    queue), add to 100 % within the rounding of their one decimal; the ``steps --once`` table over the step-record
+    file counts every record in it, all on dp 0."""
+    text = settle(
+        server, lambda t: where(t, P + "scheduler:duration_count", non_idle) == len(step_files.read(steps["path"]))
+    )
+    lines = summary.summarize(text)
+    start = next(i for i, line in enumerate(lines) if "of the step time:" in line)
+    shares = []
+    for line in lines[start + 1 :]:
+        found = re.match(r"  (\S.*?)\s+(-?[\d.]+)%", line)
+        if not found:
+            break
+        shares.append((found.group(1), float(found.group(2))))
+    assert shares[-1][0] == "other" and shares[-1][1] >= 0, lines
+    assert [label for label, _ in shares[:-1]] == [
+        label for label, seed in summary.STEP_PARTS if value(text, P + seed + "_count") > 0
+    ]
+    assert abs(sum(p for _, p in shares) - 100.0) <= 0.05 * len(shares), shares
+    records = step_files.read(steps["path"])
+    table = demo.steps_table(steps["path"])
+    assert table[0] == f"{len(records)} steps", table[:3]
+    assert table[2].split()[:3] == ["0", "all", str(len(records))], table[:3]
+    assert sum(int(row.split()[-6]) for row in table[3:]) == len(records)  # the batch shapes' rows, all steps
 
 
 def _identity_of_a_child(server) -> dict:

@@ -5,6 +5,7 @@
    defaults to the DP size, ``entrypoints/cli/serve.py``), which share the listening socket and a
    ``PROMETHEUS_MULTIPROC_DIR`` vLLM creates. Checked against vLLM's own counters: preemptions per engine,
    token and request totals over both API servers, and each API server's own share (OTLP, per process);
+   each EngineCore's step records (a JSON-lines file per dp index), live and after the clean stop;
 2. ``--tensor-parallel-size 2``: two workers of one engine; each carries its ``rank`` and ran exactly the
    steps the EngineCore dispatched.
 
@@ -23,9 +24,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue, targets  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import catalogue, environment, targets  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import Server, samples  # noqa: E402
+from tests.support import step_files  # noqa: E402
 from tests.support.otlp_receiver import Receiver  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -135,7 +137,10 @@ def dp(tmp_path_factory):
             **vllm_command_env(root / "vllm-command"),
             **ONE_CORE_EACH,
             **receiver.env(1000),
+            # The step records (docs/steps.md): one JSON-lines file per EngineCore, by its dp index.
+            environment.STEPS_FILE: str(root / "steps" / "steps-{dp}.jsonl"),
         }
+        (root / "steps").mkdir()
         server = Server(model, cli=True, extra_args=["--data-parallel-size", "2"], env=env, log_path=log)
         with started(server):
             # Four 8-prompt requests at once: each engine gets its share of every request (vLLM's DP load
@@ -155,7 +160,7 @@ def dp(tmp_path_factory):
                 )
                 sent += 2
             text = settle_dp(server, receiver)
-            yield {"text": text, "receiver": receiver, "log": log, "sent": sent}
+            yield {"text": text, "receiver": receiver, "log": log, "sent": sent, "server": server, "root": root}
 
 
 def settle_requests(receiver, sent, timeout=30.0) -> dict:
@@ -311,6 +316,57 @@ def test_dp_server_log_has_no_instrumentation_failure(dp):
         log = f.read()
     assert "opentelemetry-instrumentation-vllm-ascend" not in log, "a handler or hook failed"
     assert "Failed to auto initialize" not in log
+
+
+def test_dp_step_records_one_per_non_idle_step_per_engine_and_none_lost_at_a_clean_stop(dp):
+    """Each EngineCore's step records (docs/steps.md), read live and again after the server's clean stop (this
+    module's last use of it): one per step its scheduler hook counted as non-idle (= its execute_model
+    dispatches with tokens, test_dp_engines_and_workers_know_their_dp), each step once and in order, the
+    engine's dp; its records' preemptions are vLLM's own counter for that engine, their scheduled tokens the
+    scheduler hook's token counter. Then one more request, and the server stopped (SIGINT to its process group)
+    the moment its response is back: its steps' records were still in the queue the background thread drains
+    every 20 ms; the stop's drain wrote them all (one prefill step and a decode step per further token, the
+    client's own count), and tore nothing."""
+    text = dp["text"]
+    paths = {engine: str(dp["root"] / "steps" / f"steps-{engine}.jsonl") for engine in ("0", "1")}
+    live = {engine: step_files.read(path) for engine, path in paths.items()}
+    last = dp["server"].complete(tiny_model.prompt(990), max_tokens=24)  # 8 words: one prefill step
+    written = sum(len(step_files.read(path)) for path in paths.values())  # before the stop (for the log)
+    dp["server"].stop()
+    assert sorted(os.listdir(dp["root"] / "steps")) == ["steps-0.jsonl", "steps-1.jsonl"]
+    pids = set()
+    after = []
+    for engine, path in paths.items():
+        records = step_files.read(path)
+        with open(path, "rb") as f:
+            assert f.read().endswith(b"\n")  # no record cut off
+        steps = value(text, P + "scheduler:duration_count", dp=engine)
+        busy = int(steps - value(text, P + "scheduler:duration_count", dp=engine, phase="idle"))
+        assert len(live[engine]) == busy == value(text, P + "executor:execute_model:duration_count", dp=engine) > 0
+        assert records[:busy] == live[engine]  # live: all there already, and kept
+        after += records[busy:]
+        records = records[:busy]
+        step_files.check_counters(records, steps)
+        assert {(r["dp_rank"], r["otel_vllm_ascend"]["dp"]) for r in records} == {(int(engine), engine)}
+        theirs = value(text, "vllm:num_preemptions_total", engine=engine)
+        assert sum(r["otel_vllm_ascend"]["preemptions"] for r in records) == theirs > 0
+        step_files.check_token_sums(records, 16 * 32)  # at most the KV cache's 16 blocks of 32 tokens
+        assert sum(map(step_files.scheduled_tokens, records)) == value(
+            text, P + "scheduler:phase_scheduled_token_counter_total", dp=engine
+        )
+        pids |= {r["otel_vllm_ascend"]["pid"] for r in records}
+    assert len(pids) == 2  # one EngineCore each
+    # The last request's steps, on whichever engine took it: none lost at the stop.
+    generated = last["usage"]["completion_tokens"]
+    assert generated == 24
+    assert len(after) == generated and len({r["dp_rank"] for r in after}) == 1
+    print(f"last request: {generated} records, {written - sum(map(len, live.values()))} in the file before the stop")
+    step_files.check_token_sums(after, 16 * 32)
+    sched = [r["scheduled_requests"] for r in after]
+    assert [s["num_prefill_requests"] for s in sched] == [1] + [0] * (generated - 1)
+    assert [s["num_decode_requests"] for s in sched] == [0] + [1] * (generated - 1)
+    assert sum(r["otel_vllm_ascend"]["sum_decode_tokens"] for r in after) == generated - 1
+    assert sched[0]["sum_prefill_tokens"] <= last["usage"]["prompt_tokens"]  # less what the prefix cache had
 
 
 # -- 2. --tensor-parallel-size 2 (two workers of one engine) ---------------------------------------------

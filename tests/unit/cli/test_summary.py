@@ -51,13 +51,13 @@ def test_summary_lines():
     assert "  schedule              10.0%  (mean 2 ms x 2)" in lines
     assert "  execute_model RPC     75.0%  (mean 15 ms x 2)" in lines
     rest = lines.index("  execute_model RPC     75.0%  (mean 15 ms x 2)") + 1  # 40 - 4 - 30 = 6 ms of 40: 15 %
-    assert lines[rest] == f"  the rest              15.0%  ({summary.STEP_REST})"
+    assert lines[rest] == f"  other                 15.0%  ({summary.STEP_REST})"
     assert "  in the workers: execute_model mean 10 ms; of it:" in lines
     worker = lines.index("  in the workers: execute_model mean 10 ms; of it:")
     assert lines[worker + 1 : worker + 5] == [
         "    prepare inputs      15.0%",
         "    forward             75.0%",
-        "    the rest            10.0%  (post-processing, bookkeeping)",
+        "    other               10.0%  (post-processing, bookkeeping)",
         "  in the workers, outside the forward pass: mean 4.5 ms a step "
         "(prepare inputs, post-processing and sample_tokens; not a share of execute_model)",
     ]
@@ -103,7 +103,7 @@ def test_summary_shows_no_rest_where_the_parts_overlap():
         Histogram(P + seed, "x", ["phase"], registry=r).labels("decode").observe(value)
     lines = summarize(generate_latest(r).decode())
     assert lines[1] == "  execute_model RPC    120.0%  (mean 12 ms x 1)"
-    assert not any("the rest" in line for line in lines[:3])
+    assert not any(line.startswith("  other") for line in lines)
 
 
 def test_summary_of_an_idle_server():
