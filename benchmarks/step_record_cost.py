@@ -5,7 +5,9 @@ each batch size (section G's ``build``), its ``scheduler`` and the step's real q
 - ``off``: ``UpdateFromOutput.after`` with no sink on, against itself with the record's check removed … the check is
   one field read: reported as ``UpdateFromOutput.after`` with the stream None vs on, and ``_keep_step`` alone;
 - ``on``: ``_keep_step`` (the scheduler hook's part: one tuple, the kept parts of the output) plus
-  ``UpdateFromOutput.after`` with a stream (its completion and append), minus ``UpdateFromOutput.after`` with none.
+  ``UpdateFromOutput.after`` with a stream (its completion and append), minus ``UpdateFromOutput.after`` with none;
+- ``traced``: ``UpdateFromOutput.after`` with a stream whose slow-step traces are on (docs/steps.md), for a step no
+  rule keeps (the comparison with ``slow_s`` and the preemption read).
 
 No background thread runs (the queue is emptied between repeats, outside the timing): what the thread costs the
 EngineCore is the GIL time it takes while the EngineCore's thread would run, which section G (sinks on vs off)
@@ -37,13 +39,17 @@ def main(argv=None) -> int:
     from opentelemetry_instrumentation_vllm_ascend.handlers.steps import Step
     from opentelemetry_instrumentation_vllm_ascend.recording.deferred import MAX_VALUES
     from opentelemetry_instrumentation_vllm_ascend.recording.step_records import Stream
+    from opentelemetry_instrumentation_vllm_ascend.recording.step_traces import StepTracer
     from opentelemetry_instrumentation_vllm_ascend.state import STATE
 
     if not os.path.exists(os.path.join(args.model_dir, "config.json")):
         tiny_model.build(args.model_dir)
     print("### Step record: ns per step on the EngineCore thread (median of repeats)\n")
-    print("| batch | `_keep_step` | `UpdateFromOutput.after`, no sink | with a sink | record's total (on) |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "| batch | `_keep_step` | `UpdateFromOutput.after`, no sink | with a sink | with step traces on "
+        "(step not kept) | record's total (on) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
     update = UpdateFromOutput()
     for batch in (int(b) for b in args.batches.split(",")):
         scheduler = build(args.model_dir, batch)
@@ -56,6 +62,9 @@ def main(argv=None) -> int:
         stream = Stream(None, os.devnull)
         stream.started = True  # no thread: the queue is emptied between repeats
         stream.capacity = 1 << 30
+        traced_stream = Stream(None, os.devnull, tracer=StepTracer())  # no rule keeps these steps
+        traced_stream.started = True
+        traced_stream.capacity = 1 << 30
         call = (scheduler, out, None)
         n = args.number or MAX_VALUES // 2
 
@@ -73,7 +82,7 @@ def main(argv=None) -> int:
                 update.after(0.0, call, {}, None)
             return (time.perf_counter() - t) / n
 
-        kept, off, on = [], [], []
+        kept, off, on, traced = [], [], [], []
         STATE.step_stream = None
         updates()  # (warm: the pipeline, the deferred queue's first flushes)
         for _ in range(args.repeat):
@@ -88,9 +97,15 @@ def main(argv=None) -> int:
             on.append(updates())
             stream.pending.clear()
             stream.queue.clear()
+            STATE.step_stream = traced_stream
+            for _ in range(n):
+                _keep_step(traced_stream, out, scheduler, 1, 0.0, 0.0, Step(), step_class, queues, blocks)
+            traced.append(updates())
+            traced_stream.pending.clear()
+            traced_stream.queue.clear()
         STATE.step_stream = None
-        k, f, o = (statistics.median(v) * 1e9 for v in (kept, off, on))
-        print(f"| {batch} | {k:.0f} | {f:.0f} | {o:.0f} | {k + o - f:.0f} |")
+        k, f, o, tr = (statistics.median(v) * 1e9 for v in (kept, off, on, traced))
+        print(f"| {batch} | {k:.0f} | {f:.0f} | {o:.0f} | {tr:.0f} | {k + o - f:.0f} |")
     return 0
 
 
