@@ -195,9 +195,10 @@ SETTINGS = (
     Setting(
         (env.STEP_TRACES,),
         "`false`",
-        "`true`: a trace per engine step a tail rule keeps, from each EngineCore, linked both ways to its requests' "
-        "spans ([steps.md](steps.md#slow-step-traces)).",
+        "`true`: a trace per slow engine step, linked to its requests' ([steps.md](steps.md#slow-step-traces)).",
         (
+            "Exported from each EngineCore for each step a tail rule keeps, linked both ways to the request spans of "
+            "the requests it carried.",
             f"Rules: `{env.STEP_TRACES_THRESHOLD_MS}` (unset: none), `{env.STEP_TRACES_P99_FACTOR}` (3 × the p99 of "
             f"the engine's last 1000 steps; `0`: none), `{env.STEP_TRACES_KEEP}` (`preempted,error`; `none`), at most "
             f"`{env.STEP_TRACES_PER_S}` (10) steps a second. Exported like request traces (`OTEL_TRACES_EXPORTER`, "

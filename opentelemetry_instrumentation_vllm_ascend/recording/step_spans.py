@@ -4,7 +4,7 @@ step span (``engine_step``, a root) and its three children, ``schedule``, ``exec
 
 from __future__ import annotations
 
-from .. import catalogue
+from .. import catalogue, semconv
 from ..version import __version__
 from .step_traces import ERROR
 
@@ -60,7 +60,7 @@ class StepTrace:
                 attributes[f"vllm.step.{key}"] = ours[key]
         status = Status(StatusCode.UNSET)
         if kept_by == ERROR:
-            attributes["error.type"] = error or "other"
+            attributes[semconv.ERROR_TYPE] = error or "other"
             status = Status(StatusCode.ERROR, error or "other")
         links = [
             Link(SpanContext(t, s, is_remote=True, trace_flags=sampled), {"vllm.request.id": request_id})
