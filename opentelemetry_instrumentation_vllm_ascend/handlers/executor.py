@@ -41,23 +41,14 @@ def exception_type(exc: BaseException | None) -> str:
 
 def _count(labels: tuple, exc: BaseException | None, step: bool = False) -> None:
     """+1 ``rpc_errors``; ``step``: the RPC carried a step's work (execute_model, sample_tokens), which failed."""
-    recording.add(catalogue.RPC_ERRORS, 1, labels + (exception_type(exc),))
+    kind = exception_type(exc)
+    recording.add(catalogue.RPC_ERRORS, 1, labels + (kind,))
     stream = STATE.step_stream
     if step and stream is not None and stream.tracer is not None and stream.pending:
-        _failed_step(stream, exception_type(exc))
-
-
-def _failed_step(stream, error: str) -> None:
-    """The step in flight ends here (slow-step traces' ``error`` rule, recording/step_traces.py): its record,
-    with no update, and its trace if the rule keeps it."""
-    head = stream.pending.popleft()
-    now = perf_counter()
-    if len(stream.queue) < stream.capacity:
-        stream.queue.append(stream.tracer.keep(head, now, now, None, error))
-    else:
-        stream.queue_full += 1
-    if not stream.started:
-        stream.start()
+        # The step in flight ends here (slow-step traces' ``error`` rule, recording/step_traces.py): its record,
+        # with no update, and its trace if the rule keeps it.
+        now = perf_counter()
+        stream.enqueue(stream.tracer.keep(stream.pending.popleft(), now, now, None, kind))
 
 
 #: RPCs whose duration is measured.

@@ -477,16 +477,8 @@ def _complete_later(stream, output, start: float, end: float, result=None) -> No
                 pending.popleft()
                 stream.dropped["incomplete"] += 1
             pending.popleft()
-            if len(stream.queue) < stream.capacity:
-                tracer = stream.tracer
-                item = (kept, start, end) if tracer is None else tracer.keep(kept, start, end, result)
-                stream.queue.append(item)
-                if len(stream.queue) == _WAKE_AT:
-                    stream.wake.set()
-            else:
-                stream.queue_full += 1
-            if not stream.started:
-                stream.start()
+            tracer = stream.tracer
+            stream.enqueue((kept, start, end) if tracer is None else tracer.keep(kept, start, end, result))
             return
 
 

@@ -43,8 +43,6 @@ class PidGuardedExporter(MetricExporter):
 #: The metrics exporter entry point each OTLP protocol selects for ``otlp`` (the SDK configurator's map).
 BY_PROTOCOL = MappingProxyType({"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"})
 OTLP = "otlp"
-#: The step records' log exporter's own protocol setting.
-OTLP_LOGS_PROTOCOL = "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL"
 
 
 def entry_point_name(name: str, signal: str = "metrics") -> str:
@@ -55,7 +53,7 @@ def entry_point_name(name: str, signal: str = "metrics") -> str:
     kept even where the protocol disagrees (with a warning). Raises ValueError for a protocol the SDK does not know."""
     if name not in (OTLP, *BY_PROTOCOL.values()):
         return name
-    own = {"traces": environment.OTLP_TRACES_PROTOCOL, "logs": OTLP_LOGS_PROTOCOL}.get(
+    own = {"traces": environment.OTLP_TRACES_PROTOCOL, "logs": environment.OTLP_LOGS_PROTOCOL}.get(
         signal, environment.OTLP_METRICS_PROTOCOL
     )
     protocol = os.environ.get(own) or os.environ.get(environment.OTLP_PROTOCOL)

@@ -11,7 +11,8 @@ from ..version import __version__
 from .journeys import PREEMPTED, QUEUED, SCHEDULED, Journey, kv_waits
 
 
-def _ns(seconds: float) -> int:
+def ns(seconds: float) -> int:
+    """Seconds as integer nanoseconds (a span's times)."""
     return int(round(seconds * 1e9))
 
 
@@ -28,13 +29,13 @@ def journey_spans(journey: Journey, offset: int, resource, ids) -> list:
     scope = InstrumentationScope(catalogue.SCOPE_NAME, __version__)
     trace_id = journey.trace_id
     root_ctx = SpanContext(trace_id, journey.span_id, is_remote=False, trace_flags=sampled)
-    start = _ns(journey.arrival)
-    end = start + _ns(journey.e2e or 0.0)
+    start = ns(journey.arrival)
+    end = start + ns(journey.e2e or 0.0)
     if journey.request_id is None:
         return [_rejected(journey, root_ctx, scope, start, end, resource)]
 
     def wall(ts: float) -> int:
-        return _ns(ts) + offset
+        return ns(ts) + offset
 
     children = []
 

@@ -112,6 +112,18 @@ class Stream:
         return Stream(self.zmq_endpoint, self.file_path, self.otlp_logs, tracer)
 
     # -- the EngineCore thread ----------------------------------------------------------------------------
+    def enqueue(self, item: tuple) -> None:
+        """A completed step to the bounded queue (``UpdateFromOutput.after`` inlines this for the usual step)."""
+        queue = self.queue
+        if len(queue) < self.capacity:
+            queue.append(item)
+            if len(queue) == WAKE_AT:
+                self.wake.set()
+        else:
+            self.queue_full += 1
+        if not self.started:
+            self.start()
+
     def start(self) -> None:
         """Start the background thread (the first completed step calls it)."""
         if self.started:
@@ -203,11 +215,9 @@ class Stream:
                 done()
 
     def build(self, scheduled, update_start: float, update_end: float, trace: tuple | None = None) -> dict:
-        """One record from what the hooks kept (``handlers.scheduler.Schedule`` / ``UpdateFromOutput``); ``trace``:
-        the step was kept for a step trace (``step_traces.StepTracer.keep``), which is exported from it."""
+        """One record from what the hooks kept; ``trace``: a step trace is exported from it (``StepTracer.keep``)."""
         record = self._record(scheduled, update_start, update_end)
-        tracer = self.tracer
-        if tracer is not None:
+        if (tracer := self.tracer) is not None:
             kept = scheduled[11]
             tracer.note_new(kept[1], getattr(scheduled[1], "requests", None) or {})
             tracer.observe(record["wall_time"])
@@ -215,10 +225,9 @@ class Stream:
                 from .step_spans import StepTrace
                 from .traces import tracing
 
-                ours = record[EXTENSION]
-                if trace[3] is not None:
-                    ours["error"] = trace[3]
-                tracing().submit(StepTrace(record, ours, trace, tracer.carried(kept[0])))
+                if trace[3] is not None:  # the failed executor call's exception type
+                    record[EXTENSION]["error"] = trace[3]
+                tracing().submit(StepTrace(record, record[EXTENSION], trace, tracer.carried(kept[0])))
             tracer.forget(kept[6])
         return record
 

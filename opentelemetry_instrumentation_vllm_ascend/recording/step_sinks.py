@@ -25,7 +25,6 @@ EVENT_NAME = "vllm_ascend.step"
 #: The SDK's default for ``OTEL_BLRP_MAX_QUEUE_SIZE``.
 DEFAULT_BLRP_QUEUE = 2048
 BLRP_MAX_QUEUE_SIZE = "OTEL_BLRP_MAX_QUEUE_SIZE"
-from .otlp import OTLP_LOGS_PROTOCOL  # noqa: E402, F401  (named in otlp.py; tests read it here)
 
 
 def _port_plus(endpoint: str, dp: int) -> str:

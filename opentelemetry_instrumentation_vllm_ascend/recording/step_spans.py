@@ -6,11 +6,8 @@ from __future__ import annotations
 
 from .. import catalogue, semconv
 from ..version import __version__
+from .spans import ns
 from .step_traces import ERROR
-
-
-def _ns(seconds: float) -> int:
-    return int(round(seconds * 1e9))
 
 
 class StepTrace:
@@ -37,7 +34,7 @@ class StepTrace:
         sampled = TraceFlags(TraceFlags.SAMPLED)
         scope = InstrumentationScope(catalogue.SCOPE_NAME, __version__)
         root = SpanContext(trace_id, span_id, is_remote=False, trace_flags=sampled)
-        start = _ns(ours["start_time_unix"])
+        start = ns(ours["start_time_unix"])
         scheduled, queued = record["scheduled_requests"], record["queued_requests"]
         attributes = {
             "vllm.dp_rank": ours["dp"],
@@ -69,7 +66,7 @@ class StepTrace:
         spans = []
         begin = start
         for name, key in (("schedule", "schedule_s"), ("execute", "execute_s"), ("update", "update_s")):
-            finish = begin + max(_ns(ours[key]), 0)
+            finish = begin + max(ns(ours[key]), 0)
             spans.append(
                 ReadableSpan(
                     name=name,
@@ -97,7 +94,7 @@ class StepTrace:
                 instrumentation_scope=scope,
                 status=status,
                 start_time=start,
-                end_time=start + _ns(record["wall_time"]),
+                end_time=start + ns(record["wall_time"]),
             ),
         )
         return spans

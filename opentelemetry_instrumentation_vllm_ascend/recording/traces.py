@@ -198,9 +198,7 @@ class Tracing:
                     except Exception:
                         if not self._build_failed:  # once: the count says how often
                             self._build_failed = True
-                            logger.exception(
-                                "could not build the spans of request %s", getattr(journey, "request_id", None)
-                            )
+                            logger.exception("could not build the spans of request %s", journey.request_id)
                         self.drop("export_failed")
                 if not spans:
                     continue

@@ -63,7 +63,7 @@ def _run(stream) -> None:
 def test_each_record_is_one_otlp_log_record_with_the_records_values(logs_env, tmp_path):
     with LogsReceiver() as receiver:
         logs_env.setenv(environment.OTLP_PROTOCOL, "grpc")  # only the logs signal's own settings reach it
-        logs_env.setenv(step_sinks.OTLP_LOGS_PROTOCOL, "http/protobuf")
+        logs_env.setenv(environment.OTLP_LOGS_PROTOCOL, "http/protobuf")
         logs_env.setenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", receiver.endpoint)
         stream = step_records.configure()
         assert stream is not None and stream.otlp_logs
@@ -97,7 +97,7 @@ def test_each_record_is_one_otlp_log_record_with_the_records_values(logs_env, tm
 
 
 def test_an_exporter_that_cannot_be_built_is_one_log_line_and_the_file_goes_on(logs_env, tmp_path, caplog):
-    logs_env.setenv(step_sinks.OTLP_LOGS_PROTOCOL, "carrier-pigeon")
+    logs_env.setenv(environment.OTLP_LOGS_PROTOCOL, "carrier-pigeon")
     stream = step_records.configure()
     with caplog.at_level(logging.WARNING):
         _run(stream)
