@@ -9,6 +9,11 @@ each batch size (section G's ``build``), its ``scheduler`` and the step's real q
 - ``traced``: ``UpdateFromOutput.after`` with a stream whose slow-step traces are on (docs/steps.md), for a step no
   rule keeps (the comparison with ``slow_s`` and the preemption read).
 
+The update hook reads the worker's stamp on a real stamped reply (``reply``: the step's marks). A second table
+times the worker's side (on the EngineCore's thread with an in-process worker): one worker step's boundaries
+through the model runner hooks' own functions (``begin_step``, the seven boundaries of an execute + sample step,
+``reply``), with step records on (each boundary noted: ``budget.WORKER_MARKED``) and off.
+
 No background thread runs (the queue is emptied between repeats, outside the timing): what the thread costs the
 EngineCore is the GIL time it takes while the EngineCore's thread would run, which section G (sinks on vs off)
 reads — on a server the EngineCore's thread waits for the workers most of a step, with the GIL released.
@@ -23,6 +28,7 @@ import os
 import statistics
 import tempfile
 import time
+from types import SimpleNamespace
 
 
 def main(argv=None) -> int:
@@ -35,8 +41,9 @@ def main(argv=None) -> int:
 
     from benchmarks.real_scheduler import build, steps
     from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model
+    from opentelemetry_instrumentation_vllm_ascend.context import HOST_CLOCK
     from opentelemetry_instrumentation_vllm_ascend.handlers.scheduler import UpdateFromOutput, _keep_step
-    from opentelemetry_instrumentation_vllm_ascend.handlers.steps import Step
+    from opentelemetry_instrumentation_vllm_ascend.handlers.steps import READY_ATTRIBUTE, Step
     from opentelemetry_instrumentation_vllm_ascend.recording.deferred import MAX_VALUES
     from opentelemetry_instrumentation_vllm_ascend.recording.step_records import Stream
     from opentelemetry_instrumentation_vllm_ascend.recording.step_traces import StepTracer
@@ -65,7 +72,9 @@ def main(argv=None) -> int:
         traced_stream = Stream(None, os.devnull, tracer=StepTracer())  # no rule keeps these steps
         traced_stream.started = True
         traced_stream.capacity = 1 << 30
-        call = (scheduler, out, None)
+        reply = SimpleNamespace()
+        setattr(reply, READY_ATTRIBUTE, (HOST_CLOCK, 1.0, 2.0, ("0", [1, 0.0] * 8, None)))
+        call = (scheduler, out, reply)
         n = args.number or MAX_VALUES // 2
 
         def keep(n=n, stream=stream, out=out, scheduler=scheduler, queues=queues, blocks=blocks, sc=step_class):
@@ -106,7 +115,48 @@ def main(argv=None) -> int:
         STATE.step_stream = None
         k, f, o, tr = (statistics.median(v) * 1e9 for v in (kept, off, on, traced))
         print(f"| {batch} | {k:.0f} | {f:.0f} | {o:.0f} | {tr:.0f} | {k + o - f:.0f} |")
+    worker(args, Stream(None, os.devnull))
     return 0
+
+
+def worker(args, stream) -> None:
+    """The worker's side: one step's boundaries with step records off and on (median of repeats, ns per step)."""
+    from opentelemetry_instrumentation_vllm_ascend.handlers import budget, model_runner
+    from opentelemetry_instrumentation_vllm_ascend.state import STATE
+
+    if budget.WORKER_TO is budget.off:
+        print("\n(worker budget off: no worker marks)")
+        return
+    STATE.device = None  # the host timeline (a CPU worker)
+    n = args.number or 2000
+    stages = (budget.W_FORWARD, budget.W_OTHER, budget.W_WAIT_SAMPLE, budget.W_OTHER, budget.W_SAMPLE, budget.W_OTHER)
+
+    def steps(n=n):
+        clock = time.perf_counter
+        out = SimpleNamespace()
+        t = clock()
+        for _ in range(n):
+            step = model_runner.begin_step("decode")
+            for stage in stages:
+                step.to(stage, 1.0)
+            step.to(budget.W_IDLE, 1.0)
+            model_runner.reply(out, step, 1.0)
+            STATE.worker_step = None
+        return (clock() - t) / n
+
+    off, on = [], []
+    steps()
+    for _ in range(args.repeat):
+        STATE.step_stream = None
+        off.append(steps())
+        STATE.step_stream = stream
+        on.append(steps())
+    STATE.step_stream = None
+    f, o = (statistics.median(v) * 1e9 for v in (off, on))
+    print("\n### The worker's step boundaries: ns per step (begin_step, 7 boundaries, reply; median of repeats)\n")
+    print("| records off | records on (marks noted, stamped) | added |")
+    print("|---:|---:|---:|")
+    print(f"| {f:.0f} | {o:.0f} | {o - f:.0f} |")
 
 
 if __name__ == "__main__":

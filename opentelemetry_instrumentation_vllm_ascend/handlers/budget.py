@@ -116,6 +116,7 @@ class StageClock:
         "excluded",
         "shift",
         "paused",
+        "marks",
     )
 
     def __init__(self, names: tuple[str, ...], spec) -> None:
@@ -134,9 +135,24 @@ class StageClock:
         self.excluded = [0.0] * len(names)
         self.shift = 0.0
         self.paused: tuple | None = None
+        #: The worker step's boundaries while step records are on (``to_marked``): ``[stage, now, stage, now, …]``.
+        self.marks: list = []
 
     def to(self, stage: int, now: float) -> None:
         """Close the stage in progress at ``now`` and open ``stage``."""
+        since = self.since
+        if since is None:
+            self.started = now
+            self.started_unix = time()
+        else:
+            self.spent[self.stage] += now - since
+        self.stage = stage
+        self.since = now
+
+    def to_marked(self, stage: int, now: float) -> None:
+        """``to``, also noting the boundary in ``marks`` (the worker step's, for its step record: one list
+        extend more per boundary, no call more)."""
+        self.marks += (stage, now)
         since = self.since
         if since is None:
             self.started = now
@@ -243,6 +259,9 @@ API_TO = boundary(API)
 #: their step (``model_runner.WorkerStep.to``: a no-op for model runner V2 without its forward mark).
 WORKER = STATE.worker_stages = StageClock(WORKER_STAGES, M["worker:stage_seconds"])
 WORKER_TO = boundary(WORKER)
+#: ``WORKER_TO`` that also notes each boundary of the step (``StageClock.to_marked``): the model runner hooks use it
+#: while step records are on in this process (``model_runner.begin_step``).
+WORKER_MARKED = off if WORKER_TO is off else WORKER.to_marked
 CLOCKS = (ENGINE, API, WORKER)
 
 

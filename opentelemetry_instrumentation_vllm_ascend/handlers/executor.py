@@ -48,7 +48,7 @@ def _count(labels: tuple, exc: BaseException | None, step: bool = False) -> None
         # The step in flight ends here (slow-step traces' ``error`` rule, recording/step_traces.py): its record,
         # with no update, and its trace if the rule keeps it.
         now = perf_counter()
-        stream.enqueue(stream.tracer.keep(stream.pending.popleft(), now, now, None, kind))
+        stream.enqueue(stream.tracer.keep(stream.pending.popleft(), now, now, None, None, kind))
 
 
 #: RPCs whose duration is measured.

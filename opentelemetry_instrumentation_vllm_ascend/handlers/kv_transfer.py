@@ -49,6 +49,12 @@ def record_transfer(
     """One connector call's transfers: ``count`` transfers of ``nbytes`` bytes in all, taking ``seconds``
     (None: not measured), of which ``blocking`` seconds blocked the step's host thread."""
     labels = labels_of(phase or STATE.last_step_phase, direction, connector)
+    step = STATE.worker_step
+    if step is not None and step.marks is not None:  # step records on: the worker step's KV, for its record
+        kv = step.kv
+        if kv is None:
+            kv = step.kv = []
+        kv.append((direction, connector, nbytes, count, perf_counter(), blocking))
     recording.add(_BYTES, nbytes, labels)
     recording.add(_COUNT, count, labels)
     if seconds is not None:

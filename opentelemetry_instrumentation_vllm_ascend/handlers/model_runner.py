@@ -21,7 +21,18 @@ from ..catalogue import M
 from ..context import HOST_CLOCK
 from ..hooks.handler import Handler, report
 from ..state import STATE, UNKNOWN
-from .budget import W_FORWARD, W_IDLE, W_OTHER, W_PREPARE, W_SAMPLE, W_WAIT_SAMPLE, WORKER_TO, off
+from .budget import (
+    W_FORWARD,
+    W_IDLE,
+    W_OTHER,
+    W_PREPARE,
+    W_SAMPLE,
+    W_WAIT_SAMPLE,
+    WORKER,
+    WORKER_MARKED,
+    WORKER_TO,
+    off,
+)
 from .common import device_module
 from .steps import FLUSH_STEPS, PHASE_ATTRIBUTE, READY_ATTRIBUTE, STEP_ATTRIBUTE, classify_step
 
@@ -50,6 +61,8 @@ class WorkerStep:
         "to",
         "forward_event",
         "sampling",
+        "marks",
+        "kv",
     )
 
     def __init__(self, phase: str, start: float, to=off) -> None:
@@ -73,6 +86,10 @@ class WorkerStep:
         #: Inside a hooked ``sample`` (``SampleV2``): a nested one (vllm-ascend's V2 NPU runner calls V2's) is no
         #: second boundary.
         self.sampling = False
+        #: While step records are on: its worker budget boundaries (``budget.WORKER_MARKED``: ``[stage, now, …]``)
+        #: and its KV transfers (``kv_transfer.record_transfer``), sent on its reply for its step record; else None.
+        self.marks: list | None = None
+        self.kv: list | None = None
 
 
 # STATE.worker_step: the WorkerStep in progress.
@@ -232,17 +249,29 @@ def _shared_empty():
     return empty
 
 
-def _stamp(output, returned, ready) -> None:
+def _stamp(output, returned, ready, worker=None) -> None:
     """Stamp the ModelRunnerOutput the worker replies with: (this process's clock, execute_model
-    returned, the reply was ready). It travels to the EngineCore pickled with the instance dict (or
-    in-process as is). vLLM's shared empty output (vLLM copies it into other replies) and objects
-    that take no attributes are left alone."""
+    returned, the reply was ready, the step's part of its step record: ``worker_part``). It travels to the
+    EngineCore pickled with the instance dict (or in-process as is). vLLM's shared empty output (vLLM copies it
+    into other replies) and objects that take no attributes are left alone."""
     if output is None or output is _shared_empty():
         return
     try:
-        setattr(output, READY_ATTRIBUTE, (HOST_CLOCK, returned, ready))
+        setattr(
+            output,
+            READY_ATTRIBUTE,
+            (HOST_CLOCK, returned, ready) if worker is None else (HOST_CLOCK, returned, ready, worker),
+        )
     except Exception:
         pass
+
+
+def worker_part(step: WorkerStep | None):
+    """What a step's record takes from the worker (recording/step_worker.py reads it): ``(rank, marks, kv)``, or
+    None where the step noted nothing (step records off, no worker budget)."""
+    if step is None or step.marks is None:
+        return None
+    return context.PROCESS.labels.get("rank"), step.marks, step.kv
 
 
 def reply(output, step: WorkerStep | None, now: float, _state=STATE, _clock=HOST_CLOCK) -> None:
@@ -254,9 +283,11 @@ def reply(output, step: WorkerStep | None, now: float, _state=STATE, _clock=HOST
     if output is None:
         return
     returned = step.returned if step is not None else None
+    worker = worker_part(step)
     if hasattr(output.__class__, "get_output"):
+        phase = step.phase if step is not None else UNKNOWN
         try:
-            setattr(output, STEP_ATTRIBUTE, (step.phase if step is not None else UNKNOWN, returned))
+            setattr(output, STEP_ATTRIBUTE, (phase, returned) if worker is None else (phase, returned, worker))
         except Exception:
             pass
         return
@@ -265,7 +296,9 @@ def reply(output, step: WorkerStep | None, now: float, _state=STATE, _clock=HOST
         empty = _shared_empty()
     if output is not empty:
         try:
-            setattr(output, READY_ATTRIBUTE, (_clock, returned, now))
+            setattr(
+                output, READY_ATTRIBUTE, (_clock, returned, now) if worker is None else (_clock, returned, now, worker)
+            )
         except Exception:
             pass
 
@@ -307,7 +340,12 @@ def begin_step(phase: str, to=WORKER_TO) -> WorkerStep:
     previous = STATE.worker_step
     if previous is not None:  # its sample_tokens never came
         _unended(previous)
-    step = STATE.worker_step = WorkerStep(phase, start, to)
+    if to is WORKER_TO and STATE.step_stream is not None and to is not off:  # step records on: note its boundaries
+        to = WORKER_MARKED
+        step = STATE.worker_step = WorkerStep(phase, start, to)
+        WORKER.marks = step.marks = []
+    else:
+        step = STATE.worker_step = WorkerStep(phase, start, to)
     to(W_PREPARE, start)
     timeline = STATE.device
     if timeline is False:
@@ -370,15 +408,19 @@ class GetOutput(Handler):
         try:
             carried = getattr(args[0], STEP_ATTRIBUTE, None)
             if carried is not None:
-                phase, returned = carried
+                if len(carried) == 3:
+                    phase, returned, worker = carried
+                else:
+                    (phase, returned), worker = carried, None
             else:
                 step = STATE.worker_step
                 phase, returned = (step.phase, step.returned) if step is not None else (UNKNOWN, None)
+                worker = worker_part(step)
         except Exception:  # the duration is still recorded, labelled unknown; the reply is not stamped
             report(self, "step")
-            phase, returned = UNKNOWN, None
+            phase, returned, worker = UNKNOWN, None, None
         recording.record(_GET_OUTPUT, seconds, context.step_labels(phase))
-        _stamp(result, returned, end)
+        _stamp(result, returned, end, worker)
 
 
 class ExecuteModelV2(ExecuteModel):

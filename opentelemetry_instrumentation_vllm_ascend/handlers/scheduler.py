@@ -22,6 +22,7 @@ from .steps import (
     FLUSH_STEPS,
     IN_PREFIX_CACHE_RESET,
     PHASE_ATTRIBUTE,
+    READY_ATTRIBUTE,
     Step,
     classify_step,
     mark_recomputing,
@@ -466,7 +467,7 @@ def _keep_step(stream, result, scheduler, counter, start, end, step, step_class,
     )
 
 
-def _complete_later(stream, output, start: float, end: float, result=None) -> None:
+def _complete_later(stream, output, start: float, end: float, result=None, runner_output=None) -> None:
     """An update whose step is not the oldest kept: the older ones never got theirs (``incomplete``); an update
     of a step not kept (nothing scheduled) leaves them."""
     pending = stream.pending
@@ -478,7 +479,10 @@ def _complete_later(stream, output, start: float, end: float, result=None) -> No
                 stream.dropped["incomplete"] += 1
             pending.popleft()
             tracer = stream.tracer
-            stream.enqueue((kept, start, end) if tracer is None else tracer.keep(kept, start, end, result))
+            stamp = getattr(runner_output, READY_ATTRIBUTE, None)
+            stream.enqueue(
+                (kept, start, end, stamp) if tracer is None else tracer.keep(kept, start, end, result, stamp)
+            )
             return
 
 
@@ -653,7 +657,7 @@ class UpdateFromOutput(Handler):
     """``Scheduler.update_from_output(scheduler_output, model_runner_output)``: its duration, with the
     phase of the step whose output it processes (read from that step's SchedulerOutput)."""
 
-    params = ("scheduler_output",)
+    params = ("scheduler_output", "model_runner_output")  # the worker's stamp on its output: for the step record
     spec = M["scheduler:update_from_output:duration"]
 
     def before(self, args, kwargs):
@@ -672,11 +676,13 @@ class UpdateFromOutput(Handler):
                 pending.popleft()
                 queue = stream.queue
                 if len(queue) < stream.capacity:
+                    # The worker's stamp on its output: its step's boundaries and KV (recording/step_worker.py).
+                    stamp = getattr(args[2], READY_ATTRIBUTE, None) if len(args) > 2 else None
                     tracer = stream.tracer  # slow-step traces (recording/step_traces.py): one comparison a step
                     if tracer is None or (end - head[3] <= tracer.slow_s and not head[5].preemptions):
-                        queue.append((head, state, end))
+                        queue.append((head, state, end, stamp))
                     else:
-                        queue.append(tracer.keep(head, state, end, result))
+                        queue.append(tracer.keep(head, state, end, result, stamp))
                     if len(queue) == _WAKE_AT:
                         stream.wake.set()
                 else:
@@ -684,7 +690,7 @@ class UpdateFromOutput(Handler):
                 if not stream.started:
                     stream.start()
             else:
-                _complete_later(stream, args[1], state, end, result)
+                _complete_later(stream, args[1], state, end, result, args[2] if len(args) > 2 else None)
         phase = (getattr(args[1], PHASE_ATTRIBUTE, None) if len(args) > 1 else None) or STATE.last_step_phase
         labels = _labels.get(phase) or context.step_labels(phase)
         # Recorded with the scheduler hook's records (the step scheduled: they run soon): recording.record_later,

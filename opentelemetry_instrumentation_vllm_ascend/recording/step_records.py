@@ -27,21 +27,20 @@ import atexit
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections import deque
 
 from .. import catalogue, context, environment
 from ..state import STATE
-from ..version import __version__
 from . import step_traces
+from .step_fields import EXTENSION, VERSION, record
 from .step_sinks import ZmqSink, open_sinks
+
+__all__ = ["EXTENSION", "VERSION", "Stream", "close", "configure", "export_drops", "flush"]
 
 logger = logging.getLogger(__name__)
 
-#: The record's schema version (Dynamo's ``FPM_VERSION``: the fields below keep its names and units).
-VERSION = 1
 #: How often the background thread drains the queue (seconds) at most; it also drains as soon as ``WAKE_AT``
 #: records wait (the update hook wakes it): each waiting record keeps a few of its step's containers alive, and
 #: hundreds of them (fast steps) would start the garbage collector on the EngineCore's thread.
@@ -49,23 +48,12 @@ INTERVAL_S = 0.02
 WAKE_AT = 32
 #: Records the background thread builds and sends between two hand-backs of the GIL (~20-40 µs each).
 YIELD_EVERY = 8
-#: The key of our own fields in a record (Dynamo's decoder ignores keys it does not know).
-EXTENSION = "otel_vllm_ascend"
 DEFAULT_QUEUE = 4096
 DEFAULT_FILE_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_FILE_BACKUPS = 2
 DEFAULT_ZMQ_HWM = 10_000
 #: The reasons of ``step_record_dropped``.
 REASONS = ("queue_full", "zmq_full", "file_error", "otlp_full", "otlp_error", "incomplete")
-
-
-def _variance(values: list) -> float:
-    """Population variance (Dynamo's ``var_*`` fields); 0.0 for no value."""
-    n = len(values)
-    if not n:
-        return 0.0
-    mean = sum(values) / n
-    return float(sum((v - mean) ** 2 for v in values) / n)
 
 
 class Stream:
@@ -105,6 +93,7 @@ class Stream:
         self.clock_offset = time.time() - time.perf_counter()
         self.closed = False
         self.busy = False  # the thread is draining
+        self.last_end: float | None = None  # the previous record's update end (the background thread's)
 
     def forked(self) -> Stream:
         """A forked child's own stream (same settings; nothing of the parent's queue, thread or sockets)."""
@@ -214,124 +203,26 @@ class Stream:
             if done is not None:
                 done()
 
-    def build(self, scheduled, update_start: float, update_end: float, trace: tuple | None = None) -> dict:
-        """One record from what the hooks kept; ``trace``: a step trace is exported from it (``StepTracer.keep``)."""
-        record = self._record(scheduled, update_start, update_end)
+    def build(self, scheduled, update_start: float, update_end: float, stamp=None, trace: tuple | None = None) -> dict:
+        """One record from what the hooks kept (``stamp``: the worker's on its output); ``trace``: a step trace is
+        exported from it (``StepTracer.keep``)."""
+        built = record(self, scheduled, update_start, update_end, stamp)
         if (tracer := self.tracer) is not None:
             kept = scheduled[11]
             tracer.note_new(kept[1], getattr(scheduled[1], "requests", None) or {})
-            tracer.observe(record["wall_time"])
+            tracer.observe(built["wall_time"])
             if trace is not None:
+                from .step_fields import worker_timeline
                 from .step_spans import StepTrace
                 from .traces import tracing
 
+                ours = built[EXTENSION]
                 if trace[3] is not None:  # the failed executor call's exception type
-                    record[EXTENSION]["error"] = trace[3]
-                tracing().submit(StepTrace(record, record[EXTENSION], trace, tracer.carried(kept[0])))
+                    ours["error"] = trace[3]
+                timeline = worker_timeline(stamp, self.clock_offset)
+                tracing().submit(StepTrace(built, ours, trace, tracer.carried(kept[0]), timeline))
             tracer.forget(kept[6])
-        return record
-
-    def _record(self, scheduled, update_start: float, update_end: float) -> dict:
-        _key, scheduler, counter, start, end, step, step_class, queues, blocks, waiting, preempted, kept = scheduled
-        tokens, new, cached_ids, cached_computed, cached_outputs, resumed, finished = kept
-        prompts = self.prompts
-        requests = getattr(scheduler, "requests", None) or {}
-        prefill_tokens = prefill_kv = 0
-        prefill_lengths: list = []
-        decode_tokens = 0
-        decode_kv: list = []
-        for r in new:
-            ids = r.prompt_token_ids
-            if ids is not None:
-                length = len(ids)
-            else:
-                req = requests.get(r.req_id)
-                length = req.num_prompt_tokens if req is not None else 0
-            prompts[r.req_id] = length
-            prefill_lengths.append(length)
-            prefill_tokens += tokens[r.req_id]
-            prefill_kv += r.num_computed_tokens
-        resumed = resumed or ()
-        for req_id, before, outputs in zip(cached_ids, cached_computed, cached_outputs):
-            known = prompts.get(req_id)
-            if known is None:
-                req = requests.get(req_id)
-                known = prompts[req_id] = req.num_prompt_tokens if req is not None else 0
-            length = known
-            # The step's classification (handlers.steps.classify_step): resumed, no output yet, or more
-            # than one uncomputed token before the step is prefill work; the rest decodes.
-            if req_id in resumed or not outputs or before + 1 < length + outputs:
-                prefill_lengths.append(length)
-                prefill_tokens += tokens[req_id]
-                prefill_kv += before
-            else:
-                decode_kv.append(before)
-                decode_tokens += tokens[req_id]
-        for req_id in finished or ():
-            prompts.pop(req_id, None)
-        queued_prefill: list = []
-        queued_decode: list = []
-        preempted = preempted or {}
-        for request in waiting or ():
-            # Both values were fixed at the step: a preempted request's computed tokens when it was preempted
-            # (its KV to rebuild), another's prompt (a request never read after it was queued).
-            req_id = request.request_id
-            if req_id in preempted:
-                queued_decode.append(preempted[req_id] or 0)
-            else:
-                queued_prefill.append(request.num_prompt_tokens)
-        running = queues[0] if queues is not None else None
-        waiting_count = queues[2] if queues is not None else None
-        total, free = blocks if blocks is not None else (None, None)
-        dp = context.PROCESS.dp
-        return {
-            "version": VERSION,
-            "worker_id": self.worker_id,
-            "dp_rank": int(dp) if dp.isdigit() else -1,
-            "counter_id": counter,
-            "wall_time": float(update_end - start),
-            "scheduled_requests": {
-                "num_prefill_requests": len(prefill_lengths),
-                "sum_prefill_tokens": prefill_tokens,
-                "var_prefill_length": _variance(prefill_lengths),
-                "sum_prefill_kv_tokens": prefill_kv,
-                "num_decode_requests": len(decode_kv),
-                "sum_decode_kv_tokens": sum(decode_kv),
-                "var_decode_kv_tokens": _variance(decode_kv),
-            },
-            "queued_requests": {
-                "num_prefill_requests": len(queued_prefill),
-                "sum_prefill_tokens": sum(queued_prefill),
-                "var_prefill_length": _variance(queued_prefill),
-                "num_decode_requests": len(queued_decode),
-                "sum_decode_kv_tokens": sum(queued_decode),
-                "var_decode_kv_tokens": _variance(queued_decode),
-            },
-            EXTENSION: {
-                "engine_id": self.worker_id,
-                "dp": dp,
-                "role": context.PROCESS.role,
-                "pid": self.pid,
-                "vllm_version": _vllm_version(),
-                "package_version": __version__,
-                "step": counter,
-                "phase": step_class[0] if step_class is not None else "unknown",
-                "start_time_unix": start + self.clock_offset,
-                "schedule_s": end - start,
-                "execute_s": update_start - end,
-                "update_s": update_end - update_start,
-                "sum_decode_tokens": decode_tokens,
-                "preemptions": step.preemptions,
-                "recomputes": step.recomputes,
-                "recomputed_tokens": step.recomputed_tokens,
-                "block_allocate_failures": step.allocate_failures,
-                "running": running,
-                "waiting": waiting_count,
-                "kv_blocks_total": total,
-                "kv_blocks_free": free,
-                "kv_blocks_used": total - free - 1 if total is not None else None,  # the null block is never free
-            },
-        }
+        return built
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Drain and close (a clean stop): the records queued so far reach the sinks; idempotent."""
@@ -349,11 +240,6 @@ class Stream:
 
 
 _yield = time.sleep
-
-
-def _vllm_version() -> str:
-    module = sys.modules.get("vllm")
-    return str(getattr(module, "__version__", "unknown")) if module is not None else "unknown"
 
 
 def configure() -> Stream | None:

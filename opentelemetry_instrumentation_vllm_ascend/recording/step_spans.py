@@ -1,6 +1,9 @@
 """The spans of a kept step (``recording/step_traces.py``; docs/steps.md#slow-step-traces), as SDK ``ReadableSpan``
 objects built on the trace pipeline's export thread from the step's record (``recording/step_records.py``): the
-step span (``engine_step``, a root) and its three children, ``schedule``, ``execute`` and ``update``, which tile it."""
+step span (``engine_step``, a root) and its three children, ``schedule``, ``execute`` and ``update``, which tile it;
+under ``execute`` the worker's step (``worker_step``, its rank) with a span per stage of its budget
+(``prepare_inputs``, ``forward``, ``wait_sample``, ``sample``, ``other``) and one per blocking KV transfer
+(``kv_transfer``), where the worker's clock is the EngineCore's (``step_fields.worker_timeline``)."""
 
 from __future__ import annotations
 
@@ -15,11 +18,13 @@ class StepTrace:
     part), ``(trace id, span id, kept_by, error)``, and the request spans of the requests it carried,
     ``[(vLLM's request id, (trace id, span id))]``."""
 
-    __slots__ = ("record", "ours", "trace", "carried")
+    __slots__ = ("record", "ours", "trace", "carried", "timeline")
     request_id = None  # (the trace pipeline's log line names a journey's request; a step has none)
 
-    def __init__(self, record: dict, ours: dict, trace: tuple, carried: list) -> None:
+    def __init__(self, record: dict, ours: dict, trace: tuple, carried: list, timeline=None) -> None:
         self.record, self.ours, self.trace, self.carried = record, ours, trace, carried
+        #: The worker's stages and blocking KV transfers on the system clock (``step_fields.worker_timeline``), or None.
+        self.timeline = timeline
 
     def spans(self, offset: int, resource, ids) -> list:
         """The step span and its children (``offset``: unused, the record's times are wall-clock already)."""
@@ -64,23 +69,43 @@ class StepTrace:
             for request_id, (t, s) in self.carried
         ]
         spans = []
-        begin = start
-        for name, key in (("schedule", "schedule_s"), ("execute", "execute_s"), ("update", "update_s")):
-            finish = begin + max(ns(ours[key]), 0)
+        unset = Status(StatusCode.UNSET)
+
+        def span(name, parent, begin, finish, attributes=None, status=unset):
+            context = SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=sampled)
             spans.append(
                 ReadableSpan(
                     name=name,
-                    context=SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=sampled),
-                    parent=root,
+                    context=context,
+                    parent=parent,
                     resource=resource,
+                    attributes=attributes,
                     kind=trace_api.SpanKind.INTERNAL,
                     instrumentation_scope=scope,
-                    status=status if name == "execute" else Status(StatusCode.UNSET),
+                    status=status,
                     start_time=begin,
                     end_time=finish,
                 )
             )
+            return context
+
+        begin = start
+        execute = None
+        for name, key in (("schedule", "schedule_s"), ("execute", "execute_s"), ("update", "update_s")):
+            finish = begin + max(ns(ours[key]), 0)
+            context = span(name, root, begin, finish, status=status if name == "execute" else unset)
+            if name == "execute":
+                execute = context
             begin = finish
+        if self.timeline is not None and (worker := ours.get("worker")) is not None:
+            stages, waits = self.timeline
+            rank = {"vllm.worker.rank": worker["rank"]} if worker["rank"] is not None else None
+            parent = span("worker_step", execute, ns(stages[0][1]), ns(stages[-1][2]), rank)
+            for name, begin_s, end_s in stages:
+                span(name, parent, ns(begin_s), ns(end_s))
+            for direction, connector, nbytes, begin_s, end_s in waits:
+                kv = {"vllm.kv.direction": direction, "vllm.kv.connector": connector, "vllm.kv.bytes": nbytes}
+                span("kv_transfer", parent, ns(begin_s), ns(end_s), kv)
         spans.insert(
             0,
             ReadableSpan(

@@ -101,11 +101,12 @@ class StepTracer:
         self.observed = 0
 
     # -- the EngineCore thread --------------------------------------------------------------------------------
-    def keep(self, head, update_start: float, end: float, result, error: str | None = None) -> tuple:
-        """The queue item of a step that ``slow_s`` or its preemptions flagged (``error``: its executor call failed,
-        the exception's type): ``(head, update start, end, (trace id, span id, kept_by, error))`` when a rule keeps
-        it, else ``(head, update start, end)``. Notes the step's ids on its outputs (``result``, what
-        update_from_output returned) and on the requests it carried that produced none."""
+    def keep(self, head, update_start: float, end: float, result, stamp=None, error: str | None = None) -> tuple:
+        """The queue item of a step that ``slow_s`` or its preemptions flagged (``stamp``: the worker's on its
+        output; ``error``: its executor call failed, the exception's type): ``(head, update start, end, stamp,
+        (trace id, span id, kept_by, error))`` when a rule keeps it, else ``(head, update start, end, stamp)``.
+        Notes the step's ids on its outputs (``result``, what update_from_output returned) and on the requests it
+        carried that produced none."""
         wall = end - head[3]
         if error is not None:
             reason = ERROR if self.errors else None
@@ -118,12 +119,12 @@ class StepTracer:
         else:
             reason = None
         if reason is None:
-            return head, update_start, end
+            return head, update_start, end, stamp
         if end - self.second >= 1.0:
             self.second, self.kept_in_second = end, 0
         if self.kept_in_second >= self.per_s:
             self.rate_limited += 1
-            return head, update_start, end
+            return head, update_start, end, stamp
         self.kept_in_second += 1
         trace_id, span_id = self.ids.generate_trace_id(), self.ids.generate_span_id()
         try:
@@ -134,7 +135,7 @@ class StepTracer:
                 "opentelemetry-instrumentation-vllm-ascend: step traces: a kept step's outputs could not be noted; "
                 "its requests do not link back to it",
             )
-        return head, update_start, end, (trace_id, span_id, reason, error)
+        return head, update_start, end, stamp, (trace_id, span_id, reason, error)
 
     @staticmethod
     def _note(head, result, value: str) -> None:

@@ -499,6 +499,26 @@ def test_step_records_one_per_non_idle_step_and_preemptions_equal_vllms(server, 
     assert {r["otel_vllm_ascend"]["kv_blocks_total"] for r in records} == {16}
 
 
+def test_step_records_worker_stages_are_the_worker_budgets_seconds(server, run, steps):
+    """The in-process worker's part of each record (docs/steps.md, ``worker``): rank 0, on the EngineCore's
+    clock, its parts tiling the execute wait (``step_files.check_worker``); over all records, its forward and
+    sample seconds are the worker budget's own (``worker:stage_seconds``, which counts every worker step: a step
+    that scheduled nothing has no record, and runs no forward and no sampling)."""
+    records = step_files.read(steps["path"])
+    sums = step_files.check_worker(records, "0")
+
+    def stage(text, name):
+        return value(text, P + "worker:stage_seconds_total", stage=name)
+
+    # The budget counts the stage in progress up to each collection: the scrape after the last step's is exact.
+    text = settle(server, lambda t: abs(stage(t, "forward") - sums["forward_s"]) < 1e-6)
+    assert stage(text, "forward") == pytest.approx(sums["forward_s"], rel=1e-9, abs=1e-9)
+    assert stage(text, "sample") == pytest.approx(sums["sample_s"], rel=1e-9, abs=1e-9)
+    assert [r["otel_vllm_ascend"]["kv_transfer"] for r in records] == [{}] * len(records)  # no KV connector
+    gaps = [r["otel_vllm_ascend"]["gap_before_s"] for r in records]
+    assert gaps[0] is None and min(gaps[1:]) >= 0
+
+
 def test_step_records_a_subscriber_that_stops_reading_loses_only_its_own_records(server, run, steps):
     """The ZMQ subscriber connected, then read nothing through every load: once its pipe was full its records
     were dropped and counted (step_record_dropped{reason="zmq_full"}) while the file sink still got every record

@@ -19,9 +19,10 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from opentelemetry_instrumentation_vllm_ascend import catalogue  # noqa: E402
+from opentelemetry_instrumentation_vllm_ascend import catalogue, environment  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo import tiny_model  # noqa: E402
 from opentelemetry_instrumentation_vllm_ascend.cli.demo.server import DEFAULT_ARGS, Server, samples  # noqa: E402
+from tests.support import step_files  # noqa: E402
 from tests.support.otlp_receiver import Receiver  # noqa: E402
 from tests.support.scrape import settle  # noqa: E402
 
@@ -81,8 +82,10 @@ def run(tmp_path_factory):
     args = ["--no-enable-prefix-caching", "--kv-transfer-config", json.dumps(config)]
     log = str(root / "server.log")
     seen = {"model": model, "storage": str(storage), "example": str(root / EXAMPLE)}
+    seen["steps"] = str(root / "steps-0.jsonl")  # the step records (docs/steps.md), written at each step
     receiver = seen["otlp"] = Receiver()  # every process pushes OTLP each second (its requests outlive it)
-    with receiver, Server(model, extra_args=args, log_path=log, env=receiver.env(1000)) as server:
+    env = {**receiver.env(1000), environment.STEPS_FILE: str(root / "steps-{dp}.jsonl")}
+    with receiver, Server(model, extra_args=args, log_path=log, env=env) as server:
         seen["before"] = server.scrape()
         seen["first"] = [server.complete(p, max_tokens=MAX_TOKENS) for p in PROMPTS]
         generated = sum(r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] for r in seen["first"])
@@ -175,6 +178,32 @@ def test_loads_happen_only_for_repeated_prompts_and_are_what_was_read(run):
     aligned = sum((r["usage"]["prompt_tokens"] - 2) // BLOCK * BLOCK for r in run["second"])
     assert hits == aligned
     assert loaded == hits * kv_bytes_per_token(run["model"])
+
+
+def test_step_records_carry_each_steps_kv_transfers_and_they_add_up_to_the_files(run):
+    """The step records (read after the server's clean stop: every record drained): each step's ``kv_transfer`` is
+    what the worker moved while that step ran. Over the records, stores are the files' payload and loads what was
+    read back, transfer for transfer (one per file), the blocked seconds the connector's; stores only in steps
+    that prefilled a prompt of the first round, loads only in those of the second (the records, in order, split at
+    the first load), and the worker's part is in every record."""
+    records = step_files.read(run["steps"])
+    step_files.check_worker(records, "0")
+    kv = [r["otel_vllm_ascend"]["kv_transfer"] for r in records]
+    stored = sum(k["d2h"]["bytes"] for k in kv if "d2h" in k)
+    loaded = sum(k["h2d"]["bytes"] for k in kv if "h2d" in k)
+    files = run["files_first"]
+    assert stored == loaded == sum(files.values()) > 0
+    assert sum(k["d2h"]["transfers"] for k in kv if "d2h" in k) == len(files)
+    assert sum(k["h2d"]["transfers"] for k in kv if "h2d" in k) == len(files)
+    blocked = sum(k[d]["blocking_s"] for k in kv for d in k)
+    text = run["after_second"]
+    assert blocked == pytest.approx(value(text, P + "kv_transfer:blocking:duration_sum"), rel=1e-6)
+    first_load = next(i for i, k in enumerate(kv) if "h2d" in k)
+    for i, (record, k) in enumerate(zip(records, kv)):
+        if k:
+            assert record["scheduled_requests"]["num_prefill_requests"] > 0, record
+        assert ("d2h" in k) <= (i < first_load) and ("h2d" in k) <= (i >= first_load), record
+    assert sum(1 for k in kv if "d2h" in k) == len(PROMPTS) == sum(1 for k in kv if "h2d" in k)
 
 
 def test_kv_cache_writes_are_the_scheduled_tokens_times_the_bytes_per_token(run):

@@ -377,13 +377,15 @@ def tp(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp2")
     model = tiny_model.build(str(root / "model"))
     log = str(root / "server.log")
-    env = {**ONE_CORE_EACH, "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000"}
+    # The step records (docs/steps.md): the workers run in their own processes, their replies carry their part.
+    steps = str(root / "steps-{dp}.jsonl")
+    env = {**ONE_CORE_EACH, "OTEL_VLLM_ASCEND_PROMETHEUS_INTERVAL_MS": "1000", environment.STEPS_FILE: steps}
     server = Server(model, extra_args=["--tensor-parallel-size", "2"], env=env, log_path=log)
     with started(server):
         before = server.scrape()
         server.batch([tiny_model.prompt(i) for i in range(4)], max_tokens=20)
         text = settle_tp(server, before)
-        yield {"before": before, "text": text, "log": log}
+        yield {"before": before, "text": text, "log": log, "server": server, "steps": steps.format(dp=0)}
 
 
 def tp_steps(text):
@@ -428,6 +430,28 @@ def test_tp_each_rank_ran_every_step_the_engine_dispatched(tp):
             == value(text, P + "record_function_or_nullcontext_count", rank=rank, name="gpu_model_runner: forward")
             == busy
         )
+
+
+def test_tp_step_records_carry_the_output_ranks_stages_from_its_own_process(tp):
+    """With the workers in their own processes, each step record's worker part is the output rank's (rank 0: the
+    one whose reply the EngineCore reads), carried on its reply (``step_files.check_worker``: on one host's clock,
+    tiling the execute wait); its forward and sample seconds over all records are that rank's worker budget."""
+    records = step_files.read(tp["steps"])
+    _, busy, _ = tp_steps(tp["text"])
+    assert len(records) == busy > 0
+    sums = step_files.check_worker(records, "0")
+
+    def stage(text, name):
+        return value(text, P + "worker:stage_seconds_total", stage=name, rank="0")
+
+    text = tp["text"]
+    for _ in range(20):  # the budget counts the stage in progress up to a collection: a later one is exact
+        if abs(stage(text, "forward") - sums["forward_s"]) < 1e-6:
+            break
+        time.sleep(1.0)
+        text = tp["server"].scrape()
+    assert stage(text, "forward") == pytest.approx(sums["forward_s"], rel=1e-9, abs=1e-9)
+    assert stage(text, "sample") == pytest.approx(sums["sample_s"], rel=1e-9, abs=1e-9)
 
 
 def test_tp_worker_series_carry_their_rank_and_engine_core_series_none(tp):

@@ -379,6 +379,25 @@ def test_each_preempting_step_is_a_step_trace_linked_both_ways_to_the_request_sp
     assert back_links and set(back_links) <= steps_by_id
 
 
+def test_each_step_trace_has_the_in_process_workers_stages_under_execute(served):
+    """The worker's part of a step trace (docs/steps.md): under each kept step's ``execute``, one ``worker_step``
+    (rank 0: the engine's in-process worker) inside it, whose children are its budget's stages, in order, one after
+    the other with no gap and no overlap, a forward among them."""
+    spans = served["spans"]
+    steps = [s for s in spans if s.name == "engine_step"]
+    stages = {"prepare_inputs", "forward", "wait_sample", "sample", "other"}
+    for step in steps:
+        (execute,) = [s for s in spans if s.parent_span_id == step.span_id and s.name == "execute"]
+        (worker,) = [s for s in spans if s.parent_span_id == execute.span_id]
+        assert worker.name == "worker_step" and worker.attributes["vllm.worker.rank"] == "0"
+        assert execute.start <= worker.start and worker.end <= execute.end
+        parts = sorted((s for s in spans if s.parent_span_id == worker.span_id), key=lambda s: s.start)
+        assert {p.name for p in parts} <= stages and "forward" in {p.name for p in parts}
+        assert parts[0].start == worker.start and parts[-1].end == worker.end
+        for before, after in zip(parts, parts[1:]):
+            assert 0 <= after.start - before.end <= 1  # tiled (a stage of no length left out: none here)
+
+
 def test_a_client_traceparent_is_continued(served):
     root, _ = trace_of(served, served["parented"]["id"])
     assert (root.trace_id, root.parent_span_id) == (TRACE_ID, PARENT)

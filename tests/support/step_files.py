@@ -78,3 +78,25 @@ class StalledSubscriber:
     def close(self) -> None:
         self.socket.close(linger=0)
         self.context.term()
+
+
+#: The worker's stages in a record (recording/step_fields.py), idle (between steps) left out.
+WORKER_STAGES = ("prepare_inputs_s", "forward_s", "wait_sample_s", "sample_s", "other_s")
+
+
+def check_worker(records: list[dict], rank: str) -> dict:
+    """Each record has the worker's part from the rank that replied (``rank``), on the EngineCore's clock (one
+    host): its stages are never negative, the forward took time, and dispatch + the worker's step + the reply's
+    way back are exactly the engine's execute wait. Returns the records' seconds per stage, summed."""
+    sums = dict.fromkeys(WORKER_STAGES, 0.0)
+    for r in records:
+        ours = r[EXTENSION]
+        worker = ours["worker"]
+        assert worker is not None and worker["rank"] == rank, r
+        assert min(worker[k] for k in WORKER_STAGES) >= 0 and worker["forward_s"] > 0, r
+        assert worker["dispatch_s"] >= 0 and worker["reply_s"] >= 0, r
+        parts = worker["dispatch_s"] + sum(worker[k] for k in WORKER_STAGES) + worker["reply_s"]
+        assert abs(parts - ours["execute_s"]) < 1e-9, r
+        for k in WORKER_STAGES:
+            sums[k] += worker[k]
+    return sums
