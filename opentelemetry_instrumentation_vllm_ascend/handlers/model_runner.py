@@ -267,7 +267,7 @@ def _stamp(output, returned, ready, worker=None) -> None:
 
 
 def worker_part(step: WorkerStep | None):
-    """What a step's record takes from the worker (recording/step_worker.py reads it): ``(rank, marks, kv)``, or
+    """What a step's record takes from the worker (recording/step_fields.py reads it): ``(rank, marks, kv)``, or
     None where the step noted nothing (step records off, no worker budget)."""
     if step is None or step.marks is None:
         return None
@@ -340,13 +340,11 @@ def begin_step(phase: str, to=WORKER_TO) -> WorkerStep:
     previous = STATE.worker_step
     if previous is not None:  # its sample_tokens never came
         _unended(previous)
-    if to is WORKER_TO and STATE.step_stream is not None and to is not off:  # step records on: note its boundaries
-        to = WORKER_MARKED
-        step = STATE.worker_step = WorkerStep(phase, start, to)
+    marked = to is WORKER_TO and to is not off and STATE.step_stream is not None  # step records on: note boundaries
+    step = STATE.worker_step = WorkerStep(phase, start, WORKER_MARKED if marked else to)
+    if marked:
         WORKER.marks = step.marks = []
-    else:
-        step = STATE.worker_step = WorkerStep(phase, start, to)
-    to(W_PREPARE, start)
+    step.to(W_PREPARE, start)
     timeline = STATE.device
     if timeline is False:
         timeline = device_timeline()

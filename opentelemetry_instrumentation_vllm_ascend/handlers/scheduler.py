@@ -676,7 +676,7 @@ class UpdateFromOutput(Handler):
                 pending.popleft()
                 queue = stream.queue
                 if len(queue) < stream.capacity:
-                    # The worker's stamp on its output: its step's boundaries and KV (recording/step_worker.py).
+                    # The worker's stamp on its output: its step's boundaries and KV (recording/step_fields.py).
                     stamp = getattr(args[2], READY_ATTRIBUTE, None) if len(args) > 2 else None
                     tracer = stream.tracer  # slow-step traces (recording/step_traces.py): one comparison a step
                     if tracer is None or (end - head[3] <= tracer.slow_s and not head[5].preemptions):

@@ -17,8 +17,8 @@ from ..version import __version__
 VERSION = 1
 #: The key of our own fields in a record (Dynamo's decoder ignores keys it does not know).
 EXTENSION = "otel_vllm_ascend"
-#: The worker's stage fields: every stage of ``worker:stage_seconds`` but ``idle`` (between steps).
-STAGE_FIELDS = tuple(f"{name}_s" for name in WORKER_STAGES)
+#: The worker's stage fields: every stage of ``worker:stage_seconds`` but ``idle`` (index 0: between steps).
+STAGE_FIELDS = tuple(f"{name}_s" for name in WORKER_STAGES[1:])
 
 
 def _variance(values: list) -> float:
@@ -35,6 +35,15 @@ def _vllm_version() -> str:
     return str(getattr(module, "__version__", "unknown")) if module is not None else "unknown"
 
 
+def _worker_part(stamp) -> tuple | None:
+    """``(clock, rank, marks, kv)`` of a stamp that carries the worker's part of a step (at least one stage), else
+    None."""
+    if stamp is None or len(stamp) < 4 or stamp[3] is None:
+        return None
+    rank, marks, kv = stamp[3]
+    return (stamp[0], rank, marks, kv) if len(marks) >= 4 else None
+
+
 def worker_fields(stamp, schedule_end: float, update_start: float) -> tuple[dict | None, dict | None]:
     """The record's ``worker`` and ``kv_transfer`` fields from the worker's stamp (None, None: the step's worker noted
     nothing: step records off in its process, no worker budget, an uninstrumented worker, vLLM's shared empty
@@ -43,19 +52,15 @@ def worker_fields(stamp, schedule_end: float, update_start: float) -> tuple[dict
     execute_model call) and ``reply_s`` (from the worker's step end to update_from_output's call), else None.
     ``kv_transfer``: per direction, the bytes and transfers the worker recorded while the step ran, and the
     seconds they blocked its thread."""
-    if stamp is None or len(stamp) < 4 or stamp[3] is None:
+    part = _worker_part(stamp)
+    if part is None:
         return None, None
-    clock = stamp[0]
-    rank, marks, kv = stamp[3]
-    if len(marks) < 4:
-        return None, None
+    clock, rank, marks, kv = part
     spent = [0.0] * len(WORKER_STAGES)
     for i in range(0, len(marks) - 2, 2):
         spent[marks[i]] += marks[i + 3] - marks[i + 1]
     worker: dict = {"rank": rank}
-    for index, name in enumerate(STAGE_FIELDS):
-        if index:  # idle: the time before the step's first boundary is not the step's
-            worker[name] = spent[index]
+    worker.update(zip(STAGE_FIELDS, spent[1:]))  # idle (before the step's first boundary) is not the step's
     shared = clock == HOST_CLOCK
     worker["dispatch_s"] = marks[1] - schedule_end if shared else None
     worker["reply_s"] = update_start - marks[-1] if shared else None
@@ -76,11 +81,10 @@ def worker_timeline(stamp, offset: float) -> tuple[list, list] | None:
     perf_counter()``): ``[(stage name, start, end)]`` per boundary (idle and empty stages left out) and the
     blocking KV transfers ``[(direction, connector, bytes, start, end)]``; None where
     the worker's clock is not this process's."""
-    if stamp is None or len(stamp) < 4 or stamp[3] is None or stamp[0] != HOST_CLOCK:
+    part = _worker_part(stamp)
+    if part is None or part[0] != HOST_CLOCK:
         return None
-    _rank, marks, kv = stamp[3]
-    if len(marks) < 4:
-        return None
+    _clock, _rank, marks, kv = part
     stages = [  # a stage left the moment it began (no time in it) is no span
         (WORKER_STAGES[marks[i]], marks[i + 1] + offset, marks[i + 3] + offset)
         for i in range(0, len(marks) - 2, 2)

@@ -7,6 +7,7 @@ import json
 import os
 import time
 
+from opentelemetry_instrumentation_vllm_ascend.recording.step_fields import STAGE_FIELDS
 from opentelemetry_instrumentation_vllm_ascend.recording.step_records import EXTENSION
 
 
@@ -80,8 +81,8 @@ class StalledSubscriber:
         self.context.term()
 
 
-#: The worker's stages in a record (recording/step_fields.py), idle (between steps) left out.
-WORKER_STAGES = ("prepare_inputs_s", "forward_s", "wait_sample_s", "sample_s", "other_s")
+#: The worker's stages in a record, idle (between steps) left out.
+WORKER_STAGES = STAGE_FIELDS
 
 
 def check_worker(records: list[dict], rank: str) -> dict:
